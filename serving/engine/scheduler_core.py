@@ -1,0 +1,218 @@
+"""The engine the Scheduler process drives: continuous batching over the paged KV pool.
+
+Usable in-process (tests, benchmarks): `add_request`, then `step()` until idle.
+Each step:
+  1. every running request whose prompt is done decodes one token;
+  2. prompts are prefilled under `max_prefill_tokens` per step: first the chunk in
+     progress, then waiting requests in arrival order, chunking the one that does not
+     fit; a request is admitted only if its worst case KV (prompt + max_new_tokens)
+     can be reserved and fewer than `max_running_requests` run;
+  3. one ragged forward runs decodes and prefill chunks side by side;
+  4. requests whose prompt is complete sample a token; finished ones free KV at once.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from serving.args import ServerArgs
+from serving.engine.batch import Work
+from serving.engine.loader import LoadedModel
+from serving.engine.model_runner import ModelRunner
+from serving.engine.request import FinishReason, Req, ReqStatus
+from serving.engine.sampling import SamplingParams, sample
+from telemetry.clock import now_ns
+
+
+@dataclass
+class TokenEvent:
+    """What one step (or an abort) produced for one request."""
+
+    rid: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    req: Req  # for its timestamps and counts; the Scheduler process serialises what it needs
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class StepStats:
+    batch_size: int = 0
+    num_decode: int = 0
+    num_prefill_tokens: int = 0
+    num_prefill_reqs: int = 0
+    step_seconds: float = 0.0
+
+
+def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
+    ids: set[int] = set()
+    gen_cfg = getattr(loaded.hf_model, "generation_config", None)
+    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None), loaded.tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(int(x) for x in src)
+    return frozenset(ids)
+
+
+class SchedulerCore:
+    def __init__(self, loaded: LoadedModel, args: ServerArgs) -> None:
+        self.args = args
+        self.runner = ModelRunner(loaded, args)
+        self.pool = self.runner.pool
+        self.context_len = self.runner.context_len
+        self.vocab_size = self.runner.vocab_size
+        self.eos_ids = _eos_ids(loaded)
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self.reqs: dict[str, Req] = {}
+        self._seed_rng = random.Random(args.random_seed)
+        self.last_step = StepStats()
+
+    # -- intake ---------------------------------------------------------------
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> Req:
+        """Queue a request; raises ValueError (a client error) when it can never run."""
+        if rid in self.reqs:
+            raise ValueError(f"duplicate request id {rid!r}")
+        if not input_ids:
+            raise ValueError("prompt is empty")
+        if len(input_ids) >= self.context_len:
+            raise ValueError(
+                f"prompt has {len(input_ids)} tokens; the context window is {self.context_len} "
+                "and at least one token must be generated"
+            )
+        if min(input_ids) < 0 or max(input_ids) >= self.vocab_size:
+            raise ValueError(f"input_ids must be token ids in [0, {self.vocab_size})")
+        params.validate(self.vocab_size)
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
+        req = Req(rid=rid, input_ids=list(input_ids), params=params,
+                  generator=torch.Generator().manual_seed(seed))
+        req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
+        req.reserved = req.prompt_len + req.max_new_tokens
+        self.reqs[rid] = req
+        self.waiting.append(req)
+        return req
+
+    def abort(self, rid: str) -> TokenEvent | None:
+        """Abort at any stage, freeing KV at once; None when the rid is unknown (already gone)."""
+        req = self.reqs.get(rid)
+        if req is None:
+            return None
+        if req.status is ReqStatus.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+        self._finish(req, FinishReason.ABORT)
+        return TokenEvent(rid, [], FinishReason.ABORT, req)
+
+    # -- state ------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # -- the step -----------------------------------------------------------------
+    def _admit(self, budget: int) -> list[tuple[Req, int]]:
+        chunks: list[tuple[Req, int]] = []
+        for req in self.running:  # a chunked prefill in progress goes first
+            if not req.prefill_done and budget > 0:
+                n = min(budget, req.prompt_len - req.num_computed)
+                chunks.append((req, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
+            req = self.waiting[0]
+            if not self.pool.can_reserve(req.reserved):
+                break  # strict arrival order: no overtaking by smaller requests
+            self.waiting.popleft()
+            req.row = self.pool.admit(req.reserved)
+            req.status = ReqStatus.RUNNING
+            req.times.scheduled = now_ns()
+            self.running.append(req)
+            n = min(budget, req.prompt_len)
+            chunks.append((req, n))
+            budget -= n
+        return chunks
+
+    def step(self) -> list[TokenEvent]:
+        """Run one batch; returns the new tokens and finishes it produced."""
+        t0 = now_ns()
+        decoding = [r for r in self.running if r.prefill_done]
+        chunks = self._admit(self.args.max_prefill_tokens)
+        if not decoding and not chunks:
+            self.last_step = StepStats()
+            return []
+        decode_work = [Work(r.row, r.total_len - 1, [r.output_ids[-1]], True) for r in decoding]
+        extend_work = []
+        sampled = list(decoding)
+        for req, n in chunks:
+            start = req.num_computed
+            completes = start + n >= req.prompt_len
+            extend_work.append(Work(req.row, start, req.input_ids[start:start + n], completes))
+            if completes:
+                sampled.append(req)
+        logits = self.runner.forward(decode_work, extend_work)
+        for r in decoding:
+            r.num_computed += 1
+        for req, n in chunks:
+            req.num_computed += n
+        tokens = sample(logits, sampled)
+        t1 = now_ns()
+        for req, n in chunks:
+            req.times.prefill_chunks.append((t0, t1, n))
+        events = [self._append_token(req, tok, t1) for req, tok in zip(sampled, tokens)]
+        self.last_step = StepStats(
+            batch_size=len(decoding) + len(chunks), num_decode=len(decoding),
+            num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
+            step_seconds=(t1 - t0) / 1e9,
+        )
+        return events
+
+    def _append_token(self, req: Req, tok: int, t: int) -> TokenEvent:
+        req.output_ids.append(tok)
+        req.times.token_times.append(t)
+        if req.times.first_token is None:
+            req.times.first_token = t
+        reason = None
+        if tok in self.eos_ids and not req.params.ignore_eos:
+            reason = FinishReason.STOP
+        elif tok in req.params.stop_token_ids:
+            reason, req.matched_stop = FinishReason.STOP, tok
+        elif len(req.output_ids) >= req.max_new_tokens:
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self.running.remove(req)
+            self._finish(req, reason)
+        return TokenEvent(req.rid, [tok], reason, req)
+
+    def _finish(self, req: Req, reason: FinishReason) -> None:
+        if req.row >= 0:
+            self.pool.release(req.row, req.num_computed, req.reserved)
+            req.row = -1
+        req.status = ReqStatus.FINISHED
+        req.finish_reason = reason
+        req.times.finished = now_ns()
+        del self.reqs[req.rid]
+
+    # -- convenience --------------------------------------------------------------
+    def run_to_completion(self, max_steps: int = 1_000_000) -> list[TokenEvent]:
+        """Step until idle (tests, benchmarks); returns every event in order."""
+        events: list[TokenEvent] = []
+        for _ in range(max_steps):
+            if not self.has_work:
+                return events
+            events.extend(self.step())
+        raise RuntimeError("engine did not go idle")

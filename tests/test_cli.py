@@ -1,0 +1,50 @@
+"""The CLI: every ServerArgs field is a flag, and `sightline generate` runs the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from serving.args import ServerArgs
+from serving.cli import build_parser
+
+
+def test_every_server_arg_is_a_documented_flag():
+    gen = build_parser()._subparsers._group_actions[0].choices["generate"]
+    flags = {opt: act for act in gen._actions for opt in act.option_strings}
+    for f in dataclasses.fields(ServerArgs):
+        act = flags["--" + f.name.replace("_", "-")]
+        assert act.help and act.default == f.default
+
+
+def test_flags_round_trip_into_server_args():
+    ns = build_parser().parse_args(["generate", "--prompt", "x", "--max-running-requests", "3",
+                                    "--context-length", "99", "--model", "tiny-random"])
+    args = ServerArgs.from_cli(ns)
+    assert (args.max_running_requests, args.context_length, args.model) == (3, 99, "tiny-random")
+
+
+@pytest.mark.parametrize("bad", [{"max_total_tokens": 0}, {"context_length": 1}, {"num_threads": 0}])
+def test_invalid_server_args_rejected(bad):
+    with pytest.raises(ValueError):
+        ServerArgs(**bad)
+
+
+def _sightline(*args):
+    return subprocess.run([sys.executable, "-m", "serving", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_generate_runs_the_engine(tiny):
+    r = _sightline("generate", "--model", "tiny-random", "--prompt", "hello", "--max-new-tokens", "5", "--raw")
+    assert r.returncode == 0, r.stderr
+    assert "prompt + 5 new tokens, finish_reason=length" in r.stderr
+
+
+def test_generate_errors_are_one_line():
+    r = _sightline("generate", "--model", "/nope/x.gguf", "--prompt", "hi")
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == ["error: model file not found: /nope/x.gguf"]
+    r = _sightline("generate", "--model", "tiny-random", "--prompt", "hi", "--max-running-requests", "0")
+    assert r.returncode == 2 and "Traceback" not in r.stderr

