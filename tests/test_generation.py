@@ -8,8 +8,8 @@ from tests.conftest import PROMPTS, collect, encode, greedy, hf_greedy, make_cor
 
 
 @pytest.fixture(scope="module")
-def references(request):
-    cache: dict[tuple[str, str], list[int]] = {}
+def references():
+    cache: dict[tuple[str, str, int], list[int]] = {}
 
     def ref(model, prompt: str, n: int = 32) -> list[int]:
         key = (model.name, prompt, n)
@@ -21,7 +21,7 @@ def references(request):
 
 
 def test_alone_equals_transformers(any_model, references):
-    for i, prompt in enumerate(PROMPTS[:3]):
+    for prompt in PROMPTS[:3]:
         core = make_core(any_model)
         core.add_request("a", encode(any_model, prompt), greedy(32))
         out = collect(core)["a"]
