@@ -27,16 +27,16 @@ $(MODEL_STAMP): $(STAMP) serving/engine/loader.py
 
 model: $(MODEL_STAMP)
 
+# The bundled model on 127.0.0.1:8000; extra flags: make serve ARGS="--port 9000 --model tiny-random"
 serve: setup
-	@echo "make serve: the HTTP front (sightline serve on 127.0.0.1:8000) lands with the pipeline issue (#3)." >&2
-	@echo "Until then, the engine runs in-process:" >&2
-	$(PY) -m serving generate --prompt "Say hello in one short sentence."
+	$(PY) -m serving serve --host 127.0.0.1 --port 8000 $(ARGS)
 
 test: setup
 	$(PY) -m pytest
 
 bench: setup
 	$(PY) loadtest/bench_engine.py
+	$(PY) loadtest/bench_http.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, get_type_hints
 
 
@@ -31,6 +32,13 @@ class ServerArgs:
     max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step; longer prompts are chunked across steps.")
     num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass (default: all CPU cores).")
     random_seed: int = _opt(0, "Seeds the generators of requests that give no seed of their own.")
+    # -- server -------------------------------------------------------------------
+    host: str = _opt("127.0.0.1", "Address the HTTP server listens on.")
+    port: int = _opt(8000, "Port the HTTP server listens on.")
+    log_level: str = _opt("info", "Log level of every process: debug, info, warning, error.")
+    heartbeat_interval: float = _opt(0.5, "Seconds between the idle Scheduler's stats/heartbeat messages.")
+    startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
+    max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -43,6 +51,16 @@ class ServerArgs:
             raise ValueError("--context-length must be >= 2")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("--port must be in [0, 65535]")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ValueError("--log-level must be one of debug, info, warning, error")
+        if self.heartbeat_interval <= 0 or self.startup_timeout <= 0:
+            raise ValueError("--heartbeat-interval and --startup-timeout must be > 0")
+
+    @property
+    def cache_dir_path(self) -> Path | None:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else None
 
     @property
     def threads(self) -> int:

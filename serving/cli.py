@@ -1,9 +1,10 @@
 """`sightline` command line: every ServerArgs field is a flag of each engine subcommand.
 
+    sightline serve [FLAGS]               serve the model over HTTP (OpenAI-compatible API)
     sightline prepare-model [MODEL ...]   convert and cache models (what `make setup` runs)
     sightline generate --prompt TEXT      run the engine in-process on one prompt and print the text
 
-`sightline serve` (the HTTP front on the ZMQ pipeline) lands with the pipeline issue.
+`python -m serving ...` is the same command.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _generate(ns: argparse.Namespace) -> int:
 
     args = ServerArgs.from_cli(ns)
     try:
-        model = load_model(args.model, served_name=args.served_model_name)
+        model = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
     except ModelLoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -47,6 +48,12 @@ def _generate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(ns: argparse.Namespace) -> int:
+    from serving.launch import run_server
+
+    return run_server(ServerArgs.from_cli(ns))
+
+
 def _prepare(ns: argparse.Namespace) -> int:
     from serving.engine.loader import main as loader_main
 
@@ -56,6 +63,9 @@ def _prepare(ns: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sightline", description="Observability-first LLM serving stack.")
     sub = ap.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser("serve", help="serve the model over HTTP: OpenAI-compatible API, SSE streaming")
+    ServerArgs.add_cli_args(srv)
+    srv.set_defaults(func=_serve)
     prep = sub.add_parser("prepare-model", help="convert and cache models ahead of time")
     prep.add_argument("models", nargs="*", help="model specs (default: smollm2-135m tiny-random)")
     prep.set_defaults(func=_prepare)

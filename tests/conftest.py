@@ -62,3 +62,13 @@ def hf_greedy(model: LoadedModel, ids: list[int], n: int = 32) -> list[int]:
             max_new_tokens=n, do_sample=False, pad_token_id=model.tokenizer.eos_token_id,
         )
     return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tmp_path_factory):
+    """One real server (three processes, ZMQ, HTTP) on tiny-random, shared by the API tests."""
+    from tests.server_util import ServerProc
+
+    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("tiny-server"))
+    yield srv
+    srv.stop()

@@ -218,8 +218,23 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
         raise ModelLoadError(f"cannot load model from {path}: {_one_line(exc)}") from exc
     if getattr(model.config, "model_type", None) != "llama":
         raise ModelLoadError(f"unsupported architecture {model.config.model_type!r}: only Llama models are served")
-    name = served_name or (spec if spec in (BUNDLED_MODEL, TINY_RANDOM) else path.name)
-    return LoadedModel(name, model, tokenizer, path, time.perf_counter() - t0, converted)
+    return LoadedModel(model_name(spec, path, served_name), model, tokenizer, path, time.perf_counter() - t0, converted)
+
+
+def model_name(spec: str, path: Path, served_name: str | None = None) -> str:
+    """The name clients put in the `model` field."""
+    return served_name or (spec if spec in (BUNDLED_MODEL, TINY_RANDOM) else path.name)
+
+
+def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]:
+    """Only the tokenizer (main process, Detokenizer): no weights in memory."""
+    from transformers import AutoTokenizer
+
+    path, _ = prepare_model_dir(spec, cache_dir)
+    try:
+        return AutoTokenizer.from_pretrained(path), path
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load tokenizer from {path}: {_one_line(exc)}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,133 @@
+"""Pipeline overhead: the same requests through HTTP+ZMQ+3 processes vs the engine in-process.
+
+    .venv/bin/python loadtest/bench_http.py [--model smollm2-135m] [--concurrency 1,32] [--url URL]
+
+For each concurrency N, N distinct `--prompt-len`-token prompts ask for exactly
+`--gen-len` greedy tokens (EOS ignored), all at once.  In-process: `SchedulerCore`
+stepped until idle, TTFT = add_request → first token sampled.  HTTP: streaming
+`/v1/completions` against a server this script starts (or `--url`), TTFT = request
+sent → first SSE chunk received.  Output tok/s = all output tokens ÷ wall time.
+The engine runs first, then the server, so the two never share the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtest.bench_engine import make_prompts  # noqa: E402
+from serving.args import ServerArgs  # noqa: E402
+from serving.engine.loader import load_model  # noqa: E402
+from serving.engine.sampling import SamplingParams  # noqa: E402
+from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
+from telemetry.clock import now_ns  # noqa: E402
+
+
+
+def engine_run(model, prompts: list[list[int]], gen_len: int) -> dict:
+    core = SchedulerCore(model, ServerArgs(model=model.name))
+    params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    reqs = [core.add_request(f"r{i}", ids, params) for i, ids in enumerate(prompts)]
+    events = core.run_to_completion()
+    wall = time.perf_counter() - t0
+    ttft = [(r.times.first_token - r.times.queued) / 1e6 for r in reqs]
+    return {"ttft": ttft, "tok_s": sum(len(e.new_token_ids) for e in events) / wall, "wall": wall}
+
+
+async def http_one(client: httpx.AsyncClient, ids: list[int], gen_len: int) -> tuple[float, int]:
+    body = {"prompt": ids, "max_tokens": gen_len, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0 = now_ns()
+    ttft, tokens = None, 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if ttft is None and chunk["choices"]:
+                ttft = (now_ns() - t0) / 1e6
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return ttft, tokens
+
+
+async def http_run(url: str, prompts: list[list[int]], gen_len: int) -> dict:
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=256)) as client:
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(http_one(client, ids, gen_len) for ids in prompts))
+        wall = time.perf_counter() - t0
+    return {"ttft": [r[0] for r in res], "tok_s": sum(r[1] for r in res) / wall, "wall": wall}
+
+
+def start_server(model: str, port: int, tmp: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model", model, "--port", str(port),
+                             "--log-level", "warning"], env={**os.environ, "TMPDIR": tmp})
+    for _ in range(1200):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        time.sleep(0.25)
+    proc.terminate()
+    raise SystemExit("server did not become healthy")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
+    ap.add_argument("--port", type=int, default=8391)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--concurrency", default="1,32")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.concurrency.split(",")]
+    model = load_model(a.model)
+    engine_run(model, make_prompts(model, 2, a.prompt_len), 4)  # warm-up
+    rows = {n: {"engine": engine_run(model, make_prompts(model, n, a.prompt_len), a.gen_len)} for n in levels}
+    prompts = {n: make_prompts(model, n, a.prompt_len) for n in levels}
+    del model
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = None if a.url else start_server(a.model, a.port, tmp)
+        url = a.url or f"http://127.0.0.1:{a.port}"
+        try:
+            asyncio.run(http_run(url, prompts[levels[0]][:2], 4))  # warm-up
+            for n in levels:
+                rows[n]["http"] = asyncio.run(http_run(url, prompts[n], a.gen_len))
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(30)
+    print(f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
+          f"{os.cpu_count()} CPUs\n")
+    print("| concurrency | path | TTFT p50 ms | TTFT max ms | output tok/s | wall s |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for n in levels:
+        for path in ("engine", "http"):
+            r = rows[n][path]
+            print(f"| {n} | {'in-process engine' if path == 'engine' else 'HTTP + ZMQ pipeline'} | "
+                  f"{statistics.median(r['ttft']):.0f} | {max(r['ttft']):.0f} | {r['tok_s']:.1f} | {r['wall']:.1f} |")
+        e, h = rows[n]["engine"], rows[n]["http"]
+        print(f"| {n} | overhead | {statistics.median(h['ttft']) - statistics.median(e['ttft']):+.0f} | | "
+              f"{100 * (h['tok_s'] / e['tok_s'] - 1):+.1f}% | |")
+
+
+if __name__ == "__main__":
+    main()

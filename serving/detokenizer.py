@@ -1,0 +1,110 @@
+"""The Detokenizer process: token ids in, text deltas out, one `DecodeState` per rid.
+
+A rid's state is created by its first output (which carries its `DetokParams`) and
+dropped when the Scheduler finishes or aborts it.  A stop string ends the request
+here first: the TokenizerManager is told (`engine_running=True`) and aborts it in the
+Scheduler; tokens the Scheduler produced past the stop are discarded on purpose until
+its final output arrives.  Any other output for a rid with no state is stale: dropped
+and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import zmq
+
+from serving.args import ServerArgs
+from serving.engine.loader import load_tokenizer
+from serving.incremental_detok import DecodeState
+from serving.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut
+from serving.ipc import Codec, DropCounter, Endpoints, make_socket
+from serving.process import keep_running, setup_child
+from telemetry.clock import now_ns
+
+log = logging.getLogger(__name__)
+
+
+class DetokenizerManager:
+    def __init__(self, tokenizer, args: ServerArgs) -> None:
+        self.tokenizer = tokenizer
+        self.args = args
+        self.states: dict[str, DecodeState] = {}
+        self.codec = Codec("detokenizer")
+        self.drops = DropCounter("detokenizer")
+
+    def handle_batch(self, batch: BatchTokenIDOutput) -> BatchStrOutput:
+        recv = now_ns()
+        outs = [o for o in (self._one(out, recv) for out in batch.outputs) if o is not None]
+        done = now_ns()
+        for o in outs:
+            o.meta.stamps.detok_done = done
+        return BatchStrOutput(outputs=outs)
+
+    def _one(self, out: TokenOut, recv: int) -> StrOut | None:
+        state = self.states.get(out.rid)
+        if state is None:
+            if out.detok is None:
+                self.drops.drop("BatchTokenIDOutput", out.rid)
+                return None
+            state = self.states[out.rid] = DecodeState(self.tokenizer, out.detok)
+        final = out.finish_reason is not None
+        if state.stopped:  # tokens past a stop string: wait quietly for the engine's final output
+            if final:
+                self._end(out.rid, "stop")
+            return None
+        emitted = state.feed(out.new_token_ids, final)
+        out.meta.stamps.detok_recv = recv
+        res = StrOut(
+            rid=out.rid, text=emitted.text, output_ids=out.new_token_ids[:emitted.consumed],
+            finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
+            prompt_tokens=out.prompt_tokens, completion_tokens=state.consumed, meta=out.meta,
+        )
+        if emitted.matched_stop is not None:
+            res.finish_reason, res.matched_stop = "stop", emitted.matched_stop
+            res.engine_running = not final
+            if final:
+                self._end(out.rid, "stop")
+        elif final:
+            self._end(out.rid, out.finish_reason)
+        return res
+
+    def _end(self, rid: str, reason: str) -> None:
+        del self.states[rid]
+        self.drops.forget(rid, reason)
+
+    def stats(self) -> DetokenizerStats:
+        return DetokenizerStats(active_rids=len(self.states), stale_drops=self.drops.snapshot(),
+                                undecodable=self.codec.undecodable)
+
+
+def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints) -> None:
+    """Entry point of the spawned Detokenizer process."""
+    parent = setup_child("detokenizer", args.log_level)
+    ctx = zmq.Context()
+    try:
+        tokenizer, _ = load_tokenizer(args.model, args.cache_dir_path)
+        mgr = DetokenizerManager(tokenizer, args)
+        recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
+        send = make_socket(ctx, zmq.PUSH, endpoints.tm_from_detokenizer, do_bind=False)
+        send.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
+        interval_ms = max(1, int(args.heartbeat_interval * 1000))
+        last_stats = 0
+        while keep_running(parent):
+            if recv.poll(interval_ms):
+                msg = mgr.codec.decode(recv.recv())
+                if isinstance(msg, BatchTokenIDOutput):
+                    out = mgr.handle_batch(msg)
+                    if out.outputs:
+                        send.send(mgr.codec.encode(out))
+                elif msg is not None:
+                    mgr.codec.undecodable += 1
+                    log.warning("unexpected %s on the detokenizer socket", type(msg).__name__)
+            if now_ns() - last_stats >= args.heartbeat_interval * 1e9:
+                last_stats = now_ns()
+                send.send(mgr.codec.encode(mgr.stats()))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,64 @@
+"""SGLang's native `/generate` body and response (`text`, `output_ids`, `meta_info`)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from serving.engine.sampling import SamplingParams
+from serving.errors import bad_request
+from serving.tokenizer_manager import Collected, GenerateReqInput
+
+
+class GenerateSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    max_new_tokens: int | None = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+
+class GenerateRequest(msgspec.Struct, kw_only=True):
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: GenerateSampling = msgspec.field(default_factory=GenerateSampling)
+    stream: bool = False
+    rid: str | None = None
+
+
+def generate_input(req: GenerateRequest, max_stop: int) -> GenerateReqInput:
+    if (req.text is None) == (req.input_ids is None):
+        raise bad_request("give exactly one of `text` and `input_ids`", param="text")
+    sp = req.sampling_params
+    stop = [sp.stop] if isinstance(sp.stop, str) else list(sp.stop or [])
+    if len(stop) > max_stop or any(not s or len(s) > 256 for s in stop):
+        raise bad_request(f"at most {max_stop} stop strings of 1 to 256 characters", param="stop")
+    if sp.max_new_tokens is not None and sp.max_new_tokens < 1:
+        raise bad_request(f"max_new_tokens must be >= 1, got {sp.max_new_tokens}", param="max_new_tokens")
+    fields = {f: getattr(sp, f) for f in sp.__struct_fields__ if f not in ("stop", "skip_special_tokens", "max_new_tokens")}
+    return GenerateReqInput(
+        prompt=req.text if req.text is not None else req.input_ids, sampling=SamplingParams(max_new_tokens=1, **fields),
+        max_new_tokens=sp.max_new_tokens, stop=stop, skip_special_tokens=sp.skip_special_tokens, stream=req.stream,
+        rid=req.rid,
+    )
+
+
+def generate_body(result: Collected) -> dict:
+    finish = None
+    if result.finish_reason is not None:
+        finish = {"type": result.finish_reason}
+        if result.matched_stop is not None:
+            finish["matched"] = result.matched_stop
+    return {
+        "text": result.text,
+        "output_ids": result.output_ids,
+        "meta_info": {"id": result.rid, "finish_reason": finish, "prompt_tokens": result.prompt_tokens,
+                      "completion_tokens": result.completion_tokens},
+    }

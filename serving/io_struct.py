@@ -1,0 +1,163 @@
+"""The wire contract: every message that crosses a ZMQ socket, in one file.
+
+Typed msgspec structs in a tagged union, msgpack on the wire — never pickle (a
+pickled socket is a remote-code-execution hole).  Two rules hold for every message:
+
+* it carries `sent_at` (monotonic ns, `telemetry.clock.now_ns`), so the receiver can
+  observe the hop's latency;
+* for each rid it concerns it carries a `ReqMeta`: the W3C trace carrier and the
+  timestamps that rid has gathered so far, so the main process can compute every
+  per-request latency and every process can parent its spans, without side channels.
+
+Edges (one PUSH→PULL socket each):
+  TokenizerManager → Scheduler      TokenizedGenerateReqInput, AbortReq
+  Scheduler → Detokenizer           BatchTokenIDOutput
+  Detokenizer → TokenizerManager    BatchStrOutput, DetokenizerStats, Ready
+  Scheduler → TokenizerManager      SchedulerStats (heartbeat + gauges), Ready
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from serving.engine.sampling import SamplingParams
+
+
+class Stamps(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Monotonic-ns timestamps of one rid, filled in as it travels (None = not yet)."""
+
+    arrival: int | None = None  # HTTP handler entered (TM)
+    tokenized: int | None = None  # prompt tokenized, request sent (TM)
+    sched_recv: int | None = None  # Scheduler received it; it waits in the queue from here
+    scheduled: int | None = None  # first admitted into a batch
+    first_token: int | None = None  # first output token sampled
+    last_token: int | None = None  # latest output token sampled
+    finished: int | None = None  # finished or aborted in the Scheduler
+    detok_recv: int | None = None  # Detokenizer received the latest tokens
+    detok_done: int | None = None  # Detokenizer finished decoding them
+
+
+class ReqMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What travels with a rid in every message: trace context and timestamps."""
+
+    trace: dict[str, str] = {}  # {"traceparent": ..., "tracestate": ...}; empty when not traced
+    stamps: Stamps = msgspec.field(default_factory=Stamps)
+
+
+class DetokParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How the Detokenizer turns this rid's tokens into text (rides the first output)."""
+
+    stop: list[str] = []  # stop strings: trimmed from the output, finish_reason "stop"
+    skip_special_tokens: bool = True
+    prompt_tail: list[int] = []  # last prompt tokens: decode context for the first output token
+
+
+class _Msg(msgspec.Struct, tag=True, kw_only=True):
+    sent_at: int = 0
+
+
+# -- TokenizerManager → Scheduler ---------------------------------------------------
+class TokenizedGenerateReqInput(_Msg):
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    detok: DetokParams
+    meta: ReqMeta
+
+
+class AbortReq(_Msg):
+    rid: str
+    reason: str  # client_disconnect, stop_string, timeout, shutdown, ...
+    meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
+
+
+# -- Scheduler → Detokenizer -----------------------------------------------------------
+class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """New tokens of one rid from one Scheduler step (or its abort / error)."""
+
+    rid: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None  # stop | length | abort | error
+    matched_stop: int | None = None  # the stop token id that ended it
+    error: str | None = None  # set with finish_reason "error": why the Scheduler refused it
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # generated so far, these included
+    detok: DetokParams | None = None  # only on the rid's first output
+    meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
+
+
+class BatchTokenIDOutput(_Msg):
+    outputs: list[TokenOut]
+
+
+# -- Detokenizer → TokenizerManager ----------------------------------------------------
+class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    rid: str
+    text: str  # new text since the previous output for this rid
+    output_ids: list[int]  # the tokens behind it (those consumed by the Detokenizer)
+    finish_reason: str | None = None
+    matched_stop: str | int | None = None  # a stop string (Detokenizer) or stop token id
+    engine_running: bool = False  # finished here (stop string) while the Scheduler still runs it
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
+
+
+class BatchStrOutput(_Msg):
+    outputs: list[StrOut]
+
+
+class DropCount(msgspec.Struct, array_like=True):
+    """One stale-message counter: a message for a rid the component no longer knows."""
+
+    component: str
+    message_type: str
+    reason: str
+    count: int
+
+
+class DetokenizerStats(_Msg):
+    active_rids: int
+    stale_drops: list[DropCount] = []  # cumulative since start
+    undecodable: int = 0  # cumulative
+
+
+# -- Scheduler → TokenizerManager ------------------------------------------------------
+class SchedulerStats(_Msg):
+    """Gauges after a step, or a heartbeat when idle; counters are cumulative."""
+
+    num_running: int
+    num_waiting: int
+    kv_used: int  # token slots holding K/V
+    kv_reserved: int  # slots promised to running requests
+    kv_total: int
+    batch_size: int = 0
+    num_decode: int = 0
+    num_prefill_tokens: int = 0
+    step_seconds: float = 0.0
+    steps_total: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    last_token_at: int | None = None  # monotonic ns of the latest sampled token
+    stale_drops: list[DropCount] = []
+    undecodable: int = 0
+
+
+class Ready(_Msg):
+    """A child process is up; the Scheduler also says what the TM must validate against."""
+
+    role: str  # scheduler | detokenizer
+    pid: int
+    model_name: str = ""
+    context_len: int = 0
+    vocab_size: int = 0
+    kv_total: int = 0
+
+
+Message = Union[
+    TokenizedGenerateReqInput, AbortReq, BatchTokenIDOutput, BatchStrOutput,
+    DetokenizerStats, SchedulerStats, Ready,
+]

@@ -1,0 +1,119 @@
+"""ZMQ plumbing: the private runtime directory, the endpoints, and the msgpack codec.
+
+Each edge is one PUSH→PULL pair over an `ipc://` path; the receiver binds, the sender
+connects (so a restarted sender reconnects without help).  The directory is created
+mode 0700 and every socket file is chmod 0600 after bind: only our user can talk to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import zmq
+
+from serving.io_struct import DropCount, Message
+from telemetry.clock import now_ns
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """The four edges; each value is an `ipc://` address."""
+
+    runtime_dir: str
+    scheduler_in: str  # TM → Scheduler
+    detokenizer_in: str  # Scheduler → Detokenizer
+    tm_from_detokenizer: str  # Detokenizer → TM
+    tm_from_scheduler: str  # Scheduler → TM
+
+    @classmethod
+    def create(cls, parent: str | None = None) -> "Endpoints":
+        d = tempfile.mkdtemp(prefix="sightline-", dir=parent)  # mkdtemp: mode 0700
+        os.chmod(d, 0o700)
+        return cls(d, *(f"ipc://{d}/{name}" for name in ("scheduler", "detokenizer", "tm-detok", "tm-sched")))
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def bind(sock: zmq.Socket, endpoint: str) -> None:
+    sock.bind(endpoint)
+    if endpoint.startswith("ipc://"):
+        os.chmod(endpoint[len("ipc://"):], 0o600)
+
+
+def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, do_bind: bool) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    if kind == zmq.PULL:
+        sock.setsockopt(zmq.MAXMSGSIZE, 256 * 1024 * 1024)  # refuse absurd frames outright
+    (bind(sock, endpoint) if do_bind else sock.connect(endpoint))
+    return sock
+
+
+class Codec:
+    """msgpack encode/decode of `io_struct.Message`; counts what it cannot decode."""
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(Message)
+        self.undecodable = 0
+
+    def encode(self, msg: Message) -> bytes:
+        msg.sent_at = now_ns()
+        return self._enc.encode(msg)
+
+    def decode(self, data: bytes) -> Message | None:
+        """The message, or None (counted and logged) when it is not one of ours."""
+        try:
+            return self._dec.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.undecodable += 1
+            log.warning("%s: dropped an undecodable message of %d bytes: %s", self.component, len(data), exc)
+            return None
+
+
+class DropCounter:
+    """Stale-message drops by (component, message_type, reason); cumulative.
+
+    The reason says why the rid is unknown: what ended it here (`forget`), remembered
+    for the last few thousand rids, or `unknown_rid` when it was never seen.
+    """
+
+    def __init__(self, component: str, remember: int = 4096) -> None:
+        self.component = component
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self._gone: OrderedDict[str, str] = OrderedDict()
+        self._remember = remember
+
+    def forget(self, rid: str, reason: str) -> None:
+        """Record that `rid` ended here (finished, aborted, ...)."""
+        self._gone[rid] = reason
+        if len(self._gone) > self._remember:
+            self._gone.popitem(last=False)
+
+    def drop(self, message_type: str, rid: str) -> str:
+        reason = self._gone.get(rid, "unknown_rid")
+        self.counts[(message_type, reason)] += 1
+        return reason
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def snapshot(self) -> list[DropCount]:
+        return [DropCount(self.component, t, r, n) for (t, r), n in sorted(self.counts.items())]
+
+
+def runtime_parent() -> str | None:
+    """Where runtime dirs go: $XDG_RUNTIME_DIR when usable (tmpfs, per user), else $TMPDIR."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return xdg if xdg and Path(xdg).is_dir() and os.access(xdg, os.W_OK) else None

@@ -1,0 +1,182 @@
+"""The Scheduler process: a blocking loop around the engine (`SchedulerCore`).
+
+    recv (non-blocking while busy, blocking up to a heartbeat when idle)
+      → add / abort requests → one engine step → BatchTokenIDOutput to the Detokenizer
+      → SchedulerStats to the TokenizerManager (after every step; a heartbeat when idle)
+
+It never awaits: the forward pass owns the CPU.  Per-rid `ReqMeta` (trace carrier and
+timestamps) arrives with the request and leaves, updated, with every output.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+import zmq
+
+from serving.args import ServerArgs
+from serving.engine.loader import load_model
+from serving.engine.request import Req
+from serving.engine.scheduler_core import SchedulerCore, TokenEvent
+from serving.io_struct import (
+    AbortReq, BatchTokenIDOutput, DetokParams, Ready, ReqMeta, SchedulerStats, TokenizedGenerateReqInput, TokenOut,
+)
+from serving.ipc import Codec, DropCounter, Endpoints, make_socket
+from serving.process import keep_running, setup_child
+from telemetry.clock import now_ns
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, endpoints: Endpoints) -> None:
+        self.args = args
+        loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
+        self.model_name = loaded.name
+        self.core = SchedulerCore(loaded, args)
+        self.ctx = zmq.Context()
+        self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in, do_bind=True)
+        self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
+        self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.tm_from_scheduler, do_bind=False)
+        self.codec = Codec("scheduler")
+        self.drops = DropCounter("scheduler")
+        self.meta: dict[str, ReqMeta] = {}
+        self.pending_detok: dict[str, DetokParams] = {}  # sent with the rid's first output
+        self.outbox: list[TokenOut] = []
+        self.steps = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.last_token_at: int | None = None
+        self._last_stats = 0
+
+    # -- intake -------------------------------------------------------------------
+    def recv_requests(self, timeout_ms: int) -> None:
+        """Handle every queued message; wait up to `timeout_ms` for the first one."""
+        if timeout_ms and not self.recv_sock.poll(timeout_ms):
+            return
+        while True:
+            try:
+                data = self.recv_sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            msg = self.codec.decode(data)
+            if isinstance(msg, TokenizedGenerateReqInput):
+                self._add(msg)
+            elif isinstance(msg, AbortReq):
+                self._abort(msg)
+            elif msg is not None:
+                self.codec.undecodable += 1
+                log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
+
+    def _add(self, msg: TokenizedGenerateReqInput) -> None:
+        msg.meta.stamps.sched_recv = now_ns()
+        try:
+            req = self.core.add_request(msg.rid, msg.input_ids, msg.sampling)
+        except ValueError as exc:  # the TM validates first; this is the last line of defence
+            self.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=str(exc),
+                                        prompt_tokens=len(msg.input_ids), detok=msg.detok, meta=msg.meta))
+            return
+        req.times.queued = msg.meta.stamps.sched_recv
+        self.meta[msg.rid] = msg.meta
+        self.pending_detok[msg.rid] = msg.detok
+        self.prompt_tokens_total += req.prompt_len
+
+    def _abort(self, msg: AbortReq) -> None:
+        event = self.core.abort(msg.rid)
+        if event is None:
+            self.drops.drop("AbortReq", msg.rid)
+            return
+        log.debug("aborted %s (%s)", msg.rid, msg.reason)
+        self.outbox.append(self._token_out(event))
+
+    # -- outputs --------------------------------------------------------------------
+    def _token_out(self, ev: TokenEvent) -> TokenOut:
+        req: Req = ev.req
+        meta = self.meta[ev.rid]
+        st, t = meta.stamps, req.times
+        st.scheduled, st.first_token, st.finished = t.scheduled, t.first_token, t.finished
+        if t.token_times:
+            st.last_token = t.token_times[-1]
+        out = TokenOut(
+            rid=ev.rid, new_token_ids=ev.new_token_ids,
+            finish_reason=ev.finish_reason.value if ev.finish_reason else None,
+            matched_stop=req.matched_stop, prompt_tokens=req.prompt_len,
+            completion_tokens=len(req.output_ids), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
+        )
+        if ev.finished:
+            del self.meta[ev.rid]
+            self.pending_detok.pop(ev.rid, None)
+            self.drops.forget(ev.rid, ev.finish_reason.value)
+        return out
+
+    def flush(self) -> None:
+        if self.outbox:
+            self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=self.outbox)))
+            self.outbox = []
+
+    def send_stats(self, force: bool = False) -> None:
+        now = now_ns()
+        if not force and now - self._last_stats < self.args.heartbeat_interval * 1e9:
+            return
+        self._last_stats = now
+        core, pool, step = self.core, self.core.pool, self.core.last_step
+        self.to_tm.send(self.codec.encode(SchedulerStats(
+            num_running=core.num_running, num_waiting=core.num_waiting, kv_used=pool.used_slots,
+            kv_reserved=pool.reserved, kv_total=pool.capacity, batch_size=step.batch_size,
+            num_decode=step.num_decode, num_prefill_tokens=step.num_prefill_tokens, step_seconds=step.step_seconds,
+            steps_total=self.steps, prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total, last_token_at=self.last_token_at,
+            stale_drops=self.drops.snapshot(), undecodable=self.codec.undecodable,
+        )))
+
+    # -- the loop ---------------------------------------------------------------------
+    def step(self) -> None:
+        try:
+            events = self.core.step()
+        except Exception:  # noqa: BLE001 - a bug must fail its requests, not hang them
+            log.error("engine step failed; failing the running batch:\n%s", traceback.format_exc())
+            events = [self.core.abort(r.rid) for r in list(self.core.running)]
+            for ev in events:
+                out = self._token_out(ev)
+                out.finish_reason, out.error = "error", "internal engine error"
+                self.outbox.append(out)
+            return
+        self.steps += 1
+        for ev in events:
+            self.generation_tokens_total += len(ev.new_token_ids)
+            self.outbox.append(self._token_out(ev))
+        if events:
+            self.last_token_at = now_ns()
+
+    def event_loop(self, parent: int) -> None:
+        self.to_tm.send(self.codec.encode(Ready(
+            role="scheduler", pid=os.getpid(), model_name=self.model_name,
+            context_len=self.core.context_len, vocab_size=self.core.vocab_size, kv_total=self.core.pool.capacity,
+        )))
+        idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
+        while keep_running(parent):
+            busy = self.core.has_work
+            self.recv_requests(0 if busy else idle_ms)
+            if self.core.has_work:
+                self.step()
+            self.flush()
+            self.send_stats(force=busy)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+def run_scheduler_process(args: ServerArgs, endpoints: Endpoints) -> None:
+    """Entry point of the spawned Scheduler process."""
+    parent = setup_child("scheduler", args.log_level)
+    sched = None
+    try:
+        sched = Scheduler(args, endpoints)
+        sched.event_loop(parent)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if sched is not None:
+            sched.close()

@@ -1,0 +1,291 @@
+"""The TokenizerManager: asyncio, in the main process, between HTTP and the engine.
+
+As in the seed: `submit` tokenizes and validates a request, creates its `ReqState`
+in `rid_to_state` and pushes it to the Scheduler; `handle_loop` receives Detokenizer
+and Scheduler messages and dispatches them by type; the HTTP handler reads a state's
+outputs with `stream` (or `collect`).  A rid leaves `rid_to_state` when it finishes or
+when its client goes away (`abort`, which also reaches the Scheduler to free its KV).
+Outputs arriving for a rid no longer there are dropped and counted by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from serving.args import ServerArgs
+from serving.engine.sampling import SamplingParams
+from serving.errors import APIError, bad_request
+from serving.io_struct import (
+    AbortReq, BatchStrOutput, DetokenizerStats, DetokParams, Ready, ReqMeta, SchedulerStats, Stamps, StrOut,
+    TokenizedGenerateReqInput,
+)
+from serving.ipc import Codec, DropCounter, Endpoints, make_socket
+from telemetry.clock import now_ns
+
+log = logging.getLogger(__name__)
+_RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+PROMPT_TAIL = 5  # prompt tokens the Detokenizer decodes the first output token against
+
+
+@dataclass
+class GenerateReqInput:
+    """One request as the HTTP layer hands it over (prompt, messages or token ids)."""
+
+    sampling: SamplingParams
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, str]] | None = None
+    max_new_tokens: int | None = None  # None: up to the context window
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    stream: bool = False
+    rid: str | None = None
+    param_names: dict[str, str] = field(default_factory=dict)  # engine field → API field, for errors
+    arrival: int = field(default_factory=now_ns)
+
+
+@dataclass
+class ReqState:
+    """What the TM knows about one in-flight rid (the seed's ReqState)."""
+
+    rid: str
+    prompt_tokens: int
+    meta: ReqMeta
+    out_list: list[StrOut] = field(default_factory=list)
+    finished: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Collected:
+    """A finished request, for non-streaming responses."""
+
+    rid: str
+    text: str
+    output_ids: list[int]
+    finish_reason: str | None
+    matched_stop: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None
+
+
+class TokenizerManager:
+    def __init__(self, args: ServerArgs, endpoints: Endpoints, tokenizer: Any, model_name: str) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.ctx = zmq.asyncio.Context()
+        self.to_scheduler = make_socket(self.ctx, zmq.PUSH, endpoints.scheduler_in, do_bind=False)
+        self.from_detok = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_detokenizer, do_bind=True)
+        self.from_sched = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_scheduler, do_bind=True)
+        self.codec = Codec("tokenizer_manager")
+        self.drops = DropCounter("tokenizer_manager")
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.ready: dict[str, Ready] = {}
+        self.all_ready = asyncio.Event()
+        self.scheduler_stats: SchedulerStats | None = None
+        self.detok_stats: DetokenizerStats | None = None
+        self.last_heartbeat: dict[str, int] = {}
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            BatchStrOutput: self._handle_str_output,
+            SchedulerStats: self._handle_scheduler_stats,
+            DetokenizerStats: self._handle_detok_stats,
+            Ready: self._handle_ready,
+        }
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self.handle_loop(s)) for s in (self.from_detok, self.from_sched)]
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.ctx.destroy(linger=0)
+
+    @property
+    def context_len(self) -> int:
+        return self.ready["scheduler"].context_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.ready["scheduler"].vocab_size
+
+    # -- receiving ------------------------------------------------------------------
+    async def handle_loop(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            data = await sock.recv()
+            msg = self.codec.decode(data)
+            handler = self._dispatch.get(type(msg)) if msg is not None else None
+            if handler is None:
+                if msg is not None:
+                    self.codec.undecodable += 1
+                    log.warning("unexpected %s on a TokenizerManager socket", type(msg).__name__)
+                continue
+            try:
+                handler(msg)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the loop
+                log.exception("failed to handle %s", type(msg).__name__)
+
+    def _handle_str_output(self, batch: BatchStrOutput) -> None:
+        for out in batch.outputs:
+            state = self.rid_to_state.get(out.rid)
+            if state is None:
+                self.drops.drop("BatchStrOutput", out.rid)
+                continue
+            state.out_list.append(out)
+            state.meta = out.meta
+            if out.finish_reason is not None:
+                state.finished, state.finish_reason = True, out.finish_reason
+                del self.rid_to_state[out.rid]
+                self.drops.forget(out.rid, out.finish_reason)
+                if out.engine_running:  # a stop string ended it in the Detokenizer
+                    self._send_abort(out.rid, "stop_string", state.meta)
+            state.event.set()
+
+    def _handle_scheduler_stats(self, msg: SchedulerStats) -> None:
+        self.scheduler_stats = msg
+        self.last_heartbeat["scheduler"] = now_ns()
+
+    def _handle_detok_stats(self, msg: DetokenizerStats) -> None:
+        self.detok_stats = msg
+        self.last_heartbeat["detokenizer"] = now_ns()
+
+    def _handle_ready(self, msg: Ready) -> None:
+        log.info("%s ready (pid %d)", msg.role, msg.pid)
+        self.ready[msg.role] = msg
+        self.last_heartbeat[msg.role] = now_ns()
+        if {"scheduler", "detokenizer"} <= self.ready.keys():
+            self.all_ready.set()
+
+    # -- submitting -------------------------------------------------------------------
+    def _tokenize(self, obj: GenerateReqInput) -> list[int]:
+        if obj.messages is not None:
+            try:
+                text = self.tokenizer.apply_chat_template(obj.messages, tokenize=False, add_generation_prompt=True)
+            except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
+                raise bad_request(f"messages cannot be rendered by the chat template: {exc}", param="messages") from None
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if isinstance(obj.prompt, str):
+            return self.tokenizer(obj.prompt)["input_ids"]
+        ids = list(obj.prompt or [])
+        if any(not 0 <= t < self.vocab_size for t in ids):
+            raise bad_request(f"token ids must be in [0, {self.vocab_size})", param="prompt", code="invalid_token_id")
+        return ids
+
+    def _validate(self, obj: GenerateReqInput, ids: list[int]) -> None:
+        names = obj.param_names
+        if not ids:
+            raise bad_request("prompt is empty", param="messages" if obj.messages is not None else "prompt",
+                              code="empty_prompt")
+        ctx = self.context_len
+        if len(ids) >= ctx:
+            raise bad_request(f"This model's maximum context length is {ctx} tokens, but the prompt has {len(ids)} "
+                              "tokens (at least one token must be generated).", param="prompt",
+                              code="context_length_exceeded")
+        want = obj.max_new_tokens
+        obj.sampling.max_new_tokens = ctx - len(ids) if want is None else want
+        if want is not None and len(ids) + want > ctx:
+            raise bad_request(f"This model's maximum context length is {ctx} tokens. However, you requested "
+                              f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
+                              param=names.get("max_new_tokens", "max_new_tokens"), code="context_length_exceeded")
+        try:
+            obj.sampling.validate(self.vocab_size)
+        except ValueError as exc:
+            field_name = str(exc).split(" ", 1)[0]
+            param = names.get(field_name, field_name)
+            raise bad_request(str(exc).replace(field_name, param, 1), param=param) from None
+
+    def submit(self, obj: GenerateReqInput, trace: dict[str, str] | None = None) -> ReqState:
+        """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent."""
+        if not self.all_ready.is_set():
+            raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
+        if obj.rid is not None and (not _RID.match(obj.rid) or obj.rid in self.rid_to_state):
+            raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-] and not already in flight", param="rid")
+        rid = obj.rid or uuid.uuid4().hex
+        ids = self._tokenize(obj)
+        self._validate(obj, ids)
+        meta = ReqMeta(trace=dict(trace or {}), stamps=Stamps(arrival=obj.arrival, tokenized=now_ns()))
+        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta)
+        self.rid_to_state[rid] = state
+        detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:])
+        self.to_scheduler.send(self.codec.encode(TokenizedGenerateReqInput(
+            rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok, meta=meta)))
+        return state
+
+    # -- reading outputs ----------------------------------------------------------------
+    async def stream(self, state: ReqState) -> AsyncIterator[StrOut]:
+        """Yield the rid's outputs as they arrive; aborts it if the reader goes away first."""
+        try:
+            while True:
+                await state.event.wait()
+                state.event.clear()
+                outs, state.out_list = state.out_list, []
+                for out in outs:
+                    yield out
+                if state.finished and not state.out_list:
+                    return
+        finally:
+            if not state.finished:
+                self.abort(state.rid, "client_disconnect")
+
+    async def collect(self, state: ReqState) -> Collected:
+        text: list[str] = []
+        ids: list[int] = []
+        last: StrOut | None = None
+        async for out in self.stream(state):
+            text.append(out.text)
+            ids.extend(out.output_ids)
+            last = out
+        if last is None:  # aborted before any output (shutdown, engine failure)
+            return Collected(state.rid, "", [], "error", None, state.prompt_tokens, 0, "the request was aborted")
+        return Collected(state.rid, "".join(text), ids, last.finish_reason, last.matched_stop,
+                         state.prompt_tokens, last.completion_tokens, last.error)
+
+    def abort(self, rid: str, reason: str) -> None:
+        """Forget the rid here and tell the Scheduler to free it."""
+        state = self.rid_to_state.pop(rid, None)
+        if state is None:
+            return
+        state.finished, state.finish_reason = True, "abort"
+        state.event.set()
+        self.drops.forget(rid, reason)
+        self._send_abort(rid, reason, state.meta)
+
+    def abort_all(self, reason: str, message: str) -> None:
+        """End every in-flight request with an explicit error (shutdown, engine failure)."""
+        for rid, state in list(self.rid_to_state.items()):
+            state.out_list.append(StrOut(rid=rid, text="", output_ids=[], finish_reason="error", error=message,
+                                         prompt_tokens=state.prompt_tokens, meta=state.meta))
+            self.abort(rid, reason)
+
+    def _send_abort(self, rid: str, reason: str, meta: ReqMeta) -> None:
+        self.to_scheduler.send(self.codec.encode(AbortReq(rid=rid, reason=reason, meta=meta)))
+
+    # -- introspection ------------------------------------------------------------------
+    def debug_state(self) -> dict:
+        drops = self.drops.snapshot()
+        for st in (self.scheduler_stats, self.detok_stats):
+            if st is not None:
+                drops += st.stale_drops
+        return {
+            "in_flight": len(self.rid_to_state),
+            "ready": sorted(self.ready),
+            "scheduler": msgspec.to_builtins(self.scheduler_stats) if self.scheduler_stats else None,
+            "detokenizer": msgspec.to_builtins(self.detok_stats) if self.detok_stats else None,
+            "stale_drops": [msgspec.to_builtins(d) for d in drops],
+            "undecodable": {"tokenizer_manager": self.codec.undecodable,
+                            "scheduler": self.scheduler_stats.undecodable if self.scheduler_stats else 0,
+                            "detokenizer": self.detok_stats.undecodable if self.detok_stats else 0},
+        }

@@ -1,0 +1,199 @@
+"""The OpenAI-compatible API end to end: real processes, real ZMQ, real HTTP (tiny-random)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from tests.conftest import PROMPTS, collect, encode, greedy, make_core
+from tests.server_util import sse_events
+
+
+def engine_text(model, ids: list[int], n: int) -> str:
+    """What the in-process engine produces for the same greedy request."""
+    core = make_core(model)
+    core.add_request("ref", ids, greedy(n))
+    return model.tokenizer.decode(collect(core)["ref"], skip_special_tokens=True)
+
+
+def chat_ids(model, content: str) -> list[int]:
+    text = model.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                               add_generation_prompt=True)
+    return model.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stream(server, path: str, body: dict) -> list[dict | str]:
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return sse_events(r.iter_lines())
+
+
+def completion_text(events) -> str:
+    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e["choices"])
+
+
+def chat_text(events) -> str:
+    return "".join(e["choices"][0]["delta"].get("content", "") for e in events if isinstance(e, dict) and e["choices"])
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:3])
+def test_completion_stream_equals_nonstream_equals_engine(tiny_server, tiny, prompt):
+    body = {"model": "tiny-random", "prompt": prompt, "max_tokens": 24, "temperature": 0}
+    r = tiny_server.post("/v1/completions", body)
+    assert r.status_code == 200, r.text
+    full = r.json()
+    events = stream(tiny_server, "/v1/completions", body)
+    assert events[-1] == "[DONE]"
+    expected = engine_text(tiny, encode(tiny, prompt), 24)
+    assert full["choices"][0]["text"] == completion_text(events) == expected
+    assert full["object"] == "text_completion" and full["id"].startswith("cmpl-")
+    assert full["usage"] == {"prompt_tokens": len(encode(tiny, prompt)), "completion_tokens": 24, "total_tokens":
+                             len(encode(tiny, prompt)) + 24}
+    finals = [e["choices"][0]["finish_reason"] for e in events[:-1]]
+    assert finals[-1] == "length" and all(f is None for f in finals[:-1])
+    assert r.headers["x-request-id"] in full["id"]
+
+
+def test_chat_stream_shape_matches_openai(tiny_server, tiny):
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 12, "temperature": 0,
+            "stream_options": {"include_usage": True}}
+    events = stream(tiny_server, "/v1/chat/completions", body)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len({c["id"] for c in chunks}) == 1 and len({c["created"] for c in chunks}) == 1
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 12
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    ids = chat_ids(tiny, "Say hi")
+    assert usage_chunk["usage"]["prompt_tokens"] == len(ids)
+    non_stream = tiny_server.post("/v1/chat/completions", {k: v for k, v in body.items() if k != "stream_options"})
+    msg = non_stream.json()["choices"][0]["message"]
+    assert msg["role"] == "assistant"
+    assert msg["content"] == chat_text(chunks) == engine_text(tiny, ids, 12)
+
+
+def test_32_concurrent_streams_each_match_their_solo_text(tiny_server):
+    prompts = [f"{PROMPTS[i % len(PROMPTS)]} (variant {i})" for i in range(32)]
+    solo = {}
+    for p in prompts[:32]:
+        r = tiny_server.post("/v1/completions", {"prompt": p, "max_tokens": 16, "temperature": 0})
+        solo[p] = r.json()["choices"][0]["text"]
+
+    async def one(client: httpx.AsyncClient, p: str) -> str:
+        body = {"prompt": p, "max_tokens": 16, "temperature": 0, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            events = sse_events([line async for line in r.aiter_lines()])
+        assert events[-1] == "[DONE]"
+        return completion_text(events)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=tiny_server.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=64)) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    results = asyncio.run(main())
+    assert results == [solo[p] for p in prompts]
+
+
+def test_stop_strings_trim_exactly(tiny_server):
+    base = {"prompt": PROMPTS[1], "max_tokens": 40, "temperature": 0}
+    text = tiny_server.post("/v1/completions", base).json()["choices"][0]["text"]
+    assert len(text) > 20
+    stop = text[12:16]
+    cut = text[: text.index(stop)]
+    r = tiny_server.post("/v1/completions", {**base, "stop": ["zzzz-never", stop]}).json()
+    assert r["choices"][0]["text"] == cut and r["choices"][0]["finish_reason"] == "stop"
+    events = stream(tiny_server, "/v1/completions", {**base, "stop": stop})
+    assert completion_text(events) == cut
+    assert events[-2]["choices"][0]["finish_reason"] == "stop"
+    gen = tiny_server.post("/generate", {"text": PROMPTS[1], "sampling_params": {
+        "max_new_tokens": 40, "temperature": 0, "stop": stop}}).json()
+    assert gen["text"] == cut and gen["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert gen["meta_info"]["completion_tokens"] < 40
+
+
+def test_generate_endpoint_text_and_input_ids(tiny_server, tiny):
+    ids = encode(tiny, PROMPTS[0])
+    by_text = tiny_server.post("/generate", {"text": PROMPTS[0], "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0}}).json()
+    by_ids = tiny_server.post("/generate", {"input_ids": ids, "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0}}).json()
+    assert by_text["output_ids"] == by_ids["output_ids"] and len(by_ids["output_ids"]) == 10
+    assert by_text["text"] == tiny.tokenizer.decode(by_text["output_ids"], skip_special_tokens=True)
+    assert by_text["meta_info"]["prompt_tokens"] == len(ids)
+    events = stream(tiny_server, "/generate", {"input_ids": ids, "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0}})
+    assert events[-1] == "[DONE]" and events[-2]["text"] == by_ids["text"]
+    assert events[-2]["meta_info"]["finish_reason"] == {"type": "length"}
+
+
+def test_models_and_health(tiny_server):
+    models = httpx.get(tiny_server.url + "/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"] == "tiny-random"
+    assert models["data"][0]["object"] == "model" and models["data"][0]["owned_by"]
+    h = httpx.get(tiny_server.url + "/health")
+    assert h.status_code == 200 and h.json()["status"] == "ok"
+
+
+def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
+    import time
+
+    before = sum(d[3] for d in tiny_server.debug()["stale_drops"] if d[0] == "tokenizer_manager")
+    body = {"prompt": PROMPTS[0], "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
+    with httpx.stream("POST", tiny_server.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        lines = r.iter_lines()
+        got = 0
+        for line in lines:
+            got += line.startswith("data: ")
+            if got >= 5:
+                break
+        rid = r.headers["x-request-id"]
+    t0 = time.monotonic()  # the connection is closed here
+    freed_after = None
+    while time.monotonic() - t0 < 5:
+        sched = tiny_server.debug()["scheduler"]
+        if sched["num_running"] == 0 and sched["kv_used"] == 0 and sched["kv_reserved"] == 0:
+            freed_after = time.monotonic() - t0
+            break
+        time.sleep(0.05)
+    assert freed_after is not None and freed_after < 1.0, f"KV not freed ({rid}): {tiny_server.debug()}"
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        state = tiny_server.debug()
+        after = sum(d[3] for d in state["stale_drops"] if d[0] == "tokenizer_manager")
+        if after > before:
+            break
+        time.sleep(0.05)
+    assert after > before, state
+    assert any(d[:3] == ["tokenizer_manager", "BatchStrOutput", "client_disconnect"] for d in state["stale_drops"])
+    assert state["in_flight"] == 0
+    ok = tiny_server.post("/v1/completions", {"prompt": "next", "max_tokens": 4})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_undecodable_message_is_counted_and_the_loop_survives(tiny_server):
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(f"ipc://{tiny_server.runtime_dir}/scheduler")
+    sock.send(b"\x93not-a-message")
+    sock.send(json.dumps({"type": "Evil", "payload": "__reduce__"}).encode())
+    sock.close(linger=1000)
+    ctx.term()
+    import time
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and tiny_server.debug()["undecodable"]["scheduler"] < 2:
+        time.sleep(0.1)
+    assert tiny_server.debug()["undecodable"]["scheduler"] >= 2
+    assert tiny_server.post("/v1/completions", {"prompt": "still alive", "max_tokens": 3}).status_code == 200

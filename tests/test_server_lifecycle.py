@@ -1,0 +1,59 @@
+"""Stopping the server: every in-flight request ends explicitly, no orphan, no socket file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import httpx
+import psutil
+import pytest
+
+from tests.server_util import ServerProc, sse_events
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("how", ["sigterm", "ctrl-c"])
+def test_stop_leaves_no_child_and_no_socket_and_ends_streams(tmp_path, how):
+    srv = ServerProc(tmpdir=tmp_path)
+    assert srv.runtime_dir.is_dir() and oct(srv.runtime_dir.stat().st_mode & 0o777) == "0o700"
+    socks = sorted(p.name for p in srv.runtime_dir.iterdir())
+    assert socks == ["detokenizer", "scheduler", "tm-detok", "tm-sched"]
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in srv.runtime_dir.iterdir())
+    children = [psutil.Process(pid) for pid in srv.pids.values()]
+    events: list = []
+    started = threading.Event()
+
+    def long_stream():
+        body = {"prompt": "tell me", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=30) as r:
+            lines = []
+            for line in r.iter_lines():
+                lines.append(line)
+                started.set()
+            events.extend(sse_events(lines))
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    assert started.wait(30)
+    if how == "sigterm":
+        code = srv.stop(signal.SIGTERM)
+    else:  # a terminal's Ctrl-C reaches the whole process group
+        os.killpg(srv.proc.pid, signal.SIGINT)
+        code = srv.stop(signal.SIGINT)
+    t.join(10)
+    assert not t.is_alive()
+    assert code == 0, srv.log()
+    assert events[-1] == "[DONE]"
+    assert "error" in events[-2] and "shutting down" in events[-2]["error"]["message"]
+    assert all(_gone(c.pid) for c in children)
+    assert not srv.runtime_dir.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("sightline-")]
+    assert "Traceback" not in srv.log(), srv.log()
