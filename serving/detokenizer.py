@@ -22,31 +22,39 @@ from serving.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerSta
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
 from telemetry.clock import now_ns
+from telemetry.engine_spans import DetokSpans
+from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 
 class DetokenizerManager:
-    def __init__(self, tokenizer, args: ServerArgs) -> None:
+    def __init__(self, tokenizer, args: ServerArgs | None, tracing: Tracing | None = None) -> None:
         self.tokenizer = tokenizer
         self.args = args
+        self.tracing = tracing or Tracing("detokenizer", enabled=False)
+        self.spans = DetokSpans(self.tracing)
         self.states: dict[str, DecodeState] = {}
         self.codec = Codec("detokenizer")
-        self.drops = DropCounter("detokenizer")
+        self.drops = DropCounter("detokenizer", on_drop=self.tracing.stale_drop)
 
     def handle_batch(self, batch: BatchTokenIDOutput) -> BatchStrOutput:
         recv = now_ns()
-        outs = [o for o in (self._one(out, recv) for out in batch.outputs) if o is not None]
+        firsts = {o.rid for o in batch.outputs if o.rid not in self.states}
+        outs = [o for o in (self._one(out, recv, batch.sent_at) for out in batch.outputs) if o is not None]
         done = now_ns()
         for o in outs:
             o.meta.stamps.detok_done = done
+            self.spans.output(o.rid, o.meta, recv, done, o.rid in firsts)
+            if o.finish_reason is not None:
+                self.spans.finished(o.rid, done, o.finish_reason)
         return BatchStrOutput(outputs=outs)
 
-    def _one(self, out: TokenOut, recv: int) -> StrOut | None:
+    def _one(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         state = self.states.get(out.rid)
         if state is None:
             if out.detok is None:
-                self.drops.drop("BatchTokenIDOutput", out.rid)
+                self.drops.drop("BatchTokenIDOutput", out.rid, out.meta.trace)
                 return None
             state = self.states[out.rid] = DecodeState(self.tokenizer, out.detok)
         final = out.finish_reason is not None
@@ -55,7 +63,7 @@ class DetokenizerManager:
                 self._end(out.rid, "stop")
             return None
         emitted = state.feed(out.new_token_ids, final)
-        out.meta.stamps.detok_recv = recv
+        out.meta.stamps.detok_recv, out.meta.stamps.sched_sent = recv, sent_at
         res = StrOut(
             rid=out.rid, text=emitted.text, output_ids=out.new_token_ids[:emitted.consumed],
             finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
@@ -76,16 +84,17 @@ class DetokenizerManager:
 
     def stats(self) -> DetokenizerStats:
         return DetokenizerStats(active_rids=len(self.states), stale_drops=self.drops.snapshot(),
-                                undecodable=self.codec.undecodable)
+                                undecodable=self.codec.undecodable, spans=self.tracing.drain())
 
 
-def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints) -> None:
+def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
     """Entry point of the spawned Detokenizer process."""
-    parent = setup_child("detokenizer", args.log_level)
+    parent = setup_child("detokenizer", args)
     ctx = zmq.Context()
+    mgr = None
     try:
         tokenizer, _ = load_tokenizer(args.model, args.cache_dir_path)
-        mgr = DetokenizerManager(tokenizer, args)
+        mgr = DetokenizerManager(tokenizer, args, Tracing.from_args("detokenizer", args, instance_id))
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
         send = make_socket(ctx, zmq.PUSH, endpoints.tm_from_detokenizer, do_bind=False)
         send.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
@@ -98,6 +107,7 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints) -> None:
                     out = mgr.handle_batch(msg)
                     if out.outputs:
                         send.send(mgr.codec.encode(out))
+                    mgr.spans.producers.sent()
                 elif msg is not None:
                     mgr.codec.undecodable += 1
                     log.warning("unexpected %s on the detokenizer socket", type(msg).__name__)
@@ -108,3 +118,5 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints) -> None:
         pass
     finally:
         ctx.destroy(linger=0)
+        if mgr is not None:
+            mgr.tracing.shutdown()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 import msgspec
@@ -20,6 +21,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from serving.errors import APIError
@@ -29,6 +31,7 @@ from serving.openai_protocol import (
     ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, decode_body,
     include_usage,
 )
+from serving.http_ops import OPS_ROUTES, HTTPMetricsMiddleware
 from serving.server_state import ServerState
 from serving.tokenizer_manager import Collected, GenerateReqInput, ReqState
 
@@ -81,108 +84,129 @@ async def collect_or_abort(request: Request, state: ServerState, req: ReqState) 
     return work.result() if work in done else None
 
 
-def _result_error(result: Collected | StrOut) -> APIError | None:
-    if result.finish_reason == "error":
-        return APIError(500, result.error or "the engine failed this request", type="internal_error")
-    return None
+def _result_error(result: Collected | StrOut, status: int) -> APIError | None:
+    if result.finish_reason != "error":
+        return None
+    if status == 503:
+        return APIError(503, result.error or "the server is unavailable", type="server_unavailable")
+    return APIError(500, result.error or "the engine failed this request", type="internal_error")
 
 
-def _submit(state: ServerState, obj: GenerateReqInput) -> ReqState:
-    state.check_available()
-    return state.tm.submit(obj)
+@dataclass(frozen=True)
+class Kind:
+    body: type
+    operation: str  # gen_ai.operation.name
+    route: str
+    build: Callable
 
 
-async def openai_endpoint(request: Request, chat: bool) -> Response:
+KINDS = {
+    "chat": Kind(ChatCompletionRequest, "chat", "/v1/chat/completions",
+                 lambda b, s: chat_input(b, s.model_name, s.args.max_stop_strings)),
+    "completion": Kind(CompletionRequest, "text_completion", "/v1/completions",
+                       lambda b, s: completion_input(b, s.model_name, s.args.max_stop_strings)),
+    "generate": Kind(GenerateRequest, "generate", "/generate", lambda b, s: generate_input(b, s.args.max_stop_strings)),
+}
+
+
+def _request_attributes(obj: GenerateReqInput) -> dict:
+    sp = obj.sampling
+    attrs = {"gen_ai.request.temperature": sp.temperature, "gen_ai.request.top_p": sp.top_p,
+             "gen_ai.request.stream": obj.stream}
+    if obj.max_new_tokens is not None:
+        attrs["gen_ai.request.max_tokens"] = obj.max_new_tokens
+    if sp.seed is not None:
+        attrs["gen_ai.request.seed"] = sp.seed
+    return attrs
+
+
+async def generation(request: Request, kind: Kind) -> Response:
+    """Every generation endpoint: decode → submit → stream or collect; telemetry around it."""
     state: ServerState = request.app.state.server
-    body = decode_body(await request.body(), ChatCompletionRequest if chat else CompletionRequest)
-    build = chat_input if chat else completion_input
-    obj = build(body, state.model_name, state.args.max_stop_strings)
-    req = _submit(state, obj)
-    shape = ResponseShape(chat, req.rid, state.model_name, include_usage(body))
-    headers = {"x-request-id": req.rid}
-    if body.stream:
-        return SSEResponse(_openai_events(state, req, shape), lambda: state.tm.abort(req.rid, "client_disconnect"),
-                           headers)
+    tel = state.tel
+    rt = tel.begin(request.headers, "POST", kind.route, kind.operation, {})
+    try:
+        body = decode_body(await request.body(), kind.body)
+        obj = kind.build(body, state)
+        rt.stream = obj.stream
+        if rt.span is not None:
+            rt.span.set_attributes(_request_attributes(obj))
+        state.check_available()
+        req = state.tm.submit(obj, rt)
+    except APIError as err:
+        tel.rejected(rt, err.status, err.code or err.type, err.message)
+        return error_response(err, tel.response_headers(rt))
+    except Exception:
+        tel.rejected(rt, 500, "internal", "unhandled error")
+        raise
+    headers = {"x-request-id": req.rid, **tel.response_headers(rt)}
+    if kind.route == "/generate":
+        events, full = _generate_events(state, req), generate_body
+    else:
+        shape = ResponseShape(kind.operation == "chat", req.rid, state.model_name, include_usage(body))
+        events, full = _openai_events(state, req, shape), shape.full_result
+    if obj.stream:
+        def on_close() -> None:
+            state.tm.abort(req.rid, "client_disconnect")
+            tel.end(rt)
+        return SSEResponse(events, on_close, headers)
     result = await collect_or_abort(request, state, req)
     if result is None:
+        tel.end(rt, 499)
         return Response(status_code=499)
-    if (err := _result_error(result)) is not None:
+    if (err := _result_error(result, rt.status)) is not None:
+        tel.end(rt, err.status)
         return error_response(err, headers)
-    return JSONResponse(shape.full(result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens),
-                        headers=headers)
+    out = full(result)
+    (out["meta_info"] if kind.route == "/generate" else out)["sightline"] = req.breakdown
+    tel.end(rt, 200)
+    return JSONResponse(out, headers=headers)
 
 
 async def _openai_events(state: ServerState, req: ReqState, shape: ResponseShape) -> AsyncIterator[bytes]:
     if shape.chat:
         yield sse(shape.role_chunk())
-    completion_tokens = 0
     async for out in state.tm.stream(req):
-        completion_tokens = out.completion_tokens or completion_tokens
-        if (err := _result_error(out)) is not None:
+        if (err := _result_error(out, req.trace.status)) is not None:
             yield sse(err.body())
             yield SSE_DONE
             return
         if out.text or out.finish_reason is not None:
             yield sse(shape.delta_chunk(out.text, out.finish_reason))
     if shape.with_usage:
-        yield sse(shape.usage_chunk(req.prompt_tokens, completion_tokens))
+        chunk = shape.usage_chunk(req.prompt_tokens, req.completion_tokens)
+        chunk["sightline"] = req.breakdown
+        yield sse(chunk)
     yield SSE_DONE
-
-
-async def completions(request: Request) -> Response:
-    return await openai_endpoint(request, chat=False)
-
-
-async def chat_completions(request: Request) -> Response:
-    return await openai_endpoint(request, chat=True)
-
-
-async def generate(request: Request) -> Response:
-    """SGLang's native endpoint: cumulative `text` and `output_ids` plus `meta_info`."""
-    state: ServerState = request.app.state.server
-    body = decode_body(await request.body(), GenerateRequest)
-    req = _submit(state, generate_input(body, state.args.max_stop_strings))
-    headers = {"x-request-id": req.rid}
-    if body.stream:
-        return SSEResponse(_generate_events(state, req), lambda: state.tm.abort(req.rid, "client_disconnect"), headers)
-    result = await collect_or_abort(request, state, req)
-    if result is None:
-        return Response(status_code=499)
-    if (err := _result_error(result)) is not None:
-        return error_response(err, headers)
-    return JSONResponse(generate_body(result), headers=headers)
 
 
 async def _generate_events(state: ServerState, req: ReqState) -> AsyncIterator[bytes]:
     text, ids = [], []
     async for out in state.tm.stream(req):
-        if (err := _result_error(out)) is not None:
+        if (err := _result_error(out, req.trace.status)) is not None:
             yield sse(err.body())
             break
         text.append(out.text)
         ids.extend(out.output_ids)
-        yield sse(generate_body(Collected(req.rid, "".join(text), list(ids), out.finish_reason, out.matched_stop,
-                                          req.prompt_tokens, out.completion_tokens, None)))
+        body = generate_body(Collected(req.rid, "".join(text), list(ids), out.finish_reason, out.matched_stop,
+                                       req.prompt_tokens, out.completion_tokens, None))
+        if out.finish_reason is not None and req.breakdown:
+            body["meta_info"]["sightline"] = req.breakdown
+        yield sse(body)
     yield SSE_DONE
 
 
-async def models(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sightline",
-        "max_model_len": state.tm.context_len if state.tm.all_ready.is_set() else None,
-    }]})
+async def completions(request: Request) -> Response:
+    return await generation(request, KINDS["completion"])
 
 
-async def health(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    ok, reason = state.health()
-    return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason}, status_code=200 if ok else 503)
+async def chat_completions(request: Request) -> Response:
+    return await generation(request, KINDS["chat"])
 
 
-async def debug_state(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    return JSONResponse({**state.tm.debug_state(), **state.describe()})
+async def generate(request: Request) -> Response:
+    """SGLang's native endpoint: cumulative `text` and `output_ids` plus `meta_info`."""
+    return await generation(request, KINDS["generate"])
 
 
 async def _api_error(request: Request, exc: APIError) -> Response:
@@ -207,11 +231,10 @@ def build_app(state: ServerState) -> Starlette:
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/generate", generate, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-            Route("/debug/state", debug_state, methods=["GET"]),
+            *OPS_ROUTES,
         ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        middleware=[Middleware(HTTPMetricsMiddleware, state=state)],
     )
     app.state.server = state
     return app

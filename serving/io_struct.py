@@ -35,6 +35,7 @@ class Stamps(msgspec.Struct, kw_only=True, omit_defaults=True):
     first_token: int | None = None  # first output token sampled
     last_token: int | None = None  # latest output token sampled
     finished: int | None = None  # finished or aborted in the Scheduler
+    sched_sent: int | None = None  # the Scheduler sent the latest output (its message's sent_at)
     detok_recv: int | None = None  # Detokenizer received the latest tokens
     detok_done: int | None = None  # Detokenizer finished decoding them
 
@@ -110,6 +111,23 @@ class BatchStrOutput(_Msg):
     outputs: list[StrOut]
 
 
+class SpanRecord(msgspec.Struct, kw_only=True):
+    """A finished span, forwarded to the main process for /debug/requests (OTLP export is separate)."""
+
+    name: str
+    trace_id: str  # 32 hex
+    span_id: str  # 16 hex
+    parent_span_id: str | None = None
+    start_ns: int  # wall clock, ns since the epoch
+    end_ns: int
+    kind: str = "INTERNAL"
+    role: str = ""  # process role: main | scheduler | detokenizer
+    pid: int = 0
+    status: str = "UNSET"  # UNSET | OK | ERROR
+    attributes: dict[str, str | int | float | bool | list[str]] = {}
+    links: int = 0
+
+
 class DropCount(msgspec.Struct, array_like=True):
     """One stale-message counter: a message for a rid the component no longer knows."""
 
@@ -123,6 +141,7 @@ class DetokenizerStats(_Msg):
     active_rids: int
     stale_drops: list[DropCount] = []  # cumulative since start
     undecodable: int = 0  # cumulative
+    spans: list[SpanRecord] = []  # finished since the last stats message
 
 
 # -- Scheduler → TokenizerManager ------------------------------------------------------
@@ -144,6 +163,8 @@ class SchedulerStats(_Msg):
     last_token_at: int | None = None  # monotonic ns of the latest sampled token
     stale_drops: list[DropCount] = []
     undecodable: int = 0
+    prefill_tokens_total: int = 0
+    spans: list[SpanRecord] = []  # finished since the last stats message
 
 
 class Ready(_Msg):

@@ -14,6 +14,7 @@ import tempfile
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import msgspec
 import zmq
@@ -89,8 +90,10 @@ class DropCounter:
     for the last few thousand rids, or `unknown_rid` when it was never seen.
     """
 
-    def __init__(self, component: str, remember: int = 4096) -> None:
+    def __init__(self, component: str, remember: int = 4096,
+                 on_drop: Callable[[dict | None, str, str, str], None] | None = None) -> None:
         self.component = component
+        self.on_drop = on_drop  # (carrier, component, message_type, reason): the stale-drop span
         self.counts: Counter[tuple[str, str]] = Counter()
         self._gone: OrderedDict[str, str] = OrderedDict()
         self._remember = remember
@@ -101,9 +104,11 @@ class DropCounter:
         if len(self._gone) > self._remember:
             self._gone.popitem(last=False)
 
-    def drop(self, message_type: str, rid: str) -> str:
+    def drop(self, message_type: str, rid: str, carrier: dict | None = None) -> str:
         reason = self._gone.get(rid, "unknown_rid")
         self.counts[(message_type, reason)] += 1
+        if self.on_drop is not None:
+            self.on_drop(carrier, self.component, message_type, reason)
         return reason
 
     def total(self) -> int:

@@ -14,6 +14,7 @@ import logging
 import multiprocessing as mp
 import signal
 import sys
+import uuid
 
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
@@ -26,17 +27,24 @@ from serving.ipc import Endpoints, runtime_parent
 from serving.scheduler import run_scheduler_process
 from serving.server_state import ServerState
 from serving.tokenizer_manager import TokenizerManager
+from telemetry.logs import setup_logging
+from telemetry.metrics import Metrics, parse_bucket_overrides
+from telemetry.request_telemetry import RequestTelemetry
+from telemetry.timeline import Timeline
+from telemetry.tracing import Tracing
+
+__version__ = "0.1.0"
 
 log = logging.getLogger("sightline")
 CHILD_STOP_TIMEOUT = 5.0
 
 
-def _spawn(args: ServerArgs, endpoints: Endpoints) -> dict[str, mp.process.BaseProcess]:
+def _spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
     ctx = mp.get_context("spawn")
     procs = {
-        "scheduler": ctx.Process(target=run_scheduler_process, args=(args, endpoints), name="sightline-scheduler",
-                                 daemon=True),
-        "detokenizer": ctx.Process(target=run_detokenizer_process, args=(args, endpoints),
+        "scheduler": ctx.Process(target=run_scheduler_process, args=(args, endpoints, instance_id),
+                                 name="sightline-scheduler", daemon=True),
+        "detokenizer": ctx.Process(target=run_detokenizer_process, args=(args, endpoints, instance_id),
                                    name="sightline-detokenizer", daemon=True),
     }
     for p in procs.values():
@@ -72,10 +80,23 @@ async def _watch_startup(state: ServerState, stop: asyncio.Event) -> int:
     return 0
 
 
+def _telemetry(args: ServerArgs, name: str, instance_id: str) -> tuple[RequestTelemetry, Timeline, Metrics | None]:
+    timeline = Timeline(args.request_timeline_size)
+    tracing = Tracing.from_args("main", args, instance_id, sink=timeline.add_span)
+    metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__) \
+        if args.enable_metrics else None
+    return RequestTelemetry(tracing, metrics, timeline, name, args.log_requests), timeline, metrics
+
+
 async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -> int:
-    tm = TokenizerManager(args, endpoints, tokenizer, name)
+    instance_id = uuid.uuid4().hex
+    tel, timeline, metrics = _telemetry(args, name, instance_id)
+    tm = TokenizerManager(args, endpoints, tokenizer, name, tel)
     tm.start()
-    state = ServerState(args=args, tm=tm, model_name=name, endpoints=endpoints)
+    state = ServerState(args=args, tm=tm, tel=tel, timeline=timeline, metrics=metrics, model_name=name,
+                        endpoints=endpoints)
+    if metrics is not None:
+        metrics.watch(state.engine_snapshot, lambda: len(tm.rid_to_state))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -89,7 +110,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
 
     watcher: asyncio.Task | None = None
     try:
-        state.procs = _spawn(args, endpoints)
+        state.procs = _spawn(args, endpoints, instance_id)
         config = Config()
         config.bind = [f"{args.host}:{args.port}"]
         config.accesslog = None
@@ -103,11 +124,11 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
             watcher.cancel()
         stop_children(state.procs)
         await tm.close()
+        tel.tracing.shutdown()
 
 
 def run_server(args: ServerArgs) -> int:
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s main[%(process)d] %(levelname)s %(name)s: %(message)s")
+    setup_logging("main", args.log_level, args.log_format)
     try:
         tokenizer, path = load_tokenizer(args.model, args.cache_dir_path)  # converts the model once, here
     except ModelLoadError as exc:

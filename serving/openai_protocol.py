@@ -209,6 +209,10 @@ class ResponseShape:
         body["usage"] = usage(prompt_tokens, completion_tokens)
         return body
 
+    def full_result(self, result) -> dict:
+        """`full` for a TokenizerManager `Collected` result."""
+        return self.full(result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens)
+
     def _chunk(self, choices: list) -> dict:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
         if self.with_usage:

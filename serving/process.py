@@ -9,10 +9,11 @@ when the main process is killed with -9.
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import signal
 import sys
+
+from telemetry.logs import setup_logging
 
 PR_SET_PDEATHSIG = 1
 
@@ -26,7 +27,7 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
     _stop_requested = True
 
 
-def setup_child(role: str, log_level: str = "info") -> int:
+def setup_child(role: str, args) -> int:
     """Prepare a spawned child; returns the parent pid to watch."""
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -38,7 +39,7 @@ def setup_child(role: str, log_level: str = "info") -> int:
             pass
     if os.getppid() != parent:  # the parent died before prctl took effect
         raise SystemExit(0)
-    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s {role}[%(process)d] %(levelname)s %(name)s: %(message)s")
+    setup_logging(role, args.log_level, args.log_format)
     return parent
 
 

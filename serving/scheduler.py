@@ -26,13 +26,17 @@ from serving.io_struct import (
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
 from telemetry.clock import now_ns
+from telemetry.engine_spans import SchedulerSpans
+from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, endpoints: Endpoints) -> None:
+    def __init__(self, args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
         self.args = args
+        self.tracing = Tracing.from_args("scheduler", args, instance_id)
+        self.spans = SchedulerSpans(self.tracing)
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
         self.core = SchedulerCore(loaded, args)
@@ -41,13 +45,14 @@ class Scheduler:
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
         self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.tm_from_scheduler, do_bind=False)
         self.codec = Codec("scheduler")
-        self.drops = DropCounter("scheduler")
+        self.drops = DropCounter("scheduler", on_drop=self.tracing.stale_drop)
         self.meta: dict[str, ReqMeta] = {}
         self.pending_detok: dict[str, DetokParams] = {}  # sent with the rid's first output
         self.outbox: list[TokenOut] = []
         self.steps = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.prefill_tokens_total = 0
         self.last_token_at: int | None = None
         self._last_stats = 0
 
@@ -82,17 +87,19 @@ class Scheduler:
         self.meta[msg.rid] = msg.meta
         self.pending_detok[msg.rid] = msg.detok
         self.prompt_tokens_total += req.prompt_len
+        self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
     def _abort(self, msg: AbortReq) -> None:
         event = self.core.abort(msg.rid)
         if event is None:
-            self.drops.drop("AbortReq", msg.rid)
+            self.drops.drop("AbortReq", msg.rid, msg.meta.trace)
             return
         log.debug("aborted %s (%s)", msg.rid, msg.reason)
-        self.outbox.append(self._token_out(event))
+        # a stop string ended it in the Detokenizer: a normal finish, not a failure
+        self.outbox.append(self._token_out(event, None if msg.reason == "stop_string" else msg.reason))
 
     # -- outputs --------------------------------------------------------------------
-    def _token_out(self, ev: TokenEvent) -> TokenOut:
+    def _token_out(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> TokenOut:
         req: Req = ev.req
         meta = self.meta[ev.rid]
         st, t = meta.stamps, req.times
@@ -105,16 +112,22 @@ class Scheduler:
             matched_stop=req.matched_stop, prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
         )
+        if out.detok is not None:
+            self.spans.first_output(ev.rid, meta)
+        if error is not None:
+            out.finish_reason, out.error = "error", error
         if ev.finished:
             del self.meta[ev.rid]
             self.pending_detok.pop(ev.rid, None)
-            self.drops.forget(ev.rid, ev.finish_reason.value)
+            self.drops.forget(ev.rid, out.finish_reason)
+            self.spans.finished(req, out.finish_reason, error_type, error)
         return out
 
     def flush(self) -> None:
         if self.outbox:
             self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=self.outbox)))
             self.outbox = []
+            self.spans.producers.sent()
 
     def send_stats(self, force: bool = False) -> None:
         now = now_ns()
@@ -129,6 +142,7 @@ class Scheduler:
             steps_total=self.steps, prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total, last_token_at=self.last_token_at,
             stale_drops=self.drops.snapshot(), undecodable=self.codec.undecodable,
+            prefill_tokens_total=self.prefill_tokens_total, spans=self.tracing.drain(),
         )))
 
     # -- the loop ---------------------------------------------------------------------
@@ -137,13 +151,16 @@ class Scheduler:
             events = self.core.step()
         except Exception:  # noqa: BLE001 - a bug must fail its requests, not hang them
             log.error("engine step failed; failing the running batch:\n%s", traceback.format_exc())
-            events = [self.core.abort(r.rid) for r in list(self.core.running)]
-            for ev in events:
-                out = self._token_out(ev)
-                out.finish_reason, out.error = "error", "internal engine error"
-                self.outbox.append(out)
+            for req in list(self.core.running):
+                self.outbox.append(self._token_out(self.core.abort(req.rid), "engine_error", "internal engine error"))
             return
         self.steps += 1
+        st = self.core.last_step
+        self.prefill_tokens_total += st.num_prefill_tokens
+        if st.rids:
+            self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
+                "sightline.batch.size": st.batch_size, "sightline.batch.decode": st.num_decode,
+                "sightline.batch.prefill_tokens": st.num_prefill_tokens})
         for ev in events:
             self.generation_tokens_total += len(ev.new_token_ids)
             self.outbox.append(self._token_out(ev))
@@ -166,14 +183,15 @@ class Scheduler:
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)
+        self.tracing.shutdown()
 
 
-def run_scheduler_process(args: ServerArgs, endpoints: Endpoints) -> None:
+def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
     """Entry point of the spawned Scheduler process."""
-    parent = setup_child("scheduler", args.log_level)
+    parent = setup_child("scheduler", args)
     sched = None
     try:
-        sched = Scheduler(args, endpoints)
+        sched = Scheduler(args, endpoints, instance_id)
         sched.event_loop(parent)
     except KeyboardInterrupt:
         pass

@@ -1,26 +1,37 @@
-"""What the HTTP handlers share: the TokenizerManager, the child processes, health."""
+"""What the HTTP handlers share: the TokenizerManager, telemetry, the child processes, health."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
+
+import psutil
 
 from serving.args import ServerArgs
 from serving.errors import APIError
 from serving.ipc import Endpoints
 from serving.tokenizer_manager import TokenizerManager
+from telemetry.clock import now_ns
+from telemetry.metrics import EngineSnapshot, Metrics
+from telemetry.request_telemetry import RequestTelemetry
+from telemetry.timeline import Timeline
 
 
 @dataclass
 class ServerState:
     args: ServerArgs
     tm: TokenizerManager
+    tel: RequestTelemetry
+    timeline: Timeline
+    metrics: Metrics | None
     model_name: str
     endpoints: Endpoints
     procs: dict[str, BaseProcess] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     shutting_down: bool = False
+    _ps: dict[int, psutil.Process] = field(default_factory=dict)
 
     def health(self) -> tuple[bool, str]:
         """(healthy, reason): ready, both children alive, not shutting down."""
@@ -41,3 +52,54 @@ class ServerState:
     def describe(self) -> dict:
         return {"pids": {role: p.pid for role, p in self.procs.items()}, "runtime_dir": self.endpoints.runtime_dir,
                 "model": self.model_name}
+
+    def _proc(self, pid: int | None) -> psutil.Process | None:
+        if pid is None:
+            return None
+        p = self._ps.get(pid)
+        if p is None:
+            try:
+                p = self._ps[pid] = psutil.Process(pid)
+            except psutil.Error:
+                return None
+        return p
+
+    def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        rss, cpu = {}, {}
+        pids = {"main": os.getpid(), **{role: p.pid for role, p in self.procs.items() if p.is_alive()}}
+        for role, pid in pids.items():
+            p = self._proc(pid)
+            try:
+                if p is not None:
+                    rss[role] = float(p.memory_info().rss)
+                    t = p.cpu_times()
+                    cpu[role] = t.user + t.system
+            except psutil.Error:
+                self._ps.pop(pid, None)
+        return rss, cpu
+
+    def engine_snapshot(self) -> EngineSnapshot:
+        """The children's latest numbers, for the Prometheus scrape (telemetry.metrics.EngineCollector)."""
+        tm, now = self.tm, now_ns()
+        s, d = tm.scheduler_stats, tm.detok_stats
+        drops = [(x.component, x.message_type, x.reason, x.count) for x in tm.drops.snapshot()]
+        for st in (s, d):
+            if st is not None:
+                drops += [(x.component, x.message_type, x.reason, x.count) for x in st.stale_drops]
+        rss, cpu = self._resources()
+        snap = EngineSnapshot(
+            stale_drops=drops, rss=rss, cpu=cpu,
+            undecodable={"tokenizer_manager": tm.codec.undecodable, "scheduler": s.undecodable if s else 0,
+                         "detokenizer": d.undecodable if d else 0},
+            heartbeat_age={role: (now - t) / 1e9 for role, t in tm.last_heartbeat.items()},
+        )
+        if s is not None:
+            since = s.last_token_at or tm.ready_at.get("scheduler", now)
+            snap.running, snap.waiting, snap.kv_used, snap.kv_reserved = s.num_running, s.num_waiting, s.kv_used, \
+                s.kv_reserved
+            snap.kv_total, snap.batch_size, snap.step_seconds = s.kv_total, s.batch_size, s.step_seconds
+            snap.steps_total, snap.generated_tokens_total = s.steps_total, s.generation_tokens_total
+            snap.prefill_tokens_total = s.prefill_tokens_total
+            snap.throughput = tm.throughput.rate(now)
+            snap.seconds_since_last_token = (now - since) / 1e9
+        return snap

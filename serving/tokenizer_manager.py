@@ -14,6 +14,7 @@ import asyncio
 import logging
 import re
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -30,6 +31,7 @@ from serving.io_struct import (
 )
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from telemetry.clock import now_ns
+from telemetry.request_telemetry import RequestTelemetry, RequestTrace
 
 log = logging.getLogger(__name__)
 _RID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -59,10 +61,13 @@ class ReqState:
     rid: str
     prompt_tokens: int
     meta: ReqMeta
+    trace: RequestTrace
     out_list: list[StrOut] = field(default_factory=list)
     finished: bool = False
     event: asyncio.Event = field(default_factory=asyncio.Event)
     finish_reason: str | None = None
+    completion_tokens: int = 0
+    breakdown: dict | None = None  # the latency breakdown, once finished
 
 
 @dataclass
@@ -79,9 +84,32 @@ class Collected:
     error: str | None
 
 
+class RateWindow:
+    """Rate of a cumulative counter over the last few seconds (tokens/s from stats)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.window_ns = int(seconds * 1e9)
+        self.points: deque[tuple[int, int]] = deque()
+
+    def add(self, t: int, total: int) -> None:
+        if self.points and total < self.points[-1][1]:
+            self.points.clear()  # the counter restarted (a new Scheduler)
+        self.points.append((t, total))
+        while len(self.points) > 2 and self.points[1][0] < t - self.window_ns:
+            self.points.popleft()
+
+    def rate(self, now: int) -> float:
+        if len(self.points) < 2 or now - self.points[-1][0] > self.window_ns:
+            return 0.0
+        (t0, v0), (t1, v1) = self.points[0], self.points[-1]
+        return (v1 - v0) / ((t1 - t0) / 1e9) if t1 > t0 else 0.0
+
+
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, endpoints: Endpoints, tokenizer: Any, model_name: str) -> None:
+    def __init__(self, args: ServerArgs, endpoints: Endpoints, tokenizer: Any, model_name: str,
+                 telemetry: RequestTelemetry) -> None:
         self.args = args
+        self.tel = telemetry
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.ctx = zmq.asyncio.Context()
@@ -89,13 +117,14 @@ class TokenizerManager:
         self.from_detok = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_detokenizer, do_bind=True)
         self.from_sched = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_scheduler, do_bind=True)
         self.codec = Codec("tokenizer_manager")
-        self.drops = DropCounter("tokenizer_manager")
+        self.drops = DropCounter("tokenizer_manager", on_drop=telemetry.tracing.stale_drop)
         self.rid_to_state: dict[str, ReqState] = {}
         self.ready: dict[str, Ready] = {}
         self.all_ready = asyncio.Event()
         self.scheduler_stats: SchedulerStats | None = None
         self.detok_stats: DetokenizerStats | None = None
         self.last_heartbeat: dict[str, int] = {}
+        self.ready_at: dict[str, int] = {}
         self._dispatch: dict[type, Callable[[Any], None]] = {
             BatchStrOutput: self._handle_str_output,
             SchedulerStats: self._handle_scheduler_stats,
@@ -103,6 +132,7 @@ class TokenizerManager:
             Ready: self._handle_ready,
         }
         self._tasks: list[asyncio.Task] = []
+        self.throughput = RateWindow(seconds=5.0)
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -139,33 +169,47 @@ class TokenizerManager:
                 log.exception("failed to handle %s", type(msg).__name__)
 
     def _handle_str_output(self, batch: BatchStrOutput) -> None:
+        recv = now_ns()
+        self.tel.on_batch(batch, recv)
         for out in batch.outputs:
             state = self.rid_to_state.get(out.rid)
             if state is None:
-                self.drops.drop("BatchStrOutput", out.rid)
+                self.drops.drop("BatchStrOutput", out.rid, out.meta.trace)
                 continue
             state.out_list.append(out)
             state.meta = out.meta
+            state.completion_tokens = out.completion_tokens
+            self.tel.on_output(state.trace, out, recv)
             if out.finish_reason is not None:
-                state.finished, state.finish_reason = True, out.finish_reason
-                del self.rid_to_state[out.rid]
-                self.drops.forget(out.rid, out.finish_reason)
+                self._finish(state, out.finish_reason, None, out.error)
                 if out.engine_running:  # a stop string ended it in the Detokenizer
                     self._send_abort(out.rid, "stop_string", state.meta)
             state.event.set()
 
+    def _finish(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
+        """The rid leaves rid_to_state: mark it, count it, observe it (exactly once)."""
+        state.finished, state.finish_reason = True, reason
+        self.rid_to_state.pop(state.rid, None)
+        self.drops.forget(state.rid, abort_reason or reason)
+        state.breakdown = self.tel.finish(state.trace, reason, state.completion_tokens, abort_reason, error)
+
     def _handle_scheduler_stats(self, msg: SchedulerStats) -> None:
+        now = now_ns()
         self.scheduler_stats = msg
-        self.last_heartbeat["scheduler"] = now_ns()
+        self.last_heartbeat["scheduler"] = now
+        self.throughput.add(now, msg.generation_tokens_total)
+        self.tel.on_stats(msg, now)
 
     def _handle_detok_stats(self, msg: DetokenizerStats) -> None:
         self.detok_stats = msg
         self.last_heartbeat["detokenizer"] = now_ns()
+        self.tel.on_stats(msg, None)
 
     def _handle_ready(self, msg: Ready) -> None:
         log.info("%s ready (pid %d)", msg.role, msg.pid)
         self.ready[msg.role] = msg
         self.last_heartbeat[msg.role] = now_ns()
+        self.ready_at[msg.role] = now_ns()
         if {"scheduler", "detokenizer"} <= self.ready.keys():
             self.all_ready.set()
 
@@ -207,21 +251,27 @@ class TokenizerManager:
             param = names.get(field_name, field_name)
             raise bad_request(str(exc).replace(field_name, param, 1), param=param) from None
 
-    def submit(self, obj: GenerateReqInput, trace: dict[str, str] | None = None) -> ReqState:
+    def submit(self, obj: GenerateReqInput, rt: RequestTrace) -> ReqState:
         """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent."""
         if not self.all_ready.is_set():
             raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
         if obj.rid is not None and (not _RID.match(obj.rid) or obj.rid in self.rid_to_state):
             raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-] and not already in flight", param="rid")
         rid = obj.rid or uuid.uuid4().hex
+        t0 = now_ns()
         ids = self._tokenize(obj)
+        t1 = now_ns()
         self._validate(obj, ids)
-        meta = ReqMeta(trace=dict(trace or {}), stamps=Stamps(arrival=obj.arrival, tokenized=now_ns()))
-        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta)
+        self.tel.tokenized(rt, rid, t0, t1, len(ids))
+        carrier, producer = self.tel.producer(rt)
+        meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=rt.arrival, tokenized=now_ns()))
+        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta, trace=rt)
         self.rid_to_state[rid] = state
         detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:])
         self.to_scheduler.send(self.codec.encode(TokenizedGenerateReqInput(
             rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok, meta=meta)))
+        if producer is not None:
+            producer.end()
         return state
 
     # -- reading outputs ----------------------------------------------------------------
@@ -253,22 +303,23 @@ class TokenizerManager:
         return Collected(state.rid, "".join(text), ids, last.finish_reason, last.matched_stop,
                          state.prompt_tokens, last.completion_tokens, last.error)
 
-    def abort(self, rid: str, reason: str) -> None:
-        """Forget the rid here and tell the Scheduler to free it."""
-        state = self.rid_to_state.pop(rid, None)
+    def abort(self, rid: str, reason: str, error: str | None = None) -> None:
+        """Forget the rid here and tell the Scheduler to free it (an error when `error`)."""
+        state = self.rid_to_state.get(rid)
         if state is None:
             return
-        state.finished, state.finish_reason = True, "abort"
+        if error is not None:
+            state.out_list.append(StrOut(rid=rid, text="", output_ids=[], finish_reason="error", error=error,
+                                         prompt_tokens=state.prompt_tokens,
+                                         completion_tokens=state.completion_tokens, meta=state.meta))
+        self._finish(state, "error" if error is not None else "abort", reason, error)
         state.event.set()
-        self.drops.forget(rid, reason)
         self._send_abort(rid, reason, state.meta)
 
     def abort_all(self, reason: str, message: str) -> None:
         """End every in-flight request with an explicit error (shutdown, engine failure)."""
-        for rid, state in list(self.rid_to_state.items()):
-            state.out_list.append(StrOut(rid=rid, text="", output_ids=[], finish_reason="error", error=message,
-                                         prompt_tokens=state.prompt_tokens, meta=state.meta))
-            self.abort(rid, reason)
+        for rid in list(self.rid_to_state):
+            self.abort(rid, reason, error=message)
 
     def _send_abort(self, rid: str, reason: str, meta: ReqMeta) -> None:
         self.to_scheduler.send(self.codec.encode(AbortReq(rid=rid, reason=reason, meta=meta)))

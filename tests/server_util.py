@@ -21,13 +21,16 @@ def free_port() -> int:
 
 
 class ServerProc:
-    def __init__(self, *flags: str, model: str = "tiny-random", tmpdir: Path, startup: float = 120.0) -> None:
+    def __init__(self, *flags: str, model: str = "tiny-random", tmpdir: Path, startup: float = 120.0,
+                 env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.tmpdir = tmpdir
         self.log_path = tmpdir / "server.log"
+        extra_env = env or {}
         env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
         env["TMPDIR"] = str(tmpdir)
+        env.update(extra_env)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "serving", "serve", "--model", model, "--port", str(self.port), *flags],

@@ -49,6 +49,9 @@ class StepStats:
     num_prefill_tokens: int = 0
     num_prefill_reqs: int = 0
     step_seconds: float = 0.0
+    started_ns: int = 0
+    ended_ns: int = 0
+    rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -177,7 +180,8 @@ class SchedulerCore:
         self.last_step = StepStats(
             batch_size=len(decoding) + len(chunks), num_decode=len(decoding),
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
-            step_seconds=(t1 - t0) / 1e9,
+            step_seconds=(t1 - t0) / 1e9, started_ns=t0, ended_ns=t1,
+            rids=tuple(r.rid for r in decoding) + tuple(r.rid for r, _ in chunks),
         )
         return events
 

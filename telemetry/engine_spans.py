@@ -1,0 +1,129 @@
+"""The Scheduler's and the Detokenizer's spans, parented by each rid's carrier.
+
+Scheduler: `receive scheduler` (CONSUMER), `queue`, one `prefill` per chunk, `decode`,
+`send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
+`forward` span per engine step in its own trace, linked to every sampled rid in the
+batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
+(PRODUCER) for the first output, and `detokenize` over the rid's life there.
+Stage spans are recorded when the rid finishes, from the engine's own stamps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, get_current_span
+
+from serving.engine.request import Req
+from serving.io_struct import ReqMeta
+from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, set_error, traceparent_of
+
+
+class _Producers:
+    """PRODUCER spans started before a batch is encoded, ended once it is sent."""
+
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+        self.pending: list[Span] = []
+
+    def start(self, ctx: Context | None, rid: str, destination: str, message_type: str, meta: ReqMeta) -> None:
+        if ctx is None:
+            return
+        span = self.tracing.start(f"send {destination}", ctx, kind=SpanKind.PRODUCER, attributes={
+            "sightline.rid": rid, **hop_attributes(destination, message_type, "send")})
+        meta.trace = {**meta.trace, PRODUCER_KEY: traceparent_of(span) or ""}
+        self.pending.append(span)
+
+    def sent(self) -> None:
+        for span in self.pending:
+            span.end()
+        self.pending = []
+
+
+class SchedulerSpans:
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+        self.ctx: dict[str, Context] = {}
+        self.producers = _Producers(tracing)
+
+    def received(self, rid: str, meta: ReqMeta, recv: int, done: int) -> None:
+        ctx = self.tracing.extract(meta.trace)
+        if ctx is None:
+            return
+        self.ctx[rid] = ctx
+        self.tracing.record("receive scheduler", ctx, recv, done, kind=SpanKind.CONSUMER,
+                            links=self.tracing.link_of(meta.trace), attributes={
+                                "sightline.rid": rid, **hop_attributes("scheduler", "TokenizedGenerateReqInput",
+                                                                       "process")})
+
+    def first_output(self, rid: str, meta: ReqMeta) -> None:
+        self.producers.start(self.ctx.get(rid), rid, "detokenizer", "BatchTokenIDOutput", meta)
+
+    def forward(self, rids: list[str], start: int, end: int, attributes: dict) -> None:
+        links = [Link(get_current_span(c).get_span_context()) for r in rids if (c := self.ctx.get(r)) is not None]
+        if links:
+            self.tracing.record("forward", Context(), start, end, links=links, attributes=attributes)
+
+    def finished(self, req: Req, reason: str, error_type: str | None = None, message: str | None = None) -> None:
+        """Record the rid's stage spans; `error_type` (abort reason, engine_error) marks them failed."""
+        ctx = self.ctx.pop(req.rid, None)
+        if ctx is None:
+            return
+        t, rid = req.times, req.rid
+        err = error_type if reason not in ("stop", "length") else None
+        base = {"sightline.rid": rid}
+        queue_end = t.scheduled or t.finished or t.queued
+        self.tracing.record("queue", ctx, t.queued, queue_end, attributes={
+            **base, "sightline.queue_seconds": (queue_end - t.queued) / 1e9},
+            error=err if t.scheduled is None else None)
+        for i, (start, end, n) in enumerate(t.prefill_chunks):
+            self.tracing.record("prefill", ctx, start, end, attributes={
+                **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,
+                "gen_ai.usage.input_tokens": req.prompt_len})
+        if t.first_token is not None and t.finished is not None:
+            n = len(req.output_ids)
+            mean_itl = (t.token_times[-1] - t.first_token) / 1e9 / (n - 1) if n > 1 else 0.0
+            span = self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
+                **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
+                "gen_ai.response.finish_reasons": [reason]})
+            if span is not None and err:
+                set_error(span, err, message)
+
+
+@dataclass
+class _DetokRid:
+    ctx: Context
+    first_recv: int
+    busy_ns: int = 0
+    outputs: int = 0
+
+
+class DetokSpans:
+    def __init__(self, tracing: Tracing) -> None:
+        self.tracing = tracing
+        self.rids: dict[str, _DetokRid] = {}
+        self.producers = _Producers(tracing)
+
+    def output(self, rid: str, meta: ReqMeta, recv: int, done: int, first: bool) -> None:
+        if first:
+            ctx = self.tracing.extract(meta.trace)
+            if ctx is None:
+                return
+            self.rids[rid] = _DetokRid(ctx, recv)
+            self.tracing.record("receive detokenizer", ctx, recv, done, kind=SpanKind.CONSUMER,
+                                links=self.tracing.link_of(meta.trace), attributes={
+                                    "sightline.rid": rid, **hop_attributes("detokenizer", "BatchTokenIDOutput",
+                                                                           "process")})
+            self.producers.start(ctx, rid, "tokenizer_manager", "BatchStrOutput", meta)
+        st = self.rids.get(rid)
+        if st is not None:
+            st.busy_ns += done - recv
+            st.outputs += 1
+
+    def finished(self, rid: str, done: int, reason: str | None) -> None:
+        st = self.rids.pop(rid, None)
+        if st is not None:
+            self.tracing.record("detokenize", st.ctx, st.first_recv, done, attributes={
+                "sightline.rid": rid, "sightline.detokenize.busy_seconds": st.busy_ns / 1e9,
+                "sightline.detokenize.outputs": st.outputs, "gen_ai.response.finish_reasons": [reason or "abort"]})

@@ -1,0 +1,72 @@
+"""Recent requests' timelines, in memory: `/debug/requests` without any tracing backend.
+
+Spans reach the buffer from every process (the main process's own, and the
+children's forwarded in their stats messages) at different times, so entries are keyed
+by trace id and the request's summary (rid, outcome, breakdown) joins its entry when the
+TokenizerManager finishes it.  Bounded: the oldest entries go first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import msgspec
+
+from serving.io_struct import SpanRecord
+
+MAX_SPANS_PER_TRACE = 2000
+
+
+@dataclass
+class TimelineEntry:
+    trace_id: str
+    spans: list[SpanRecord] = field(default_factory=list)
+    summary: dict | None = None  # set when the request finished
+
+
+class Timeline:
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._by_trace: OrderedDict[str, TimelineEntry] = OrderedDict()
+        self._rid_to_trace: dict[str, str] = {}
+
+    def _entry(self, trace_id: str) -> TimelineEntry:
+        entry = self._by_trace.get(trace_id)
+        if entry is None:
+            entry = self._by_trace[trace_id] = TimelineEntry(trace_id)
+            while len(self._by_trace) > max(self.size, 1) * 2:  # room for in-flight ones too
+                _, old = self._by_trace.popitem(last=False)
+                if old.summary:
+                    self._rid_to_trace.pop(old.summary["rid"], None)
+        return entry
+
+    def add_span(self, rec: SpanRecord) -> None:
+        if self.size == 0 or "sightline.rid" not in rec.attributes and rec.name != "stale_message_dropped" \
+                and rec.kind != "SERVER":
+            return  # batch-level spans (one forward over many rids) live in their own traces
+        entry = self._entry(rec.trace_id)
+        if len(entry.spans) < MAX_SPANS_PER_TRACE:
+            entry.spans.append(rec)
+
+    def finish(self, trace_id: str, summary: dict) -> None:
+        if self.size == 0:
+            return
+        self._entry(trace_id).summary = summary
+        self._rid_to_trace[summary["rid"]] = trace_id
+        finished = [t for t, e in self._by_trace.items() if e.summary]
+        for t in finished[: max(0, len(finished) - self.size)]:
+            old = self._by_trace.pop(t)
+            self._rid_to_trace.pop(old.summary["rid"], None)
+
+    def get(self, rid: str) -> dict | None:
+        trace_id = self._rid_to_trace.get(rid)
+        entry = self._by_trace.get(trace_id) if trace_id else None
+        if entry is None:
+            return None
+        spans = sorted(entry.spans, key=lambda s: (s.start_ns, s.end_ns))
+        return {**entry.summary, "trace_id": entry.trace_id, "spans": msgspec.to_builtins(spans)}
+
+    def recent(self, limit: int = 100) -> list[dict]:
+        done = [e for e in self._by_trace.values() if e.summary]
+        return [{**e.summary, "trace_id": e.trace_id, "spans": len(e.spans)} for e in reversed(done[-limit:])]

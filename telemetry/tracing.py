@@ -1,0 +1,230 @@
+"""Tracing helpers, one `Tracing` per process: provider, sampler, exporters, carriers.
+
+* Resource: `service.name=sightline`, `service.instance.id` (one per server, shared by
+  its three processes), `sightline.process.role`, `process.pid`.
+* Propagators `tracecontext,baggage` (or `OTEL_PROPAGATORS`); parent-based ratio sampling.
+* Exporters from flags, else the standard `OTEL_*` variables: `otlp` (http/protobuf or
+  grpc), `console`, `none`; several may be given comma-separated.
+* Stage spans are mostly recorded after the fact from the monotonic stamps the messages
+  carry (`record`), converted to wall time with one `WallAnchor` per process.
+* Every finished span is also turned into a `SpanRecord`: the main process keeps them
+  for /debug/requests, children forward them in their stats messages.
+An unsampled request carries its context, but no span is built for it anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Callable, Iterable, Sequence
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagate import get_global_textmap
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+
+from serving.io_struct import SpanRecord
+from telemetry.clock import WallAnchor, now_ns
+
+Carrier = dict[str, str]
+PRODUCER_KEY = "sightline-producer"  # traceparent of the latest PRODUCER span, for the CONSUMER's link
+
+
+def is_sampled(carrier: Carrier) -> bool:
+    """W3C flags bit 0, read without parsing the whole context."""
+    tp = carrier.get("traceparent", "")
+    try:
+        return len(tp) >= 55 and int(tp[-2:], 16) & 1 == 1
+    except ValueError:
+        return False
+
+
+def resolve_exporters(flag: str | None) -> list[str]:
+    names = [x.strip().lower() for x in (flag or os.environ.get("OTEL_TRACES_EXPORTER", "none")).split(",")]
+    bad = [n for n in names if n not in ("otlp", "console", "none")]
+    if bad:
+        raise ValueError(f"unknown traces exporter {bad[0]!r}: use otlp, console or none")
+    return [n for n in names if n != "none"]
+
+
+def resolve_ratio(flag: float | None) -> float:
+    if flag is not None:
+        return flag
+    if os.environ.get("OTEL_TRACES_SAMPLER", "").endswith("traceidratio"):
+        return float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+    return 1.0
+
+
+def _otlp_exporter(protocol: str | None, endpoint: str | None):
+    protocol = (protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=endpoint, insecure=True) if endpoint else OTLPSpanExporter()
+    if protocol != "http/protobuf":
+        raise ValueError(f"unknown OTLP protocol {protocol!r}: use http/protobuf or grpc")
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
+    return HTTPExporter(endpoint=endpoint.rstrip("/") + "/v1/traces") if endpoint else HTTPExporter()
+
+
+def _attr(v):
+    return [str(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+class _RecordProcessor(SpanProcessor):
+    """Turns every finished span into a SpanRecord and hands it to `sink`."""
+
+    def __init__(self, role: str, sink: Callable[[SpanRecord], None]) -> None:
+        self.role, self.pid, self.sink = role, os.getpid(), sink
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = span.context
+        self.sink(SpanRecord(
+            name=span.name, trace_id=f"{ctx.trace_id:032x}", span_id=f"{ctx.span_id:016x}",
+            parent_span_id=f"{span.parent.span_id:016x}" if span.parent else None,
+            start_ns=span.start_time or 0, end_ns=span.end_time or 0, kind=span.kind.name, role=self.role,
+            pid=self.pid, status=span.status.status_code.name,
+            attributes={k: _attr(v) for k, v in (span.attributes or {}).items()}, links=len(span.links),
+        ))
+
+
+class Tracing:
+    """The per-process tracer and the helpers every stage uses."""
+
+    def __init__(self, role: str, *, enabled: bool = True, exporters: Sequence[str] = (), ratio: float = 1.0,
+                 protocol: str | None = None, endpoint: str | None = None, instance_id: str = "",
+                 sink: Callable[[SpanRecord], None] | None = None, forward_limit: int = 20000) -> None:
+        self.role = role
+        self.enabled = enabled
+        self.anchor = WallAnchor.take()
+        self.forwarded: deque[SpanRecord] = deque(maxlen=forward_limit)
+        self.propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]) \
+            if "OTEL_PROPAGATORS" not in os.environ else get_global_textmap()
+        self.provider: TracerProvider | None = None
+        if not enabled:
+            self.tracer = trace.NoOpTracer()
+            return
+        resource = Resource.create({"service.name": "sightline", "service.instance.id": instance_id,
+                                    "sightline.process.role": role, "process.pid": os.getpid()})
+        self.provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(ratio)))
+        self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append))
+        for name in exporters:
+            exp = ConsoleSpanExporter() if name == "console" else _otlp_exporter(protocol, endpoint)
+            self.provider.add_span_processor(BatchSpanProcessor(exp))
+        self.tracer = self.provider.get_tracer("sightline")
+
+    @classmethod
+    def from_args(cls, role: str, args, instance_id: str, sink=None) -> "Tracing":
+        return cls(role, enabled=args.enable_tracing, exporters=resolve_exporters(args.otel_traces_exporter),
+                   ratio=resolve_ratio(args.otel_sampling_ratio), protocol=args.otel_exporter_otlp_protocol,
+                   endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink)
+
+    # -- carriers -------------------------------------------------------------------
+    def extract(self, carrier: Carrier | None) -> Context | None:
+        """The context a carrier names, or None when it names no sampled span (build nothing)."""
+        if not self.enabled or not carrier or not is_sampled(carrier):
+            return None
+        ctx = self.propagator.extract(carrier)
+        return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+
+    def extract_headers(self, headers) -> Context | None:
+        """An incoming request's context (honoured as the server span's parent)."""
+        if not self.enabled or "traceparent" not in headers:
+            return None
+        return self.propagator.extract({"traceparent": headers["traceparent"],
+                                        **({"tracestate": headers["tracestate"]} if "tracestate" in headers else {}),
+                                        **({"baggage": headers["baggage"]} if "baggage" in headers else {})})
+
+    def carrier(self, span: Span) -> Carrier:
+        out: Carrier = {}
+        if span.get_span_context().is_valid:
+            self.propagator.inject(out, context=trace.set_span_in_context(span))
+        return out
+
+    def link_of(self, carrier: Carrier) -> list[Link]:
+        """A link to the PRODUCER span named in the carrier (messaging: consumer links producer)."""
+        tp = carrier.get(PRODUCER_KEY)
+        if not tp:
+            return []
+        sc = trace.get_current_span(self.propagator.extract({"traceparent": tp})).get_span_context()
+        return [Link(sc)] if sc.is_valid else []
+
+    # -- spans ----------------------------------------------------------------------
+    def wall(self, mono_ns: int) -> int:
+        return self.anchor.to_wall_ns(mono_ns)
+
+    def start(self, name: str, ctx: Context | None, *, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
+              links: Iterable[Link] = (), start_mono: int | None = None) -> Span:
+        return self.tracer.start_span(name, context=ctx, kind=kind, attributes=attributes, links=list(links),
+                                      start_time=self.wall(start_mono) if start_mono else None)
+
+    def record(self, name: str, ctx: Context | None, start_mono: int, end_mono: int, *,
+               kind: SpanKind = SpanKind.INTERNAL, attributes=None, links: Iterable[Link] = (),
+               error: str | None = None) -> Span | None:
+        """A span that already happened (both ends known); nothing when ctx is None."""
+        if ctx is None:
+            return None
+        span = self.start(name, ctx, kind=kind, attributes=attributes, links=links, start_mono=start_mono)
+        if error:
+            set_error(span, error)
+        span.end(end_time=self.wall(max(end_mono, start_mono)))
+        return span
+
+    def stale_drop(self, carrier: Carrier | None, component: str, message_type: str, reason: str) -> None:
+        """A short span in the dropped message's own trace: the late message, attributed."""
+        ctx = self.extract(carrier)
+        if ctx is not None:
+            t = now_ns()
+            self.record("stale_message_dropped", ctx, t, t, attributes={
+                "sightline.component": component, "messaging.message.type": message_type,
+                "sightline.drop.reason": reason})
+
+    def drain(self) -> list[SpanRecord]:
+        out = list(self.forwarded)
+        self.forwarded.clear()
+        return out
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def set_error(span: Span, error_type: str, message: str | None = None) -> None:
+    span.set_attribute("error.type", error_type)
+    span.set_status(Status(StatusCode.ERROR, message or error_type))
+
+
+def trace_id_of(span: Span | None) -> str | None:
+    """Hex trace id of a sampled span (for exemplars, logs, headers), else None."""
+    if span is None or isinstance(span, NonRecordingSpan) or not span.is_recording():
+        return None
+    return f"{span.get_span_context().trace_id:032x}"
+
+
+def traceparent_of(span: Span | None) -> str | None:
+    if span is None:
+        return None
+    sc = span.get_span_context()
+    if not sc.is_valid:
+        return None
+    return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
+
+
+MESSAGING = {"messaging.system": "zeromq"}
+
+
+def hop_attributes(destination: str, message_type: str, operation: str, batch: int | None = None) -> dict:
+    attrs = {**MESSAGING, "messaging.destination.name": destination, "messaging.operation.type": operation,
+             "messaging.message.type": message_type}
+    if batch is not None:
+        attrs["messaging.batch.message_count"] = batch
+    return attrs

@@ -1,0 +1,199 @@
+"""Telemetry end to end: spans from all three processes reach a real OTLP receiver, /metrics
+adds up, exemplars point at real traces, stale drops are attributed to their request."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.otlp_receiver import OTLPReceiver
+from tests.server_util import ServerProc, sse_events
+
+PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN = "00f067aa0ba902b7"
+STAGES = {"tokenize", "send scheduler", "receive scheduler", "queue", "prefill", "decode", "send detokenizer",
+          "receive detokenizer", "detokenize", "send tokenizer_manager", "receive tokenizer_manager", "stream"}
+
+
+@pytest.fixture(scope="module")
+def otlp():
+    r = OTLPReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def server(otlp, tmp_path_factory):
+    srv = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
+                     tmpdir=tmp_path_factory.mktemp("telemetry"), env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
+    yield srv
+    srv.stop()
+
+
+def scrape(server, openmetrics: bool = False) -> str:
+    headers = {"accept": "application/openmetrics-text; version=1.0.0"} if openmetrics else {}
+    return httpx.get(server.url + "/metrics", headers=headers).text
+
+
+def samples(text: str) -> list:
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def value(text: str, name: str, **labels) -> float:
+    return sum(s.value for s in samples(text) if s.name == name and labels.items() <= s.labels.items())
+
+
+def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp):
+    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    headers = {"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
+        events = sse_events(r.iter_lines())
+        rid = r.headers["x-request-id"]
+        assert r.headers["traceparent"].startswith(f"00-{PARENT_TRACE}-")
+    breakdown = events[-2]["sightline"]
+    assert breakdown["trace_id"] == PARENT_TRACE
+    assert all(breakdown[k] is not None and breakdown[k] >= 0 for k in ("ttft_ms", "queue_ms", "prefill_ms",
+                                                                          "decode_ms", "tokenize_ms", "e2e_ms"))
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        spans = otlp.trace(PARENT_TRACE)
+        if STAGES <= {s["name"] for s in spans}:
+            break
+        time.sleep(0.2)
+    names = {s["name"] for s in spans}
+    assert STAGES <= names, names
+    roots = [s for s in spans if s["kind"] == "SERVER"]
+    assert len(roots) == 1 and roots[0]["parent_span_id"] == PARENT_SPAN
+    root = roots[0]
+    assert root["attributes"]["gen_ai.operation.name"] == "chat"
+    assert root["attributes"]["gen_ai.request.model"] == "tiny-random"
+    assert root["attributes"]["gen_ai.response.finish_reasons"] == ["length"]
+    assert root["attributes"]["gen_ai.usage.output_tokens"] == 6
+    assert root["attributes"]["gen_ai.response.id"] == rid
+    stage_spans = [s for s in spans if s["name"] in STAGES]
+    assert all(s["parent_span_id"] == root["span_id"] for s in stage_spans)
+    roles = {s["resource"]["sightline.process.role"]: s["resource"]["process.pid"] for s in spans}
+    assert set(roles) == {"main", "scheduler", "detokenizer"} and len(set(roles.values())) == 3
+    by_name = {s["name"]: s for s in spans}
+    for hop in ("receive scheduler", "receive detokenizer", "receive tokenizer_manager"):
+        assert by_name[hop]["kind"] == "CONSUMER" and by_name[hop]["attributes"]["messaging.system"] == "zeromq"
+        producers = {s["span_id"] for s in spans if s["kind"] == "PRODUCER"}
+        assert {link[1] for link in by_name[hop]["links"]} <= producers and by_name[hop]["links"]
+    assert by_name["decode"]["attributes"]["gen_ai.usage.output_tokens"] == 6
+    assert by_name["decode"]["attributes"]["sightline.decode.mean_itl_seconds"] > 0
+    # the batch forward passes live in their own traces, linked to this request
+    forwards = otlp.wait_for(lambda s: s["name"] == "forward" and any(l[0] == PARENT_TRACE for l in s["links"]))
+    assert forwards and all(s["trace_id"] != PARENT_TRACE for s in forwards)
+    # the same timeline, without any backend (children forward spans with their stats, every heartbeat)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        local = httpx.get(f"{server.url}/debug/requests/{rid}").json()
+        if STAGES <= {s["name"] for s in local["spans"]}:
+            break
+        time.sleep(0.2)
+    assert {s["role"] for s in local["spans"]} == {"main", "scheduler", "detokenizer"}
+    assert STAGES <= {s["name"] for s in local["spans"]}
+
+
+def test_request_without_traceparent_starts_a_new_trace(server, otlp):
+    r = server.post("/v1/completions", {"prompt": "new trace", "max_tokens": 2})
+    tp = r.headers["traceparent"].split("-")
+    assert r.json()["sightline"]["trace_id"] == tp[1] != PARENT_TRACE
+    roots = otlp.wait_for(lambda s: s["trace_id"] == tp[1] and s["kind"] == "SERVER")
+    assert roots and roots[0]["parent_span_id"] is None
+
+
+def test_disconnect_counts_stale_drop_and_records_span_in_its_trace(server, otlp):
+    before = value(scrape(server), "sightline_stale_messages_dropped_total", component="tokenizer_manager")
+    body = {"prompt": "a long story", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        trace_id = r.headers["traceparent"].split("-")[1]
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 6:
+                break
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        text = scrape(server)
+        if value(text, "sightline_stale_messages_dropped_total", component="tokenizer_manager") > before:
+            break
+        time.sleep(0.1)
+    assert value(text, "sightline_stale_messages_dropped_total", component="tokenizer_manager",
+                 reason="client_disconnect") >= 1
+    assert value(text, "sightline_request_aborts_total", reason="client_disconnect") >= 1
+    drops = otlp.wait_for(lambda s: s["trace_id"] == trace_id and s["name"] == "stale_message_dropped")
+    assert drops and drops[0]["attributes"]["sightline.drop.reason"] == "client_disconnect"
+    root = otlp.wait_for(lambda s: s["trace_id"] == trace_id and s["kind"] == "SERVER")
+    assert root[0]["attributes"]["error.type"] == "client_disconnect"
+
+
+def test_metrics_add_up_and_exemplars_are_real_traces(tmp_path, otlp):
+    srv = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
+                     tmpdir=tmp_path, env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
+    try:
+        usage, reasons = [], {}
+        for i in range(8):
+            body = {"prompt": f"count {i}", "max_tokens": 3 + i, "temperature": 0}
+            if i % 3 == 0:
+                body["stop"] = [" "]  # most likely ends early with finish_reason stop
+            if i % 2:
+                body["stream"], body["stream_options"] = True, {"include_usage": True}
+                with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+                    ev = sse_events(r.iter_lines())
+                usage.append(ev[-2]["usage"])
+                reason = [e["choices"][0]["finish_reason"] for e in ev[:-2] if e["choices"]][-1]
+            else:
+                out = srv.post("/v1/completions", body).json()
+                usage.append(out["usage"])
+                reason = out["choices"][0]["finish_reason"]
+            reasons[reason] = reasons.get(reason, 0) + 1
+        assert srv.post("/v1/completions", {"prompt": ""}).status_code == 400
+        text = scrape(srv)
+        for h in ("sightline_time_to_first_token_seconds", "sightline_e2e_request_latency_seconds",
+                  "sightline_request_queue_time_seconds", "sightline_request_tokenize_time_seconds"):
+            assert value(text, h + "_count") == 8, h
+        assert value(text, "sightline_generation_tokens_total") == sum(u["completion_tokens"] for u in usage)
+        assert value(text, "sightline_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
+        for reason, n in reasons.items():
+            assert value(text, "sightline_requests_total", finish_reason=reason, status="200") == n
+        assert value(text, "sightline_requests_total", finish_reason="error", status="400") == 1
+        assert value(text, "sightline_inter_token_latency_seconds_count") == \
+            sum(u["completion_tokens"] - 1 for u in usage)
+        om = scrape(srv, openmetrics=True)
+        exemplars = {s.exemplar.labels["trace_id"] for fam in openmetrics_families(om) for s in fam.samples
+                     if s.exemplar}
+        assert exemplars
+        for tid in exemplars:
+            assert otlp.wait_for(lambda s, t=tid: s["trace_id"] == t and s["kind"] == "SERVER"), tid
+        assert "sightline_kv_slots_capacity" in text and "sightline_process_resident_memory_bytes" in text
+    finally:
+        srv.stop()
+    logs = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
+    finished = [entry for entry in logs if entry["msg"] == "request finished"]
+    assert len(finished) == 9 - 1  # the rejected request never reached the TM
+    assert all(entry["rid"] and entry["trace_id"] and "ttft_ms" in entry for entry in finished)
+    assert not any("count 1" in line for line in srv.log().splitlines())  # prompts are not logged
+
+
+def test_promtool_accepts_the_exposition(server):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is required under CI=true (Debian package `prometheus`; `make test` installs it)")
+        pytest.skip("promtool not installed: install the Debian package `prometheus` (make test does, as root)")
+    server.post("/v1/completions", {"prompt": "x", "max_tokens": 2})
+    res = subprocess.run([promtool, "check", "metrics"], input=scrape(server), capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_metrics_reference_is_generated_from_the_code():
+    res = subprocess.run([os.sys.executable, "-m", "telemetry.metrics_doc", "--check"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
