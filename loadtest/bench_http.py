@@ -73,9 +73,10 @@ async def http_run(url: str, prompts: list[list[int]], gen_len: int) -> dict:
     return {"ttft": [r[0] for r in res], "tok_s": sum(r[1] for r in res) / wall, "wall": wall}
 
 
-def start_server(model: str, port: int, tmp: str) -> subprocess.Popen:
+def start_server(model: str, port: int, tmp: str, *flags: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model", model, "--port", str(port),
-                             "--log-level", "warning"], env={**os.environ, "TMPDIR": tmp})
+                             "--log-level", "warning", *flags], env={**os.environ, "TMPDIR": tmp},
+                            stderr=subprocess.DEVNULL)
     for _ in range(1200):
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:

@@ -1,0 +1,122 @@
+"""Telemetry overhead: the same load with telemetry fully on vs fully off, alternating.
+
+    .venv/bin/python loadtest/bench_telemetry.py [--model smollm2-135m] [--rounds 2]
+
+"on":  spans for every request (sampling 1.0) exported over OTLP/HTTP to a receiver in
+       this script, metrics observed, /metrics scraped every second, one JSON log line
+       per request.
+"off": --no-enable-tracing --no-enable-metrics --no-log-requests.
+Each round starts a fresh server per mode and measures (1) p50 TTFT of sequential
+single requests and (2) output tokens/s of `--concurrency` concurrent streams.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loadtest.bench_engine import make_prompts  # noqa: E402
+from loadtest.bench_http import http_one, http_run, start_server  # noqa: E402
+from serving.engine.loader import load_tokenizer  # noqa: E402
+
+MODES = {
+    "on": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
+                        "--otel-sampling-ratio", "1.0", "--log-requests"],
+    "off": lambda sink: ["--no-enable-tracing", "--no-enable-metrics", "--no-log-requests"],
+}
+
+
+class Sink(BaseHTTPRequestHandler):
+    """Accepts OTLP exports (and counts their bytes) so the exporter does its full work."""
+
+    received = 0
+
+    def do_POST(self):  # noqa: N802
+        Sink.received += len(self.rfile.read(int(self.headers.get("content-length", 0))))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+async def ttft_p50(url: str, prompts: list[list[int]]) -> float:
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        ttfts = [(await http_one(client, ids, 8))[0] for ids in prompts]
+    return statistics.median(ttfts)
+
+
+async def scraper(url: str, stop: asyncio.Event) -> None:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        while not stop.is_set():
+            await client.get("/metrics", headers={"accept": "application/openmetrics-text"})
+            await asyncio.sleep(1.0)
+
+
+async def measure(url: str, mode: str, seq: list[list[int]], conc: list[list[int]], gen_len: int) -> dict:
+    stop = asyncio.Event()
+    task = asyncio.create_task(scraper(url, stop)) if mode == "on" else None
+    p50 = await ttft_p50(url, seq)
+    tput = (await http_run(url, conc, gen_len))["tok_s"]
+    stop.set()
+    if task:
+        await task
+    return {"ttft_p50_ms": p50, "tok_s": tput}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--ttft-requests", type=int, default=20)
+    ap.add_argument("--port", type=int, default=8392)
+    a = ap.parse_args()
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    sink_url = f"http://127.0.0.1:{sink.server_address[1]}"
+    tok, _ = load_tokenizer(a.model)
+
+    class _M:  # make_prompts only needs .tokenizer
+        tokenizer = tok
+
+    seq = make_prompts(_M, a.ttft_requests, 64)
+    conc = make_prompts(_M, a.concurrency, 128)
+    results: dict[str, list[dict]] = {"on": [], "off": []}
+    url = f"http://127.0.0.1:{a.port}"
+    for r in range(a.rounds):
+        for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            with tempfile.TemporaryDirectory() as tmp:
+                proc = start_server(a.model, a.port, tmp, *MODES[mode](sink_url))
+                try:
+                    asyncio.run(http_run(url, conc[:2], 4))  # warm-up
+                    results[mode].append(asyncio.run(measure(url, mode, seq, conc, a.gen_len)))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+            print(f"round {r} {mode}: {results[mode][-1]}", flush=True)
+    print(f"\nmodel {a.model}, {os.cpu_count()} CPUs, {a.rounds} rounds (medians); OTLP bytes received: {Sink.received}")
+    print("| telemetry | p50 TTFT ms (sequential, 64-token prompts) | output tok/s "
+          f"({a.concurrency} streams × {a.gen_len}) |\n|---|---:|---:|")
+    med = {m: {k: statistics.median(x[k] for x in v) for k in v[0]} for m, v in results.items()}
+    for m in ("off", "on"):
+        print(f"| {m} | {med[m]['ttft_p50_ms']:.2f} | {med[m]['tok_s']:.1f} |")
+    print(f"| overhead | {med['on']['ttft_p50_ms'] - med['off']['ttft_p50_ms']:+.2f} ms | "
+          f"{100 * (med['on']['tok_s'] / med['off']['tok_s'] - 1):+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
