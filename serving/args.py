@@ -39,6 +39,19 @@ class ServerArgs:
     heartbeat_interval: float = _opt(0.5, "Seconds between the idle Scheduler's stats/heartbeat messages.")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
+    # -- reliability and security ----------------------------------------------------
+    watchdog_timeout: float = _opt(10.0, "Seconds without a heartbeat from a child, while requests are in flight, before it counts as stalled.")
+    stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this many seconds.")
+    on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays up) or 'exit'.")
+    request_timeout: float | None = _opt(None, "Per-request deadline in seconds (a request may lower it with the x-request-timeout header).")
+    max_queue_time: float | None = _opt(None, "Seconds a request may wait in the Scheduler's queue before it is aborted.")
+    max_queued_requests: int = _opt(256, "Requests accepted but not yet started; beyond it new requests get 429.")
+    max_inflight_tokens: int | None = _opt(None, "Prompt + max_tokens over all in-flight requests; beyond it 429 (default: 4 x --max-total-tokens).")
+    shutdown_grace: float = _opt(30.0, "On SIGTERM, seconds in-flight requests may finish before they are aborted.")
+    api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on /v1/* and /generate (default: $SIGHTLINE_API_KEY; prefer the variable: flags show in ps).")
+    auth_debug: bool = _opt(True, "With an API key, also require it on /debug/*.")
+    auth_metrics: bool = _opt(False, "With an API key, also require it on /metrics.")
+    max_request_bytes: int = _opt(4 * 1024 * 1024, "Largest request body accepted (413 beyond).")
     # -- telemetry ----------------------------------------------------------------
     enable_metrics: bool = _opt(True, "Observe per-request Prometheus metrics (served at /metrics).")
     histogram_buckets: str | None = _opt(None, "Override histogram buckets per family, e.g. 'ttft=0.05,0.1,0.2;itl=0.01,0.05' (families: ttft, itl, tpot, e2e, stage, tokens).")
@@ -66,6 +79,16 @@ class ServerArgs:
             raise ValueError("--port must be in [0, 65535]")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise ValueError("--log-level must be one of debug, info, warning, error")
+        if self.on_engine_failure not in ("restart", "exit"):
+            raise ValueError("--on-engine-failure must be restart or exit")
+        for name in ("watchdog_timeout", "stall_timeout", "request_timeout", "max_queue_time"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if self.max_queued_requests < 1 or self.max_request_bytes < 1024 or self.shutdown_grace < 0:
+            raise ValueError("--max-queued-requests >= 1, --max-request-bytes >= 1024, --shutdown-grace >= 0")
+        if self.api_key is None:
+            self.api_key = os.environ.get("SIGHTLINE_API_KEY") or None
         if self.log_format not in ("json", "text"):
             raise ValueError("--log-format must be json or text")
         if self.otel_sampling_ratio is not None and not 0.0 <= self.otel_sampling_ratio <= 1.0:
@@ -83,6 +106,15 @@ class ServerArgs:
     @property
     def cache_dir_path(self) -> Path | None:
         return Path(self.cache_dir).expanduser() if self.cache_dir else None
+
+    @property
+    def inflight_token_limit(self) -> int:
+        return self.max_inflight_tokens or 4 * self.max_total_tokens
+
+    def __repr__(self) -> str:  # never print the API key
+        fields = ", ".join(f"{f.name}={'***' if f.name == 'api_key' and self.api_key else getattr(self, f.name)!r}"
+                           for f in dataclasses.fields(self))
+        return f"ServerArgs({fields})"
 
     @property
     def threads(self) -> int:

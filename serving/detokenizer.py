@@ -67,6 +67,7 @@ class DetokenizerManager:
         res = StrOut(
             rid=out.rid, text=emitted.text, output_ids=out.new_token_ids[:emitted.consumed],
             finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
+            abort_reason=out.abort_reason,
             prompt_tokens=out.prompt_tokens, completion_tokens=state.consumed, meta=out.meta,
         )
         if emitted.matched_stop is not None:

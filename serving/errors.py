@@ -12,8 +12,9 @@ _FIELD = re.compile(r"field `([A-Za-z0-9_]+)`")
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.status = status
         self.message = message
         self.type = type or ("invalid_request_error" if status < 500 else "internal_error")

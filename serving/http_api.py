@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
+from serving.auth import AuthMiddleware
 from serving.errors import APIError
 from serving.generate_api import GenerateRequest, generate_input, generate_body
 from serving.io_struct import StrOut
@@ -47,7 +48,8 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 def error_response(err: APIError, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(err.body()), status_code=err.status, media_type="application/json", headers=headers)
+    return Response(_json.encode(err.body()), status_code=err.status, media_type="application/json",
+                    headers={**err.headers, **(headers or {})})
 
 
 class SSEResponse(StreamingResponse):
@@ -63,6 +65,34 @@ class SSEResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing (413) one larger than `limit` before reading it all."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_timeout(request: Request, default: float | None) -> float | None:
+    """The server's deadline, lowered (never raised) by an `x-request-timeout: SECONDS` header."""
+    raw = request.headers.get("x-request-timeout")
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise APIError(400, "x-request-timeout must be a number of seconds in (0, 86400]", param="x-request-timeout")
+    return min(value, default) if default else value
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -85,11 +115,12 @@ async def collect_or_abort(request: Request, state: ServerState, req: ReqState) 
 
 
 def _result_error(result: Collected | StrOut, status: int) -> APIError | None:
-    if result.finish_reason != "error":
+    """An explicit error for a request that ended without its answer (engine error, timeout, shutdown...)."""
+    if result.finish_reason != "error" and result.error is None:
         return None
-    if status == 503:
-        return APIError(503, result.error or "the server is unavailable", type="server_unavailable")
-    return APIError(500, result.error or "the engine failed this request", type="internal_error")
+    kinds = {503: "server_unavailable", 504: "timeout", 500: "internal_error"}
+    status = status if status in kinds else 500
+    return APIError(status, result.error or "the engine failed this request", type=kinds[status])
 
 
 @dataclass(frozen=True)
@@ -126,8 +157,9 @@ async def generation(request: Request, kind: Kind) -> Response:
     tel = state.tel
     rt = tel.begin(request.headers, "POST", kind.route, kind.operation, {})
     try:
-        body = decode_body(await request.body(), kind.body)
+        body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
+        obj.timeout = request_timeout(request, state.args.request_timeout)
         rt.stream = obj.stream
         if rt.span is not None:
             rt.span.set_attributes(_request_attributes(obj))
@@ -234,7 +266,7 @@ def build_app(state: ServerState) -> Starlette:
             *OPS_ROUTES,
         ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
-        middleware=[Middleware(HTTPMetricsMiddleware, state=state)],
+        middleware=[Middleware(HTTPMetricsMiddleware, state=state), Middleware(AuthMiddleware, args=state.args)],
     )
     app.state.server = state
     return app

@@ -82,7 +82,8 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     new_token_ids: list[int]
     finish_reason: str | None = None  # stop | length | abort | error
     matched_stop: int | None = None  # the stop token id that ended it
-    error: str | None = None  # set with finish_reason "error": why the Scheduler refused it
+    error: str | None = None  # why it ended without its answer (finish_reason error, or abort with a cause)
+    abort_reason: str | None = None  # with finish_reason "abort": timeout, engine_failure, ...
     prompt_tokens: int = 0
     completion_tokens: int = 0  # generated so far, these included
     detok: DetokParams | None = None  # only on the rid's first output
@@ -102,6 +103,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     matched_stop: str | int | None = None  # a stop string (Detokenizer) or stop token id
     engine_running: bool = False  # finished here (stop string) while the Scheduler still runs it
     error: str | None = None
+    abort_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)

@@ -1,17 +1,16 @@
 """`sightline serve`: start the children, serve HTTP, stop everything cleanly.
 
 Order: bind the TokenizerManager's sockets, spawn the Scheduler and the Detokenizer
-(`spawn` context: no inherited locks or CUDA/torch state), serve HTTP at once (/health
-says 503 until both report Ready), and on SIGINT/SIGTERM: refuse new work, end every
-in-flight request with an explicit error, stop HTTP, SIGTERM the children (SIGKILL after
-a timeout) and remove the runtime directory.
+(`spawn` context, watched by the `EngineSupervisor`), serve HTTP at once (/health says
+503 until both report Ready).  On SIGINT/SIGTERM: new requests get 503, in-flight ones
+may finish for `--shutdown-grace` seconds, the rest end with an explicit error, HTTP
+stops, the children get SIGTERM (SIGKILL after a timeout), the runtime directory goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
 import signal
 import sys
 import uuid
@@ -20,12 +19,11 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from serving.args import ServerArgs
-from serving.detokenizer import run_detokenizer_process
 from serving.engine.loader import ModelLoadError, load_tokenizer, model_name
 from serving.http_api import build_app
 from serving.ipc import Endpoints, runtime_parent
-from serving.scheduler import run_scheduler_process
 from serving.server_state import ServerState
+from serving.supervisor import EngineSupervisor, stop_children
 from serving.tokenizer_manager import TokenizerManager
 from telemetry.logs import setup_logging
 from telemetry.metrics import Metrics, parse_bucket_overrides
@@ -34,50 +32,7 @@ from telemetry.timeline import Timeline
 from telemetry.tracing import Tracing
 
 __version__ = "0.1.0"
-
 log = logging.getLogger("sightline")
-CHILD_STOP_TIMEOUT = 5.0
-
-
-def _spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
-    ctx = mp.get_context("spawn")
-    procs = {
-        "scheduler": ctx.Process(target=run_scheduler_process, args=(args, endpoints, instance_id),
-                                 name="sightline-scheduler", daemon=True),
-        "detokenizer": ctx.Process(target=run_detokenizer_process, args=(args, endpoints, instance_id),
-                                   name="sightline-detokenizer", daemon=True),
-    }
-    for p in procs.values():
-        p.start()
-    return procs
-
-
-def stop_children(procs: dict[str, mp.process.BaseProcess]) -> None:
-    for p in procs.values():
-        if p.is_alive():
-            p.terminate()
-    for role, p in procs.items():
-        p.join(CHILD_STOP_TIMEOUT)
-        if p.is_alive():
-            log.warning("%s did not stop in %.0f s; killing it", role, CHILD_STOP_TIMEOUT)
-            p.kill()
-            p.join()
-
-
-async def _watch_startup(state: ServerState, stop: asyncio.Event) -> int:
-    """0 once both children are ready; 1 (and stop) if one dies or the timeout passes."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + state.args.startup_timeout
-    while not state.tm.all_ready.is_set():
-        dead = [role for role, p in state.procs.items() if not p.is_alive()]
-        if dead or loop.time() > deadline:
-            why = f"{dead[0]} exited during startup" if dead else "startup timed out"
-            log.error("%s; shutting down", why)
-            stop.set()
-            return 1
-        await asyncio.sleep(0.1)
-    log.info("ready: serving %s on http://%s:%d", state.model_name, state.args.host, state.args.port)
-    return 0
 
 
 def _telemetry(args: ServerArgs, name: str, instance_id: str) -> tuple[RequestTelemetry, Timeline, Metrics | None]:
@@ -86,6 +41,20 @@ def _telemetry(args: ServerArgs, name: str, instance_id: str) -> tuple[RequestTe
     metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__) \
         if args.enable_metrics else None
     return RequestTelemetry(tracing, metrics, timeline, name, args.log_requests), timeline, metrics
+
+
+async def _drain(state: ServerState) -> None:
+    """Refuse new work, let in-flight requests finish for the grace period, end the rest explicitly."""
+    tm, grace = state.tm, state.args.shutdown_grace
+    state.shutting_down = True
+    log.info("shutting down: %d requests in flight, up to %.0f s to finish", len(tm.rid_to_state), grace)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while tm.rid_to_state and loop.time() < deadline and all(p.is_alive() for p in state.procs.values()):
+        await asyncio.sleep(0.05)
+    if tm.rid_to_state:
+        log.warning("shutdown grace over: aborting %d requests", len(tm.rid_to_state))
+        tm.abort_all("shutdown", "the server is shutting down")
 
 
 async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -> int:
@@ -104,24 +73,21 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
 
     async def shutdown_trigger() -> None:
         await stop.wait()
-        log.info("shutting down: ending %d in-flight requests", len(tm.rid_to_state))
-        state.shutting_down = True
-        tm.abort_all("shutdown", "the server is shutting down")
+        await _drain(state)
 
-    watcher: asyncio.Task | None = None
+    supervisor = EngineSupervisor(state, instance_id, stop)
+    watcher = asyncio.create_task(supervisor.run())
     try:
-        state.procs = _spawn(args, endpoints, instance_id)
         config = Config()
         config.bind = [f"{args.host}:{args.port}"]
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")  # our handlers and format, once
         config.graceful_timeout = 5.0
-        watcher = asyncio.create_task(_watch_startup(state, stop))
         await serve(build_app(state), config, shutdown_trigger=shutdown_trigger)
-        return watcher.result() if watcher.done() else 0
+        return supervisor.exit_code
     finally:
-        if watcher is not None:
-            watcher.cancel()
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         stop_children(state.procs)
         await tm.close()
         tel.tracing.shutdown()

@@ -114,8 +114,12 @@ class Scheduler:
         )
         if out.detok is not None:
             self.spans.first_output(ev.rid, meta)
-        if error is not None:
-            out.finish_reason, out.error = "error", error
+        if error is not None:  # an engine error, or an abort with a cause the client must hear (timeout)
+            out.error = error
+            if error_type == "timeout":
+                out.abort_reason = error_type
+            else:
+                out.finish_reason = "error"
         if ev.finished:
             del self.meta[ev.rid]
             self.pending_detok.pop(ev.rid, None)
@@ -167,6 +171,16 @@ class Scheduler:
         if events:
             self.last_token_at = now_ns()
 
+    def expire_queue(self) -> None:
+        """Abort requests that waited in the queue longer than --max-queue-time."""
+        limit = self.args.max_queue_time
+        if not limit or not self.core.waiting:
+            return
+        now = now_ns()
+        for req in [r for r in self.core.waiting if now - r.times.queued > limit * 1e9]:
+            ev = self.core.abort(req.rid)
+            self.outbox.append(self._token_out(ev, "timeout", f"the request waited more than {limit:g} s in the queue"))
+
     def event_loop(self, parent: int) -> None:
         self.to_tm.send(self.codec.encode(Ready(
             role="scheduler", pid=os.getpid(), model_name=self.model_name,
@@ -176,6 +190,7 @@ class Scheduler:
         while keep_running(parent):
             busy = self.core.has_work
             self.recv_requests(0 if busy else idle_ms)
+            self.expire_queue()
             if self.core.has_work:
                 self.step()
             self.flush()

@@ -31,18 +31,33 @@ class ServerState:
     procs: dict[str, BaseProcess] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     shutting_down: bool = False
+    engine_failure: str | None = None  # set while the supervisor recovers from it
     _ps: dict[int, psutil.Process] = field(default_factory=dict)
 
     def health(self) -> tuple[bool, str]:
         """(healthy, reason): ready, both children alive, not shutting down."""
         if self.shutting_down:
             return False, "shutting down"
+        if self.engine_failure:
+            return False, f"engine failure ({self.engine_failure}); restarting"
         for role, proc in self.procs.items():
             if not proc.is_alive():
                 return False, f"{role} process exited (code {proc.exitcode})"
         if not self.tm.all_ready.is_set():
             return False, "starting: waiting for " + ", ".join(sorted({"scheduler", "detokenizer"} - self.tm.ready.keys()))
+        stuck = self.seconds_without_token()
+        if stuck > self.args.stall_timeout:
+            return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
         return True, "ok"
+
+    def seconds_without_token(self) -> float:
+        """With requests in flight: seconds since the later of the last token and the oldest arrival."""
+        oldest = self.tm.oldest_arrival()
+        if oldest is None:
+            return 0.0
+        s = self.tm.scheduler_stats
+        last = max(oldest, (s.last_token_at or 0) if s else 0)
+        return (now_ns() - last) / 1e9
 
     def check_available(self) -> None:
         ok, reason = self.health()
@@ -93,13 +108,12 @@ class ServerState:
                          "detokenizer": d.undecodable if d else 0},
             heartbeat_age={role: (now - t) / 1e9 for role, t in tm.last_heartbeat.items()},
         )
+        snap.seconds_since_last_token = self.seconds_without_token()
         if s is not None:
-            since = s.last_token_at or tm.ready_at.get("scheduler", now)
             snap.running, snap.waiting, snap.kv_used, snap.kv_reserved = s.num_running, s.num_waiting, s.kv_used, \
                 s.kv_reserved
             snap.kv_total, snap.batch_size, snap.step_seconds = s.kv_total, s.batch_size, s.step_seconds
             snap.steps_total, snap.generated_tokens_total = s.steps_total, s.generation_tokens_total
             snap.prefill_tokens_total = s.prefill_tokens_total
             snap.throughput = tm.throughput.rate(now)
-            snap.seconds_since_last_token = (now - since) / 1e9
         return snap

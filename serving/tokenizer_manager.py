@@ -51,7 +51,7 @@ class GenerateReqInput:
     stream: bool = False
     rid: str | None = None
     param_names: dict[str, str] = field(default_factory=dict)  # engine field → API field, for errors
-    arrival: int = field(default_factory=now_ns)
+    timeout: float | None = None  # seconds until the request is aborted with a timeout error
 
 
 @dataclass
@@ -68,6 +68,9 @@ class ReqState:
     finish_reason: str | None = None
     completion_tokens: int = 0
     breakdown: dict | None = None  # the latency breakdown, once finished
+    started: bool = False  # the engine produced its first output (it no longer counts as queued)
+    budget_tokens: int = 0  # prompt + max_new_tokens, counted against --max-inflight-tokens
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass
@@ -113,6 +116,7 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.ctx = zmq.asyncio.Context()
+        self.endpoints = endpoints
         self.to_scheduler = make_socket(self.ctx, zmq.PUSH, endpoints.scheduler_in, do_bind=False)
         self.from_detok = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_detokenizer, do_bind=True)
         self.from_sched = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_scheduler, do_bind=True)
@@ -124,7 +128,6 @@ class TokenizerManager:
         self.scheduler_stats: SchedulerStats | None = None
         self.detok_stats: DetokenizerStats | None = None
         self.last_heartbeat: dict[str, int] = {}
-        self.ready_at: dict[str, int] = {}
         self._dispatch: dict[type, Callable[[Any], None]] = {
             BatchStrOutput: self._handle_str_output,
             SchedulerStats: self._handle_scheduler_stats,
@@ -133,6 +136,8 @@ class TokenizerManager:
         }
         self._tasks: list[asyncio.Task] = []
         self.throughput = RateWindow(seconds=5.0)
+        self.num_queued = 0  # in flight, no output yet
+        self.inflight_tokens = 0
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -151,6 +156,18 @@ class TokenizerManager:
     @property
     def vocab_size(self) -> int:
         return self.ready["scheduler"].vocab_size
+
+    def reset_engine(self) -> None:
+        """The children are being replaced: forget what they said; drop messages queued for the dead one."""
+        self.ready.clear()
+        self.all_ready.clear()
+        self.scheduler_stats = self.detok_stats = None
+        self.last_heartbeat.clear()
+        self.to_scheduler.close(linger=0)
+        self.to_scheduler = make_socket(self.ctx, zmq.PUSH, self.endpoints.scheduler_in, do_bind=False)
+
+    def oldest_arrival(self) -> int | None:
+        return min((s.trace.arrival for s in self.rid_to_state.values()), default=None)
 
     # -- receiving ------------------------------------------------------------------
     async def handle_loop(self, sock: zmq.asyncio.Socket) -> None:
@@ -179,9 +196,12 @@ class TokenizerManager:
             state.out_list.append(out)
             state.meta = out.meta
             state.completion_tokens = out.completion_tokens
+            if not state.started:
+                state.started = True
+                self.num_queued -= 1
             self.tel.on_output(state.trace, out, recv)
             if out.finish_reason is not None:
-                self._finish(state, out.finish_reason, None, out.error)
+                self._finish(state, out.finish_reason, out.abort_reason, out.error)
                 if out.engine_running:  # a stop string ended it in the Detokenizer
                     self._send_abort(out.rid, "stop_string", state.meta)
             state.event.set()
@@ -190,6 +210,11 @@ class TokenizerManager:
         """The rid leaves rid_to_state: mark it, count it, observe it (exactly once)."""
         state.finished, state.finish_reason = True, reason
         self.rid_to_state.pop(state.rid, None)
+        if not state.started:
+            self.num_queued -= 1
+        self.inflight_tokens -= state.budget_tokens
+        if state.timer is not None:
+            state.timer.cancel()
         self.drops.forget(state.rid, abort_reason or reason)
         state.breakdown = self.tel.finish(state.trace, reason, state.completion_tokens, abort_reason, error)
 
@@ -209,7 +234,6 @@ class TokenizerManager:
         log.info("%s ready (pid %d)", msg.role, msg.pid)
         self.ready[msg.role] = msg
         self.last_heartbeat[msg.role] = now_ns()
-        self.ready_at[msg.role] = now_ns()
         if {"scheduler", "detokenizer"} <= self.ready.keys():
             self.all_ready.set()
 
@@ -258,21 +282,40 @@ class TokenizerManager:
         if obj.rid is not None and (not _RID.match(obj.rid) or obj.rid in self.rid_to_state):
             raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-] and not already in flight", param="rid")
         rid = obj.rid or uuid.uuid4().hex
+        if self.num_queued >= self.args.max_queued_requests:
+            raise self._overloaded("queue_full", f"{self.num_queued} requests are already waiting")
         t0 = now_ns()
         ids = self._tokenize(obj)
         t1 = now_ns()
         self._validate(obj, ids)
+        budget = len(ids) + obj.sampling.max_new_tokens
+        if self.inflight_tokens + budget > self.args.inflight_token_limit and self.rid_to_state:
+            raise self._overloaded("tokens_full", f"{self.inflight_tokens} prompt+output tokens are in flight")
         self.tel.tokenized(rt, rid, t0, t1, len(ids))
         carrier, producer = self.tel.producer(rt)
         meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=rt.arrival, tokenized=now_ns()))
-        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta, trace=rt)
+        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta, trace=rt, budget_tokens=budget)
         self.rid_to_state[rid] = state
+        self.num_queued += 1
+        self.inflight_tokens += budget
+        if obj.timeout:
+            state.timer = asyncio.get_running_loop().call_later(
+                obj.timeout, self.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
         detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:])
         self.to_scheduler.send(self.codec.encode(TokenizedGenerateReqInput(
             rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok, meta=meta)))
         if producer is not None:
             producer.end()
         return state
+
+    def _overloaded(self, reason: str, detail: str) -> APIError:
+        """429 with a Retry-After estimated from the recent token rate."""
+        rate = self.throughput.rate(now_ns())
+        wait = self.inflight_tokens / rate if rate > 0 else 1.0
+        retry_after = str(max(1, min(60, int(wait) + 1)))
+        self.tel.shed(reason)
+        return APIError(429, f"server overloaded: {detail}; retry after {retry_after} s", type="overloaded_error",
+                        code=reason, headers={"retry-after": retry_after})
 
     # -- reading outputs ----------------------------------------------------------------
     async def stream(self, state: ReqState) -> AsyncIterator[StrOut]:
@@ -304,15 +347,15 @@ class TokenizerManager:
                          state.prompt_tokens, last.completion_tokens, last.error)
 
     def abort(self, rid: str, reason: str, error: str | None = None) -> None:
-        """Forget the rid here and tell the Scheduler to free it (an error when `error`)."""
+        """Forget the rid here and tell the Scheduler to free it; the reader gets `error` if given."""
         state = self.rid_to_state.get(rid)
         if state is None:
             return
         if error is not None:
-            state.out_list.append(StrOut(rid=rid, text="", output_ids=[], finish_reason="error", error=error,
-                                         prompt_tokens=state.prompt_tokens,
+            state.out_list.append(StrOut(rid=rid, text="", output_ids=[], finish_reason="abort", error=error,
+                                         abort_reason=reason, prompt_tokens=state.prompt_tokens,
                                          completion_tokens=state.completion_tokens, meta=state.meta))
-        self._finish(state, "error" if error is not None else "abort", reason, error)
+        self._finish(state, "abort", reason, error)
         state.event.set()
         self._send_abort(rid, reason, state.meta)
 

@@ -102,6 +102,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | stop_string ..."),
+    Spec("sightline_requests_shed_total", "counter", "Requests refused with 429 because the server was full.",
+         M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
+         "(--max-inflight-tokens)."),
+    Spec("sightline_engine_failures_total", "counter", "Engine process failures seen by the watchdog.",
+         ("role", "cause"), definition="role: scheduler | detokenizer. cause: exited | stalled (no heartbeat for "
+         "--watchdog-timeout while requests were in flight)."),
+    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure."),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
          ("route", "method", "status")),
     Spec("sightline_health_checks_total", "counter", "/health answers, by result.", ("healthy",)),
@@ -132,7 +139,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_scheduler_generated_tokens_total", "counter", "Tokens sampled by the engine.", M,
          source="scheduler"),
     Spec("sightline_seconds_since_last_token", "gauge",
-         "Seconds since the engine last sampled a token (0 before the first); read with requests in flight.", M,
+         "While requests are in flight: seconds since the engine last sampled a token or the oldest in-flight "
+         "request arrived, whichever is later; 0 when idle. Grows without bound when the engine is stuck.", M,
          source="scheduler"),
     Spec("sightline_heartbeat_age_seconds", "gauge", "Seconds since each child's last stats message.", ("role",),
          source="all"),

@@ -92,6 +92,9 @@ class RequestTelemetry:
         tp = traceparent_of(rt.span) if rt.trace_id else None
         return {"traceparent": tp} if tp else {}
 
+    def shed(self, reason: str) -> None:
+        self._inc("sightline_requests_shed_total", self.model, reason)
+
     def rejected(self, rt: RequestTrace, status: int, error_type: str, message: str) -> None:
         """A request refused before reaching the engine (400, 503...)."""
         self._inc("sightline_requests_total", self.model, "error", str(status))

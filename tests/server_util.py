@@ -28,6 +28,8 @@ class ServerProc:
         self.tmpdir = tmpdir
         self.log_path = tmpdir / "server.log"
         extra_env = env or {}
+        key = extra_env.get("SIGHTLINE_API_KEY")
+        self.auth = {"authorization": f"Bearer {key}"} if key else {}
         env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
         env["TMPDIR"] = str(tmpdir)
         env.update(extra_env)
@@ -57,12 +59,12 @@ class ServerProc:
         raise TimeoutError(f"server not healthy after {timeout} s:\n{self.log()}")
 
     def debug(self) -> dict:
-        return httpx.get(self.url + "/debug/state", timeout=10).json()
+        return httpx.get(self.url + "/debug/state", headers=self.auth, timeout=10).json()
 
     def post(self, path: str, body: dict | bytes | str, **kw) -> httpx.Response:
         content = body if isinstance(body, (bytes, str)) else json.dumps(body)
-        return httpx.post(self.url + path, content=content, headers={"content-type": "application/json"},
-                          timeout=kw.pop("timeout", 120), **kw)
+        headers = {"content-type": "application/json", **kw.pop("headers", {})}
+        return httpx.post(self.url + path, content=content, headers=headers, timeout=kw.pop("timeout", 120), **kw)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:

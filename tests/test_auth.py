@@ -1,0 +1,70 @@
+"""API key: 401 with an OpenAI error body unless the right key is sent; constant-time check."""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+
+import httpx
+import pytest
+
+from serving.auth import key_matches
+from tests.server_util import ServerProc
+
+KEY = "sk-sightline-test-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("auth"), env={"SIGHTLINE_API_KEY": KEY})
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"}, {"authorization": f"Bearer {KEY}x"},
+                                     {"authorization": KEY}, {"x-api-key": KEY[:-1]}])
+def test_missing_or_wrong_key_is_401(server, headers):
+    for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+        r = server.post(path, {"prompt": "x"}, headers=headers)
+        assert r.status_code == 401, (path, r.text)
+        assert r.json()["error"]["code"] == "invalid_api_key" and r.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
+    assert httpx.get(server.url + "/debug/state", headers=headers).status_code == 401
+
+
+def test_right_key_works_and_probes_stay_open(server):
+    for headers in ({"authorization": f"Bearer {KEY}"}, {"x-api-key": KEY}):
+        r = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=headers)
+        assert r.status_code == 200, r.text
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/metrics").status_code == 200  # --auth-metrics is off by default
+    assert KEY not in server.log()
+
+
+def test_openai_client_with_key(server):
+    import openai
+
+    ok = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0)
+    assert ok.completions.create(model="tiny-random", prompt="x", max_tokens=2).usage.completion_tokens == 2
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_check_time_does_not_depend_on_how_much_matches():
+    digest = hashlib.sha256(KEY.encode()).digest()
+    candidates = {"prefix": KEY[:-1] + "X", "first": "X" + KEY[1:], "short": "X", "long": KEY * 50}
+
+    def timing(candidate: str) -> float:
+        runs = []
+        for _ in range(7):
+            t0 = time.perf_counter_ns()
+            for _ in range(3000):
+                key_matches(digest, candidate)
+            runs.append(time.perf_counter_ns() - t0)
+        return statistics.median(runs)
+
+    assert key_matches(digest, KEY) and not any(key_matches(digest, c) for c in candidates.values())
+    base = timing(candidates["first"])
+    assert 0.7 < timing(candidates["prefix"]) / base < 1.4
+    assert 0.7 < timing(candidates["short"]) / base < 1.4
