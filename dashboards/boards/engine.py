@@ -1,0 +1,52 @@
+"""Engine: what the Scheduler's continuous batching is doing, from its stats messages."""
+
+from __future__ import annotations
+
+from dashboards import promql as q
+from dashboards.panels import Board, stat_panel, timeseries_panel
+
+KV = ("used", "reserved", "capacity")
+
+
+def board() -> Board:
+    b = Board("sightline-engine", "Sightline / Engine",
+              "Batch size, step time, KV slots, chunked prefill and throughput of the Scheduler.")
+    b.row(
+        "Batching",
+        timeseries_panel("Batch size", "Requests in the latest engine step (decode and prefill chunks together).",
+                         "short", [(q.gauge("sightline_batch_size", agg="max"), "batch size")], width=8),
+        timeseries_panel("Step time", "Duration of the latest engine step (one forward pass + sampling).", "s",
+                         [(q.gauge("sightline_step_time_seconds", agg="max"), "step time")], width=8),
+        timeseries_panel("Steps per second", "Engine steps run per second; 0 with requests waiting = stalled.",
+                         "ops", [(q.rate("sightline_scheduler_steps_total"), "steps/s")], width=8),
+    )
+    b.row(
+        "KV cache",
+        timeseries_panel("KV slots", "Token slots in the KV pool: holding keys/values (used), promised to running "
+                         "requests (reserved), and the pool size (capacity).", "short",
+                         [(q.gauge(f"sightline_kv_slots_{k}"), k) for k in KV]),
+        timeseries_panel("KV usage ratio", "Reserved ÷ total slots. Admission stops when a request's prompt + "
+                         "max_new_tokens no longer fits.", "percentunit",
+                         [(q.gauge("sightline_kv_usage_ratio", agg="max"), "reserved ratio")], max_value=1),
+    )
+    b.row(
+        "Prefill and throughput",
+        timeseries_panel("Chunked prefill activity", "Prompt tokens prefilled per second (all chunks) and the "
+                         "prompt tokens of requests arriving: a gap means prefill falls behind.", "suffix: tokens/s",
+                         [(q.rate("sightline_scheduler_prefill_tokens_total"), "prefilled"),
+                          (q.rate("sightline_prompt_tokens_total"), "prompt tokens of ended requests")], width=8),
+        timeseries_panel("Generation throughput", "Tokens sampled per second: the engine's own moving figure and "
+                         "the rate of its counter.", "suffix: tokens/s",
+                         [(q.gauge("sightline_generation_throughput_tokens_per_second"), "engine gauge"),
+                          (q.rate("sightline_scheduler_generated_tokens_total"), "counter rate")], width=8),
+        stat_panel("Seconds since last token", "Seconds since the engine last sampled a token. With requests in "
+                   "flight, a growing value is a stalled engine (alert SightlineEngineStalled).", "s",
+                   [(q.gauge("sightline_seconds_since_last_token", agg="max"), "since last token")],
+                   width=8, height=8, decimals=1),
+    )
+    b.row("Request sizes", *(
+        timeseries_panel(title, f"{what} per request, p50 and p99.", "short",
+                         [(q.quantile(x, metric), f"p{round(x * 100)}") for x in (0.5, 0.99)])
+        for title, what, metric in (("Prompt length", "Prompt tokens", "sightline_request_prompt_tokens"),
+                                    ("Output length", "Output tokens", "sightline_request_generation_tokens"))))
+    return b

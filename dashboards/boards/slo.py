@@ -1,0 +1,47 @@
+"""SLOs: attainment, error budget left, burn rate per window and alert state, per SLO.
+
+Reads the recording rules generated from the same spec (dashboards/slo.yaml), so the
+board and the alerts can never disagree on what an SLO is.
+"""
+
+from __future__ import annotations
+
+from dashboards import slo as spec_mod
+from dashboards.panels import Board, stat_panel, timeseries_panel
+from dashboards.rules import BUDGET_REMAINING, num, ratio_name
+
+
+def _m(slo: str) -> str:
+    return f'{{slo="{slo}", job=~"$job", model_name=~"$model_name"}}'
+
+
+def board() -> Board:
+    spec = spec_mod.load()
+    b = Board("sightline-slo", "Sightline / SLOs",
+              f"Service level objectives over {spec.period}: attainment, error budget, burn rates, alerts. "
+              "SLO series are aggregated per job and model (the instance variable does not apply).")
+    pairs = "; ".join(f"{sev} at " + " or ".join(f"{num(w.factor)} ({w.long} & {w.short})" for w in ws)
+                      for sev, ws in spec.burn_rates.items())
+    for slo in spec.slos:
+        period = ratio_name(spec.period)
+        b.row(
+            f"{slo.name} — objective {num(slo.objective * 100)} %",
+            stat_panel(f"{slo.name}: attainment", f"{slo.description} Share of good events over the last {spec.period} "
+                       f"(objective {num(slo.objective * 100)} %).", "percentunit",
+                       [(f"1 - {period}{_m(slo.name)}", "{{model_name}}")], decimals=4),
+            stat_panel(f"{slo.name}: error budget remaining", f"Share of the {spec.period} error budget "
+                       f"({num(slo.budget * 100)} % of events) not yet spent; below 0 the SLO is missed.",
+                       "percentunit", [(f"{BUDGET_REMAINING}{_m(slo.name)}", "{{model_name}}")], decimals=2),
+            timeseries_panel(f"{slo.name}: burn rate per window", "Error ratio ÷ budget over each alert window: 1 spends the "
+                             f"budget exactly in {spec.period}. Alerts: {pairs}.", "suffix:×",
+                             [(f"{ratio_name(w)}{_m(slo.name)} / {num(slo.budget)}", f"{w} {{{{model_name}}}}")
+                              for w in spec.windows()]),
+        )
+    b.row(
+        "Alerts",
+        timeseries_panel("Alert state", "Sightline alerts pending or firing (Prometheus' ALERTS series), by alert, "
+                         "severity and state. Page alerts inhibit their ticket twins in Alertmanager.", "short",
+                         [('sum by (alertname, severity, alertstate) (ALERTS{alertname=~"Sightline.*", '
+                           'job=~"$job"})', "{{alertname}} {{severity}} {{alertstate}}")], width=24),
+    )
+    return b

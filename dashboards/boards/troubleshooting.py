@@ -1,0 +1,62 @@
+"""Troubleshooting: one panel per row of the TokenizerManager cheat sheet.
+
+The rows come from the seed walkthrough's troubleshooting table (section 11): each
+panel's title is the question a symptom raises and its description says how to read
+the answer.
+"""
+
+from __future__ import annotations
+
+from dashboards import promql as q
+from dashboards.panels import Board, timeseries_panel
+
+GENERATE = 'route=~"/v1/completions|/v1/chat/completions|/generate"'
+
+
+def board() -> Board:
+    b = Board("sightline-troubleshooting", "Sightline / Troubleshooting",
+              "One panel per symptom of the TokenizerManager troubleshooting table: each answers its question.")
+    b.row(
+        "Symptoms",
+        timeseries_panel(
+            "Clients time out: do requests reach the server?",
+            "HTTP requests handled per second, by route and status. Clients timing out while this stays flat: "
+            "the requests never arrive — look at the network, proxy or load balancer in front of sightline.",
+            "reqps", [(q.rate("sightline_http_requests_total", by=("route", "status")), "{{route}} {{status}}")]),
+        timeseries_panel(
+            "TokenizerManager got it: did the Scheduler receive it?",
+            "Generation requests accepted over HTTP vs requests whose TM → Scheduler hop completed. The second "
+            "falling behind the first: the Scheduler is not receiving (wrong socket, crashed or stuck process; "
+            "see its heartbeat age in the health panel).", "reqps",
+            [(q.rate("sightline_http_requests_total", GENERATE), "accepted over HTTP"),
+             (q.rate("sightline_ipc_hop_latency_seconds_count", 'hop="tm_to_scheduler"'), "reached the Scheduler")]),
+        timeseries_panel(
+            "Output is produced: why doesn't the client see it?",
+            "Messages dropped because their rid was no longer known where they arrived (by component and what "
+            "ended the rid), and aborts by reason. Drops after client_disconnect are expected; unknown_rid or "
+            "drops without aborts point at a bug.", "cps",
+            [(q.rate("sightline_stale_messages_dropped_total", by=("component", "reason")),
+              "dropped at {{component}} ({{reason}})"),
+             (q.rate("sightline_request_aborts_total", by=("reason",)), "aborted ({{reason}})")]),
+        timeseries_panel(
+            "Is the TokenizerManager CPU-bound?",
+            "CPU used per process, in cores (1 = one core busy). The main process near 1: tokenization and "
+            "HTTP saturate the TokenizerManager's event loop — run more front-end workers.", "percentunit",
+            [(q.rate("sightline_process_cpu_seconds_total", by=("role",)), "{{role}}")]),
+        timeseries_panel(
+            "Is memory growing because requests pile up?",
+            "Resident memory per process (left) and requests in flight in the TokenizerManager (right). RSS "
+            "rising with in-flight requests: requests pile up — check max_running_requests and admission.",
+            "bytes", [(q.gauge("sightline_process_resident_memory_bytes", by=("role",)), "RSS {{role}}"),
+                      (q.gauge("sightline_requests_in_flight"), "in flight")], right={"B": "short"}),
+        timeseries_panel(
+            "Why does /health sometimes answer 503?",
+            "/health answers and engine restarts per second (left), the age of each child's last stats "
+            "message (right). Unhealthy answers with a growing heartbeat age: a child is stuck or dead (the "
+            "watchdog restarts it); with fresh heartbeats: the queue is too long — see the Overview.", "cps",
+            [(q.rate("sightline_health_checks_total", by=("healthy",)), "healthy={{healthy}}"),
+             (q.gauge("sightline_heartbeat_age_seconds", by=("role",), agg="max"), "heartbeat age {{role}}"),
+             (q.rate("sightline_engine_restarts_total"), "engine restarts")],
+            right={"B": "s"}),
+    )
+    return b

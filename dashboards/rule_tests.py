@@ -1,0 +1,168 @@
+"""promtool unit tests for every alert, built from scenarios written as error budgets.
+
+Each burn-rate scenario is a list of phases (minutes, burn rate: 1 = spending the
+budget exactly over the SLO period) turned into counter series, and the severities
+that must fire at the end.  The expectations are the SRE Workbook's arithmetic done by
+hand (see the comments), not read back from the rules, so a wrong factor, window or
+`and`/`or` in the generated rules fails `promtool test rules`.
+"""
+
+from __future__ import annotations
+
+from dashboards.rules import BUDGET_REMAINING, burn_alerts, render, symptom_alerts
+from dashboards.slo import SLO, Spec
+
+RATE = 1000  # requests per minute in every scenario
+BASE = {"job": "sightline", "instance": "sightline:8000", "model_name": "m"}
+
+# name: (phases [(minutes, burn rate)], severities firing at the end)
+BURN_SCENARIOS: dict[str, tuple[list[tuple[int, float]], list[str]]] = {
+    # burn 0.5 for longer than the longest short window: half the budget rate, nothing fires
+    "healthy": ([(400, 0.5)], []),
+    # burn 20 > 14.4 on 1h & 5m: page (and the ticket twin, which Alertmanager inhibits)
+    "fast burn": ([(20, 20)], ["page", "ticket"]),
+    # burn 40 for 25 min, clean for 30, burn 20 for the last 5: 1h reads 18.3 and 5m 20,
+    # both > 14.4, while 30m reads 3.3 < 6: only the 1h pair pages
+    "1h page pair": ([(25, 40), (30, 0), (5, 20)], ["page", "ticket"]),
+    # the same with 25 at first: 1h reads 12.1 < 14.4, so no page (2h reads 12.1 > 3: ticket)
+    "1h pair under its factor": ([(25, 25), (30, 0), (5, 20)], ["ticket"]),
+    # burn 10: below 14.4 but above 6 on 6h & 30m: the slower page pair
+    "6h page pair": ([(60, 10)], ["page", "ticket"]),
+    # burn 4: above 3 on 1d & 2h, below every page factor.  (Whenever the 1d pair fires the
+    # 3d pair does too — 6h >= 2h/3 > 1 — so no series isolates the 1d pair's factor.)
+    "1d ticket pair": ([(180, 4)], ["ticket"]),
+    # burn 2 for more than 6 h: above 1 on 3d & 6h only
+    "3d ticket pair": ([(370, 2)], ["ticket"]),
+    # burn 20 for 1 h, then clean for 40 min: the 6h window still reads 12 > 6 but the
+    # 30m window is clean, so the page resolves; the 2h window (12 > 3) keeps the ticket
+    "recovered": ([(60, 20), (40, 0)], ["ticket"]),
+    # 3 h clean, then burn 60 for 2 min: the 5m window reads 24 > 14.4, the 1h window 2:
+    # a blip pages nobody
+    "blip": ([(178, 0), (2, 60)], []),
+}
+
+
+def _counter(phases: list[tuple[int, float]], per_minute) -> str:
+    """promtool's expanding notation for a counter growing per phase."""
+    parts, value = [], 0.0
+    for i, (minutes, burn) in enumerate(phases):
+        step = per_minute(burn)
+        start = value if i == 0 else value + step
+        count = minutes if i == 0 else minutes - 1
+        parts.append(f"{start:g}+{step:g}x{count}")
+        value = start + step * count
+    return " ".join(parts)
+
+
+def _burn_series(slo: SLO, phases: list[tuple[int, float]]) -> list[dict]:
+    bad = lambda burn: RATE * slo.budget * burn  # noqa: E731
+    labels = ",".join(f'{k}="{v}"' for k, v in BASE.items())
+    if slo.kind == "errors":
+        good_s = f'{slo.metric}{{{labels},finish_reason="stop",status="200"}}'
+        bad_s = f'{slo.metric}{{{labels},finish_reason="error",status="500"}}'
+        return [{"series": good_s, "values": _counter(phases, lambda b: RATE - bad(b))},
+                {"series": bad_s, "values": _counter(phases, bad)}]
+    return [{"series": f"{slo.metric}_count{{{labels}}}", "values": _counter(phases, lambda b: RATE)},
+            {"series": f'{slo.metric}_bucket{{{labels},le="{slo.le}"}}',
+             "values": _counter(phases, lambda b: RATE - bad(b))}]
+
+
+def _expected(rules: list[dict], name: str, extra: dict[str, str], severities: list[str]) -> list[dict]:
+    out = []
+    for rule in rules:
+        sev = rule["labels"]["severity"]
+        if rule["alert"] != name or sev not in severities:
+            continue
+        if any(rule["labels"].get(k, v) != v for k, v in extra.items()):
+            continue
+        labels = {**extra, **rule["labels"]}
+        out.append({"exp_labels": labels,
+                    "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()}})
+    return out
+
+
+def slo_tests(spec: Spec) -> dict:
+    alerts = burn_alerts(spec)
+    level = {k: BASE[k] for k in ("job", "model_name")}
+    tests = []
+    for slo in spec.slos:
+        for scenario, (phases, severities) in BURN_SCENARIOS.items():
+            end = sum(m for m, _ in phases)
+            test = {"name": f"{slo.name}: {scenario}", "interval": "1m",
+                    "input_series": _burn_series(slo, phases),
+                    "alert_rule_test": [{"eval_time": f"{end}m", "alertname": slo.alert,
+                                         "exp_alerts": _expected(alerts, slo.alert, {**level, "slo": slo.name},
+                                                                 severities)}]}
+            if scenario == "healthy":  # burn 0.5 all along: half the budget is left
+                remaining = f'{BUDGET_REMAINING}{{slo="{slo.name}"}}'
+                test["promql_expr_test"] = [{
+                    "expr": f"({remaining} > bool 0.49) * ({remaining} < bool 0.51)",
+                    "eval_time": f"{end}m",
+                    "exp_samples": [{"labels": _series_labels({**level, "slo": slo.name}), "value": 1}]}]
+            tests.append(test)
+    # every eval_time is a multiple of 5 min; rates still read the 1-minute samples
+    return {"rule_files": ["../rules/slo.yml"], "evaluation_interval": "5m", "tests": tests}
+
+
+def _series_labels(labels: dict[str, str]) -> str:
+    return "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _s(name: str, values: str, **labels: str) -> dict:
+    all_labels = {**BASE, **labels}
+    if name == "up":
+        all_labels.pop("model_name")
+    return {"series": name + "{" + ",".join(f'{k}="{v}"' for k, v in all_labels.items()) + "}", "values": values}
+
+
+def symptom_tests(spec: Spec) -> dict:
+    """(alert, scenario, input series, minutes, expected labels of the firing alerts or [])."""
+    sym = spec.symptoms
+    stall = float(sym["SightlineEngineStalled"]["threshold"])
+    drop = float(sym["SightlineStaleDropSpike"]["threshold"])
+    inst = {k: BASE[k] for k in ("job", "instance")}
+    model = {**inst, "model_name": BASE["model_name"]}
+    cases = [
+        ("SightlineDown", "scrape fails", [_s("up", "1 1 0x20")], 15, [inst]),
+        ("SightlineDown", "scrapes fine", [_s("up", "1x20")], 15, []),
+        ("SightlineEngineStalled", "requests in flight, no token",
+         [_s("sightline_requests_in_flight", "2x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
+         10, [model]),
+        ("SightlineEngineStalled", "idle engine, nothing in flight",
+         [_s("sightline_requests_in_flight", "0x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
+         10, []),
+        ("SightlineEngineStalled", "busy and producing",
+         [_s("sightline_requests_in_flight", "8x30"), _s("sightline_seconds_since_last_token", "0.05x30")], 10, []),
+        ("SightlineQueueBacklogGrowing", "queue grows",
+         [_s("sightline_num_requests_waiting", "0+2x40")], 30, [model]),
+        ("SightlineQueueBacklogGrowing", "steady queue",
+         [_s("sightline_num_requests_waiting", "12x40")], 30, []),
+        ("SightlineKVCacheSaturated", "KV full", [_s("sightline_kv_usage_ratio", "0.99x20")], 15, [model]),
+        ("SightlineKVCacheSaturated", "KV half used", [_s("sightline_kv_usage_ratio", "0.5x20")], 15, []),
+        ("SightlineStaleDropSpike", "drops at 10x the threshold",
+         [_s("sightline_stale_messages_dropped_total", f"0+{drop * 600:g}x30", component="tokenizer_manager",
+             message_type="BatchStrOutput", reason="client_disconnect")],
+         20, [{**inst, "component": "tokenizer_manager", "reason": "client_disconnect"}]),
+        ("SightlineStaleDropSpike", "a few drops after disconnects",
+         [_s("sightline_stale_messages_dropped_total", f"0+{drop * 6:g}x30", component="tokenizer_manager",
+             message_type="BatchStrOutput", reason="client_disconnect")], 20, []),
+        ("SightlineUndecodableMessages", "a bad frame arrives",
+         [_s("sightline_undecodable_messages_total", "0x10 1x10", component="scheduler")],
+         12, [{**inst, "component": "scheduler"}]),
+        ("SightlineUndecodableMessages", "old count, nothing new",
+         [_s("sightline_undecodable_messages_total", "3x30", component="scheduler")], 20, []),
+    ]
+    rules = {r["alert"]: r for r in symptom_alerts(spec)}
+    tests = []
+    for alert, scenario, series, minutes, firing in cases:
+        rule = rules[alert]
+        exp = [{"exp_labels": {**labels, **rule["labels"]},
+                "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()}}
+               for labels in firing]
+        tests.append({"name": f"{alert}: {scenario}", "interval": "1m", "input_series": series,
+                      "alert_rule_test": [{"eval_time": f"{minutes}m", "alertname": alert, "exp_alerts": exp}]})
+    return {"rule_files": ["../rules/symptoms.yml"], "evaluation_interval": "1m", "tests": tests}
+
+
+def test_files(spec: Spec) -> dict[str, dict]:
+    return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec)}

@@ -1,0 +1,157 @@
+"""Prometheus rules from the SLO spec: SLI recording rules, burn-rate alerts, symptom alerts.
+
+Recording rules follow `level:metric:operations` (level `job_model_name`: what `sum by`
+keeps).  Each SLI aggregates numerator and denominator separately, then divides; an
+errors SLI with no error series yet reads 0, not "no data".  Burn-rate alerts are the
+SRE Workbook's multi-window pairs with no `for:`; page and ticket share an alert name
+and differ by `severity`, so Alertmanager can inhibit the ticket twin of a page.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dashboards.slo import SLO, SLO_LEVEL, Spec
+
+BY = ", ".join(SLO_LEVEL)
+LEVEL = "_".join(SLO_LEVEL)
+RATIO = f"{LEVEL}:sightline_slo_errors:ratio_rate"  # + window, e.g. ..._rate5m
+BUDGET_REMAINING = f"{LEVEL}:sightline_slo_error_budget_remaining:ratio"
+
+
+def num(x: float) -> str:
+    """A threshold as PromQL writes it: 0.0144, not 0.014400000000000001."""
+    return f"{x:.6g}"
+
+
+def ratio_name(window: str) -> str:
+    return f"{RATIO}{window}"
+
+
+def _sum_rate(metric: str, matchers: str, window: str) -> str:
+    return f"sum by ({BY}) (rate({metric}{{{matchers}}}[{window}]))"
+
+
+def sli_expr(slo: SLO, job: str, window: str) -> str:
+    """Bad events ÷ all events over `window`, per job and model."""
+    sel = f'job="{job}"'
+    if slo.kind == "errors":
+        total = _sum_rate(slo.metric, sel, window)
+        bad = _sum_rate(slo.metric, f"{sel}, {slo.bad_matcher}", window)
+        return f"(\n  {bad}\n  or 0 * {total}\n)\n/\n{total}"
+    total = _sum_rate(f"{slo.metric}_count", sel, window)
+    good = _sum_rate(f"{slo.metric}_bucket", f'{sel}, le="{slo.le}"', window)
+    return f"(\n  {total}\n  -\n  {good}\n)\n/\n{total}"
+
+
+def recording_rules(spec: Spec) -> list[dict]:
+    rules = []
+    for slo in spec.slos:
+        for window in [*spec.windows(), spec.period]:
+            rules.append({"record": ratio_name(window), "expr": sli_expr(slo, spec.job, window),
+                          "labels": {"slo": slo.name}})
+        rules.append({"record": BUDGET_REMAINING,
+                      "expr": f'1 - {ratio_name(spec.period)}{{slo="{slo.name}"}} / {num(slo.budget)}',
+                      "labels": {"slo": slo.name}})
+    return rules
+
+
+def burn_condition(slo: SLO, severity: str, spec: Spec) -> str:
+    """`(long > k·budget and short > k·budget) or ...` over the severity's window pairs."""
+    pairs = []
+    for w in spec.burn_rates[severity]:
+        limit = num(w.factor * slo.budget)
+        pairs.append(f'(\n  {ratio_name(w.long)}{{slo="{slo.name}"}} > {limit}\n'
+                     f'  and\n  {ratio_name(w.short)}{{slo="{slo.name}"}} > {limit}\n)')
+    return "\nor\n".join(pairs)
+
+
+def burn_alerts(spec: Spec) -> list[dict]:
+    alerts = []
+    for slo in spec.slos:
+        for severity, pairs in spec.burn_rates.items():
+            windows = " or ".join(f"{w.long}/{w.short} at {num(w.factor)}x" for w in pairs)
+            alerts.append({
+                "alert": slo.alert, "expr": burn_condition(slo, severity, spec),
+                "labels": {"severity": severity, "slo": slo.name},
+                "annotations": {
+                    "summary": f"{{{{ $labels.model_name }}}}: {slo.name} SLO error budget is burning ({severity})",
+                    "description": (f"{slo.description} Objective {num(slo.objective * 100)} % over {spec.period}; "
+                                    f"the error ratio of job {{{{ $labels.job }}}} exceeds the burn rate over both "
+                                    f"windows of a pair ({windows})."),
+                    "runbook_url": spec.runbook_url(slo.alert),
+                },
+            })
+    return alerts
+
+
+def symptom_alerts(spec: Spec) -> list[dict]:
+    """Alerts on causes the SLOs only see later: down, stalled, backlog, KV, drops, bad frames."""
+    job, key = f'job="{spec.job}"', "job, instance, model_name"
+
+    def p(alert: str, field: str = "threshold") -> str:
+        value = spec.symptoms[alert][field]
+        return num(value) if isinstance(value, (int, float)) else str(value)
+
+    stall, backlog = p("SightlineEngineStalled"), p("SightlineQueueBacklogGrowing", "window")
+    kv, drops = float(spec.symptoms["SightlineKVCacheSaturated"]["threshold"]), p("SightlineStaleDropSpike")
+    # (alert, severity, expr, summary, description)
+    defs = [
+        ("SightlineDown", "page", f"up{{{job}}} == 0",
+         "{{ $labels.instance }} is down",
+         "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}): the server is not answering "
+         "/metrics."),
+        ("SightlineEngineStalled", "page",
+         f"sightline_seconds_since_last_token{{{job}}} > {stall}\nand on ({key})\n"
+         f"sightline_requests_in_flight{{{job}}} > 0",
+         "{{ $labels.instance }}: the engine has produced no token for a while",
+         f"Requests are in flight but the Scheduler has sampled no token for more than {stall} s."),
+        ("SightlineQueueBacklogGrowing", "ticket",
+         f"sightline_num_requests_waiting{{{job}}} > {p('SightlineQueueBacklogGrowing')}\nand\n"
+         f"deriv(sightline_num_requests_waiting{{{job}}}[{backlog}]) > 0",
+         "{{ $labels.instance }}: the waiting queue keeps growing",
+         f"Requests wait in the Scheduler's queue and the queue has grown over the last {backlog}: arrivals "
+         "outpace the engine."),
+        ("SightlineKVCacheSaturated", "ticket", f"sightline_kv_usage_ratio{{{job}}} > {num(kv)}",
+         "{{ $labels.instance }}: KV cache nearly full",
+         f"More than {num(kv * 100)} % of KV slots are reserved; new requests wait for admission."),
+        ("SightlineStaleDropSpike", "ticket",
+         f"sum by (job, instance, component, reason) (\n  rate(sightline_stale_messages_dropped_total{{{job}}}"
+         f"[{p('SightlineStaleDropSpike', 'window')}])\n) > {drops}",
+         "{{ $labels.instance }}: {{ $labels.component }} drops stale messages ({{ $labels.reason }})",
+         f"More than {drops} message/s arrive for requests the {{{{ $labels.component }}}} no longer knows "
+         "(reason {{ $labels.reason }})."),
+        ("SightlineUndecodableMessages", "ticket",
+         f"sum by (job, instance, component) (\n  increase(sightline_undecodable_messages_total{{{job}}}"
+         f"[{p('SightlineUndecodableMessages', 'window')}])\n) > 0",
+         "{{ $labels.instance }}: {{ $labels.component }} received undecodable frames",
+         "{{ $labels.component }} received ZMQ frames that are not one of our message types: a foreign "
+         "writer on the socket or mismatched versions."),
+    ]
+    alerts = []
+    for name, severity, expr, summary, description in defs:
+        rule = {"alert": name, "expr": expr}
+        if p(name, "for") not in ("0s", "0"):
+            rule["for"] = p(name, "for")
+        rule["labels"] = {"severity": severity}
+        rule["annotations"] = {"summary": summary, "description": description,
+                               "runbook_url": spec.runbook_url(name)}
+        alerts.append(rule)
+    return alerts
+
+
+def rule_files(spec: Spec) -> dict[str, dict]:
+    """File name (under prometheus/rules/) → rule file content."""
+    return {
+        # one group: its rules run in order, so the alerts read this evaluation's ratios
+        "slo.yml": {"groups": [{"name": "sightline-slo", "rules": recording_rules(spec) + burn_alerts(spec)}]},
+        "symptoms.yml": {"groups": [{"name": "sightline-symptoms", "rules": symptom_alerts(spec)}]},
+    }
+
+
+def render(template: str, labels: dict[str, str]) -> str:
+    """Expand `{{ $labels.x }}` as Prometheus would (all our annotations use only that)."""
+    out = re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels.get(m.group(1), ""), template)
+    if "{{" in out:
+        raise ValueError(f"template uses more than $labels: {template!r}")
+    return out

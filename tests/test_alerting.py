@@ -1,0 +1,324 @@
+"""Prometheus rules and Alertmanager routing, checked by the real tools.
+
+promtool checks the config and the rules and runs the generated unit tests (every alert
+fires for its situation and stays silent for a healthy series); a mutated burn factor
+must make those tests fail; a real Alertmanager must route pages and tickets and let a
+page silence its ticket twin.  Last, the live check: a real server under load, a real
+Prometheus and Alertmanager — every dashboard query and recording rule returns data, and
+a stalled engine pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from pathlib import Path
+
+import yaml
+
+from dashboards import generate, rule_tests, slo
+from dashboards.alertmanager.webhook_log import WebhookLog
+from dashboards.lint import expr_problems, rule_exprs
+from dashboards.lint import metric_names as lint_names
+from tests.prom_util import Alertmanager, promtool, require_tool
+
+REPO = Path(__file__).resolve().parent.parent
+PROM_DIR = REPO / "dashboards/prometheus"
+AM_CONFIG = REPO / "dashboards/alertmanager/alertmanager.yml"
+RUNBOOK = REPO / "docs/runbook.md"
+
+
+def rule_files() -> dict[str, dict]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted((PROM_DIR / "rules").glob("*.yml"))}
+
+
+def alert_rules() -> list[dict]:
+    return [r for f in rule_files().values() for g in f["groups"] for r in g["rules"] if "alert" in r]
+
+
+def test_promtool_check_config_and_rules():
+    r = promtool("check", "config", "prometheus.yml", cwd=PROM_DIR)  # also checks the rule files it names
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 2 rule files found" in r.stdout
+    r = promtool("check", "rules", *map(str, sorted((PROM_DIR / "rules").glob("*.yml"))))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_promtool_unit_tests_pass():
+    r = promtool("test", "rules", *map(str, sorted((PROM_DIR / "tests").glob("*.yml"))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("SUCCESS") == 2, r.stdout
+
+
+def test_every_alert_has_a_firing_and_a_silent_unit_test():
+    fired: dict[str, set] = {}
+    silent: set[str] = set()
+    for path in (PROM_DIR / "tests").glob("*.yml"):
+        for test in yaml.safe_load(path.read_text())["tests"]:
+            for case in test.get("alert_rule_test", []):
+                if case["exp_alerts"]:
+                    fired.setdefault(case["alertname"], set()).update(
+                        a["exp_labels"]["severity"] for a in case["exp_alerts"])
+                else:
+                    silent.add(case["alertname"])
+    for rule in alert_rules():
+        name, severity = rule["alert"], rule["labels"]["severity"]
+        assert severity in fired.get(name, ()), f"no unit test where {name} fires as {severity}"
+        assert name in silent, f"no unit test where {name} stays silent"
+
+
+def test_alerts_are_documented_and_follow_the_workbook():
+    anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), re.M)}
+    for rule in alert_rules():
+        ann = rule["annotations"]
+        assert ann.get("summary") and ann.get("description"), rule["alert"]
+        page, _, anchor = ann["runbook_url"].partition("#")
+        assert page == "docs/runbook.md" and anchor in anchors, f"{rule['alert']}: no runbook entry #{anchor}"
+        assert rule["labels"]["severity"] in ("page", "ticket")
+        if "slo" in rule["labels"]:
+            assert "for" not in rule, f"{rule['alert']}: burn-rate alerts take no `for:`"
+    records = [r["record"] for f in rule_files().values() for g in f["groups"] for r in g["rules"] if "record" in r]
+    assert records and all(re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z0-9_]+", n) for n in records), records
+    for name, expr in [e for f in rule_files().values() for e in rule_exprs(f)]:
+        assert expr_problems(expr, dashboard=False) == [], name
+
+
+def test_slo_thresholds_must_be_bucket_boundaries(tmp_path):
+    spec = slo.SPEC_PATH.read_text().replace("threshold: 1.0", "threshold: 0.9")
+    (tmp_path / "slo.yaml").write_text(spec)
+    try:
+        slo.load(tmp_path / "slo.yaml")
+    except ValueError as e:
+        assert "not a bucket boundary" in str(e)
+    else:
+        raise AssertionError("a TTFT threshold of 0.9 s (no such bucket) was accepted")
+
+
+def test_unit_tests_catch_a_wrong_burn_factor(tmp_path):
+    """The promtool tests are not vacuous: rules with the fast page factor at 30 fail them."""
+    base = slo.load()
+    wrong = {"page": (slo.Window("1h", "5m", 30), base.burn_rates["page"][1]), "ticket": base.burn_rates["ticket"]}
+    generate.write(tmp_path, generate.rule_outputs(dataclasses.replace(base, burn_rates=wrong)))
+    tests = rule_tests.slo_tests(base)
+    tests["tests"] = [t for t in tests["tests"] if t["name"].startswith("availability:")]
+    generate.write(tmp_path, {"prometheus/tests/slo_test.yml": generate.dump_yaml(tests)})
+    r = promtool("test", "rules", str(tmp_path / "prometheus/tests/slo_test.yml"))
+    assert r.returncode != 0 and "availability: 1h page pair" in r.stdout + r.stderr, r.stdout
+
+
+def local_alertmanager_config(path: Path, webhook_port: int) -> Path:
+    """The committed config, with fast timers and receivers pointed at a local webhook."""
+    cfg = yaml.safe_load(AM_CONFIG.read_text())
+    for route in [cfg["route"], *cfg["route"].get("routes", [])]:
+        route.update(group_wait="1s", group_interval="1s")
+    for receiver in cfg["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = f"http://127.0.0.1:{webhook_port}/{receiver['name']}"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_amtool_accepts_the_config():
+    import subprocess
+
+    r = subprocess.run([require_tool("amtool"), "check-config", str(AM_CONFIG)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_alertmanager_routes_pages_and_inhibits_their_ticket_twins(tmp_path):
+    got: list[dict] = []
+    base = {"job": "sightline", "model_name": "m"}
+
+    def alert(name: str, severity: str, slo_name: str) -> dict:
+        return {"labels": {"alertname": name, "severity": severity, "slo": slo_name, **base},
+                "annotations": {"summary": "test"}}
+
+    with WebhookLog(got.append) as hook:
+        with Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am:
+            am.post_alerts([alert("SightlineTTFTBudgetBurn", "page", "ttft")])
+            time.sleep(0.5)  # the page is known before its twin arrives
+            am.post_alerts([alert("SightlineTTFTBudgetBurn", "ticket", "ttft"),
+                            alert("SightlineTPOTBudgetBurn", "ticket", "tpot")])
+            am.wait_for("two notifications", lambda: len(got) >= 2, 20)
+            time.sleep(2)  # a few more group intervals: the inhibited twin must still be missing
+    seen = sorted((a["receiver"], a["alertname"], a["severity"]) for a in got)
+    assert seen == [("page", "SightlineTTFTBudgetBurn", "page"), ("ticket", "SightlineTPOTBudgetBurn", "ticket")], got
+
+
+# -- the live stack: a real server under load, a real Prometheus and Alertmanager --------
+LIVE_RULES = {"SightlineEngineStalled": {"threshold": 2, "for": "0s"}}  # stall after 2 s, fire at once
+
+
+def local_prometheus_config(path: Path, rules_dir: Path, target: str, alertmanager: str) -> Path:
+    """The committed config, scraping and evaluating every second, pointed at local processes."""
+    cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+    cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    cfg["rule_files"] = [str(rules_dir / "*.yml")]
+    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
+    cfg["scrape_configs"] = [c for c in cfg["scrape_configs"] if c["job_name"] == "sightline"]
+    cfg["scrape_configs"][0]["static_configs"][0]["targets"] = [target]
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+async def _load(url: str) -> list[int]:
+    """A few dozen requests: plain, streamed, walked away from mid-stream, and invalid."""
+    import asyncio
+
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        gate = asyncio.Semaphore(6)
+
+        async def plain(i: int) -> int:
+            r = await client.post("/v1/completions", json={"prompt": f"Request {i}:", "max_tokens": 12})
+            return r.status_code
+
+        async def streamed(i: int, walk_away: bool = False) -> int:
+            body = {"messages": [{"role": "user", "content": f"Say {i}"}], "stream": True,
+                    "max_tokens": 400 if walk_away else 16, "ignore_eos": walk_away,
+                    "stream_options": {"include_usage": True}}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                chunks = 0
+                async for line in r.aiter_lines():
+                    chunks += line.startswith("data: ")
+                    if walk_away and chunks >= 3:
+                        break  # the connection closes: the server aborts the request
+                return r.status_code
+
+        async def invalid(i: int) -> int:
+            return (await client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})).status_code
+
+        async def one(job):
+            async with gate:
+                return await job
+
+        jobs = [plain(i) for i in range(16)] + [streamed(i) for i in range(16)]
+        jobs += [streamed(i, walk_away=True) for i in range(6)] + [invalid(i) for i in range(2)]
+        return await asyncio.gather(*(one(j) for j in jobs))
+
+
+def _send_undecodable_frame(runtime_dir: Path) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(f"ipc://{runtime_dir}/scheduler")
+    sock.send(b"\x93not-a-message")
+    sock.close(linger=1000)
+    ctx.term()
+
+
+def _while_engine_stalled(server, action):
+    """Run `action()` with the Scheduler SIGSTOPped while a stream is in flight; SIGCONT after."""
+    import os
+    import signal
+    import threading
+
+    import httpx
+
+    started, done = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": "Stall here", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if r.status_code == 200 and line.startswith("data: "):
+                    started.set()
+                if done.is_set():
+                    break
+
+    reader = threading.Thread(target=stream, daemon=True)
+    reader.start()
+    assert started.wait(30), "the stalling request never started streaming"
+    pid = server.debug()["pids"]["scheduler"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        return action()
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        done.set()
+        reader.join(30)
+
+
+def _queries_without_data(prom, start: float, end: float) -> tuple[list[str], int]:
+    """Every panel query, template variable and recording rule with no real number in [start, end]."""
+    from dashboards.lint import panels
+    from tests.prom_util import as_grafana_would, finite_points
+    from tests.test_dashboards import boards
+
+    missing, evaluated = [], 0
+    for uid, board in boards().items():
+        for panel in panels(board):
+            for t in panel["targets"]:
+                evaluated += 1
+                if not finite_points(prom.query_range(as_grafana_would(t["expr"]), start, end, "2s")):
+                    missing.append(f"{uid} / {panel['title']} [{t['refId']}]: {t['expr']}")
+        for var in board["templating"]["list"]:
+            match = as_grafana_would(var["query"]).removeprefix("label_values(").rsplit(",", 1)[0]
+            if not prom.api("series", **{"match[]": match, "start": start, "end": end}):
+                missing.append(f"{uid} variable ${var['name']}: {var['query']}")
+    for rule in (r for f in rule_files().values() for g in f["groups"] for r in g["rules"] if "record" in r):
+        evaluated += 1
+        query = f'{rule["record"]}{{slo="{rule["labels"]["slo"]}"}}'
+        if not finite_points(prom.query_range(query, start, end, "2s")):
+            missing.append(f"recording rule {query}")
+    return missing, evaluated
+
+
+def test_live_stack_every_query_has_data_and_a_stall_pages(tmp_path):
+    """A real server under load, scraped by a real Prometheus: every dashboard query and every
+    recording rule returns data, every metric name exists, and a stalled engine pages."""
+    import asyncio
+
+    import httpx
+
+    from tests.prom_util import Prometheus, exposed_names
+    from tests.server_util import ServerProc
+    from tests.test_dashboards import boards, exprs
+
+    require_tool("prometheus"), require_tool("prometheus-alertmanager")
+    t0 = time.monotonic()
+    server = ServerProc("--watchdog-timeout", "120", tmpdir=tmp_path)  # the watchdog must not restart it
+    got: list[dict] = []
+
+    def stall_paged() -> list[dict]:
+        return [a for a in got if a["alertname"] == "SightlineEngineStalled" and a["status"] == "firing"]
+
+    try:
+        generate.write(tmp_path, generate.rule_outputs(slo.load(overrides=LIVE_RULES)))
+        with WebhookLog(got.append) as hook, \
+                Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am:
+            prom_config = local_prometheus_config(tmp_path / "prom.yml", tmp_path / generate.RULES_DIR,
+                                                  f"127.0.0.1:{server.port}", f"127.0.0.1:{am.port}")
+            with Prometheus(tmp_path, prom_config) as prom:
+                start = time.time()
+                prom.wait_for("sightline scraped", lambda: prom.api("query", query='up{job="sightline"} == 1')[
+                    "result"], 30)
+                statuses = asyncio.run(_load(server.url))
+                assert statuses.count(200) >= 38 and 400 in statuses, statuses
+                _send_undecodable_frame(server.runtime_dir)
+                assert not stall_paged(), "the engine counted as stalled before it was stopped"
+                fired = _while_engine_stalled(server, lambda: prom.wait_for(
+                    "SightlineEngineStalled at the webhook", stall_paged, 40))
+                assert {a["receiver"] for a in fired} == {"page"}, fired
+                time.sleep(3)  # a few scrapes with the engine running again
+                end = time.time()
+                missing, evaluated = _queries_without_data(prom, start, end)
+                assert missing == [], "no data for:\n" + "\n".join(missing)
+                exemplars = prom.api("query_exemplars", query="sightline_time_to_first_token_seconds_bucket",
+                                     start=start, end=end)
+        print(f"live: {evaluated} panel queries and recording rules returned data; alerts delivered: "
+              f"{sorted({(a['alertname'], a['receiver']) for a in got})}")
+        trace_ids = [e["labels"].get("trace_id", "") for s in exemplars for e in s["exemplars"]]
+        assert trace_ids and all(re.fullmatch(r"[0-9a-f]{32}", t) for t in trace_ids), exemplars
+
+        names = exposed_names(httpx.get(server.url + "/metrics", timeout=10).text)
+        used = {m for b in boards().values() for e in exprs(b) for m in lint_names(e)}
+        used |= {m for f in rule_files().values() for _, e in rule_exprs(f) for m in lint_names(e)}
+        assert {m for m in used if ":" not in m} - names - {"up", "ALERTS"} == set()
+    finally:
+        server.stop()
+    assert time.monotonic() - t0 < 120

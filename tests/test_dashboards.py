@@ -1,0 +1,141 @@
+"""Dashboards as code: committed files equal the generator's output and pass the lint.
+
+The lint (dashboards/lint.py) is itself tested on bad input, so a lint that stopped
+looking would fail here too.  Whether each query returns data from a real server is
+the live test's job (test_alerting.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards import generate, lint
+from dashboards.generate import DASHBOARD_DIR
+from telemetry.metrics import BY_NAME
+
+REPO = Path(__file__).resolve().parent.parent
+GRAFANA = REPO / "dashboards/grafana"
+UIDS = ["sightline-overview", "sightline-latency", "sightline-engine", "sightline-slo", "sightline-troubleshooting"]
+
+
+def boards() -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted((REPO / "dashboards" / DASHBOARD_DIR).glob("*.json"))}
+
+
+def exprs(board: dict) -> list[str]:
+    return [t["expr"] for p in lint.panels(board) for t in p["targets"]]
+
+
+def test_committed_files_are_what_the_generator_writes():
+    diff = generate.differences(generate.outputs())
+    assert diff == [], f"out of date (run `.venv/bin/python -m dashboards.generate`): {diff}"
+
+
+def test_generator_check_mode_reports_a_hand_edit(tmp_path):
+    generate.write(tmp_path, generate.outputs())
+    assert generate.main(["--check", "--out", str(tmp_path)]) == 0
+    edited = tmp_path / DASHBOARD_DIR / "sightline-slo.json"
+    edited.write_text(edited.read_text().replace("error budget remaining", "budget"))
+    (tmp_path / DASHBOARD_DIR / "old-board.json").write_text("{}")
+    assert generate.differences(generate.outputs(), tmp_path) == [f"{DASHBOARD_DIR}/old-board.json",
+                                                                   f"{DASHBOARD_DIR}/sightline-slo.json"]
+
+
+def test_every_board_passes_the_lint_and_has_a_stable_uid():
+    found = boards()
+    assert sorted(found) == sorted(UIDS)
+    for uid, board in found.items():
+        assert board["uid"] == uid
+        assert lint.dashboard_problems(board) == [], uid
+        ids = [p["id"] for p in board["panels"]]  # rows are open: every panel is at the top level
+        assert len(ids) == len(set(ids)) and 0 not in ids, uid
+
+
+@pytest.mark.parametrize("expr, problem", [
+    ("sum(sightline_requests_total)", "counter sightline_requests_total outside"),
+    ("sightline_time_to_first_token_seconds_count / 2", "counter sightline_time_to_first_token_seconds_count"),
+    ("histogram_quantile(0.9, sum by (le) (x_bucket))", "counter x_bucket outside"),
+    ("sum(rate(sightline_requests_total[5m]))", "range [5m] is not [$__rate_interval]"),
+    ("max_over_time(sightline_kv_usage_ratio[1h])", "range [1h] is not"),
+])
+def test_lint_catches_bad_queries(expr, problem):
+    assert any(p.startswith(problem) for p in lint.expr_problems(expr, dashboard=True)), expr
+
+
+def test_lint_accepts_gauges_named_like_counters_and_labels_in_by():
+    ok = ('sum by (le, hop) (rate(sightline_ipc_hop_latency_seconds_bucket{hop="a_total"}[$__rate_interval]))'
+          " / on (job) group_left (x_total) sum(sightline_kv_slots_capacity)")
+    assert lint.expr_problems(ok, dashboard=True) == []
+    assert lint.metric_names(ok) == {"sightline_ipc_hop_latency_seconds_bucket", "sightline_kv_slots_capacity"}
+
+
+def test_lint_catches_bare_panels():
+    board = {"uid": "x", "templating": {"list": [{"name": "job"}]}, "panels": [
+        {"type": "row", "panels": [{"title": "t", "type": "timeseries", "targets": []}]}]}
+    problems = lint.dashboard_problems(board)
+    for expected in ("no description", "no unit", "no queries", "datasource", "no $instance", "no $model_name"):
+        assert any(expected in p for p in problems), (expected, problems)
+
+
+def test_overview_covers_the_issue_list():
+    text = "\n".join(exprs(boards()["sightline-overview"]))
+    for metric in ("time_to_first_token", "inter_token_latency", "time_per_output_token", "e2e_request_latency"):
+        for q in ("0.5", "0.9", "0.99"):
+            assert f"histogram_quantile({q}, sum by (le) (rate(sightline_{metric}_seconds_bucket" in text
+        assert f"rate(sightline_{metric}_seconds_sum" in text  # the mean
+    for needle in ('by (status, finish_reason)', 'status=~"5.."', "sightline_prompt_tokens_total",
+                   "sightline_generation_tokens_total", "sightline_num_requests_running",
+                   "sightline_num_requests_waiting", "sightline_requests_in_flight", "sightline_kv_usage_ratio"):
+        assert needle in text, needle
+
+
+def test_latency_board_has_every_stage_stacked_and_exemplars_on():
+    board = boards()["sightline-latency"]
+    stacked = [p for p in lint.panels(board) if p["fieldConfig"]["defaults"].get("custom", {}).get("stacking")]
+    legends = {t["legendFormat"] for p in stacked for t in p["targets"]}
+    for stage in ("tokenize", "hop TM → Scheduler", "queue", "prefill", "decode", "hop Scheduler → Detokenizer",
+                  "detokenize", "hop Detokenizer → TM"):
+        assert stage in legends, stage
+    quantile_panels = [p for p in lint.panels(board) if "histogram_quantile" in p["targets"][0]["expr"]]
+    assert len(quantile_panels) == 6
+    for p in quantile_panels:  # one target shows the exemplars: the p99, where the slow requests are
+        [shown] = [t for t in p["targets"] if t.get("exemplar")]
+        assert shown["expr"].startswith("histogram_quantile(0.99, "), p["title"]
+
+
+def test_exemplars_open_traces_in_the_provisioned_tempo():
+    sources = yaml.safe_load((GRAFANA / "provisioning/datasources/datasources.yaml").read_text())["datasources"]
+    by_type = {d["type"]: d for d in sources}
+    assert by_type["prometheus"]["uid"] == "prometheus"
+    [dest] = by_type["prometheus"]["jsonData"]["exemplarTraceIdDestinations"]
+    assert dest == {"name": "trace_id", "datasourceUid": by_type["tempo"]["uid"]}
+    # every panel queries the provisioned Prometheus (the lint checks the uid on each board)
+    providers = yaml.safe_load((GRAFANA / "provisioning/dashboards/dashboards.yaml").read_text())["providers"]
+    assert [p["type"] for p in providers] == ["file"]
+
+
+def test_slo_and_troubleshooting_boards():
+    slo_text = "\n".join(exprs(boards()["sightline-slo"]))
+    assert "ALERTS{" in slo_text and "sightline_slo_error_budget_remaining:ratio" in slo_text
+    for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
+        assert f"sightline_slo_errors:ratio_rate{window}{{" in slo_text, window
+    trouble = lint.panels(boards()["sightline-troubleshooting"])
+    assert len(trouble) == 6 and all(p["title"].endswith("?") for p in trouble)
+
+
+def test_every_metric_the_assets_use_is_in_the_catalogue():
+    used = set()
+    for board in boards().values():
+        used |= {m for e in exprs(board) for m in lint.metric_names(e)}
+        used |= {re.match(r"label_values\((\w+)", v["query"]).group(1) for v in board["templating"]["list"]}
+    for path in (REPO / "dashboards/prometheus/rules").glob("*.yml"):
+        used |= {m for _, e in lint.rule_exprs(yaml.safe_load(path.read_text())) for m in lint.metric_names(e)}
+    ours = {m for m in used if m.startswith("sightline_") and ":" not in m}
+    unknown = {m for m in ours if m not in BY_NAME and re.sub(r"_(bucket|count|sum)$", "", m) not in BY_NAME}
+    assert unknown == set()
+    assert used - ours <= {"up", "ALERTS"} | {m for m in used if ":" in m}
