@@ -129,3 +129,32 @@ def test_exit_policy_stops_the_server(tmp_path):
     os.kill(srv.debug()["pids"]["scheduler"], signal.SIGKILL)
     assert srv.proc.wait(30) == 1
     assert not srv.runtime_dir.exists()
+
+
+def test_health_fails_while_the_engine_is_stuck_and_sigcont_recovers(tmp_path):
+    srv = ServerProc("--stall-timeout", "1", "--watchdog-timeout", "120", tmpdir=tmp_path)
+    try:
+        pid = srv.debug()["pids"]["scheduler"]
+        done: list = []
+        t = threading.Thread(target=lambda: done.append(srv.post("/v1/completions", {
+            "prompt": "x", "max_tokens": 400, "ignore_eos": True}, timeout=120)))
+        t.start()
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                h = httpx.get(srv.url + "/health")
+                if h.status_code == 503:
+                    break
+                time.sleep(0.1)
+            assert h.status_code == 503 and "engine stuck" in h.json()["reason"], h.text
+            assert value(scrape(srv), "sightline_seconds_since_last_token") > 1
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        t.join(60)
+        assert done and done[0].status_code == 200 and done[0].json()["usage"]["completion_tokens"] == 400
+        assert httpx.get(srv.url + "/health").status_code == 200
+        assert srv.debug()["pids"]["scheduler"] == pid  # recovered by SIGCONT, no restart
+    finally:
+        srv.stop()
