@@ -25,7 +25,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -80,6 +80,22 @@ def _attr(v):
     return [str(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
+class _LinkedOrRatio(Sampler):
+    """Root spans: sampled when they link to a sampled span (a batch `forward` over sampled
+    requests), else by the trace-id ratio."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = TraceIdRatioBased(ratio)
+
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        if links and any(link.context.trace_flags.sampled for link in links):
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+        return self.ratio.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"LinkedOrRatio{{{self.ratio.rate}}}"
+
+
 class _RecordProcessor(SpanProcessor):
     """Turns every finished span into a SpanRecord and hands it to `sink`."""
 
@@ -115,7 +131,7 @@ class Tracing:
             return
         resource = Resource.create({"service.name": "sightline", "service.instance.id": instance_id,
                                     "sightline.process.role": role, "process.pid": os.getpid()})
-        self.provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(ratio)))
+        self.provider = TracerProvider(resource=resource, sampler=ParentBased(_LinkedOrRatio(ratio)))
         self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append))
         for name in exporters:
             exp = ConsoleSpanExporter() if name == "console" else _otlp_exporter(protocol, endpoint)

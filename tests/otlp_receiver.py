@@ -25,9 +25,12 @@ def _attrs(kvs) -> dict:
 
 
 class OTLPReceiver:
-    def __init__(self) -> None:
+    """OTLP/HTTP on `endpoint`; with grpc=True also OTLP/gRPC on `grpc_endpoint`."""
+
+    def __init__(self, grpc: bool = False) -> None:
         self.spans: list[dict] = []
         self.lock = threading.Lock()
+        self.grpc_server = self._start_grpc() if grpc else None
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,6 +52,26 @@ class OTLPReceiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _start_grpc(self):
+        from concurrent import futures
+
+        import grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        receiver = self
+
+        class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):  # noqa: N802
+                receiver._add(request)
+                return ExportTraceServiceResponse()
+
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        self.grpc_endpoint = f"http://127.0.0.1:{port}"
+        return server
 
     def _add(self, req: ExportTraceServiceRequest) -> None:
         out = []
@@ -82,3 +105,5 @@ class OTLPReceiver:
 
     def close(self) -> None:
         self.server.shutdown()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(0)
