@@ -9,6 +9,7 @@ hand (see the comments), not read back from the rules, so a wrong factor, window
 
 from __future__ import annotations
 
+from dashboards.promql import has_model_label
 from dashboards.rules import BUDGET_REMAINING, burn_alerts, render, symptom_alerts
 from dashboards.slo import SLO, Spec
 
@@ -109,8 +110,9 @@ def _series_labels(labels: dict[str, str]) -> str:
 
 
 def _s(name: str, values: str, **labels: str) -> dict:
+    """An input series with BASE's labels; model_name only where the metric has it."""
     all_labels = {**BASE, **labels}
-    if name == "up":
+    if not has_model_label(name):
         all_labels.pop("model_name")
     return {"series": name + "{" + ",".join(f'{k}="{v}"' for k, v in all_labels.items()) + "}", "values": values}
 
@@ -120,8 +122,13 @@ def symptom_tests(spec: Spec) -> dict:
     sym = spec.symptoms
     stall = float(sym["SightlineEngineStalled"]["threshold"])
     drop = float(sym["SightlineStaleDropSpike"]["threshold"])
+    timeouts = float(sym["SightlineRequestTimeouts"]["threshold"])
     inst = {k: BASE[k] for k in ("job", "instance")}
     model = {**inst, "model_name": BASE["model_name"]}
+    died = {**inst, "role": "detokenizer", "cause": "exited"}
+    stalled = {**inst, "role": "scheduler", "cause": "stalled"}
+    fails = "sightline_engine_failures_total"
+    shed, aborts = "sightline_requests_shed_total", "sightline_request_aborts_total"
     cases = [
         ("SightlineDown", "scrape fails", [_s("up", "1 1 0x20")], 15, [inst]),
         ("SightlineDown", "scrapes fine", [_s("up", "1x20")], 15, []),
@@ -151,6 +158,29 @@ def symptom_tests(spec: Spec) -> dict:
          12, [{**inst, "component": "scheduler"}]),
         ("SightlineUndecodableMessages", "old count, nothing new",
          [_s("sightline_undecodable_messages_total", "3x30", component="scheduler")], 20, []),
+        # the first failure creates its series at 1, which `increase` reads as 0: still a page
+        ("SightlineEngineRestarting", "first failure since start (the series appears)",
+         [_s(fails, "_x4 1x20", role="detokenizer", cause="exited")], 8, [died]),
+        ("SightlineEngineRestarting", "another failure of a known kind",
+         [_s(fails, "1x15 2x15", role="scheduler", cause="stalled"),
+          _s(fails, "3x30", role="detokenizer", cause="exited")], 20, [stalled]),
+        ("SightlineEngineRestarting", "the last failure is older than the window",
+         [_s(fails, "_x4 1x30", role="detokenizer", cause="exited")], 20, []),
+        ("SightlineEngineRestarting", "failures long ago, none since",
+         [_s(fails, "2x40", role="scheduler", cause="stalled")], 30, []),
+        ("SightlineLoadShedding", "shedding for 20 minutes",
+         [_s(shed, "0+30x40", reason="queue_full")], 30, [{**model, "reason": "queue_full"}]),
+        # 2 min of 429s, checked 4 min later: the rate window still sees them, `for:` not yet met
+        ("SightlineLoadShedding", "a short burst of 429s",
+         [_s(shed, "0x5 0+20x2 40x30", reason="tokens_full")], 11, []),
+        ("SightlineLoadShedding", "no shedding for a while",
+         [_s(shed, "0+30x10 300x40", reason="queue_full")], 40, []),
+        ("SightlineRequestTimeouts", "timeouts at 10x the threshold",
+         [_s(aborts, f"0+{timeouts * 600:g}x40", reason="timeout")], 30, [model]),
+        ("SightlineRequestTimeouts", "timeouts at half the threshold",
+         [_s(aborts, f"0+{timeouts * 30:g}x40", reason="timeout")], 30, []),
+        ("SightlineRequestTimeouts", "many disconnects, no timeouts",
+         [_s(aborts, f"0+{timeouts * 600:g}x40", reason="client_disconnect")], 30, []),
     ]
     rules = {r["alert"]: r for r in symptom_alerts(spec)}
     tests = []

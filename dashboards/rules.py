@@ -85,8 +85,24 @@ def burn_alerts(spec: Spec) -> list[dict]:
     return alerts
 
 
+def new_failures_expr(job: str, window: str) -> str:
+    """Engine failures in the last `window`, per process and cause.
+
+    `sightline_engine_failures_total{role, cause}` is created by its first failure, at 1:
+    `increase` reads 0 for a series that starts inside the window.  So a series with
+    samples now and none one window earlier counts as a failure too (its value, 0, is
+    not used).  After a Prometheus outage longer than `window` every failure series it
+    sees again looks new and fires once.
+    """
+    def inc(offset: str = "") -> str:
+        counter = f"sightline_engine_failures_total{{{job}}}[{window}]{offset}"
+        return f"sum by (job, instance, role, cause) (increase({counter}))"
+    return f"{inc()} > 0\nor\n(\n  {inc()}\n  unless\n  {inc(f' offset {window}')}\n)"
+
+
 def symptom_alerts(spec: Spec) -> list[dict]:
-    """Alerts on causes the SLOs only see later: down, stalled, backlog, KV, drops, bad frames."""
+    """Alerts on causes the SLOs only see later (down, stalled, backlog, KV, drops, bad frames) and
+    on the reliability machinery at work (engine restarts, load shedding, deadlines)."""
     job, key = f'job="{spec.job}"', "job, instance, model_name"
 
     def p(alert: str, field: str = "threshold") -> str:
@@ -95,6 +111,9 @@ def symptom_alerts(spec: Spec) -> list[dict]:
 
     stall, backlog = p("SightlineEngineStalled"), p("SightlineQueueBacklogGrowing", "window")
     kv, drops = float(spec.symptoms["SightlineKVCacheSaturated"]["threshold"]), p("SightlineStaleDropSpike")
+    restart_w = p("SightlineEngineRestarting", "window")
+    shed, shed_w, shed_for = (p("SightlineLoadShedding", f) for f in ("threshold", "window", "for"))
+    slow, slow_w, slow_for = (p("SightlineRequestTimeouts", f) for f in ("threshold", "window", "for"))
     # (alert, severity, expr, summary, description)
     defs = [
         ("SightlineDown", "page", f"up{{{job}}} == 0",
@@ -127,6 +146,28 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          "{{ $labels.instance }}: {{ $labels.component }} received undecodable frames",
          "{{ $labels.component }} received ZMQ frames that are not one of our message types: a foreign "
          "writer on the socket or mismatched versions."),
+        ("SightlineEngineRestarting", "page", new_failures_expr(job, restart_w),
+         "{{ $labels.instance }}: engine failure ({{ $labels.role }} {{ $labels.cause }}), requests in flight failed",
+         f"In the last {restart_w} the watchdog saw the {{{{ $labels.role }}}} process fail (cause "
+         "{{ $labels.cause }}: exited = the process died, stalled = no heartbeat for --watchdog-timeout with "
+         "requests in flight). Every request in flight ended with 503 and both engine processes were replaced "
+         "while HTTP stayed up; sightline_engine_restarts_total counts the restarts that succeeded (a failed "
+         "restart stops the server: SightlineDown)."),
+        ("SightlineLoadShedding", "ticket",
+         f"sum by (job, instance, model_name, reason) (\n  rate(sightline_requests_shed_total{{{job}}}[{shed_w}])\n)"
+         f" > {shed}",
+         "{{ $labels.instance }}: {{ $labels.model_name }} requests are refused with 429 ({{ $labels.reason }})",
+         f"For {shed_for} overload protection has refused more than {shed} request/s (over {shed_w}) with 429 + "
+         "Retry-After, reason {{ $labels.reason }} (queue_full: --max-queued-requests requests wait for their "
+         "first token; tokens_full: prompt + max_tokens in flight reached --max-inflight-tokens). Demand "
+         "exceeds capacity."),
+        ("SightlineRequestTimeouts", "ticket",
+         f"sum by (job, instance, model_name) (\n  rate(sightline_request_aborts_total{{{job}, reason=\"timeout\"}}"
+         f"[{slow_w}])\n) > {slow}",
+         "{{ $labels.instance }}: {{ $labels.model_name }} requests time out (504)",
+         f"For {slow_for} more than {slow} request/s (over {slow_w}) ended with 504 because a deadline passed: "
+         "--request-timeout or the client's x-request-timeout header, or --max-queue-time in the "
+         "Scheduler's queue."),
     ]
     alerts = []
     for name, severity, expr, summary, description in defs:

@@ -248,6 +248,14 @@ class Metrics:
                 self._m[spec.name] = Counter(_name(spec), spec.help, **kw)
             else:
                 self._m[spec.name] = Gauge(_name(spec), spec.help, **kw)
+        # Event counters exist at 0 from the start, so increase() sees their first event.
+        for reason in ("queue_full", "tokens_full"):
+            self.get("sightline_requests_shed_total").labels(model_name, reason)
+        for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
+            self.get("sightline_request_aborts_total").labels(model_name, reason)
+        for role in ("scheduler", "detokenizer"):
+            for cause in ("exited", "stalled"):
+                self.get("sightline_engine_failures_total").labels(role, cause)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.get("sightline_build_info").labels(model_name, version).set(1)
 

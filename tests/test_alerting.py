@@ -4,8 +4,9 @@ promtool checks the config and the rules and runs the generated unit tests (ever
 fires for its situation and stays silent for a healthy series); a mutated burn factor
 must make those tests fail; a real Alertmanager must route pages and tickets and let a
 page silence its ticket twin.  Last, the live check: a real server under load, a real
-Prometheus and Alertmanager — every dashboard query and recording rule returns data, and
-a stalled engine pages.
+Prometheus and Alertmanager — a stalled engine pages, a killed engine process pages, and
+with the 429s, 504s and engine restart the test provokes, every dashboard query and
+recording rule returns data.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def test_alertmanager_routes_pages_and_inhibits_their_ticket_twins(tmp_path):
 
 # -- the live stack: a real server under load, a real Prometheus and Alertmanager --------
 LIVE_RULES = {"SightlineEngineStalled": {"threshold": 2, "for": "0s"}}  # stall after 2 s, fire at once
+QUEUE = 8  # the live server's --max-queued-requests: above _load's 6 concurrent requests
+BURST = QUEUE + 4  # sent while the engine is stopped: QUEUE wait, the rest are shed
 
 
 def local_prometheus_config(path: Path, rules_dir: Path, target: str, alertmanager: str) -> Path:
@@ -243,6 +246,23 @@ def _while_engine_stalled(server, action):
         reader.join(30)
 
 
+def _deadline_and_burst(server, pool) -> list:
+    """With the engine stopped: a request with a 0.3 s deadline ends with 504, and of BURST
+    requests QUEUE wait for the engine (their futures are returned) while the rest get 429."""
+    r = server.post("/v1/completions", {"prompt": "Too slow", "max_tokens": 200, "ignore_eos": True},
+                    headers={"x-request-timeout": "0.3"}, timeout=30)
+    assert r.status_code == 504, r.text
+    burst = [pool.submit(server.post, "/v1/completions", {"prompt": f"Burst {i}", "max_tokens": 4})
+             for i in range(BURST)]
+    deadline = time.monotonic() + 20
+    while sum(f.done() for f in burst) < BURST - QUEUE and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shed = [f.result() for f in burst if f.done()]
+    assert [r.status_code for r in shed] == [429] * (BURST - QUEUE), [r.text for r in shed]
+    assert all(int(r.headers["retry-after"]) >= 1 for r in shed)
+    return burst
+
+
 def _queries_without_data(prom, start: float, end: float) -> tuple[list[str], int]:
     """Every panel query, template variable and recording rule with no real number in [start, end]."""
     from dashboards.lint import panels
@@ -268,10 +288,15 @@ def _queries_without_data(prom, start: float, end: float) -> tuple[list[str], in
     return missing, evaluated
 
 
-def test_live_stack_every_query_has_data_and_a_stall_pages(tmp_path):
-    """A real server under load, scraped by a real Prometheus: every dashboard query and every
-    recording rule returns data, every metric name exists, and a stalled engine pages."""
+def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
+    """A real server under load, scraped by a real Prometheus: a stalled engine pages (and,
+    while it is stopped, a deadline ends a request with 504 and a burst is shed with 429), a
+    killed engine process pages and is restarted, every dashboard query and every recording
+    rule returns data, and every metric name exists."""
     import asyncio
+    import os
+    import signal
+    from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
@@ -281,11 +306,20 @@ def test_live_stack_every_query_has_data_and_a_stall_pages(tmp_path):
 
     require_tool("prometheus"), require_tool("prometheus-alertmanager")
     t0 = time.monotonic()
-    server = ServerProc("--watchdog-timeout", "120", tmpdir=tmp_path)  # the watchdog must not restart it
+    # the watchdog must not restart the stopped engine; the burst must overflow the queue
+    server = ServerProc("--watchdog-timeout", "120", "--max-queued-requests", str(QUEUE), tmpdir=tmp_path)
     got: list[dict] = []
+    pool = ThreadPoolExecutor(BURST)
+
+    def paged(alertname: str) -> list[dict]:
+        return [a for a in got if a["alertname"] == alertname and a["status"] == "firing"]
 
     def stall_paged() -> list[dict]:
-        return [a for a in got if a["alertname"] == "SightlineEngineStalled" and a["status"] == "firing"]
+        return paged("SightlineEngineStalled")
+
+    def while_stalled():
+        burst = _deadline_and_burst(server, pool)
+        return burst, prom.wait_for("SightlineEngineStalled at the webhook", stall_paged, 40)
 
     try:
         generate.write(tmp_path, generate.rule_outputs(slo.load(overrides=LIVE_RULES)))
@@ -301,9 +335,17 @@ def test_live_stack_every_query_has_data_and_a_stall_pages(tmp_path):
                 assert statuses.count(200) >= 38 and 400 in statuses, statuses
                 _send_undecodable_frame(server.runtime_dir)
                 assert not stall_paged(), "the engine counted as stalled before it was stopped"
-                fired = _while_engine_stalled(server, lambda: prom.wait_for(
-                    "SightlineEngineStalled at the webhook", stall_paged, 40))
+                burst, fired = _while_engine_stalled(server, while_stalled)
                 assert {a["receiver"] for a in fired} == {"page"}, fired
+                assert [f.result(60).status_code for f in burst].count(200) == QUEUE  # served after SIGCONT
+
+                os.kill(server.debug()["pids"]["detokenizer"], signal.SIGKILL)
+                failed = prom.wait_for("SightlineEngineRestarting at the webhook",
+                                       lambda: paged("SightlineEngineRestarting"), 30)
+                assert {(a["receiver"], a["labels"]["role"], a["labels"]["cause"]) for a in failed} == {
+                    ("page", "detokenizer", "exited")}, failed
+                server.wait_healthy(60)  # the engine was restarted, HTTP stayed up
+                assert '"msg": "engine failure: detokenizer exited' in server.log()
                 time.sleep(3)  # a few scrapes with the engine running again
                 end = time.time()
                 missing, evaluated = _queries_without_data(prom, start, end)
@@ -320,5 +362,6 @@ def test_live_stack_every_query_has_data_and_a_stall_pages(tmp_path):
         used |= {m for f in rule_files().values() for _, e in rule_exprs(f) for m in lint_names(e)}
         assert {m for m in used if ":" not in m} - names - {"up", "ALERTS"} == set()
     finally:
+        pool.shutdown(wait=False, cancel_futures=True)
         server.stop()
     assert time.monotonic() - t0 < 120

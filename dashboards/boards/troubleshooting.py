@@ -1,8 +1,9 @@
 """Troubleshooting: one panel per row of the TokenizerManager cheat sheet.
 
-The rows come from the seed walkthrough's troubleshooting table (section 11): each
-panel's title is the question a symptom raises and its description says how to read
-the answer.
+The first row comes from the seed walkthrough's troubleshooting table (section 11), the
+second from the reliability machinery (watchdog restarts, load shedding, deadlines):
+each panel's title is the question a symptom raises and its description says how to
+read the answer.
 """
 
 from __future__ import annotations
@@ -58,5 +59,44 @@ def board() -> Board:
              (q.gauge("sightline_heartbeat_age_seconds", by=("role",), agg="max"), "heartbeat age {{role}}"),
              (q.rate("sightline_engine_restarts_total"), "engine restarts")],
             right={"B": "s"}),
+    )
+    b.row(
+        "Failures, overload and deadlines",
+        timeseries_panel(
+            "Did the engine fail and restart?",
+            "Engine failures the watchdog saw, by process (role) and cause — exited: the process died (look for "
+            "an OOM kill); stalled: no heartbeat for --watchdog-timeout with requests in flight — and the "
+            "restarts that followed, counted per rate interval. Each failure ends every request in flight with 503. "
+            "A failure series is created by its first failure, which increase() cannot see: that one shows as a "
+            "restart only (alert SightlineEngineRestarting still fires).", "short",
+            [(q.rate("sightline_engine_failures_total", by=("role", "cause"), fn="increase"),
+              "failure: {{role}} {{cause}}"),
+             (q.rate("sightline_engine_restarts_total", fn="increase"), "restarts")]),
+        timeseries_panel(
+            "Are requests shed with 429?",
+            "Requests refused with 429 + Retry-After by overload protection, by reason — queue_full: "
+            "--max-queued-requests requests already wait for their first token; tokens_full: prompt + max_tokens "
+            "in flight reached --max-inflight-tokens. Now and then is the protection working; all the time is "
+            "too little capacity (alert SightlineLoadShedding).", "reqps",
+            [(q.rate("sightline_requests_shed_total", by=("reason",)), "{{reason}}")]),
+        timeseries_panel(
+            "How do failed requests end: 429, 499, 503 or 504?",
+            "Generation requests that did not end with 200, per second by HTTP status and finish reason. 400: "
+            "invalid request; 429: shed (overload); 499: the client went away; 500: the engine failed the "
+            "request; 503: engine failure, shutdown or not ready; 504: a deadline passed (--request-timeout, "
+            "x-request-timeout, --max-queue-time). 5xx count against the availability SLO.", "reqps",
+            [(q.rate("sightline_requests_total", 'status!="200"', by=("status", "finish_reason")),
+              "{{status}} {{finish_reason}}")], stack=True),
+        timeseries_panel(
+            "Do requests time out because they wait?",
+            "Requests aborted by a deadline per second (504, left) next to p99 queue time and p99 time to first "
+            "token (right). Timeouts rising with queue time: requests wait too long for admission — add "
+            "capacity or shed earlier (--max-queued-requests, --max-queue-time); with short queues: generation "
+            "itself is slower than the deadline (--request-timeout, clients' x-request-timeout, max_tokens).",
+            "reqps",
+            [(q.rate("sightline_request_aborts_total", 'reason="timeout"'), "timeouts (504)"),
+             (q.quantile(0.99, "sightline_request_queue_time_seconds"), "queue time p99"),
+             (q.quantile(0.99, "sightline_time_to_first_token_seconds"), "TTFT p99")],
+            right={"B": "s", "C": "s"}),
     )
     return b
