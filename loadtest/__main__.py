@@ -1,0 +1,139 @@
+"""`python -m loadtest` (`make loadtest ARGS=...`): one command for a whole load test.
+
+    python -m loadtest                                  # start smollm2-135m locally, run the default scenario
+    python -m loadtest --url http://127.0.0.1:8000 --scenario poisson --slo ttft_p99_ms=2000
+    python -m loadtest --model tiny-random --levels 1,8,32 --stage-seconds 30
+    python -m loadtest --gate-only results/loadtest/default-... --slo itl_p99_ms=100
+
+Writes one results folder: Locust's CSV and HTML, records.jsonl, plan.json, the
+/metrics scrapes, summary.json, report.txt and PNG plots.  Exit code: 0 the SLO gate
+passed, 1 it failed, 2 bad arguments or config, 3 the run itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from loadtest.config import DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape
+from loadtest.gate import check_keys, parse_slo_args
+from loadtest.reconcile import scrape, scrape_settled
+from loadtest.run import analyse, run_locust, save_scrape, stamp, warm_up
+from loadtest.server import REPO, LocalServer, facts, wait_healthy
+
+EXIT_PASS, EXIT_GATE, EXIT_USAGE, EXIT_RUN = 0, 1, 2, 3
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="test this running server instead of starting one")
+    ap.add_argument("--model", default="smollm2-135m", help="model of the local server [smollm2-135m]")
+    ap.add_argument("--port", type=int, default=0, help="port of the local server [a free one]")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
+                    help="extra flag for the local server, e.g. --server-arg=--max-running-requests=32")
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="workloads and scenarios (YAML)")
+    ap.add_argument("--scenario", default="default", help="scenario in the config [default]")
+    ap.add_argument("--mix", help="override the workload mix: chat=3,fixed=1")
+    ap.add_argument("--arrival", choices=("closed", "poisson"), help="override the arrival mode")
+    ap.add_argument("--levels", help="override the shape's levels: users (closed) or req/s (poisson), 1,8,32")
+    ap.add_argument("--stage-seconds", type=float, help="override how long each level is held")
+    ap.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
+                    help="gate threshold (adds to the config's): ttft_p99_ms=500, error_rate=0, goodput_min=1")
+    ap.add_argument("--require-reconcile", action=argparse.BooleanOptionalAction, default=None,
+                    help="fail the gate when client and server counts differ [on for a local server]")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-in-flight", type=int, default=512, help="Poisson: most open requests")
+    ap.add_argument("--failure-backoff", type=float, default=1.0,
+                    help="closed loop: seconds a user waits after a failed request [1]")
+    ap.add_argument("--out", type=Path, help="results folder [results/loadtest/<scenario>-<time>]")
+    ap.add_argument("--gate-only", type=Path, metavar="DIR",
+                    help="judge a finished run's folder again with these --slo values; sends nothing")
+    return ap.parse_args(argv)
+
+
+def build_scenario(a: argparse.Namespace, config: Config) -> Scenario:
+    mix = dict((k, float(v)) for k, _, v in (p.partition("=") for p in a.mix.split(","))) if a.mix else None
+    base = config.scenario(a.scenario, mix=mix, arrival=a.arrival)
+    levels = tuple(float(x) for x in a.levels.split(",")) if a.levels else base.shape.levels
+    shape = Shape.from_dict({"kind": "sweep", "levels": levels, "stage_seconds": a.stage_seconds
+                             or base.shape.stage_seconds})
+    return config.scenario(a.scenario, mix=mix, arrival=a.arrival, shape=shape)
+
+
+def gate_only(a: argparse.Namespace) -> int:
+    plan = Plan.from_json((a.gate_only / "plan.json").read_text())
+    slo = {**plan.scenario.slo, **parse_slo_args(a.slo)}
+    outcome = analyse(a.gate_only, plan, slo, bool(a.require_reconcile), {}, write=False)
+    print(outcome.text)
+    return EXIT_PASS if outcome.passed else EXIT_GATE
+
+
+def run(a: argparse.Namespace, config: Config, scenario: Scenario, slo: dict[str, float]) -> int:
+    out = a.out or REPO / "results" / "loadtest" / f"{scenario.name}-{stamp()}"
+    if (out / "records.jsonl").exists():
+        raise ConfigError(f"{out} already holds a run; give another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    server = None
+    try:
+        if a.url:
+            url = a.url.rstrip("/")
+            wait_healthy(url, 30)
+        else:
+            print(f"starting {a.model} (log: {out / 'server.log'}) ...", flush=True)
+            server = LocalServer(a.model, a.port, out / "server.log", a.server_arg)
+            url = server.url
+        f = facts(url)
+        plan = Plan(url, f.model, scenario, [config.workloads[w].resolve(f.max_model_len) for w in scenario.mix],
+                    str(out / "records.jsonl"), a.seed, a.max_in_flight, a.failure_backoff)
+        (out / "plan.json").write_text(plan.to_json())
+        warm_up(plan)
+        before = scrape(url)
+        save_scrape(before, out / "metrics_before.txt")
+        print(f"running {scenario.name}: {scenario.arrival}, levels {list(scenario.shape.levels)} × "
+              f"{scenario.shape.stage_seconds:g} s, mix {scenario.mix} against {url}", flush=True)
+        started = time.time()
+        rc = run_locust(plan, out)
+        save_scrape(scrape_settled(url, f.model) if before else None, out / "metrics_after.txt")
+    except (OSError, RuntimeError, TimeoutError, httpx.HTTPError, subprocess.SubprocessError) as exc:
+        print(f"error: {exc} (logs in {out})", file=sys.stderr)
+        return EXIT_RUN
+    finally:
+        if server is not None:
+            server.stop()
+    if rc != 0:
+        print(f"warning: locust exited with {rc}; see {out / 'locust.log'}", file=sys.stderr)
+    require = a.require_reconcile if a.require_reconcile is not None else server is not None
+    info = {"url": url, "model": f.model, "local_server": server is not None, "scenario": scenario.name,
+            "started_at": started, "locust_exit_code": rc, "cpus": os.cpu_count(), "slo": slo}
+    outcome = analyse(out, plan, slo, require, info)
+    print(outcome.text)
+    if not outcome.requests:
+        print(f"error: no request was sent; see {out / 'locust.log'}", file=sys.stderr)
+        return EXIT_RUN
+    return EXIT_PASS if outcome.passed else EXIT_GATE
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        if a.gate_only:
+            return gate_only(a)
+        config = Config.load(a.config)
+        scenario = build_scenario(a, config)
+        slo = {**scenario.slo, **parse_slo_args(a.slo)}
+        check_keys(slo)
+        return run(a, config, scenario, slo)
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

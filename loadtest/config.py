@@ -1,0 +1,171 @@
+"""Workloads, scenarios and SLOs from `loadtest/workloads.yaml`, as typed dataclasses.
+
+A workload says what one request looks like (endpoint, prompt and output lengths,
+`ignore_eos`); a scenario mixes workloads under an arrival mode (closed-loop users or
+open-loop Poisson arrivals) and a load shape (constant, steps, sweep).  The `Plan` is a
+scenario resolved against the server (model name, context window) and handed to the
+Locust process as JSON, so the locustfile never reads YAML or guesses.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_CONFIG = Path(__file__).with_name("workloads.yaml")
+CONTEXT_MARGIN = 8  # "near the context": context − max_tokens − this many tokens
+Range = tuple[int, int]
+
+
+class ConfigError(ValueError):
+    """A config or command-line value that makes no sense; the CLI exits 2."""
+
+
+def _range(value: Any, what: str) -> Range:
+    lo, hi = (value, value) if isinstance(value, int) else tuple(value)
+    if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+        raise ConfigError(f"{what}: want a positive int or [lo, hi], got {value!r}")
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    endpoint: str  # chat | completions
+    max_tokens: Range
+    prompt_tokens: Range | str | None = None  # completions: token-id prompt length, or "context"
+    prompts: tuple[str, ...] = ()  # chat: user messages to draw from
+    ignore_eos: bool = False
+    temperature: float = 1.0
+    timeout_s: float = 300.0
+
+    @classmethod
+    def from_dict(cls, name: str, d: dict) -> "Workload":
+        d = dict(d)
+        endpoint = d.pop("endpoint", "chat")
+        if endpoint not in ("chat", "completions"):
+            raise ConfigError(f"workload {name}: endpoint must be chat or completions")
+        pt = d.pop("prompt_tokens", None)
+        if pt is not None and pt != "context":
+            pt = _range(pt, f"workload {name}: prompt_tokens")
+        if (endpoint == "completions") != (pt is not None):
+            raise ConfigError(f"workload {name}: completions workloads take prompt_tokens (exact lengths), "
+                              "chat workloads take prompts")
+        try:
+            return cls(name=name, endpoint=endpoint, prompt_tokens=pt,
+                       max_tokens=_range(d.pop("max_tokens", 128), f"workload {name}: max_tokens"),
+                       prompts=tuple(d.pop("prompts", ())), **d)
+        except TypeError as exc:
+            raise ConfigError(f"workload {name}: {exc}") from None
+
+    def resolve(self, context_len: int | None) -> "Workload":
+        """Turn prompt_tokens: context into a number, and refuse what cannot fit."""
+        if self.prompt_tokens != "context":
+            return self
+        if not context_len:
+            raise ConfigError(f"workload {self.name}: prompt_tokens: context needs the server's max_model_len")
+        n = context_len - self.max_tokens[1] - CONTEXT_MARGIN
+        if n < 1:
+            raise ConfigError(f"workload {self.name}: max_tokens leaves no room for a prompt in {context_len}")
+        return replace(self, prompt_tokens=(n, n))
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Stages of offered load: users (closed loop) or requests/s (Poisson), each held for seconds."""
+
+    levels: tuple[float, ...]
+    stage_seconds: float
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Shape":
+        kind, secs = d.get("kind", "constant"), float(d.get("stage_seconds", d.get("seconds", 60)))
+        if kind == "constant":
+            levels = (d.get("level", 1),)
+        elif kind == "sweep":
+            levels = tuple(d.get("levels") or ())
+        elif kind == "steps":
+            start, step, stop = d.get("start", 1), d.get("step", 1), d.get("stop", 1)
+            levels = tuple(start + i * step for i in range(int((stop - start) // step) + 1)) if step > 0 else ()
+        else:
+            raise ConfigError(f"shape kind must be constant, steps or sweep, not {kind!r}")
+        if not levels or any(lv <= 0 for lv in levels) or secs <= 0:
+            raise ConfigError(f"shape {d}: needs positive levels and stage_seconds")
+        return cls(tuple(float(lv) for lv in levels), secs)
+
+    @property
+    def duration(self) -> float:
+        return len(self.levels) * self.stage_seconds
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    mix: dict[str, float]  # workload name → weight
+    arrival: str  # closed | poisson
+    shape: Shape
+    slo: dict[str, float] = field(default_factory=dict)  # gate thresholds (see loadtest/gate.py)
+    goodput: dict[str, float] = field(default_factory=dict)  # per-request SLOs: ttft_ms, tpot_ms, e2e_ms
+
+
+@dataclass
+class Config:
+    workloads: dict[str, Workload]
+    scenarios: dict[str, dict]
+    slo: dict[str, float]
+    goodput: dict[str, float]
+
+    @classmethod
+    def load(cls, path: Path = DEFAULT_CONFIG) -> "Config":
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        workloads = {n: Workload.from_dict(n, d or {}) for n, d in (raw.get("workloads") or {}).items()}
+        return cls(workloads, raw.get("scenarios") or {}, dict(raw.get("slo") or {}), dict(raw.get("goodput") or {}))
+
+    def scenario(self, name: str, **overrides: Any) -> Scenario:
+        """The named scenario with command-line overrides (None means: keep the config's)."""
+        if name not in self.scenarios:
+            raise ConfigError(f"no scenario {name!r} (have: {', '.join(self.scenarios)})")
+        d = {**self.scenarios[name], **{k: v for k, v in overrides.items() if v is not None}}
+        mix = {str(k): float(v) for k, v in (d.get("mix") or {}).items()}
+        if not mix or any(w not in self.workloads for w in mix) or any(v <= 0 for v in mix.values()):
+            raise ConfigError(f"scenario {name}: mix {mix} must name workloads ({', '.join(self.workloads)}) "
+                              "with positive weights")
+        if d.get("arrival", "closed") not in ("closed", "poisson"):
+            raise ConfigError(f"scenario {name}: arrival must be closed or poisson")
+        shape = d["shape"] if isinstance(d.get("shape"), Shape) else Shape.from_dict(d.get("shape") or {})
+        if d.get("arrival", "closed") == "closed" and any(lv != int(lv) for lv in shape.levels):
+            raise ConfigError(f"scenario {name}: closed-loop levels are user counts, whole numbers")
+        return Scenario(name, mix, d.get("arrival", "closed"), shape, {**self.slo, **(d.get("slo") or {})},
+                        {**self.goodput, **(d.get("goodput") or {})})
+
+
+@dataclass
+class Plan:
+    """Everything the Locust process needs, resolved; written to `plan.json` in the results folder."""
+
+    url: str
+    model: str
+    scenario: Scenario
+    workloads: list[Workload]  # the mixed ones, resolved
+    records_path: str
+    seed: int = 0
+    max_in_flight: int = 512  # Poisson: arrivals beyond this many open requests wait for a slot
+    failure_backoff_s: float = 1.0  # closed loop: pause after a failed request (no hot loop of 503s)
+    token_id_range: Range = (1000, 20000)  # random completions prompts draw token ids from here
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        sc = d.pop("scenario")
+        sc["shape"] = Shape(tuple(sc["shape"]["levels"]), sc["shape"]["stage_seconds"])
+        wls = [Workload(**{**w, "max_tokens": tuple(w["max_tokens"]), "prompts": tuple(w["prompts"]),
+                           "prompt_tokens": tuple(w["prompt_tokens"]) if w["prompt_tokens"] else None})
+               for w in d.pop("workloads")]
+        return cls(scenario=Scenario(**sc), workloads=wls, token_id_range=tuple(d.pop("token_id_range")), **d)

@@ -1,0 +1,75 @@
+"""The SLO gate: thresholds on a Summary that decide the exit code (CI and release scripts).
+
+Keys: `<ttft|itl|tpot|e2e>_<p50|p90|p99|mean|max>_ms` (an upper bound), `error_rate`
+(upper bound, a fraction), `goodput_min` (lower bound, good requests/s),
+`output_tokens_per_s_min` and `requests_per_s_min` (lower bounds).  A check with no
+data to judge (no successful request) fails: a gate must not pass on nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from loadtest.config import ConfigError
+from loadtest.stats import Summary
+
+_LATENCY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p99|mean|max)_ms$")
+_MINIMA = {"goodput_min": "goodput_per_s", "output_tokens_per_s_min": "output_tokens_per_s",
+           "requests_per_s_min": "requests_per_s"}
+
+
+@dataclass
+class Check:
+    name: str
+    op: str  # "<=" | ">="
+    threshold: float
+    actual: float | None
+    passed: bool
+
+    def line(self) -> str:
+        actual = "no data" if self.actual is None else f"{self.actual:.4g}"
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.name}: {actual} {self.op} {self.threshold:g}"
+
+
+def check_keys(slo: dict[str, float]) -> None:
+    """ConfigError for an unknown key: caught before a run, not after it."""
+    for key in slo:
+        if not (_LATENCY.match(key) or key == "error_rate" or key in _MINIMA):
+            raise ConfigError(f"unknown SLO {key!r}: use <ttft|itl|tpot|e2e>_<p50|p90|p99|mean|max>_ms, "
+                              f"error_rate, {', '.join(_MINIMA)}")
+
+
+def actual_value(summary: Summary, key: str) -> tuple[str, float | None]:
+    """(comparison, the summary's value) for a threshold key."""
+    check_keys({key: 0.0})
+    if m := _LATENCY.match(key):
+        return "<=", getattr(getattr(summary.latency, f"{m[1]}_ms"), m[2])
+    if not summary.requests:
+        return ("<=" if key == "error_rate" else ">="), None
+    if key == "error_rate":
+        return "<=", summary.error_rate
+    return ">=", getattr(summary, _MINIMA[key])
+
+
+def evaluate(summary: Summary, slo: dict[str, float]) -> list[Check]:
+    checks = []
+    for key, threshold in sorted(slo.items()):
+        op, actual = actual_value(summary, key)
+        ok = actual is not None and (actual <= threshold if op == "<=" else actual >= threshold)
+        checks.append(Check(key, op, float(threshold), actual, ok))
+    return checks
+
+
+def parse_slo_args(items: list[str]) -> dict[str, float]:
+    """`--slo ttft_p99_ms=500 --slo error_rate=0.01` → {key: value}, keys checked."""
+    out: dict[str, float] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out[key.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ConfigError(f"--slo {item!r}: want KEY=NUMBER, e.g. ttft_p99_ms=500")
+    return out

@@ -1,0 +1,169 @@
+"""Client vs server: scrape `/metrics` before and after a run and compare what both counted.
+
+Request counts by finish reason must match exactly (every request the client sent
+ended once on the server); token counts must match the usage chunks; the server's TTFT
+(handler entry → first token in the TokenizerManager) is never above the client's
+(request sent → first text chunk), so at every histogram bucket bound the server's
+cumulative count is at least the client's.  Server percentiles are estimated from
+bucket deltas the way PromQL's `histogram_quantile` does.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.records import RequestRecord
+from loadtest.server import auth_headers
+
+REQUESTS = "sightline_requests_total"
+PROMPT = "sightline_prompt_tokens_total"
+GENERATION = "sightline_generation_tokens_total"
+TTFT = "sightline_time_to_first_token_seconds"
+IN_FLIGHT = "sightline_requests_in_flight"
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass
+class Scrape:
+    """Every sample of one `/metrics` answer, by (sample name, sorted labels)."""
+
+    samples: dict[tuple[str, Labels], float] = field(default_factory=dict)
+    text: str = ""  # the exposition as scraped (saved in the results folder)
+
+    @classmethod
+    def parse(cls, text: str) -> "Scrape":
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return cls(out, text)
+
+    def by(self, name: str, key: str, **match: str) -> dict[str, float]:
+        """Sum of `name` samples grouped by one label, over samples whose labels match."""
+        out: Counter = Counter()
+        for (n, labels), v in self.samples.items():
+            d = dict(labels)
+            if n == name and all(d.get(k) == val for k, val in match.items()):
+                out[d.get(key, "")] += v
+        return dict(out)
+
+    def total(self, name: str, **match: str) -> float:
+        return sum(self.by(name, "__none__", **match).values())
+
+    def minus(self, before: "Scrape") -> "Scrape":
+        return Scrape({k: v - before.samples.get(k, 0.0) for k, v in self.samples.items()})
+
+
+def scrape(url: str, timeout: float = 10.0) -> Scrape | None:
+    """None when the server has no /metrics (or it is not Prometheus text)."""
+    try:
+        r = httpx.get(url.rstrip("/") + "/metrics", headers=auth_headers(), timeout=timeout)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200 or REQUESTS not in r.text:
+        return None
+    return Scrape.parse(r.text)
+
+
+def scrape_settled(url: str, model: str, timeout: float = 15.0) -> Scrape | None:
+    """Scrape once nothing is in flight and the request counter stopped moving (the server's
+    bookkeeping of the last requests may trail the client's [DONE] by a moment)."""
+    deadline, last = time.monotonic() + timeout, None
+    while True:
+        now = scrape(url)
+        if now is None:
+            return None
+        settled = now.total(IN_FLIGHT, model_name=model) == 0
+        if settled and last is not None and last.by(REQUESTS, "finish_reason") == now.by(REQUESTS, "finish_reason"):
+            return now
+        if time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.3)
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """PromQL's estimate from cumulative bucket counts {upper bound: count} (+Inf included)."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank, prev_bound, prev_count = q * buckets[bounds[-1]], 0.0, 0.0
+    for b in bounds:
+        if buckets[b] >= rank:
+            if b == float("inf"):
+                return prev_bound
+            span = buckets[b] - prev_count
+            return prev_bound + (b - prev_bound) * ((rank - prev_count) / span if span else 1.0)
+        prev_bound, prev_count = b, buckets[b]
+    return prev_bound
+
+
+@dataclass
+class Reconciliation:
+    available: bool
+    note: str = ""
+    client_by_finish_reason: dict[str, int] = field(default_factory=dict)
+    server_by_finish_reason: dict[str, int] = field(default_factory=dict)
+    server_by_finish_reason_status: dict[str, int] = field(default_factory=dict)
+    client_by_finish_reason_status: dict[str, int] = field(default_factory=dict)
+    counts_match: bool = False
+    client_prompt_tokens: int = 0
+    server_prompt_tokens: int = 0
+    client_generation_tokens: int = 0
+    server_generation_tokens: int = 0
+    tokens_match: bool = False
+    tokens_comparable: bool = True  # False when a request failed after admission: its tokens are unknown here
+    client_ttft_count: int = 0
+    server_ttft_count: int = 0
+    ttft_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)  # p50/p90/p99: client, server
+    server_ttft_le_client: bool = False  # at every bucket bound, server cumulative count ≥ client's
+
+    @property
+    def ok(self) -> bool:
+        tokens = self.tokens_match or not self.tokens_comparable
+        return self.available and self.counts_match and tokens and self.server_ttft_le_client
+
+
+def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | None, model: str,
+              client_ttft_ms: dict[str, float | None]) -> Reconciliation:
+    if before is None or after is None:
+        return Reconciliation(False, "the server has no /metrics with sightline_requests_total")
+    d = after.minus(before)
+    rec = Reconciliation(True)
+    rec.client_by_finish_reason = dict(Counter(r.finish_reason for r in recs))
+    rec.client_by_finish_reason_status = dict(Counter(f"{r.finish_reason}/{r.status}" for r in recs))
+    rec.server_by_finish_reason = {k: int(v) for k, v in d.by(REQUESTS, "finish_reason", model_name=model).items()
+                                   if v}
+    by_status: Counter = Counter()
+    for (n, labels), v in d.samples.items():
+        lab = dict(labels)
+        if n == REQUESTS and lab.get("model_name") == model and v:
+            by_status[f"{lab.get('finish_reason')}/{lab.get('status')}"] += int(v)
+    rec.server_by_finish_reason_status = dict(by_status)
+    rec.counts_match = rec.client_by_finish_reason == rec.server_by_finish_reason
+    ok = [r for r in recs if r.ok]
+    rec.client_prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    rec.client_generation_tokens = sum(r.completion_tokens or 0 for r in ok)
+    rec.server_prompt_tokens = int(d.total(PROMPT, model_name=model))
+    rec.server_generation_tokens = int(d.total(GENERATION, model_name=model))
+    rec.tokens_match = (rec.client_prompt_tokens, rec.client_generation_tokens) == (
+        rec.server_prompt_tokens, rec.server_generation_tokens)
+    # a request refused with an HTTP error has no tokens on either side; one that failed mid-stream
+    # has tokens the server counted and the client never got a usage chunk for
+    rec.tokens_comparable = all(r.ok or (r.error or "").startswith("http ") for r in recs)
+    if not rec.tokens_comparable:
+        rec.note = "requests failed mid-stream (no usage chunk): token counts are shown, not compared"
+    buckets = {float(le): v for le, v in d.by(TTFT + "_bucket", "le", model_name=model).items()}
+    client_ttft = sorted(r.ttft for r in recs if r.ttft is not None and r.ok)
+    rec.client_ttft_count, rec.server_ttft_count = len(client_ttft), int(d.total(TTFT + "_count", model_name=model))
+    for q in ("p50", "p90", "p99"):
+        server = histogram_quantile(int(q[1:]) / 100, buckets)
+        rec.ttft_ms[q] = {"client": client_ttft_ms.get(q), "server_estimate": server * 1000 if server else None}
+    rec.server_ttft_le_client = bool(buckets) and all(
+        buckets[b] >= sum(t <= b for t in client_ttft) for b in buckets if b != float("inf"))
+    return rec

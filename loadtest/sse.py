@@ -1,0 +1,130 @@
+"""Incremental SSE parsing and the per-request reading of an OpenAI stream.
+
+`SSEParser` takes bytes as the socket delivers them: an event may be split anywhere
+(even inside a UTF-8 character or between `\\r` and `\\n`), so lines are cut on bytes
+and decoded only when whole.  `StreamReader` turns the events of one response into a
+`RequestRecord`: TTFT at the first chunk that carries text (the chat role chunk carries
+none and comes before any token), one chunk time per text chunk, usage, finish reason,
+and why it failed (error event, invalid JSON, no `[DONE]`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from loadtest.records import RequestRecord
+
+
+@dataclass(frozen=True)
+class SSEEvent:
+    kind: str  # "data" (a dispatched event's data lines, joined by \n) | "comment" (a keep-alive)
+    value: str
+
+
+class SSEParser:
+    """The WHATWG event-stream rules we need: `data:` lines, `:` comments, blank-line dispatch."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._data: list[str] = []
+        self._after_cr = False  # the previous chunk ended in \r: a leading \n belongs to it
+
+    def feed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._after_cr = chunk.endswith(b"\r")
+        self._buf += chunk
+        lines = self._buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        self._buf = lines.pop()  # the incomplete tail (b"" when the chunk ended a line)
+        events: list[SSEEvent] = []
+        for raw in lines:
+            ev = self._line(raw.decode("utf-8"))
+            if ev is not None:
+                events.append(ev)
+        return events
+
+    def _line(self, line: str) -> SSEEvent | None:
+        if not line:
+            if not self._data:
+                return None
+            data, self._data = "\n".join(self._data), []
+            return SSEEvent("data", data)
+        if line.startswith(":"):
+            return SSEEvent("comment", line[1:].strip())
+        name, _, value = line.partition(":")
+        if name == "data":
+            self._data.append(value[1:] if value.startswith(" ") else value)
+        return None  # event:, id:, retry: are not used by this API
+
+    @property
+    def pending(self) -> bool:
+        """Bytes or data lines not yet dispatched: a stream that ends here was cut mid-event."""
+        return bool(self._buf.strip() or self._data)
+
+
+# The error type of a mid-stream error event → the HTTP status it stands for (docs/api.md).
+ERROR_EVENT_STATUS = {"internal_error": 500, "server_unavailable": 503, "timeout": 504}
+
+
+class StreamReader:
+    """Reads one OpenAI streaming response (chat or completions) into a RequestRecord."""
+
+    def __init__(self, record: RequestRecord, sent_at: float) -> None:
+        self.rec = record
+        self.sent_at = sent_at  # perf_counter() when the request was sent
+        self.parser = SSEParser()
+        self.done = False
+        self.comments = 0
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        for ev in self.parser.feed(chunk):
+            if ev.kind == "comment":
+                self.comments += 1
+            elif not self.done:
+                self._event(ev.value, now - self.sent_at)
+
+    def _fail(self, reason: str, finish_reason: str = "error") -> None:
+        if self.rec.error is None:
+            self.rec.error = reason
+            self.rec.finish_reason = finish_reason
+
+    def _event(self, data: str, t: float) -> None:
+        if data == "[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except json.JSONDecodeError:
+            self._fail("broken stream: invalid JSON in an event")
+            return
+        if "error" in obj:
+            err = obj["error"] or {}
+            kind = err.get("type") or "internal_error"
+            # count it as the server does: an engine error is `error` (500); a request the server gave
+            # up on (shutdown, engine restart: 503; its own timeout: 504) is `abort`
+            self.rec.status = ERROR_EVENT_STATUS.get(kind, 500)
+            self._fail(f"error event: {err.get('code') or kind}", "error" if self.rec.status == 500 else "abort")
+            return
+        if obj.get("usage"):
+            self.rec.prompt_tokens = obj["usage"].get("prompt_tokens")
+            self.rec.completion_tokens = obj["usage"].get("completion_tokens")
+        for choice in obj.get("choices") or ():
+            text = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
+            finish = choice.get("finish_reason")
+            if text:
+                self.rec.chunk_times.append(t)
+            if (text or finish) and self.rec.ttft is None:
+                self.rec.ttft = t
+            if finish:
+                self.rec.finish_reason = finish
+
+    def finish(self, now: float) -> RequestRecord:
+        """The stream ended (connection closed after the last chunk): fill e2e, judge completeness."""
+        self.rec.e2e = now - self.sent_at
+        if self.rec.error is None and not self.done:
+            cut = "mid-event" if self.parser.pending else "before [DONE]"
+            self.rec.error = f"broken stream: closed {cut}"  # finish_reason stays as seen (or abort)
+        elif self.rec.error is None and self.rec.finish_reason not in ("stop", "length"):
+            self.rec.error = "broken stream: [DONE] without a finish_reason"
+        return self.rec
