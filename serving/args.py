@@ -40,7 +40,7 @@ class ServerArgs:
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
     # -- reliability and security ----------------------------------------------------
-    watchdog_timeout: float = _opt(10.0, "Seconds without a heartbeat from a child, while requests are in flight, before it counts as stalled.")
+    watchdog_timeout: float = _opt(60.0, "Seconds without a heartbeat from a child, while requests are in flight, before it counts as stalled (one engine step must fit in it, even on an overloaded CPU).")
     stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this many seconds.")
     on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays up) or 'exit'.")
     request_timeout: float | None = _opt(None, "Per-request deadline in seconds (a request may lower it with the x-request-timeout header).")

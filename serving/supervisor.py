@@ -101,6 +101,10 @@ class EngineSupervisor:
                 continue
             try:
                 failure = self.check()
+                if failure is not None and failure[1] == "stalled":
+                    # If this loop itself was starved, queued heartbeats are still unread: read them first.
+                    await asyncio.sleep(0.2)
+                    failure = self.check()
                 if failure is not None and not await self.recover(*failure):
                     return
             except Exception:  # noqa: BLE001 - the watchdog itself must never die quietly
