@@ -88,16 +88,11 @@ def burn_alerts(spec: Spec) -> list[dict]:
 def new_failures_expr(job: str, window: str) -> str:
     """Engine failures in the last `window`, per process and cause.
 
-    `sightline_engine_failures_total{role, cause}` is created by its first failure, at 1:
-    `increase` reads 0 for a series that starts inside the window.  So a series with
-    samples now and none one window earlier counts as a failure too (its value, 0, is
-    not used).  After a Prometheus outage longer than `window` every failure series it
-    sees again looks new and fires once.
+    The server creates every `sightline_engine_failures_total{role, cause}` series at 0 when
+    it starts, so `increase` sees the first failure too.
     """
-    def inc(offset: str = "") -> str:
-        counter = f"sightline_engine_failures_total{{{job}}}[{window}]{offset}"
-        return f"sum by (job, instance, role, cause) (increase({counter}))"
-    return f"{inc()} > 0\nor\n(\n  {inc()}\n  unless\n  {inc(f' offset {window}')}\n)"
+    counter = f"sightline_engine_failures_total{{{job}}}[{window}]"
+    return f"sum by (job, instance, role, cause) (increase({counter})) > 0"
 
 
 def symptom_alerts(spec: Spec) -> list[dict]:

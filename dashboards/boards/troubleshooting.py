@@ -66,9 +66,8 @@ def board() -> Board:
             "Did the engine fail and restart?",
             "Engine failures the watchdog saw, by process (role) and cause — exited: the process died (look for "
             "an OOM kill); stalled: no heartbeat for --watchdog-timeout with requests in flight — and the "
-            "restarts that followed, counted per rate interval. Each failure ends every request in flight with 503. "
-            "A failure series is created by its first failure, which increase() cannot see: that one shows as a "
-            "restart only (alert SightlineEngineRestarting still fires).", "short",
+            "restarts that followed, counted per rate interval. Each failure ends every request in flight with 503 "
+            "(alert SightlineEngineRestarting).", "short",
             [(q.rate("sightline_engine_failures_total", by=("role", "cause"), fn="increase"),
               "failure: {{role}} {{cause}}"),
              (q.rate("sightline_engine_restarts_total", fn="increase"), "restarts")]),
