@@ -1,6 +1,6 @@
 """The wire contract: every message that crosses a ZMQ socket, in one file.
 
-Typed msgspec structs in a tagged union, msgpack on the wire — never pickle (a
+Typed msgspec structs in a tagged union, msgpack on the wire — never pickling (a
 pickled socket is a remote-code-execution hole).  Two rules hold for every message:
 
 * it carries `sent_at` (monotonic ns, `telemetry.clock.now_ns`), so the receiver can
