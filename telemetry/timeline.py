@@ -42,8 +42,9 @@ class Timeline:
         return entry
 
     def add_span(self, rec: SpanRecord) -> None:
-        if self.size == 0 or "sightline.rid" not in rec.attributes and rec.name != "stale_message_dropped" \
-                and rec.kind != "SERVER":
+        belongs_to_a_request = ("sightline.rid" in rec.attributes or rec.kind == "SERVER"
+                                or rec.name == "stale_message_dropped")
+        if self.size == 0 or not belongs_to_a_request:
             return  # batch-level spans (one forward over many rids) live in their own traces
         entry = self._entry(rec.trace_id)
         if len(entry.spans) < MAX_SPANS_PER_TRACE:
