@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.bench_engine import make_prompts  # noqa: E402
+from loadtest.server import LocalServer  # noqa: E402
 from serving.args import ServerArgs  # noqa: E402
 from serving.engine.loader import load_model  # noqa: E402
 from serving.engine.sampling import SamplingParams  # noqa: E402
@@ -73,23 +73,6 @@ async def http_run(url: str, prompts: list[list[int]], gen_len: int) -> dict:
     return {"ttft": [r[0] for r in res], "tok_s": sum(r[1] for r in res) / wall, "wall": wall}
 
 
-def start_server(model: str, port: int, tmp: str, *flags: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--model", model, "--port", str(port),
-                             "--log-level", "warning", *flags], env={**os.environ, "TMPDIR": tmp},
-                            stderr=subprocess.DEVNULL)
-    for _ in range(1200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        time.sleep(0.25)
-    proc.terminate()
-    raise SystemExit("server did not become healthy")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m")
@@ -106,16 +89,15 @@ def main() -> None:
     prompts = {n: make_prompts(model, n, a.prompt_len) for n in levels}
     del model
     with tempfile.TemporaryDirectory() as tmp:
-        proc = None if a.url else start_server(a.model, a.port, tmp)
-        url = a.url or f"http://127.0.0.1:{a.port}"
+        server = None if a.url else LocalServer(a.model, a.port, Path(tmp) / "server.log", ["--log-level", "warning"])
+        url = a.url or server.url
         try:
             asyncio.run(http_run(url, prompts[levels[0]][:2], 4))  # warm-up
             for n in levels:
                 rows[n]["http"] = asyncio.run(http_run(url, prompts[n], a.gen_len))
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(30)
+            if server is not None:
+                server.stop()
     print(f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
           f"{os.cpu_count()} CPUs\n")
     print("| concurrency | path | TTFT p50 ms | TTFT max ms | output tok/s | wall s |")

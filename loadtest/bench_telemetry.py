@@ -31,7 +31,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.bench_engine import make_prompts  # noqa: E402
-from loadtest.bench_http import http_one, http_run, start_server  # noqa: E402
+from loadtest.bench_http import http_one, http_run  # noqa: E402
+from loadtest.server import LocalServer  # noqa: E402
 from serving.engine.loader import load_tokenizer  # noqa: E402
 
 MODES = {
@@ -141,17 +142,16 @@ def main() -> None:
     seq = make_prompts(_M, a.ttft_requests, 64)
     conc = make_prompts(_M, a.concurrency, 128)
     results: dict[str, list[dict]] = {"on": [], "off": []}
-    url = f"http://127.0.0.1:{a.port}"
     for r in range(a.rounds):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
             with tempfile.TemporaryDirectory() as tmp:
-                proc = start_server(a.model, a.port, tmp, *MODES[mode](sink_url))
+                server = LocalServer(a.model, a.port, Path(tmp) / "server.log",
+                                     ["--log-level", "warning", *MODES[mode](sink_url)])
                 try:
-                    asyncio.run(http_run(url, conc[:2], 4))  # warm-up
-                    results[mode].append(asyncio.run(measure(url, mode, seq, conc, a.gen_len)))
+                    asyncio.run(http_run(server.url, conc[:2], 4))  # warm-up
+                    results[mode].append(asyncio.run(measure(server.url, mode, seq, conc, a.gen_len)))
                 finally:
-                    proc.terminate()
-                    proc.wait(30)
+                    server.stop()
             print(f"round {r} {mode}: {results[mode][-1]}", flush=True)
     print(f"\nmodel {a.model}, {os.cpu_count()} CPUs, {a.rounds} rounds (medians); OTLP bytes received: {Sink.received}")
     print("| telemetry | p50 TTFT ms (sequential, 64-token prompts) | output tok/s "

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadtest.bench_http import start_server  # noqa: E402
+from loadtest.server import LocalServer  # noqa: E402
 
 WORDS = "the quick brown fox jumps over a lazy dog while sightline watches every token".split()
 
@@ -93,13 +93,12 @@ def main() -> int:
     ap.add_argument("--max-growth", type=float, default=0.10)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        proc = None if a.url else start_server(a.model, a.port, tmp)
+        server = None if a.url else LocalServer(a.model, a.port, Path(tmp) / "server.log", ["--log-level", "warning"])
         try:
-            kept = asyncio.run(soak(a.url or f"http://127.0.0.1:{a.port}", a.minutes, a.users, a.interval, a.warmup))
+            kept = asyncio.run(soak(a.url or server.url, a.minutes, a.users, a.interval, a.warmup))
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(60)
+            if server is not None:
+                server.stop(60)
     first, last = kept[0], kept[-1]
     worst = 0.0
     for role, rss in sorted(last["rss"].items()):

@@ -97,10 +97,7 @@ class ServerState:
         """The children's latest numbers, for the Prometheus scrape (telemetry.metrics.EngineCollector)."""
         tm, now = self.tm, now_ns()
         s, d = tm.scheduler_stats, tm.detok_stats
-        drops = [(x.component, x.message_type, x.reason, x.count) for x in tm.drops.snapshot()]
-        for st in (s, d):
-            if st is not None:
-                drops += [(x.component, x.message_type, x.reason, x.count) for x in st.stale_drops]
+        drops = [(x.component, x.message_type, x.reason, x.count) for x in tm.stale_drops()]
         rss, cpu = self._resources()
         snap = EngineSnapshot(
             stale_drops=drops, rss=rss, cpu=cpu,

@@ -368,11 +368,16 @@ class TokenizerManager:
         self.to_scheduler.send(self.codec.encode(AbortReq(rid=rid, reason=reason, meta=meta)))
 
     # -- introspection ------------------------------------------------------------------
-    def debug_state(self) -> dict:
+    def stale_drops(self) -> list:
+        """Stale-drop counters of all three processes (the children's from their latest stats)."""
         drops = self.drops.snapshot()
         for st in (self.scheduler_stats, self.detok_stats):
             if st is not None:
                 drops += st.stale_drops
+        return drops
+
+    def debug_state(self) -> dict:
+        drops = self.stale_drops()
         return {
             "in_flight": len(self.rid_to_state),
             "ready": sorted(self.ready),

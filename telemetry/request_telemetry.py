@@ -177,9 +177,7 @@ class RequestTelemetry:
         """The request ended in the TM: observe everything once; returns the breakdown."""
         end = now_ns()
         st = rt.stamps
-        status = 500 if finish_reason == "error" else ABORT_STATUS.get(abort_reason or "", 200)
-        if finish_reason == "error" and abort_reason in ABORT_STATUS:
-            status = ABORT_STATUS[abort_reason]
+        status = ABORT_STATUS.get(abort_reason or "", 500 if finish_reason == "error" else 200)
         rt.status = status
         ttft = (rt.first_recv - rt.arrival) / 1e9 if rt.first_recv else None
         e2e = (end - rt.arrival) / 1e9
