@@ -39,10 +39,15 @@ class ServerArgs:
     heartbeat_interval: float = _opt(0.5, "Seconds between the idle Scheduler's stats/heartbeat messages.")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
+    max_prompt_chars: int | None = _opt(None, "Most characters in a prompt (or all chat messages together), refused before tokenizing (default: 16 per token of the context window).")
+    max_messages: int | None = _opt(None, "Most messages in one chat request (default: context window / 4, since each message costs at least 4 template tokens).")
+    allowed_hosts: str | None = _opt(None, "Host header names accepted, comma-separated; '*' accepts any (default: loopback names when --host is a loopback address, any otherwise). Guards against DNS rebinding.")
     # -- reliability and security ----------------------------------------------------
     watchdog_timeout: float = _opt(60.0, "Seconds without a heartbeat from a child, while requests are in flight, before it counts as stalled (one engine step must fit in it, even on an overloaded CPU).")
     stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this many seconds.")
     on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays up) or 'exit'.")
+    max_engine_restarts: int = _opt(5, "Most engine restart attempts within --engine-restart-window; when spent, the server stays up answering 503 until it is restarted from outside (0: never restart).")
+    engine_restart_window: float = _opt(300.0, "Seconds over which --max-engine-restarts is counted.")
     request_timeout: float | None = _opt(None, "Per-request deadline in seconds (a request may lower it with the x-request-timeout header).")
     max_queue_time: float | None = _opt(None, "Seconds a request may wait in the Scheduler's queue before it is aborted.")
     max_queued_requests: int = _opt(256, "Requests accepted but not yet started; beyond it new requests get 429.")
@@ -52,6 +57,11 @@ class ServerArgs:
     auth_debug: bool = _opt(True, "With an API key, also require it on /debug/*.")
     auth_metrics: bool = _opt(False, "With an API key, also require it on /metrics.")
     max_request_bytes: int = _opt(4 * 1024 * 1024, "Largest request body accepted (413 beyond).")
+    max_connections: int | None = _opt(None, "Most open HTTP connections; one more is answered 503 and closed at once (default: the open-files limit less max(64, 1/8 of it), kept for the server's own files).")
+    keep_alive_timeout: float = _opt(5.0, "Seconds a connection may sit idle between requests, or take to send complete request headers, before it is closed.")
+    body_read_timeout: float = _opt(30.0, "Seconds a request has to deliver its whole body once its headers are in (408 beyond).")
+    send_stall_timeout: float = _opt(30.0, "Seconds a response send may make no progress (client not reading, HTTP/2 window shut) before the stream is cut off and its request aborted as a client disconnect; an SSE stream is also cut off 1 s after its request's deadline.")
+    accept_error_log_interval: float = _opt(10.0, "Seconds between log lines about failing accept() calls (e.g. out of file descriptors); those in between are counted in the next line.")
     # -- telemetry ----------------------------------------------------------------
     enable_metrics: bool = _opt(True, "Observe per-request Prometheus metrics (served at /metrics).")
     histogram_buckets: str | None = _opt(None, "Override histogram buckets per family, e.g. 'ttft=0.05,0.1,0.2;itl=0.01,0.05' (families: ttft, itl, tpot, e2e, stage, tokens).")
@@ -81,10 +91,17 @@ class ServerArgs:
             raise ValueError("--log-level must be one of debug, info, warning, error")
         if self.on_engine_failure not in ("restart", "exit"):
             raise ValueError("--on-engine-failure must be restart or exit")
-        for name in ("watchdog_timeout", "stall_timeout", "request_timeout", "max_queue_time"):
+        if self.max_engine_restarts < 0:
+            raise ValueError("--max-engine-restarts must be >= 0")
+        for name in ("watchdog_timeout", "stall_timeout", "request_timeout", "max_queue_time", "engine_restart_window"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        for name in ("keep_alive_timeout", "body_read_timeout", "send_stall_timeout", "accept_error_log_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be > 0")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError("--max-connections must be >= 1")
         if self.max_queued_requests < 1 or self.max_request_bytes < 1024 or self.shutdown_grace < 0:
             raise ValueError("--max-queued-requests >= 1, --max-request-bytes >= 1024, --shutdown-grace >= 0")
         if self.api_key is None:
@@ -93,6 +110,9 @@ class ServerArgs:
             raise ValueError("--log-format must be json or text")
         if self.otel_sampling_ratio is not None and not 0.0 <= self.otel_sampling_ratio <= 1.0:
             raise ValueError("--otel-sampling-ratio must be in [0, 1]")
+        for name in ("max_prompt_chars", "max_messages"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.request_timeline_size < 0:
             raise ValueError("--request-timeline-size must be >= 0")
         from telemetry.metrics import parse_bucket_overrides

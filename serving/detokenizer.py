@@ -6,12 +6,20 @@ here first: the TokenizerManager is told (`engine_running=True`) and aborts it i
 Scheduler; tokens the Scheduler produced past the stop are discarded on purpose until
 its final output arrives.  Any other output for a rid with no state is stale: dropped
 and counted.
+
+One rid's output that cannot be decoded (token ids outside the vocabulary, say) ends
+that rid alone: its client gets finish_reason "error" (with `engine_running=True` when
+the Scheduler still runs it, so the TokenizerManager aborts it there) and the rest of
+its outputs are discarded quietly.  A message whose handling fails as a whole is
+dropped.  Both are counted (`DetokenizerStats.handling_errors`) and logged at most once
+a second; neither stops the process.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections import OrderedDict
 
 import zmq
 
@@ -21,11 +29,13 @@ from serving.incremental_detok import DecodeState
 from serving.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
+from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 from telemetry.engine_spans import DetokSpans
 from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
+MAX_FAILED_REMEMBERED = 4096
 
 
 class DetokenizerManager:
@@ -37,11 +47,15 @@ class DetokenizerManager:
         self.states: dict[str, DecodeState] = {}
         self.codec = Codec("detokenizer")
         self.drops = DropCounter("detokenizer", on_drop=self.tracing.stale_drop)
+        self.errors = RateLimitedLog(log)  # its count is DetokenizerStats.handling_errors
+        # rids ended here with an error that the Scheduler still runs (bounded: a forgotten one's
+        # later outputs are merely counted as stale)
+        self.failed: OrderedDict[str, None] = OrderedDict()
 
     def handle_batch(self, batch: BatchTokenIDOutput) -> BatchStrOutput:
         recv = now_ns()
         firsts = {o.rid for o in batch.outputs if o.rid not in self.states}
-        outs = [o for o in (self._one(out, recv, batch.sent_at) for out in batch.outputs) if o is not None]
+        outs = [o for o in (self._guarded(out, recv, batch.sent_at) for out in batch.outputs) if o is not None]
         done = now_ns()
         for o in outs:
             o.meta.stamps.detok_done = done
@@ -49,6 +63,27 @@ class DetokenizerManager:
             if o.finish_reason is not None:
                 self.spans.finished(o.rid, done, o.finish_reason)
         return BatchStrOutput(outputs=outs)
+
+    def _guarded(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
+        """`_one`, except that a failure ends this rid alone, with an explicit error."""
+        final = out.finish_reason is not None
+        if out.rid in self.failed:  # already ended here: wait quietly for the engine's final output
+            if final:
+                del self.failed[out.rid]
+            return None
+        try:
+            return self._one(out, recv, sent_at)
+        except Exception as exc:  # noqa: BLE001
+            self.errors.report(f"could not detokenize the output of request {out.rid[:64]!r}; ending it", exc)
+        self.states.pop(out.rid, None)
+        self.drops.forget(out.rid, "error")
+        if not final:
+            self.failed[out.rid] = None
+            if len(self.failed) > MAX_FAILED_REMEMBERED:
+                self.failed.popitem(last=False)
+        return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", engine_running=not final,
+                      error="the output of this request could not be detokenized",
+                      prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens, meta=out.meta)
 
     def _one(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         state = self.states.get(out.rid)
@@ -85,7 +120,8 @@ class DetokenizerManager:
 
     def stats(self) -> DetokenizerStats:
         return DetokenizerStats(active_rids=len(self.states), stale_drops=self.drops.snapshot(),
-                                undecodable=self.codec.undecodable, spans=self.tracing.drain())
+                                undecodable=self.codec.undecodable, spans=self.tracing.drain(),
+                                handling_errors=self.errors.count)
 
 
 def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
@@ -103,15 +139,19 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
         last_stats = 0
         while keep_running(parent):
             if recv.poll(interval_ms):
-                msg = mgr.codec.decode(recv.recv())
-                if isinstance(msg, BatchTokenIDOutput):
-                    out = mgr.handle_batch(msg)
-                    if out.outputs:
-                        send.send(mgr.codec.encode(out))
-                    mgr.spans.producers.sent()
-                elif msg is not None:
-                    mgr.codec.undecodable += 1
-                    log.warning("unexpected %s on the detokenizer socket", type(msg).__name__)
+                data = recv.recv()
+                try:
+                    msg = mgr.codec.decode(data)
+                    if isinstance(msg, BatchTokenIDOutput):
+                        out = mgr.handle_batch(msg)
+                        if out.outputs:
+                            send.send(mgr.codec.encode(out))
+                        mgr.spans.producers.sent()
+                    elif msg is not None:
+                        mgr.codec.undecodable += 1
+                        log.warning("unexpected %s on the detokenizer socket", type(msg).__name__)
+                except Exception as exc:  # noqa: BLE001 - one bad message must not stop the process
+                    mgr.errors.report(f"dropped a message of {len(data)} bytes whose handling failed", exc)
             if now_ns() - last_stats >= args.heartbeat_interval * 1e9:
                 last_stats = now_ns()
                 send.send(mgr.codec.encode(mgr.stats()))

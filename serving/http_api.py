@@ -19,13 +19,14 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from serving.auth import AuthMiddleware
 from serving.errors import APIError
+from serving.http_guard import GuardMiddleware, allowed_hosts
 from serving.generate_api import GenerateRequest, generate_input, generate_body
 from serving.io_struct import StrOut
 from serving.openai_protocol import (
@@ -33,6 +34,7 @@ from serving.openai_protocol import (
     include_usage,
 )
 from serving.http_ops import OPS_ROUTES, HTTPMetricsMiddleware
+from serving.http_server import EXTENSION as TRANSPORT
 from serving.server_state import ServerState
 from serving.tokenizer_manager import Collected, GenerateReqInput, ReqState
 
@@ -53,31 +55,51 @@ def error_response(err: APIError, headers: dict[str, str] | None = None) -> Resp
 
 
 class SSEResponse(StreamingResponse):
-    """A stream that runs `on_close` however it ends, even if it never started."""
+    """A stream that runs `on_close` however it ends, even if it never started.
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str]) -> None:
+    Its sends may block for at most the request's remaining timeout (+1 s to deliver the
+    timeout error) or `--send-stall-timeout`: then the transport cuts the stream off and
+    `on_close` aborts the request (`serving.http_server.Stream`).
+    """
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str],
+                 timeout: float | None) -> None:
+        self._timeout = timeout
         super().__init__(content, media_type="text/event-stream",
                          headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
+            transport = scope.get("extensions", {}).get(TRANSPORT)
+            if transport is not None and self._timeout:
+                transport.deadline = asyncio.get_running_loop().time() + self._timeout
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing (413) one larger than `limit` before reading it all."""
+    """The body, refusing one larger than `limit` before reading it all (413) and one not in
+    within `--body-read-timeout` (408: a slow or stuck client holds no connection forever);
+    a client gone mid-upload is a client abort (499), not a server error."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    timeout = request.app.state.server.args.body_read_timeout
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="body_timeout") from None
+    except ClientDisconnect:
+        raise APIError(499, "the client disconnected while sending the request body",
+                       code="client_disconnect") from None
     return b"".join(chunks)
 
 
@@ -164,7 +186,7 @@ async def generation(request: Request, kind: Kind) -> Response:
         if rt.span is not None:
             rt.span.set_attributes(_request_attributes(obj))
         state.check_available()
-        req = state.tm.submit(obj, rt)
+        req = await state.tm.submit(obj, rt)
     except APIError as err:
         tel.rejected(rt, err.status, err.code or err.type, err.message)
         return error_response(err, tel.response_headers(rt))
@@ -181,7 +203,7 @@ async def generation(request: Request, kind: Kind) -> Response:
         def on_close() -> None:
             state.tm.abort(req.rid, "client_disconnect")
             tel.end(rt)
-        return SSEResponse(events, on_close, headers)
+        return SSEResponse(events, on_close, headers, obj.timeout)
     result = await collect_or_abort(request, state, req)
     if result is None:
         tel.end(rt, 499)
@@ -220,7 +242,7 @@ async def _generate_events(state: ServerState, req: ReqState) -> AsyncIterator[b
             break
         text.append(out.text)
         ids.extend(out.output_ids)
-        body = generate_body(Collected(req.rid, "".join(text), list(ids), out.finish_reason, out.matched_stop,
+        body = generate_body(Collected(req.client_rid, "".join(text), list(ids), out.finish_reason, out.matched_stop,
                                        req.prompt_tokens, out.completion_tokens, None))
         if out.finish_reason is not None and req.breakdown:
             body["meta_info"]["sightline"] = req.breakdown
@@ -266,7 +288,9 @@ def build_app(state: ServerState) -> Starlette:
             *OPS_ROUTES,
         ],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
-        middleware=[Middleware(HTTPMetricsMiddleware, state=state), Middleware(AuthMiddleware, args=state.args)],
+        middleware=[Middleware(HTTPMetricsMiddleware, state=state),
+                    Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
+                    Middleware(AuthMiddleware, args=state.args)],
     )
     app.state.server = state
     return app

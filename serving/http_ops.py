@@ -15,6 +15,8 @@ from starlette.routing import Route
 
 from serving.server_state import ServerState
 
+# Label values come from bounded sets: anything else a client sends counts as "other".
+KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 KNOWN_ROUTES = {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/models", "/health", "/metrics",
                 "/debug/state", "/debug/requests"}
 
@@ -94,7 +96,8 @@ class HTTPMetricsMiddleware:
 
         async def counting_send(message) -> None:
             if message["type"] == "http.response.start":
-                counter.labels(route, scope["method"], str(message["status"])).inc()
+                method = scope["method"] if scope["method"] in KNOWN_METHODS else "other"
+                counter.labels(route, method, str(message["status"])).inc()
             await send(message)
 
         await self.app(scope, receive, counting_send)

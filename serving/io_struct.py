@@ -144,6 +144,7 @@ class DetokenizerStats(_Msg):
     stale_drops: list[DropCount] = []  # cumulative since start
     undecodable: int = 0  # cumulative
     spans: list[SpanRecord] = []  # finished since the last stats message
+    handling_errors: int = 0  # cumulative: messages, or one rid's output, whose handling raised
 
 
 # -- Scheduler → TokenizerManager ------------------------------------------------------
@@ -167,6 +168,7 @@ class SchedulerStats(_Msg):
     undecodable: int = 0
     prefill_tokens_total: int = 0
     spans: list[SpanRecord] = []  # finished since the last stats message
+    handling_errors: int = 0  # cumulative: messages, or one rid's output, whose handling raised
 
 
 class Ready(_Msg):

@@ -20,6 +20,7 @@ import msgspec
 import zmq
 
 from serving.io_struct import DropCount, Message
+from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Codec:
         self._enc = msgspec.msgpack.Encoder()
         self._dec = msgspec.msgpack.Decoder(Message)
         self.undecodable = 0
+        self._log = RateLimitedLog(log, level=logging.WARNING)  # a flood of garbage logs a line a second
 
     def encode(self, msg: Message) -> bytes:
         msg.sent_at = now_ns()
@@ -79,7 +81,7 @@ class Codec:
             return self._dec.decode(data)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.undecodable += 1
-            log.warning("%s: dropped an undecodable message of %d bytes: %s", self.component, len(data), exc)
+            self._log.report(f"{self.component}: dropped an undecodable message of {len(data)} bytes: {exc}")
             return None
 
 

@@ -2,9 +2,11 @@
 
 Order: bind the TokenizerManager's sockets, spawn the Scheduler and the Detokenizer
 (`spawn` context, watched by the `EngineSupervisor`), serve HTTP at once (/health says
-503 until both report Ready).  On SIGINT/SIGTERM: new requests get 503, in-flight ones
-may finish for `--shutdown-grace` seconds, the rest end with an explicit error, HTTP
-stops, the children get SIGTERM (SIGKILL after a timeout), the runtime directory goes.
+503 until both report Ready; `serving.http_server` caps connections and bounds reads and
+sends).  On SIGINT/SIGTERM: new requests get 503, in-flight ones may finish for
+`--shutdown-grace` seconds, the rest end with an explicit error, HTTP stops (connections
+get a few seconds more, then are closed whatever their clients do), the children get
+SIGTERM (SIGKILL after a timeout), the runtime directory goes.
 """
 
 from __future__ import annotations
@@ -15,12 +17,10 @@ import signal
 import sys
 import uuid
 
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
-
 from serving.args import ServerArgs
 from serving.engine.loader import ModelLoadError, load_tokenizer, model_name
 from serving.http_api import build_app
+from serving.http_server import HTTPServer
 from serving.ipc import Endpoints, runtime_parent
 from serving.server_state import ServerState
 from serving.supervisor import EngineSupervisor, stop_children
@@ -66,6 +66,8 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
                         endpoints=endpoints)
     if metrics is not None:
         metrics.watch(state.engine_snapshot, lambda: len(tm.rid_to_state))
+    state.loop_lag.observe = metrics.get("sightline_event_loop_lag_seconds").observe if metrics is not None else None
+    state.loop_lag.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -78,17 +80,13 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
     supervisor = EngineSupervisor(state, instance_id, stop)
     watcher = asyncio.create_task(supervisor.run())
     try:
-        config = Config()
-        config.bind = [f"{args.host}:{args.port}"]
-        config.accesslog = None
-        config.errorlog = logging.getLogger("hypercorn.error")  # our handlers and format, once
-        config.graceful_timeout = 5.0
-        await serve(build_app(state), config, shutdown_trigger=shutdown_trigger)
+        await HTTPServer(build_app(state), args, metrics).serve(shutdown_trigger)
         return supervisor.exit_code
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         stop_children(state.procs)
+        await state.loop_lag.stop()
         await tm.close()
         tel.tracing.shutdown()
 

@@ -84,6 +84,8 @@ def decode_body(body: bytes, typ: type) -> Any:
         return msgspec.json.decode(body, type=typ)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise from_decode_error(exc) from None
+    except RecursionError:  # msgspec's own depth limit (about 1000 levels), not ours to raise
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
 
 
 def _unsupported(cond: bool, param: str, what: str) -> None:

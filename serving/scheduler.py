@@ -6,13 +6,16 @@
 
 It never awaits: the forward pass owns the CPU.  Per-rid `ReqMeta` (trace carrier and
 timestamps) arrives with the request and leaves, updated, with every output.
+
+Nothing one message carries may stop the loop: a request the engine cannot take or
+serve ends alone with an explicit error; a message whose handling raises is dropped,
+counted (`SchedulerStats.handling_errors`) and logged at most once a second.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import traceback
 
 import zmq
 
@@ -25,6 +28,7 @@ from serving.io_struct import (
 )
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
+from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
 from telemetry.tracing import Tracing
@@ -55,6 +59,7 @@ class Scheduler:
         self.prefill_tokens_total = 0
         self.last_token_at: int | None = None
         self._last_stats = 0
+        self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
 
     # -- intake -------------------------------------------------------------------
     def recv_requests(self, timeout_ms: int) -> None:
@@ -67,25 +72,31 @@ class Scheduler:
             except zmq.Again:
                 return
             msg = self.codec.decode(data)
-            if isinstance(msg, TokenizedGenerateReqInput):
-                self._add(msg)
-            elif isinstance(msg, AbortReq):
-                self._abort(msg)
-            elif msg is not None:
-                self.codec.undecodable += 1
-                log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
+            try:
+                if isinstance(msg, TokenizedGenerateReqInput):
+                    self._add(msg)
+                elif isinstance(msg, AbortReq):
+                    self._abort(msg)
+                elif msg is not None:
+                    self.codec.undecodable += 1
+                    log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
+            except Exception as exc:  # noqa: BLE001 - one bad message must not stop the engine
+                self.errors.report(f"dropped a {type(msg).__name__} whose handling failed", exc)
 
     def _add(self, msg: TokenizedGenerateReqInput) -> None:
         msg.meta.stamps.sched_recv = now_ns()
         try:
             req = self.core.add_request(msg.rid, msg.input_ids, msg.sampling)
-        except ValueError as exc:  # the TM validates first; this is the last line of defence
-            self.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=str(exc),
+        except Exception as exc:  # noqa: BLE001 - the TM validates first; this is the last line of defence
+            if not isinstance(exc, ValueError):  # ValueError: a client error, said to the client
+                self.errors.report(f"could not queue request {msg.rid[:64]!r}", exc)
+            error = str(exc) if isinstance(exc, ValueError) else "the engine could not queue this request"
+            self.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=error,
                                         prompt_tokens=len(msg.input_ids), detok=msg.detok, meta=msg.meta))
             return
-        req.times.queued = msg.meta.stamps.sched_recv
         self.meta[msg.rid] = msg.meta
         self.pending_detok[msg.rid] = msg.detok
+        req.times.queued = msg.meta.stamps.sched_recv
         self.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
@@ -96,7 +107,7 @@ class Scheduler:
             return
         log.debug("aborted %s (%s)", msg.rid, msg.reason)
         # a stop string ended it in the Detokenizer: a normal finish, not a failure
-        self.outbox.append(self._token_out(event, None if msg.reason == "stop_string" else msg.reason))
+        self._emit(event, None if msg.reason == "stop_string" else msg.reason)
 
     # -- outputs --------------------------------------------------------------------
     def _token_out(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> TokenOut:
@@ -129,8 +140,8 @@ class Scheduler:
 
     def flush(self) -> None:
         if self.outbox:
-            self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=self.outbox)))
-            self.outbox = []
+            outputs, self.outbox = self.outbox, []
+            self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=outputs)))
             self.spans.producers.sent()
 
     def send_stats(self, force: bool = False) -> None:
@@ -147,16 +158,17 @@ class Scheduler:
             generation_tokens_total=self.generation_tokens_total, last_token_at=self.last_token_at,
             stale_drops=self.drops.snapshot(), undecodable=self.codec.undecodable,
             prefill_tokens_total=self.prefill_tokens_total, spans=self.tracing.drain(),
+            handling_errors=self.errors.count,
         )))
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> None:
         try:
             events = self.core.step()
-        except Exception:  # noqa: BLE001 - a bug must fail its requests, not hang them
-            log.error("engine step failed; failing the running batch:\n%s", traceback.format_exc())
+        except Exception as exc:  # noqa: BLE001 - a bug outside any one request: fail the batch, not hang it
+            self.errors.report("engine step failed; failing the running batch", exc)
             for req in list(self.core.running):
-                self.outbox.append(self._token_out(self.core.abort(req.rid), "engine_error", "internal engine error"))
+                self._emit(self.core.abort(req.rid), "engine_error", "internal engine error")
             return
         self.steps += 1
         st = self.core.last_step
@@ -167,9 +179,24 @@ class Scheduler:
                 "sightline.batch.prefill_tokens": st.num_prefill_tokens})
         for ev in events:
             self.generation_tokens_total += len(ev.new_token_ids)
-            self.outbox.append(self._token_out(ev))
+            if ev.error is not None:  # the engine failed this request alone
+                self._emit(ev, "engine_error", ev.error)
+            else:
+                self._emit(ev)
         if events:
             self.last_token_at = now_ns()
+
+    def _emit(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> None:
+        """Queue the rid's output; if building it fails, end that rid alone with an explicit error."""
+        try:
+            self.outbox.append(self._token_out(ev, error_type, error))
+        except Exception as exc:  # noqa: BLE001
+            self.errors.report(f"could not build the output of request {ev.rid[:64]!r}; ending it", exc)
+            self.core.abort(ev.rid)  # None when it had already finished
+            self.meta.pop(ev.rid, None)
+            detok = self.pending_detok.pop(ev.rid, None) or DetokParams()
+            self.outbox.append(TokenOut(rid=ev.rid, new_token_ids=[], finish_reason="error",
+                                        error="internal engine error", detok=detok))
 
     def expire_queue(self) -> None:
         """Abort requests that waited in the queue longer than --max-queue-time."""
@@ -179,7 +206,7 @@ class Scheduler:
         now = now_ns()
         for req in [r for r in self.core.waiting if now - r.times.queued > limit * 1e9]:
             ev = self.core.abort(req.rid)
-            self.outbox.append(self._token_out(ev, "timeout", f"the request waited more than {limit:g} s in the queue"))
+            self._emit(ev, "timeout", f"the request waited more than {limit:g} s in the queue")
 
     def event_loop(self, parent: int) -> None:
         self.to_tm.send(self.codec.encode(Ready(
@@ -189,12 +216,15 @@ class Scheduler:
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):
             busy = self.core.has_work
-            self.recv_requests(0 if busy else idle_ms)
-            self.expire_queue()
-            if self.core.has_work:
-                self.step()
-            self.flush()
-            self.send_stats(force=busy)
+            try:
+                self.recv_requests(0 if busy else idle_ms)
+                self.expire_queue()
+                if self.core.has_work:
+                    self.step()
+                self.flush()
+                self.send_stats(force=busy)
+            except Exception as exc:  # noqa: BLE001 - never fatal; the watchdog sees a loop that stops stepping
+                self.errors.report("scheduler loop iteration failed", exc)
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)

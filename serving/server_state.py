@@ -14,6 +14,7 @@ from serving.errors import APIError
 from serving.ipc import Endpoints
 from serving.tokenizer_manager import TokenizerManager
 from telemetry.clock import now_ns
+from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import EngineSnapshot, Metrics
 from telemetry.request_telemetry import RequestTelemetry
 from telemetry.timeline import Timeline
@@ -32,14 +33,19 @@ class ServerState:
     started_at: float = field(default_factory=time.time)
     shutting_down: bool = False
     engine_failure: str | None = None  # set while the supervisor recovers from it
+    restart_status: str | None = None  # which restart attempt is under way (or waiting out its backoff)
+    engine_down: str | None = None  # set for good once the restart budget is spent
+    loop_lag: LoopLagMonitor = field(default_factory=lambda: LoopLagMonitor(None))
     _ps: dict[int, psutil.Process] = field(default_factory=dict)
 
     def health(self) -> tuple[bool, str]:
         """(healthy, reason): ready, both children alive, not shutting down."""
         if self.shutting_down:
             return False, "shutting down"
+        if self.engine_down:
+            return False, self.engine_down
         if self.engine_failure:
-            return False, f"engine failure ({self.engine_failure}); restarting"
+            return False, f"engine failure ({self.engine_failure}); {self.restart_status or 'restarting'}"
         for role, proc in self.procs.items():
             if not proc.is_alive():
                 return False, f"{role} process exited (code {proc.exitcode})"
@@ -66,7 +72,8 @@ class ServerState:
 
     def describe(self) -> dict:
         return {"pids": {role: p.pid for role, p in self.procs.items()}, "runtime_dir": self.endpoints.runtime_dir,
-                "model": self.model_name}
+                "model": self.model_name, "ready_rejected": dict(self.tm.ready_rejected),
+                "event_loop_lag_seconds": {"last": self.loop_lag.last, "worst": self.loop_lag.worst}}
 
     def _proc(self, pid: int | None) -> psutil.Process | None:
         if pid is None:
@@ -103,6 +110,8 @@ class ServerState:
             stale_drops=drops, rss=rss, cpu=cpu,
             undecodable={"tokenizer_manager": tm.codec.undecodable, "scheduler": s.undecodable if s else 0,
                          "detokenizer": d.undecodable if d else 0},
+            handling_errors={"tokenizer_manager": tm.handling_errors.count,
+                             "scheduler": s.handling_errors if s else 0, "detokenizer": d.handling_errors if d else 0},
             heartbeat_age={role: (now - t) / 1e9 for role, t in tm.last_heartbeat.items()},
         )
         snap.seconds_since_last_token = self.seconds_without_token()

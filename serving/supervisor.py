@@ -8,6 +8,13 @@ ERROR log line name the process and the cause; then both children are replaced
 server exits 1 (`exit`).  Both are replaced because their per-rid state only makes sense
 together.  Better than the seed's crash-and-let-the-supervisor-restart: clients get an
 answer, not a reset connection.
+
+A restart that fails too (a child dies or is not ready in time) is retried after an
+exponential backoff, within a budget of `--max-engine-restarts` attempts per
+`--engine-restart-window` seconds.  A spent budget means the engine cannot stay up
+(a crash loop): the server then stays up answering 503 with the reason, so probes and
+clients see why, instead of exiting into an outside restart loop.  A failure of the
+very first start still exits 1: that server never worked, and its operator must see it.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import time
+from collections import deque
 
 from serving.args import ServerArgs
 from serving.detokenizer import run_detokenizer_process
@@ -27,6 +35,9 @@ from telemetry.clock import now_ns
 log = logging.getLogger("sightline.supervisor")
 CHILD_STOP_TIMEOUT = 5.0
 ROLES = ("scheduler", "detokenizer")
+BACKOFF_FIRST = 0.5  # seconds before the first restart in a quiet window; doubles per recent attempt
+BACKOFF_MAX = 30.0
+Failure = tuple[str, str, str]  # (role, cause, detail)
 
 
 def spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
@@ -60,22 +71,29 @@ class EngineSupervisor:
         self.stop = stop
         self.exit_code = 0
         self.restarts = 0
+        self.attempts: deque[float] = deque()  # monotonic times of restart attempts, pruned to the window
 
-    async def start(self) -> bool:
-        """Spawn both children and wait for their Ready; False if one dies or time runs out."""
+    async def start(self) -> Failure | None:
+        """Spawn both children and wait for their Ready: None once ready or when the server stops, else the failure."""
         st, loop = self.state, asyncio.get_running_loop()
         st.procs = spawn(self.args, st.endpoints, self.instance_id)
+        st.tm.awaiting_ready = {role: p.pid for role, p in st.procs.items()}  # only these may report Ready
         deadline = loop.time() + self.args.startup_timeout
         while not st.tm.all_ready.is_set():
-            dead = [role for role, p in st.procs.items() if not p.is_alive()]
-            if dead or loop.time() > deadline:
-                log.error("%s; shutting down", f"{dead[0]} exited during startup" if dead else "startup timed out")
-                return False
+            if self.stop.is_set():  # children still starting hold nothing worth a graceful stop
+                stop_children(st.procs, force=True)
+                return None
+            for role, p in st.procs.items():
+                if not p.is_alive():
+                    return role, "exited", f"exited with code {p.exitcode} before it was ready"
+            if loop.time() > deadline:
+                role = next(r for r in ROLES if r not in st.tm.ready)
+                return role, "startup_timeout", f"was not ready within {self.args.startup_timeout:g} s"
             await asyncio.sleep(0.05)
         log.info("ready: serving %s on http://%s:%d", st.model_name, self.args.host, self.args.port)
-        return True
+        return None
 
-    def check(self) -> tuple[str, str, str] | None:
+    def check(self) -> Failure | None:
         """(role, cause, detail) of a failed child, or None."""
         st = self.state
         for role, p in st.procs.items():
@@ -91,13 +109,16 @@ class EngineSupervisor:
 
     async def run(self) -> None:
         """Watch until the server stops; recover from each failure."""
-        if not await self.start():
+        failure = await self.start()
+        if failure is not None:
+            role, _, detail = failure
+            log.error("%s %s during startup; shutting down", role, detail, extra={"role": role})
             self.exit_code = 1
             self.stop.set()
             return
         while not self.stop.is_set():
             await asyncio.sleep(0.1)
-            if self.state.shutting_down:
+            if self.state.shutting_down or self.state.engine_down:
                 continue
             try:
                 failure = self.check()
@@ -111,27 +132,66 @@ class EngineSupervisor:
                 log.exception("supervisor error; watching on")
 
     async def recover(self, role: str, cause: str, detail: str) -> bool:
-        st = self.state
+        """Replace the children until they are ready, within the budget; False when the server must stop."""
+        st, args = self.state, self.args
         t0 = time.monotonic()
+        while True:
+            self._failed(role, cause, detail)
+            await asyncio.to_thread(stop_children, st.procs, True)
+            if args.on_engine_failure == "exit" or self.stop.is_set():
+                self.exit_code = 1 if args.on_engine_failure == "exit" else self.exit_code
+                self.stop.set()
+                return False
+            now = time.monotonic()
+            while self.attempts and self.attempts[0] <= now - args.engine_restart_window:
+                self.attempts.popleft()
+            if len(self.attempts) >= args.max_engine_restarts:
+                self._give_up()
+                return True
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** len(self.attempts))
+            attempt = len(self.attempts) + 1
+            st.restart_status = (f"restart attempt {attempt} of at most {args.max_engine_restarts} per "
+                                 f"{args.engine_restart_window:g} s")
+            log.warning("restarting the engine in %.1f s (%s)", delay, st.restart_status,
+                        extra={"attempt": attempt, "backoff_seconds": delay})
+            try:
+                await asyncio.wait_for(self.stop.wait(), delay)
+                return False  # stopping: the server's shutdown stops what is left
+            except asyncio.TimeoutError:
+                pass
+            self.attempts.append(time.monotonic())
+            failure = await self.start()
+            if self.stop.is_set():
+                return False
+            if failure is None:
+                break
+            role, cause, detail = failure
+        self.restarts += 1
+        st.engine_failure = st.restart_status = None
+        if st.metrics is not None:
+            st.metrics.get("sightline_engine_restarts_total").inc()
+        log.warning("engine restarted in %.1f s after %s %s", time.monotonic() - t0, role, cause,
+                    extra={"role": role, "cause": cause, "restart_seconds": round(time.monotonic() - t0, 2)})
+        return True
+
+    def _failed(self, role: str, cause: str, detail: str) -> None:
+        """Announce a failure (ERROR log, metric, /health) and end every request in flight with an error."""
+        st = self.state
         st.engine_failure = f"{role} {detail}"
         log.error("engine failure: %s %s", role, detail, extra={"role": role, "cause": cause})
         if st.metrics is not None:
             st.metrics.get("sightline_engine_failures_total").labels(role, cause).inc()
         st.tm.abort_all("engine_failure", f"the engine failed ({role} {detail}); the request was not completed")
         st.tm.reset_engine()
-        await asyncio.to_thread(stop_children, st.procs, True)
-        if self.args.on_engine_failure == "exit" or self.stop.is_set():
-            self.exit_code = 1 if self.args.on_engine_failure == "exit" else self.exit_code
-            self.stop.set()
-            return False
-        if not await self.start():
-            self.exit_code = 1
-            self.stop.set()
-            return False
-        self.restarts += 1
-        st.engine_failure = None
+
+    def _give_up(self) -> None:
+        """The budget is spent: leave the engine down and say so, in /health, every 503, a metric and the log."""
+        st, args = self.state, self.args
+        st.engine_down = (f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
+                          f"{args.engine_restart_window:g} s, --max-engine-restarts {args.max_engine_restarts}); "
+                          f"last failure: {st.engine_failure}; restart the server")
+        st.engine_failure = st.restart_status = None
+        st.procs = {}
         if st.metrics is not None:
-            st.metrics.get("sightline_engine_restarts_total").inc()
-        log.warning("engine restarted in %.1f s after %s %s", time.monotonic() - t0, role, cause,
-                    extra={"role": role, "cause": cause, "restart_seconds": round(time.monotonic() - t0, 2)})
-        return True
+            st.metrics.get("sightline_engine_restart_budget_exhausted").set(1)
+        log.error("%s", st.engine_down, extra={"restart_attempts": len(self.attempts)})

@@ -30,6 +30,8 @@ from serving.io_struct import (
     TokenizedGenerateReqInput,
 )
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
+from serving.ratelog import RateLimitedLog
+from serving.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
 from telemetry.clock import now_ns
 from telemetry.request_telemetry import RequestTelemetry, RequestTrace
 
@@ -71,13 +73,14 @@ class ReqState:
     started: bool = False  # the engine produced its first output (it no longer counts as queued)
     budget_tokens: int = 0  # prompt + max_new_tokens, counted against --max-inflight-tokens
     timer: asyncio.TimerHandle | None = None
+    client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route
 
 
 @dataclass
 class Collected:
     """A finished request, for non-streaming responses."""
 
-    rid: str
+    rid: str  # as the client knows it (ReqState.client_rid)
     text: str
     output_ids: list[int]
     finish_reason: str | None
@@ -114,6 +117,7 @@ class TokenizerManager:
         self.args = args
         self.tel = telemetry
         self.tokenizer = tokenizer
+        self.prompts = PromptTokenizer(tokenizer)
         self.model_name = model_name
         self.ctx = zmq.asyncio.Context()
         self.endpoints = endpoints
@@ -122,9 +126,14 @@ class TokenizerManager:
         self.from_sched = make_socket(self.ctx, zmq.PULL, endpoints.tm_from_scheduler, do_bind=True)
         self.codec = Codec("tokenizer_manager")
         self.drops = DropCounter("tokenizer_manager", on_drop=telemetry.tracing.stale_drop)
+        self.handling_errors = RateLimitedLog(log)
         self.rid_to_state: dict[str, ReqState] = {}
         self.ready: dict[str, Ready] = {}
         self.all_ready = asyncio.Event()
+        # role -> pid of the child the supervisor just spawned and awaits the Ready of (set by it, once per start)
+        self.awaiting_ready: dict[str, int] = {}
+        self.ready_rejected: dict[str, int] = {}  # Ready messages refused, by reason
+        self._ready_rejected_logged: int | None = None  # now_ns() of the last warning about one (rate-limited)
         self.scheduler_stats: SchedulerStats | None = None
         self.detok_stats: DetokenizerStats | None = None
         self.last_heartbeat: dict[str, int] = {}
@@ -147,6 +156,7 @@ class TokenizerManager:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.prompts.close()
         self.ctx.destroy(linger=0)
 
     @property
@@ -161,6 +171,7 @@ class TokenizerManager:
         """The children are being replaced: forget what they said; drop messages queued for the dead one."""
         self.ready.clear()
         self.all_ready.clear()
+        self.awaiting_ready.clear()
         self.scheduler_stats = self.detok_stats = None
         self.last_heartbeat.clear()
         self.to_scheduler.close(linger=0)
@@ -182,8 +193,8 @@ class TokenizerManager:
                 continue
             try:
                 handler(msg)
-            except Exception:  # noqa: BLE001 - one bad message must not stop the loop
-                log.exception("failed to handle %s", type(msg).__name__)
+            except Exception as exc:  # noqa: BLE001 - one bad message must not stop the loop
+                self.handling_errors.report(f"failed to handle {type(msg).__name__}", exc)
 
     def _handle_str_output(self, batch: BatchStrOutput) -> None:
         recv = now_ns()
@@ -193,18 +204,26 @@ class TokenizerManager:
             if state is None:
                 self.drops.drop("BatchStrOutput", out.rid, out.meta.trace)
                 continue
-            state.out_list.append(out)
-            state.meta = out.meta
-            state.completion_tokens = out.completion_tokens
-            if not state.started:
-                state.started = True
-                self.num_queued -= 1
-            self.tel.on_output(state.trace, out, recv)
-            if out.finish_reason is not None:
-                self._finish(state, out.finish_reason, out.abort_reason, out.error)
-                if out.engine_running:  # a stop string ended it in the Detokenizer
-                    self._send_abort(out.rid, "stop_string", state.meta)
+            try:
+                self._apply_output(state, out, recv)
+            except Exception as exc:  # noqa: BLE001 - one rid's bad output ends that rid alone
+                self.handling_errors.report(f"failed to handle an output of {out.rid}; ending it with an error", exc)
+                self.abort(out.rid, "internal_error", "internal error while handling this request's output")
             state.event.set()
+
+    def _apply_output(self, state: ReqState, out: StrOut, recv: int) -> None:
+        state.out_list.append(out)
+        state.meta = out.meta
+        state.completion_tokens = out.completion_tokens
+        if not state.started:
+            state.started = True
+            self.num_queued -= 1
+        self.tel.on_output(state.trace, out, recv)
+        if out.finish_reason is not None:
+            self._finish(state, out.finish_reason, out.abort_reason, out.error)
+            if out.engine_running:  # the Detokenizer ended it (a stop string, or it failed there)
+                self._send_abort(out.rid, "stop_string" if out.finish_reason == "stop" else "detokenizer_error",
+                                 state.meta)
 
     def _finish(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
         """The rid leaves rid_to_state: mark it, count it, observe it (exactly once)."""
@@ -231,6 +250,24 @@ class TokenizerManager:
         self.tel.on_stats(msg, None)
 
     def _handle_ready(self, msg: Ready) -> None:
+        """Apply a Ready only from the child just spawned for its role, once; count and drop any other.
+
+        A Ready sets the context length and vocabulary every request is validated against:
+        one from anyone else (a stale child, a stray writer on the socket) must never apply.
+        """
+        expected = self.awaiting_ready.get(msg.role)
+        if expected is None or msg.pid != expected:
+            reason = "not_starting" if expected is None else "wrong_pid"
+            self.ready_rejected[reason] = self.ready_rejected.get(reason, 0) + 1
+            self.codec.undecodable += 1  # an unexpected message: reported with the undecodable ones
+            now = now_ns()
+            if self._ready_rejected_logged is None or now - self._ready_rejected_logged > 10e9:
+                self._ready_rejected_logged = now
+                log.warning("ignored a Ready(role=%r, pid=%d): %s (%d ignored so far)", msg.role[:32], msg.pid,
+                            "no start of that role is awaiting one" if expected is None
+                            else f"the {msg.role} just spawned has pid {expected}", sum(self.ready_rejected.values()))
+            return
+        del self.awaiting_ready[msg.role]  # once per start
         log.info("%s ready (pid %d)", msg.role, msg.pid)
         self.ready[msg.role] = msg
         self.last_heartbeat[msg.role] = now_ns()
@@ -238,20 +275,6 @@ class TokenizerManager:
             self.all_ready.set()
 
     # -- submitting -------------------------------------------------------------------
-    def _tokenize(self, obj: GenerateReqInput) -> list[int]:
-        if obj.messages is not None:
-            try:
-                text = self.tokenizer.apply_chat_template(obj.messages, tokenize=False, add_generation_prompt=True)
-            except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
-                raise bad_request(f"messages cannot be rendered by the chat template: {exc}", param="messages") from None
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if isinstance(obj.prompt, str):
-            return self.tokenizer(obj.prompt)["input_ids"]
-        ids = list(obj.prompt or [])
-        if any(not 0 <= t < self.vocab_size for t in ids):
-            raise bad_request(f"token ids must be in [0, {self.vocab_size})", param="prompt", code="invalid_token_id")
-        return ids
-
     def _validate(self, obj: GenerateReqInput, ids: list[int]) -> None:
         names = obj.param_names
         if not ids:
@@ -259,9 +282,7 @@ class TokenizerManager:
                               code="empty_prompt")
         ctx = self.context_len
         if len(ids) >= ctx:
-            raise bad_request(f"This model's maximum context length is {ctx} tokens, but the prompt has {len(ids)} "
-                              "tokens (at least one token must be generated).", param="prompt",
-                              code="context_length_exceeded")
+            raise prompt_too_long(ctx, len(ids), "messages" if obj.messages is not None else "prompt")
         want = obj.max_new_tokens
         obj.sampling.max_new_tokens = ctx - len(ids) if want is None else want
         if want is not None and len(ids) + want > ctx:
@@ -275,26 +296,33 @@ class TokenizerManager:
             param = names.get(field_name, field_name)
             raise bad_request(str(exc).replace(field_name, param, 1), param=param) from None
 
-    def submit(self, obj: GenerateReqInput, rt: RequestTrace) -> ReqState:
-        """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent."""
-        if not self.all_ready.is_set():
-            raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
-        if obj.rid is not None and (not _RID.match(obj.rid) or obj.rid in self.rid_to_state):
-            raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-] and not already in flight", param="rid")
-        rid = obj.rid or uuid.uuid4().hex
-        if self.num_queued >= self.args.max_queued_requests:
-            raise self._overloaded("queue_full", f"{self.num_queued} requests are already waiting")
+    async def submit(self, obj: GenerateReqInput, rt: RequestTrace) -> ReqState:
+        """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent.
+
+        The internal rid is always fresh (a client's `rid` is only echoed back): a client
+        reusing its rid right after a disconnect must never receive the old request's
+        late outputs or abort.
+        """
+        self._check_ready()
+        if obj.rid is not None and not _RID.match(obj.rid):
+            raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
+        rid = uuid.uuid4().hex
+        self._check_queue()
+        check_size(obj, self.context_len, self.input_limits())
         t0 = now_ns()
-        ids = self._tokenize(obj)
+        ids = await self.prompts.encode(obj, self.vocab_size)
         t1 = now_ns()
+        self._check_ready()  # the engine may have been replaced while this request was tokenized
         self._validate(obj, ids)
+        self._check_queue()  # others may have been admitted meanwhile
         budget = len(ids) + obj.sampling.max_new_tokens
         if self.inflight_tokens + budget > self.args.inflight_token_limit and self.rid_to_state:
             raise self._overloaded("tokens_full", f"{self.inflight_tokens} prompt+output tokens are in flight")
         self.tel.tokenized(rt, rid, t0, t1, len(ids))
         carrier, producer = self.tel.producer(rt)
         meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=rt.arrival, tokenized=now_ns()))
-        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta, trace=rt, budget_tokens=budget)
+        state = ReqState(rid=rid, prompt_tokens=len(ids), meta=meta, trace=rt, budget_tokens=budget,
+                         client_rid=obj.rid or rid)
         self.rid_to_state[rid] = state
         self.num_queued += 1
         self.inflight_tokens += budget
@@ -307,6 +335,17 @@ class TokenizerManager:
         if producer is not None:
             producer.end()
         return state
+
+    def _check_ready(self) -> None:
+        if not self.all_ready.is_set():
+            raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
+
+    def _check_queue(self) -> None:
+        if self.num_queued >= self.args.max_queued_requests:
+            raise self._overloaded("queue_full", f"{self.num_queued} requests are already waiting")
+
+    def input_limits(self) -> InputLimits:
+        return InputLimits.for_context(self.context_len, self.args.max_prompt_chars, self.args.max_messages)
 
     def _overloaded(self, reason: str, detail: str) -> APIError:
         """429 with a Retry-After estimated from the recent token rate."""
@@ -342,8 +381,8 @@ class TokenizerManager:
             ids.extend(out.output_ids)
             last = out
         if last is None:  # aborted before any output (shutdown, engine failure)
-            return Collected(state.rid, "", [], "error", None, state.prompt_tokens, 0, "the request was aborted")
-        return Collected(state.rid, "".join(text), ids, last.finish_reason, last.matched_stop,
+            return Collected(state.client_rid, "", [], "error", None, state.prompt_tokens, 0, "the request was aborted")
+        return Collected(state.client_rid, "".join(text), ids, last.finish_reason, last.matched_stop,
                          state.prompt_tokens, last.completion_tokens, last.error)
 
     def abort(self, rid: str, reason: str, error: str | None = None) -> None:

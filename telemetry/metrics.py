@@ -107,10 +107,26 @@ SPECS: tuple[Spec, ...] = (
          "(--max-inflight-tokens)."),
     Spec("sightline_engine_failures_total", "counter", "Engine process failures seen by the watchdog.",
          ("role", "cause"), definition="role: scheduler | detokenizer. cause: exited | stalled (no heartbeat for "
-         "--watchdog-timeout while requests were in flight)."),
+         "--watchdog-timeout while requests were in flight) | startup_timeout (a restarted child not ready within "
+         "--startup-timeout)."),
     Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure."),
+    Spec("sightline_engine_restart_budget_exhausted", "gauge",
+         "1 once --max-engine-restarts restarts within --engine-restart-window were spent: the engine stays down and "
+         "every request gets 503 until the server is restarted from outside; else 0."),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
-         ("route", "method", "status")),
+         ("route", "method", "status"), definition="route: a route template or `unmatched`; method: GET, HEAD, POST, "
+         "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set)."),
+    Spec("sightline_event_loop_lag_seconds", "histogram", "How late the main process's event loop runs a timer.",
+         (), "stage", "Sampled continuously: a task asks to wake every 50 ms and observes how much later than asked "
+         "it ran. Everything the main process does (HTTP, SSE, tokenizing inline, output dispatch) waits that long; "
+         "a high tail means streams stall in the front end, not in the engine."),
+    Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections)."),
+    Spec("sightline_http_connections_refused_total", "counter",
+         "Connections answered 503 and closed at accept because --max-connections were open."),
+    Spec("sightline_http_stream_stalls_total", "counter", "Response streams cut off because the client took no data.",
+         ("cause",), definition="cause: stalled (a send made no progress for --send-stall-timeout) | deadline (an SSE "
+         "send still blocked 1 s after its request's deadline). HTTP/2 gets RST_STREAM, HTTP/1.1 a closed "
+         "connection; a request still running is aborted as client_disconnect."),
     Spec("sightline_health_checks_total", "counter", "/health answers, by result.", ("healthy",)),
     Spec("sightline_requests_in_flight", "gauge", "Requests the TokenizerManager holds (rid_to_state size).", M),
     # from the children's stats messages, exposed at scrape time
@@ -121,6 +137,9 @@ SPECS: tuple[Spec, ...] = (
          "(client_disconnect, stop, length, abort, ...) or unknown_rid."),
     Spec("sightline_undecodable_messages_total", "counter", "ZMQ frames that were not one of our message types.",
          ("component",), source="all"),
+    Spec("sightline_message_handling_errors_total", "counter",
+         "Messages (or one rid's part of a message) whose handling raised; that rid ended with an error, the "
+         "process went on.", ("component",), source="all"),
     Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", M, source="scheduler"),
     Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", M, source="scheduler"),
     Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values.", M, source="scheduler"),
@@ -176,6 +195,7 @@ class EngineSnapshot:
     seconds_since_last_token: float = 0.0
     stale_drops: Iterable[tuple[str, str, str, int]] = ()
     undecodable: dict[str, int] | None = None
+    handling_errors: dict[str, int] | None = None
     heartbeat_age: dict[str, float] | None = None
     rss: dict[str, float] | None = None
     cpu: dict[str, float] | None = None
@@ -217,6 +237,7 @@ class EngineCollector(Collector):
             fam.add_metric([component, mtype, reason], n)
         yield fam
         for name, values in (("sightline_undecodable_messages_total", s.undecodable),
+                             ("sightline_message_handling_errors_total", s.handling_errors),
                              ("sightline_heartbeat_age_seconds", s.heartbeat_age),
                              ("sightline_process_resident_memory_bytes", s.rss),
                              ("sightline_process_cpu_seconds_total", s.cpu)):
@@ -253,8 +274,10 @@ class Metrics:
             self.get("sightline_requests_shed_total").labels(model_name, reason)
         for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
             self.get("sightline_request_aborts_total").labels(model_name, reason)
+        for cause in ("stalled", "deadline"):
+            self.get("sightline_http_stream_stalls_total").labels(cause)
         for role in ("scheduler", "detokenizer"):
-            for cause in ("exited", "stalled"):
+            for cause in ("exited", "stalled", "startup_timeout"):
                 self.get("sightline_engine_failures_total").labels(role, cause)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.get("sightline_build_info").labels(model_name, version).set(1)

@@ -24,7 +24,8 @@ from telemetry.timeline import Timeline
 from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, set_error, trace_id_of, traceparent_of
 
 PROVIDER = "sightline"
-ABORT_STATUS = {"client_disconnect": 499, "shutdown": 503, "timeout": 504, "engine_failure": 503}
+ABORT_STATUS = {"client_disconnect": 499, "shutdown": 503, "timeout": 504, "engine_failure": 503,
+                "internal_error": 500}
 
 
 @dataclass
@@ -96,8 +97,12 @@ class RequestTelemetry:
         self._inc("sightline_requests_shed_total", self.model, reason)
 
     def rejected(self, rt: RequestTrace, status: int, error_type: str, message: str) -> None:
-        """A request refused before reaching the engine (400, 503...)."""
-        self._inc("sightline_requests_total", self.model, "error", str(status))
+        """A request refused before reaching the engine (400, 503...), or whose client left
+        before it was read (499: a client abort, like one that leaves mid-generation)."""
+        gone = status == ABORT_STATUS["client_disconnect"]
+        self._inc("sightline_requests_total", self.model, "abort" if gone else "error", str(status))
+        if gone:
+            self._inc("sightline_request_aborts_total", self.model, "client_disconnect")
         if rt.span is not None:
             set_error(rt.span, error_type, message)
         self.end(rt, status)

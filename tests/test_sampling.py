@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import torch
 
-from serving.engine.sampling import SamplingParams, apply_penalties, sample
+from serving.engine.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_K, SamplingParams, apply_penalties, sample
 from tests.conftest import PROMPTS, collect, encode, greedy, make_core
 
 
@@ -68,6 +68,8 @@ def test_filters_top_k_top_p_min_p():
     assert support(temperature=1.0, top_p=0.7) == {0, 1}  # 0.5 + 0.3 reaches 0.7
     assert support(temperature=1.0, min_p=0.5) == {0, 1}  # >= 0.5 * 0.5
     assert support(temperature=0.0) == {0}
+    assert support(temperature=1e-45) == {0}  # would be NaN probabilities in float32: greedy instead
+    assert support(temperature=1.0, top_k=2**64 - 1) == {0, 1, 2, 3}  # clamped to the vocabulary, no overflow
 
 
 def test_penalties_change_generation(smollm):
@@ -82,7 +84,17 @@ def test_penalties_change_generation(smollm):
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("top_p", 0.0), ("top_k", -2), ("min_p", 1.5), ("max_new_tokens", 0),
     ("repetition_penalty", 0.0), ("frequency_penalty", 3.0), ("presence_penalty", -3.0), ("seed", -1),
+    ("top_k", 2**64 - 1), ("top_k", MAX_TOP_K + 1), ("seed", 2**63), ("max_new_tokens", 2**31),
+    ("temperature", float("inf")), ("top_p", float("nan")), ("min_p", float("nan")),
+    ("frequency_penalty", float("-inf")), ("repetition_penalty", float("nan")),
+    ("stop_token_ids", list(range(MAX_STOP_TOKEN_IDS + 1))), ("stop_token_ids", [5, 2**63]), ("stop_token_ids", [-1]),
 ])
 def test_out_of_range_params_rejected(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=f"^{field} .*, got "):  # the API's 400 names the field first
         SamplingParams(**{field: value}).validate()
+
+
+def test_limits_are_inclusive():
+    SamplingParams(top_k=MAX_TOP_K, stop_token_ids=list(range(MAX_STOP_TOKEN_IDS)), seed=2**63 - 1).validate(49152)
+    with pytest.raises(ValueError, match=r"^stop_token_ids must be token ids in \[0, 100\), got 100$"):
+        SamplingParams(stop_token_ids=[99, 100]).validate(100)

@@ -50,10 +50,22 @@ class Work:
 
 
 def build_batch(decodes: list[Work], extends: list[Work], pool: KVPool) -> ForwardBatch:
-    """Allocate KV slots for every fed token and build the attention metadata."""
+    """Allocate KV slots for every fed token and build the attention metadata.
+
+    If it raises, the slots it had allocated are back in the pool.
+    """
+    slots: list[torch.Tensor] = []
+    try:
+        return _build(decodes, extends, pool, slots)
+    except BaseException:
+        for s in slots:
+            pool.unextend(s)
+        raise
+
+
+def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[torch.Tensor]) -> ForwardBatch:
     ids: list[int] = []
     pos: list[torch.Tensor] = []
-    slots: list[torch.Tensor] = []
     logits_rows: list[int] = []
 
     for w in decodes:

@@ -76,6 +76,10 @@ class KVPool:
         self.req_to_token[row, start : start + n] = t
         return t
 
+    def unextend(self, slots: torch.Tensor) -> None:
+        """Hand back slots `extend` gave out for positions a failed step never marked computed."""
+        self._free_slots.extend(slots.tolist())
+
     def release(self, row: int, num_tokens: int, reserved: int) -> None:
         """Return a request's slots, its reservation and its row."""
         if num_tokens:

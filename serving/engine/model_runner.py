@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 from serving.args import ServerArgs
@@ -24,6 +27,20 @@ class ModelRunner:
 
     def forward(self, decodes: list[Work], extends: list[Work]) -> torch.Tensor:
         """Allocate KV for every fed token, run the model, return logits of the rows that need them."""
+        with self.step(decodes, extends) as logits:
+            return logits
+
+    @contextmanager
+    def step(self, decodes: list[Work], extends: list[Work]) -> Iterator[torch.Tensor]:
+        """`forward` whose KV allocation is undone if it, or the caller's block using its logits, raises.
+
+        The K/V written for those positions stay in slots now free again: harmless, since a
+        position counts only once the caller marks it computed.
+        """
         fb = build_batch(decodes, extends, self.pool)
-        with torch.inference_mode():
-            return self.model.forward(fb, self.pool)
+        try:
+            with torch.inference_mode():
+                yield self.model.forward(fb, self.pool)
+        except BaseException:
+            self.pool.unextend(fb.out_slots)
+            raise

@@ -21,6 +21,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS or a stop token id (stop strings are the Detokenizer's)
     LENGTH = "length"  # max_new_tokens or the context window
     ABORT = "abort"
+    ERROR = "error"  # the engine failed on this request alone (its batch mates carry on)
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Req:
     max_new_tokens: int = 0  # params.max_new_tokens clamped to the context window
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None
+    stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for an O(1) check per token
+    error: str | None = None  # why the engine failed it (finish_reason ERROR)
     times: ReqTimes = field(default_factory=lambda: ReqTimes(queued=now_ns()))
 
     @property

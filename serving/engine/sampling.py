@@ -4,14 +4,26 @@ Order per row, as in vLLM/HF: penalties (repetition over prompt+output, frequenc
 presence over output) → temperature → top-k → top-p → min-p → draw.  Temperature 0
 (or top_k 1) is greedy.  Each request draws from its own `torch.Generator`, seeded by
 its `seed`, so a seeded request gives the same tokens whoever shares its batch.
+
+`SamplingParams.validate` bounds every field, so no value can make the batched sampler
+raise for its batch mates: top_k is -1, 0 or in [1, MAX_TOP_K] (clamped to the vocabulary
+here), floats are finite and in range, seed is in [0, 2**63), and at most
+MAX_STOP_TOKEN_IDS stop token ids are valid ids.  A temperature under GREEDY_TEMPERATURE
+is greedy (dividing logits by it would overflow float32 into NaN).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, Sequence
 
 import msgspec
 import torch
+
+MAX_TOP_K = 2**31 - 1
+MAX_STOP_TOKEN_IDS = 64  # per request; the engine checks each sampled token against them
+MAX_TOKEN_ID = 2**31 - 1  # bound on a token id when the vocabulary is not known
+GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -28,12 +40,18 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the first out-of-range field (the API turns it into a 400)."""
+        """Raise ValueError "<field> <why>, got <value>" for the first out-of-range field (the API's 400)."""
+        floats = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+        for name in floats:
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
         checks = [
-            (self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1"),
+            (1 <= self.max_new_tokens <= 2**31 - 1, "max_new_tokens", "must be in [1, 2147483647]"),
             (0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k == -1 or self.top_k >= 0, "top_k", "must be -1 (disabled) or >= 0"),
+            (self.top_k in (-1, 0) or 1 <= self.top_k <= MAX_TOP_K, "top_k",
+             f"must be -1 or 0 (disabled) or in [1, {MAX_TOP_K}]"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
@@ -43,12 +61,17 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         for ok, name, why in checks:
             if not ok:
                 raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
-        if vocab_size is not None and any(not 0 <= t < vocab_size for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be token ids in [0, {vocab_size})")
+        ids = self.stop_token_ids
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} entries, got {len(ids)}")
+        limit = vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1
+        bad = next((t for t in ids if not 0 <= t < limit), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {limit}), got {bad!r}")
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
@@ -84,7 +107,7 @@ def _filtered_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[
     probs = torch.softmax(sorted_logits, dim=-1)
     vocab = probs.shape[-1]
     ranks = torch.arange(vocab)[None, :]
-    top_k = torch.tensor([r.params.top_k if r.params.top_k > 0 else vocab for r in rows])[:, None]
+    top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in rows])[:, None]
     top_p = torch.tensor([r.params.top_p for r in rows], dtype=probs.dtype)[:, None]
     min_p = torch.tensor([r.params.min_p for r in rows], dtype=probs.dtype)[:, None]
     drop = ranks >= top_k
@@ -95,7 +118,12 @@ def _filtered_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
-    """Pick one token per row of logits [R, V]; `rows[i]` is the request of row i."""
+    """Pick one token per row of logits [R, V]; `rows[i]` is the request of row i.
+
+    The random draws come last: if anything before them raises, no request's generator
+    has moved, so the engine can retry the rows (without the culprit) and seeded requests
+    still reproduce.
+    """
     if logits.shape[0] != len(rows):
         raise ValueError("one sampling row per logits row")
     penalised = [i for i, r in enumerate(rows) if r.params.has_penalties]

@@ -9,10 +9,21 @@ Each step:
      can be reserved and fewer than `max_running_requests` run;
   3. one ragged forward runs decodes and prefill chunks side by side;
   4. requests whose prompt is complete sample a token; finished ones free KV at once.
+
+One request must never fail another: if the step raises, its K/V allocation is undone
+(positions count as computed only after a success) and the batch is split in halves,
+recursively, until each failing request stands alone; those end with finish_reason
+`error`, every other request gets its token as if nothing happened.  A healthy step pays
+nothing for this.
+
+Fault injection (tests): with SIGHTLINE_FAULT_SEED=N in the environment, a step that
+includes a request seeded N raises after its forward pass, as a torch error would.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -25,7 +36,11 @@ from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
 from serving.engine.request import FinishReason, Req, ReqStatus
 from serving.engine.sampling import SamplingParams, sample
+from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
+
+log = logging.getLogger(__name__)
+FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
 
 
 @dataclass
@@ -36,6 +51,7 @@ class TokenEvent:
     new_token_ids: list[int]
     finish_reason: FinishReason | None
     req: Req  # for its timestamps and counts; the Scheduler process serialises what it needs
+    error: str | None = None  # with FinishReason.ERROR: what the client is told
 
     @property
     def finished(self) -> bool:
@@ -78,6 +94,10 @@ class SchedulerCore:
         self.reqs: dict[str, Req] = {}
         self._seed_rng = random.Random(args.random_seed)
         self.last_step = StepStats()
+        fault = os.environ.get(FAULT_SEED_ENV)
+        self.fault_seed = int(fault) if fault else None
+        self.failed_requests = 0  # cumulative: requests the engine failed alone
+        self.fail_log = RateLimitedLog(log)
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> Req:
@@ -96,7 +116,7 @@ class SchedulerCore:
         params.validate(self.vocab_size)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         req = Req(rid=rid, input_ids=list(input_ids), params=params,
-                  generator=torch.Generator().manual_seed(seed))
+                  generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids))
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
         req.reserved = req.prompt_len + req.max_new_tokens
         self.reqs[rid] = req
@@ -158,32 +178,76 @@ class SchedulerCore:
         if not decoding and not chunks:
             self.last_step = StepStats()
             return []
-        decode_work = [Work(r.row, r.total_len - 1, [r.output_ids[-1]], True) for r in decoding]
-        extend_work = []
-        sampled = list(decoding)
-        for req, n in chunks:
-            start = req.num_computed
-            completes = start + n >= req.prompt_len
-            extend_work.append(Work(req.row, start, req.input_ids[start:start + n], completes))
-            if completes:
-                sampled.append(req)
-        logits = self.runner.forward(decode_work, extend_work)
-        for r in decoding:
-            r.num_computed += 1
-        for req, n in chunks:
-            req.num_computed += n
-        tokens = sample(logits, sampled)
+        group = [(r, 1) for r in decoding] + chunks
+        try:
+            produced, failed = self._run(group), []
+        except Exception as exc:  # noqa: BLE001 - find the requests responsible, keep the rest
+            produced, failed = self._isolate(group, exc)
         t1 = now_ns()
+        failed_ids = {id(r) for r, _ in failed}
         for req, n in chunks:
-            req.times.prefill_chunks.append((t0, t1, n))
-        events = [self._append_token(req, tok, t1) for req, tok in zip(sampled, tokens)]
+            if id(req) not in failed_ids:
+                req.times.prefill_chunks.append((t0, t1, n))
+        events = [self._fail(req, exc) for req, exc in failed]
+        events += [self._append_token(req, tok, t1) for req, tok in produced]
         self.last_step = StepStats(
-            batch_size=len(decoding) + len(chunks), num_decode=len(decoding),
+            batch_size=len(group), num_decode=len(decoding),
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
             step_seconds=(t1 - t0) / 1e9, started_ns=t0, ended_ns=t1,
-            rids=tuple(r.rid for r in decoding) + tuple(r.rid for r, _ in chunks),
+            rids=tuple(r.rid for r, _ in group),
         )
         return events
+
+    def _run(self, group: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
+        """Forward + sample one group of (request, tokens to feed); returns (request, token) per sampled request.
+
+        Positions are marked computed only on success; on failure nothing of it remains.
+        """
+        decode_work, extend_work, sampled_d, sampled_e = [], [], [], []
+        for req, n in group:
+            if req.prefill_done:
+                decode_work.append(Work(req.row, req.total_len - 1, [req.output_ids[-1]], True))
+                sampled_d.append(req)
+            else:
+                start = req.num_computed
+                completes = start + n >= req.prompt_len
+                extend_work.append(Work(req.row, start, req.input_ids[start:start + n], completes))
+                if completes:
+                    sampled_e.append(req)
+        sampled = sampled_d + sampled_e  # the order of the logits rows
+        with self.runner.step(decode_work, extend_work) as logits:
+            if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
+                raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
+            tokens = sample(logits, sampled)
+        for req, n in group:
+            req.num_computed += n
+        return list(zip(sampled, tokens))
+
+    def _isolate(self, group: list[tuple[Req, int]], exc: Exception
+                 ) -> tuple[list[tuple[Req, int]], list[tuple[Req, Exception]]]:
+        """`group` failed with `exc`: rerun its halves until every failing request stands alone."""
+        if len(group) == 1:
+            return [], [(group[0][0], exc)]
+        produced: list[tuple[Req, int]] = []
+        failed: list[tuple[Req, Exception]] = []
+        mid = len(group) // 2
+        for half in (group[:mid], group[mid:]):
+            try:
+                produced += self._run(half)
+            except Exception as sub:  # noqa: BLE001
+                p, f = self._isolate(half, sub)
+                produced += p
+                failed += f
+        return produced, failed
+
+    def _fail(self, req: Req, exc: Exception) -> TokenEvent:
+        """End one request the engine could not serve; its batch mates are unaffected."""
+        self.failed_requests += 1
+        self.fail_log.report(f"request {req.rid[:64]!r} failed in the engine step and was ended alone", exc)
+        req.error = "internal engine error while serving this request"
+        self.running.remove(req)
+        self._finish(req, FinishReason.ERROR)
+        return TokenEvent(req.rid, [], FinishReason.ERROR, req, error=req.error)
 
     def _append_token(self, req: Req, tok: int, t: int) -> TokenEvent:
         req.output_ids.append(tok)
@@ -193,7 +257,7 @@ class SchedulerCore:
         reason = None
         if tok in self.eos_ids and not req.params.ignore_eos:
             reason = FinishReason.STOP
-        elif tok in req.params.stop_token_ids:
+        elif tok in req.stop_ids:
             reason, req.matched_stop = FinishReason.STOP, tok
         elif len(req.output_ids) >= req.max_new_tokens:
             reason = FinishReason.LENGTH

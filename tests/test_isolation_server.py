@@ -1,0 +1,204 @@
+"""One request must never hurt another, in a real server: engine faults and malformed IPC.
+
+A request that fails inside the engine step (made to, through the documented
+SIGHTLINE_FAULT_SEED seam) ends alone with an explicit error while its batch mates
+stream on to `length` with the tokens they produce alone.  Crafted msgpack messages
+written straight to the Scheduler's and the Detokenizer's sockets (same user: the
+sockets' permissions hold) end the rid they name, explicitly, and never the process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+import zmq
+
+from serving.engine.sampling import SamplingParams
+from serving.io_struct import (
+    AbortReq, BatchTokenIDOutput, DetokParams, ReqMeta, TokenizedGenerateReqInput, TokenOut,
+)
+from serving.ipc import Codec
+from tests.server_util import ServerProc
+
+FAULT_SEED = 4242
+GOOD = 3
+N = 300  # long enough that the good streams are still decoding when the culprit arrives
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("isolation"), env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED)})
+    yield srv
+    srv.stop()
+
+
+def prompt(i: int) -> list[int]:
+    return [100 + i, 200 + i, 300 + i, 400 + i]
+
+
+def generate(srv: ServerProc, ids: list[int], **sp) -> httpx.Response:
+    body = {"input_ids": ids, "sampling_params": {"temperature": 0, "ignore_eos": True, **sp}}
+    return srv.post("/generate", body)
+
+
+class Stream:
+    """A greedy /generate stream in a thread; `started` is set at its first event."""
+
+    def __init__(self, srv: ServerProc, ids: list[int], n: int = N) -> None:
+        self.srv, self.ids, self.n = srv, ids, n
+        self.started = threading.Event()
+        self.events: list = []
+        self.rid: str | None = None
+        self.ended = 0.0
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        body = {"input_ids": self.ids, "stream": True,
+                "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": self.n}}
+        try:
+            with httpx.stream("POST", self.srv.url + "/generate", json=body, timeout=120) as r:
+                self.rid = r.headers.get("x-request-id")
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data = line[len("data: "):]
+                        self.events.append(data if data == "[DONE]" else json.loads(data))
+                        self.started.set()
+        finally:
+            self.ended = time.monotonic()
+            self.started.set()
+
+    def join(self) -> list:
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "a stream hung"
+        return self.events
+
+
+def reference(srv: ServerProc, i: int) -> list[int]:
+    r = generate(srv, prompt(i), max_new_tokens=N)
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def assert_finished_normally(stream: Stream, expected: list[int]) -> None:
+    events = stream.join()
+    assert events[-1] == "[DONE]", events[-3:]
+    last = events[-2]
+    assert "error" not in last, last
+    assert last["meta_info"]["finish_reason"]["type"] == "length"
+    assert last["output_ids"] == expected  # the same tokens as alone: nothing leaked across the batch
+
+
+def push(srv: ServerProc, target: str, *msgs) -> None:
+    """Write messages straight onto a child's PULL socket: `scheduler` or `detokenizer`."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(f"ipc://{srv.runtime_dir}/{target}")
+    codec = Codec("test")
+    for msg in msgs:
+        sock.send(codec.encode(msg))
+    sock.close(linger=2000)
+    ctx.term()
+
+
+def stale(srv: ServerProc, component: str, message_type: str) -> int:
+    return sum(d[3] for d in srv.debug()["stale_drops"] if d[0] == component and d[1] == message_type)
+
+
+def wait_for(cond, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+def assert_still_serving(srv: ServerProc) -> None:
+    assert srv.debug()["pids"] == srv.pids  # neither child died or was replaced
+    assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+    r = generate(srv, prompt(9), max_new_tokens=4)
+    assert r.status_code == 200 and len(r.json()["output_ids"]) == 4
+
+
+def test_edge_rejects_out_of_range_sampling_params(server):
+    for sp, field in (({"top_k": 2**64 - 1}, "top_k"), ({"stop_token_ids": list(range(65))}, "stop_token_ids")):
+        r = generate(server, prompt(0), max_new_tokens=4, **sp)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == field and r.json()["error"]["message"].startswith(field)
+
+
+def test_engine_failure_ends_only_its_request(server):
+    expected = [reference(server, i) for i in range(GOOD)]
+    streams = [Stream(server, prompt(i)) for i in range(GOOD)]
+    for s in streams:
+        assert s.started.wait(60)
+    body = {"prompt": prompt(5), "max_tokens": 8, "seed": FAULT_SEED}
+    bad = server.post("/v1/completions", body)
+    bad_done = time.monotonic()
+    assert bad.status_code == 500, bad.text
+    err = bad.json()["error"]
+    assert err["type"] == "internal_error" and "engine error" in err["message"]
+    for s, ids in zip(streams, expected):
+        assert_finished_normally(s, ids)
+        assert s.ended > bad_done  # it was running alongside the culprit
+    assert_still_serving(server)
+
+
+def test_scheduler_survives_malformed_requests(server):
+    expected = [reference(server, i) for i in range(GOOD)]
+    before = stale(server, "tokenizer_manager", "BatchStrOutput")
+    streams = [Stream(server, prompt(i)) for i in range(GOOD)]
+    for s in streams:
+        assert s.started.wait(60)
+    bad = [  # each once reached the engine or broke its intake; each is the TM's to refuse in normal use
+        SamplingParams(max_new_tokens=8, temperature=1.0, top_k=2**64 - 1),
+        SamplingParams(max_new_tokens=8, stop_token_ids=list(range(100_000))),
+        SamplingParams(max_new_tokens=8, temperature=float("nan")),
+    ]
+    push(server, "scheduler",
+         *(TokenizedGenerateReqInput(rid=f"raw-{i}", input_ids=prompt(i), sampling=sp, detok=DetokParams(),
+                                     meta=ReqMeta()) for i, sp in enumerate(bad)),
+         TokenizedGenerateReqInput(rid="raw-empty", input_ids=[], sampling=SamplingParams(), detok=DetokParams(),
+                                   meta=ReqMeta()),
+         AbortReq(rid="raw-unknown", reason="client_disconnect"))
+    for s, ids in zip(streams, expected):
+        assert_finished_normally(s, ids)
+    # each refused rid got an explicit final output; the TM, which never sent them, counts it stale
+    wait_for(lambda: stale(server, "tokenizer_manager", "BatchStrOutput") - before == len(bad) + 1)
+    wait_for(lambda: (st := server.debug())["scheduler"]["num_running"] == 0 and st["detokenizer"]["active_rids"] == 0)
+    assert_still_serving(server)
+
+
+def test_detokenizer_survives_undecodable_tokens(server):
+    expected = reference(server, 0)
+    good, victim = Stream(server, prompt(0)), Stream(server, prompt(1))
+    assert good.started.wait(60) and victim.started.wait(60) and victim.rid
+    errors_before = server.debug()["detokenizer"].get("handling_errors", 0)
+    push(server, "detokenizer", BatchTokenIDOutput(outputs=[
+        TokenOut(rid=victim.rid, new_token_ids=[2**40]),  # a live rid: it must end, explicitly
+        TokenOut(rid="raw-tail", new_token_ids=[5], detok=DetokParams(prompt_tail=[2**40])),  # a new rid
+    ]))
+    events = victim.join()
+    assert events[-1] == "[DONE]" and "could not be detokenized" in events[-2]["error"]["message"]
+    assert_finished_normally(good, expected)
+    wait_for(lambda: server.debug()["scheduler"]["num_running"] == 0)  # the victim was aborted in the Scheduler
+    assert server.debug()["detokenizer"]["handling_errors"] - errors_before == 2
+    assert_still_serving(server)
+
+
+def test_a_flood_of_bad_outputs_logs_a_line_a_second(server):
+    marker = "could not detokenize the output of request"
+    time.sleep(1.2)  # past the previous line's window
+    lines = server.log().count(marker)
+    burst = [TokenOut(rid=f"flood-{i}", new_token_ids=[2**40], finish_reason="length", detok=DetokParams())
+             for i in range(30)]
+    push(server, "detokenizer", BatchTokenIDOutput(outputs=burst))
+    wait_for(lambda: server.debug()["detokenizer"]["handling_errors"] >= 30 and server.log().count(marker) > lines)
+    time.sleep(1.2)
+    push(server, "detokenizer", BatchTokenIDOutput(outputs=burst[:1]))
+    wait_for(lambda: server.log().count(marker) == lines + 2)
+    assert "(29 more since the previous line)" in server.log().split(marker)[-1]
+    assert_still_serving(server)
