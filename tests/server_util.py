@@ -87,3 +87,36 @@ def sse_events(lines) -> list[dict | str]:
         data = line[len("data: "):]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """Poll `predicate()` until it returns something truthy (returned); fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def push_frames(runtime_dir, socket_name: str, *frames: bytes) -> None:
+    """Write raw frames onto one of a server's PULL sockets (`scheduler`, `detokenizer`, `tm-sched`,
+    `tm-detok`), as any local process of the same user could."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(f"ipc://{runtime_dir}/{socket_name}")
+    for frame in frames:
+        sock.send(frame)
+    sock.close(linger=2000)
+    ctx.term()
+
+
+def push(srv: ServerProc, socket_name: str, *msgs) -> None:
+    """`push_frames` of our own messages, encoded as the processes encode them."""
+    from serving.ipc import Codec
+
+    codec = Codec("test")
+    push_frames(srv.runtime_dir, socket_name, *(codec.encode(m) for m in msgs))

@@ -23,6 +23,7 @@ from dashboards.alertmanager.webhook_log import WebhookLog
 from dashboards.lint import expr_problems, rule_exprs
 from dashboards.lint import metric_names as lint_names
 from tests.prom_util import Alertmanager, promtool, require_tool
+from tests.server_util import push_frames
 
 REPO = Path(__file__).resolve().parent.parent
 PROM_DIR = REPO / "dashboards/prometheus"
@@ -204,14 +205,7 @@ async def _load(url: str) -> list[int]:
 
 
 def _send_undecodable_frame(runtime_dir: Path) -> None:
-    import zmq
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.connect(f"ipc://{runtime_dir}/scheduler")
-    sock.send(b"\x93not-a-message")
-    sock.close(linger=1000)
-    ctx.term()
+    push_frames(runtime_dir, "scheduler", b"\x93not-a-message")
 
 
 def _while_engine_stalled(server, action):

@@ -15,14 +15,12 @@ import time
 
 import httpx
 import pytest
-import zmq
 
 from serving.engine.sampling import SamplingParams
 from serving.io_struct import (
     AbortReq, BatchTokenIDOutput, DetokParams, ReqMeta, TokenizedGenerateReqInput, TokenOut,
 )
-from serving.ipc import Codec
-from tests.server_util import ServerProc
+from tests.server_util import ServerProc, push
 
 FAULT_SEED = 4242
 GOOD = 3
@@ -91,18 +89,6 @@ def assert_finished_normally(stream: Stream, expected: list[int]) -> None:
     assert "error" not in last, last
     assert last["meta_info"]["finish_reason"]["type"] == "length"
     assert last["output_ids"] == expected  # the same tokens as alone: nothing leaked across the batch
-
-
-def push(srv: ServerProc, target: str, *msgs) -> None:
-    """Write messages straight onto a child's PULL socket: `scheduler` or `detokenizer`."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.connect(f"ipc://{srv.runtime_dir}/{target}")
-    codec = Codec("test")
-    for msg in msgs:
-        sock.send(codec.encode(msg))
-    sock.close(linger=2000)
-    ctx.term()
 
 
 def stale(srv: ServerProc, component: str, message_type: str) -> int:

@@ -18,11 +18,9 @@ import time
 import httpx
 import psutil
 import pytest
-import zmq
 
 from serving.io_struct import Ready
-from serving.ipc import Codec
-from tests.server_util import ServerProc
+from tests.server_util import ServerProc, push, wait_until
 from tests.test_telemetry import scrape, value
 
 RECOVER_S = 120.0  # a restart of tiny-random takes 8-15 s on an idle 2-core machine, far more on a busy one
@@ -37,25 +35,7 @@ def server(tmp_path_factory):
 
 def spoof_ready(srv: ServerProc, **fields) -> None:
     """Push a Ready to the TokenizerManager's Scheduler socket, as any local process could."""
-    ctx = zmq.Context()
-    try:
-        sock = ctx.socket(zmq.PUSH)
-        sock.setsockopt(zmq.LINGER, 2000)
-        sock.connect(f"ipc://{srv.runtime_dir}/tm-sched")
-        sock.send(Codec("test").encode(Ready(**fields)))
-        sock.close()
-    finally:
-        ctx.term()
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    push(srv, "tm-sched", Ready(**fields))
 
 
 def starting_scheduler(srv: ServerProc, not_pid: int) -> int:
@@ -67,7 +47,7 @@ def starting_scheduler(srv: ServerProc, not_pid: int) -> int:
             return None
         kids = {p.pid for p in psutil.Process(srv.proc.pid).children()}
         return pid if pid in kids else None
-    return wait_for(probe, 30, "a new Scheduler process")
+    return wait_until(probe, 30, "a new Scheduler process")
 
 
 def rejected(srv: ServerProc) -> tuple[int, dict]:
@@ -87,7 +67,7 @@ def test_a_spoofed_ready_is_counted_and_never_applied(server):
     # even with the real Scheduler's pid: that child already reported Ready once
     spoof_ready(server, role="scheduler", pid=server.pids["scheduler"], context_len=2, vocab_size=3)
     spoof_ready(server, role="scheduler", pid=12345, context_len=2, vocab_size=3)
-    wait_for(lambda: rejected(server)[0] == before + 2, 10, "the spoofed Ready to be counted")
+    wait_until(lambda: rejected(server)[0] == before + 2, 10, "the spoofed Ready to be counted")
     assert rejected(server)[1] == {"not_starting": 2}
     assert httpx.get(server.url + "/v1/models").json()["data"][0]["max_model_len"] == real_ctx
     completion_ok(server)
@@ -100,7 +80,7 @@ def test_a_child_dying_during_the_restart_is_retried(server):
     os.kill(old, signal.SIGKILL)
     first = starting_scheduler(server, old)
     os.kill(first, signal.SIGKILL)  # the replacement dies before it is ready
-    h = wait_for(lambda: (r := httpx.get(server.url + "/health")).status_code == 503
+    h = wait_until(lambda: (r := httpx.get(server.url + "/health")).status_code == 503
                  and "restart attempt 2" in r.json()["reason"] and r, 30, "/health to name attempt 2")
     assert "before it was ready" in h.json()["reason"], h.text
     second = starting_scheduler(server, first)
@@ -127,7 +107,7 @@ def test_sigterm_during_a_restart_exits_cleanly_and_promptly(server):
     assert server.stop(signal.SIGTERM, timeout=20) == 0
     assert time.monotonic() - t0 < 8, f"shutdown took {time.monotonic() - t0:.1f} s"
     assert not psutil.pid_exists(starting) or psutil.Process(starting).status() == psutil.STATUS_ZOMBIE
-    wait_for(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids), 5,
+    wait_until(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids), 5,
              "every child to be gone")
     assert not server.runtime_dir.exists()
 
@@ -139,7 +119,7 @@ def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
         old = srv.pids["scheduler"]
         os.kill(old, signal.SIGKILL)
         os.kill(starting_scheduler(srv, old), signal.SIGKILL)  # the one restart allowed fails too
-        h = wait_for(lambda: (r := httpx.get(srv.url + "/health")).status_code == 503
+        h = wait_until(lambda: (r := httpx.get(srv.url + "/health")).status_code == 503
                      and "budget is spent" in r.json()["reason"] and r, 30, "/health to report the spent budget")
         assert "--max-engine-restarts 1" in h.json()["reason"], h.text
         time.sleep(1.0)  # nothing restarts it any more, and the server stays up

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import PROMPTS, collect, encode, greedy, make_core
-from tests.server_util import sse_events
+from tests.server_util import push_frames, sse_events
 
 
 def engine_text(model, ids: list[int], n: int) -> str:
@@ -181,15 +181,8 @@ def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
 
 
 def test_undecodable_message_is_counted_and_the_loop_survives(tiny_server):
-    import zmq
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.PUSH)
-    sock.connect(f"ipc://{tiny_server.runtime_dir}/scheduler")
-    sock.send(b"\x93not-a-message")
-    sock.send(json.dumps({"type": "Evil", "payload": "__reduce__"}).encode())
-    sock.close(linger=1000)
-    ctx.term()
+    push_frames(tiny_server.runtime_dir, "scheduler", b"\x93not-a-message",
+                json.dumps({"type": "Evil", "payload": "__reduce__"}).encode())
     import time
 
     deadline = time.monotonic() + 5
