@@ -30,7 +30,7 @@ from loadtest.bench_engine import make_prompts  # noqa: E402
 from loadtest.server import LocalServer  # noqa: E402
 from serving.args import ServerArgs  # noqa: E402
 from serving.engine.loader import load_model  # noqa: E402
-from serving.engine.sampling import SamplingParams  # noqa: E402
+from protocol.sampling_params import SamplingParams  # noqa: E402
 from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
 from telemetry.clock import now_ns  # noqa: E402
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtest.bench_engine import make_prompts  # noqa: E402
 from serving.args import ServerArgs  # noqa: E402
 from serving.engine.loader import load_model  # noqa: E402
-from serving.engine.sampling import SamplingParams  # noqa: E402
+from protocol.sampling_params import SamplingParams  # noqa: E402
 from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
 
 

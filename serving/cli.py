@@ -18,7 +18,7 @@ from serving.args import ServerArgs
 
 def _generate(ns: argparse.Namespace) -> int:
     from serving.engine.loader import ModelLoadError, load_model
-    from serving.engine.sampling import SamplingParams
+    from protocol.sampling_params import SamplingParams
     from serving.engine.scheduler_core import SchedulerCore
 
     args = ServerArgs.from_cli(ns)

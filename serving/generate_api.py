@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from serving.errors import bad_request
 from serving.tokenizer_manager import Collected, GenerateReqInput
 

@@ -28,7 +28,7 @@ from serving.auth import AuthMiddleware
 from serving.errors import APIError
 from serving.http_guard import GuardMiddleware, allowed_hosts
 from serving.generate_api import GenerateRequest, generate_input, generate_body
-from serving.io_struct import StrOut
+from protocol.io_struct import StrOut
 from serving.openai_protocol import (
     ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, decode_body,
     include_usage,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.io_struct import DetokParams
+from protocol.io_struct import DetokParams
 
 REPLACEMENT = "\ufffd"
 

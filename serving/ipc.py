@@ -19,7 +19,7 @@ from typing import Callable
 import msgspec
 import zmq
 
-from serving.io_struct import DropCount, Message
+from protocol.io_struct import DropCount, Message
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from serving.errors import APIError, bad_request, from_decode_error
 from serving.tokenizer_manager import GenerateReqInput
 

@@ -23,7 +23,7 @@ from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore, TokenEvent
-from serving.io_struct import (
+from protocol.io_struct import (
     AbortReq, BatchTokenIDOutput, DetokParams, Ready, ReqMeta, SchedulerStats, TokenizedGenerateReqInput, TokenOut,
 )
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket

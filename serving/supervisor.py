@@ -26,9 +26,8 @@ import time
 from collections import deque
 
 from serving.args import ServerArgs
-from serving.detokenizer import run_detokenizer_process
 from serving.ipc import Endpoints
-from serving.scheduler import run_scheduler_process
+from serving.process import run_child
 from serving.server_state import ServerState
 from telemetry.clock import now_ns
 
@@ -42,8 +41,7 @@ Failure = tuple[str, str, str]  # (role, cause, detail)
 
 def spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
     ctx = mp.get_context("spawn")
-    targets = {"scheduler": run_scheduler_process, "detokenizer": run_detokenizer_process}
-    procs = {role: ctx.Process(target=targets[role], args=(args, endpoints, instance_id),
+    procs = {role: ctx.Process(target=run_child, args=(role, args, endpoints, instance_id),
                                name=f"sightline-{role}", daemon=True) for role in ROLES}
     for p in procs.values():
         p.start()

@@ -23,9 +23,9 @@ import zmq
 import zmq.asyncio
 
 from serving.args import ServerArgs
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from serving.errors import APIError, bad_request
-from serving.io_struct import (
+from protocol.io_struct import (
     AbortReq, BatchStrOutput, DetokenizerStats, DetokParams, Ready, ReqMeta, SchedulerStats, Stamps, StrOut,
     TokenizedGenerateReqInput,
 )

@@ -11,13 +11,33 @@ Stage spans are recorded when the rid finishes, from the engine's own stamps.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 
-from serving.engine.request import Req
-from serving.io_struct import ReqMeta
+from protocol.io_struct import ReqMeta
 from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, set_error, traceparent_of
+
+
+class EngineTimes(Protocol):
+    queued: int
+    scheduled: int | None
+    first_token: int | None
+    finished: int | None
+    prefill_chunks: list[tuple[int, int, int]]  # (start, end, tokens)
+    token_times: list[int]
+
+
+class EngineRequest(Protocol):
+    """What the stage spans read from an engine request (`serving.engine.request.Req`)."""
+
+    rid: str
+    times: EngineTimes
+    output_ids: list[int]
+
+    @property
+    def prompt_len(self) -> int: ...
 
 
 class _Producers:
@@ -65,7 +85,7 @@ class SchedulerSpans:
         if links:
             self.tracing.record("forward", Context(), start, end, links=links, attributes=attributes)
 
-    def finished(self, req: Req, reason: str, error_type: str | None = None, message: str | None = None) -> None:
+    def finished(self, req: EngineRequest, reason: str, error_type: str | None = None, message: str | None = None) -> None:
         """Record the rid's stage spans; `error_type` (abort reason, engine_error) marks them failed."""
         ctx = self.ctx.pop(req.rid, None)
         if ctx is None:

@@ -21,7 +21,7 @@ this file and the code disagree. Served at `GET /metrics` by the main process
 which Prometheus does with `--enable-feature=exemplar-storage`).
 
 Every per-request histogram is observed in the main process from the monotonic
-timestamps the request's messages carry (`serving/io_struct.py` `Stamps`), and carries an
+timestamps the request's messages carry (`protocol/io_struct.py` `Stamps`), and carries an
 exemplar `{trace_id="…"}` when the request was sampled for tracing. The Scheduler's and
 Detokenizer's numbers arrive in their stats messages (after every engine step, and every
 `--heartbeat-interval` when idle) and are read at scrape time. The rid is never a label.

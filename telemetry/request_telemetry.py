@@ -16,7 +16,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
 
-from serving.io_struct import BatchStrOutput, Stamps, StrOut
+from protocol.io_struct import BatchStrOutput, Stamps, StrOut
 from telemetry.clock import now_ns
 from telemetry.logs import log_request
 from telemetry.metrics import Metrics

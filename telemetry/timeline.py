@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from serving.io_struct import SpanRecord
+from protocol.io_struct import SpanRecord
 
 MAX_SPANS_PER_TRACE = 2000
 

@@ -30,7 +30,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 
-from serving.io_struct import SpanRecord
+from protocol.io_struct import SpanRecord
 from telemetry.clock import WallAnchor, now_ns
 
 Carrier = dict[str, str]

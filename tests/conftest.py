@@ -7,7 +7,7 @@ import torch
 
 from serving.args import ServerArgs
 from serving.engine.loader import LoadedModel, load_model
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from serving.engine.scheduler_core import SchedulerCore
 
 PROMPTS = [

@@ -6,7 +6,7 @@ import pytest
 
 from serving.detokenizer import DetokenizerManager
 from serving.incremental_detok import DecodeState
-from serving.io_struct import BatchTokenIDOutput, DetokParams, TokenOut
+from protocol.io_struct import BatchTokenIDOutput, DetokParams, TokenOut
 
 TEXTS = [
     "Hello 👋 世界 🎉 naïve — done",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from serving.engine.request import FinishReason
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from serving.engine.scheduler_core import FAULT_SEED_ENV
 from tests.conftest import PROMPTS, encode, greedy, make_core
 

@@ -16,8 +16,8 @@ import time
 import httpx
 import pytest
 
-from serving.engine.sampling import SamplingParams
-from serving.io_struct import (
+from protocol.sampling_params import SamplingParams
+from protocol.io_struct import (
     AbortReq, BatchTokenIDOutput, DetokParams, ReqMeta, TokenizedGenerateReqInput, TokenOut,
 )
 from tests.server_util import ServerProc, push

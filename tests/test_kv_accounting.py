@@ -7,7 +7,7 @@ import random
 import pytest
 
 from serving.engine.kv_pool import KVPool
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from tests.conftest import PROMPTS, collect, encode, greedy, make_core
 
 

@@ -19,7 +19,7 @@ import httpx
 import psutil
 import pytest
 
-from serving.io_struct import Ready
+from protocol.io_struct import Ready
 from tests.server_util import ServerProc, push, wait_until
 from tests.test_telemetry import scrape, value
 

@@ -6,7 +6,8 @@ import msgspec
 import pytest
 import torch
 
-from serving.engine.sampling import MAX_STOP_TOKEN_IDS, MAX_TOP_K, SamplingParams, apply_penalties, sample
+from protocol.sampling_params import MAX_STOP_TOKEN_IDS, MAX_TOP_K, SamplingParams
+from serving.engine.sampling import apply_penalties, sample
 from tests.conftest import PROMPTS, collect, encode, greedy, make_core
 
 

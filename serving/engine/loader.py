@@ -227,12 +227,19 @@ def model_name(spec: str, path: Path, served_name: str | None = None) -> str:
 
 
 def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]:
-    """Only the tokenizer (main process, Detokenizer): no weights in memory."""
-    from transformers import AutoTokenizer
+    """Only the tokenizer (main process, Detokenizer): no weights in memory, and no torch.
+
+    With a `tokenizer.json` the fast tokenizer is built directly: `AutoTokenizer` would
+    read the model config, whose module imports torch (~2.5 s and ~200 MB per process);
+    the result is the same class.  Other directories go through `AutoTokenizer`.
+    """
+    import transformers
 
     path, _ = prepare_model_dir(spec, cache_dir)
     try:
-        return AutoTokenizer.from_pretrained(path), path
+        if (path / "tokenizer.json").is_file():
+            return transformers.PreTrainedTokenizerFast.from_pretrained(path), path
+        return transformers.AutoTokenizer.from_pretrained(path), path  # (touching AutoTokenizer imports torch)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load tokenizer from {path}: {_one_line(exc)}") from exc
 

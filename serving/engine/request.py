@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 from telemetry.clock import now_ns
 
 

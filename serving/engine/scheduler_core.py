@@ -35,7 +35,8 @@ from serving.engine.batch import Work
 from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
 from serving.engine.request import FinishReason, Req, ReqStatus
-from serving.engine.sampling import SamplingParams, sample
+from protocol.sampling_params import SamplingParams
+from serving.engine.sampling import sample
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 

@@ -22,7 +22,7 @@ from typing import Union
 
 import msgspec
 
-from serving.engine.sampling import SamplingParams
+from protocol.sampling_params import SamplingParams
 
 
 class Stamps(msgspec.Struct, kw_only=True, omit_defaults=True):

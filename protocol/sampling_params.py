@@ -1,0 +1,73 @@
+"""Sampling parameters: what a request asks of the sampler, and the ranges allowed.
+
+Plain data on the wire (no torch here: the front end validates with it and never loads
+the engine).  `SamplingParams.validate` bounds every field, so no value can make the
+batched sampler (`serving.engine.sampling`) raise for its batch mates: top_k is -1, 0 or
+in [1, MAX_TOP_K] (the sampler clamps it to the vocabulary), floats are finite and in
+range, seed is in [0, 2**63), and at most MAX_STOP_TOKEN_IDS stop token ids are valid
+ids.  A temperature under GREEDY_TEMPERATURE is greedy (dividing logits by it would
+overflow float32 into NaN).
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+MAX_TOP_K = 2**31 - 1
+MAX_STOP_TOKEN_IDS = 64  # per request; the engine checks each sampled token against them
+MAX_TOKEN_ID = 2**31 - 1  # bound on a token id when the vocabulary is not known
+GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy
+
+
+class SamplingParams(msgspec.Struct, kw_only=True):
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0) disables
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise ValueError "<field> <why>, got <value>" for the first out-of-range field (the API's 400)."""
+        floats = ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+        for name in floats:
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        checks = [
+            (1 <= self.max_new_tokens <= 2**31 - 1, "max_new_tokens", "must be in [1, 2147483647]"),
+            (0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k in (-1, 0) or 1 <= self.top_k <= MAX_TOP_K, "top_k",
+             f"must be -1 or 0 (disabled) or in [1, {MAX_TOP_K}]"),
+            (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
+            (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise ValueError(f"{name} {why}, got {getattr(self, name)!r}")
+        ids = self.stop_token_ids
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids must have at most {MAX_STOP_TOKEN_IDS} entries, got {len(ids)}")
+        limit = vocab_size if vocab_size is not None else MAX_TOKEN_ID + 1
+        bad = next((t for t in ids if not 0 <= t < limit), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {limit}), got {bad!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
