@@ -6,8 +6,8 @@ explicit error (SSE error event + [DONE], or 503), /health turns 503, a metric a
 ERROR log line name the process and the cause; then both children are replaced
 (`--on-engine-failure restart`, the default) while the HTTP listener stays up, or the
 server exits 1 (`exit`).  Both are replaced because their per-rid state only makes sense
-together.  Better than the seed's crash-and-let-the-supervisor-restart: clients get an
-answer, not a reset connection.
+together.  Better than SGLang's crash-and-let-an-outside-supervisor-restart: clients get
+an answer, not a reset connection.
 
 A restart that fails too (a child dies or is not ready in time) is retried after an
 exponential backoff, within a budget of `--max-engine-restarts` attempts per

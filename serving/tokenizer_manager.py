@@ -58,7 +58,7 @@ class GenerateReqInput:
 
 @dataclass
 class ReqState:
-    """What the TM knows about one in-flight rid (the seed's ReqState)."""
+    """What the TM knows about one in-flight rid (SGLang's ReqState)."""
 
     rid: str
     prompt_tokens: int

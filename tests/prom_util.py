@@ -10,13 +10,12 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.server_util import free_port
+from tests.server_util import free_port, wait_until
 
 HOW_TO_INSTALL = "apt-get install prometheus prometheus-alertmanager (`make setup` does it when run as root)"
 
@@ -64,13 +63,10 @@ class Daemon:
 
     def wait_for(self, what: str, check, timeout: float):
         """Poll `check()` until it returns something truthy; fail naming `what`, with the log."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            result = check()
-            if result:
-                return result
-            time.sleep(0.2)
-        raise AssertionError(f"{what}: not within {timeout} s\n--- {self.tool} log ---\n{self.log()[-3000:]}")
+        try:
+            return wait_until(check, timeout, what, interval=0.2)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- {self.tool} log ---\n{self.log()[-3000:]}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -89,14 +89,14 @@ def sse_events(lines) -> list[dict | str]:
     return events
 
 
-def wait_until(predicate, timeout: float, what: str):
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
     """Poll `predicate()` until it returns something truthy (returned); fail naming `what`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
         if result:
             return result
-        time.sleep(0.05)
+        time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 

@@ -1,6 +1,7 @@
 """Troubleshooting: one panel per row of the TokenizerManager cheat sheet.
 
-The first row comes from the seed walkthrough's troubleshooting table (section 11), the
+The first row follows the troubleshooting table of SGLang's TokenizerManager (symptoms of
+lost, slow or stale outputs), the
 second from the reliability machinery (watchdog restarts, load shedding, deadlines):
 each panel's title is the question a symptom raises and its description says how to
 read the answer.

@@ -26,7 +26,7 @@ class FinishReason(str, enum.Enum):
 
 @dataclass
 class ReqTimes:
-    """Monotonic-ns stamps (telemetry.clock.now_ns) the telemetry issue turns into metrics/spans."""
+    """Monotonic-ns stamps (telemetry.clock.now_ns), turned into metrics and spans by telemetry."""
 
     queued: int = 0  # entered the waiting queue
     scheduled: int | None = None  # first admitted into a batch
