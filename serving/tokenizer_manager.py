@@ -133,7 +133,7 @@ class TokenizerManager:
         # role -> pid of the child the supervisor just spawned and awaits the Ready of (set by it, once per start)
         self.awaiting_ready: dict[str, int] = {}
         self.ready_rejected: dict[str, int] = {}  # Ready messages refused, by reason
-        self._ready_rejected_logged: int | None = None  # now_ns() of the last warning about one (rate-limited)
+        self.ready_log = RateLimitedLog(log, interval=10.0, level=logging.WARNING)
         self.scheduler_stats: SchedulerStats | None = None
         self.detok_stats: DetokenizerStats | None = None
         self.last_heartbeat: dict[str, int] = {}
@@ -260,12 +260,9 @@ class TokenizerManager:
             reason = "not_starting" if expected is None else "wrong_pid"
             self.ready_rejected[reason] = self.ready_rejected.get(reason, 0) + 1
             self.codec.undecodable += 1  # an unexpected message: reported with the undecodable ones
-            now = now_ns()
-            if self._ready_rejected_logged is None or now - self._ready_rejected_logged > 10e9:
-                self._ready_rejected_logged = now
-                log.warning("ignored a Ready(role=%r, pid=%d): %s (%d ignored so far)", msg.role[:32], msg.pid,
-                            "no start of that role is awaiting one" if expected is None
-                            else f"the {msg.role} just spawned has pid {expected}", sum(self.ready_rejected.values()))
+            why = "no start of that role is awaiting one" if expected is None \
+                else f"the {msg.role} just spawned has pid {expected}"
+            self.ready_log.report(f"ignored a Ready(role={msg.role[:32]!r}, pid={msg.pid}): {why}")
             return
         del self.awaiting_ready[msg.role]  # once per start
         log.info("%s ready (pid %d)", msg.role, msg.pid)
