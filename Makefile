@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 # The bundled model, converted once to fp32 safetensors (~20 s), and tiny-random for tests.
-$(MODEL_STAMP): $(STAMP) serving/engine/loader.py
+$(MODEL_STAMP): $(STAMP) serving/model_files.py
 	$(PY) -m serving prepare-model smollm2-135m tiny-random
 	@touch $@
 

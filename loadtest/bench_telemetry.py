@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from loadtest.bench_engine import make_prompts  # noqa: E402
 from loadtest.bench_http import http_one, http_run  # noqa: E402
 from loadtest.server import LocalServer  # noqa: E402
-from serving.engine.loader import load_tokenizer  # noqa: E402
+from serving.model_files import load_tokenizer  # noqa: E402
 
 MODES = {
     "on": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,

@@ -17,7 +17,8 @@ from serving.args import ServerArgs
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from serving.engine.loader import ModelLoadError, load_model
+    from serving.engine.loader import load_model
+    from serving.model_files import ModelLoadError
     from protocol.sampling_params import SamplingParams
     from serving.engine.scheduler_core import SchedulerCore
 
@@ -49,13 +50,13 @@ def _generate(ns: argparse.Namespace) -> int:
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    from serving.launch import run_server
+    from serving.frontend.launch import run_server
 
     return run_server(ServerArgs.from_cli(ns))
 
 
 def _prepare(ns: argparse.Namespace) -> int:
-    from serving.engine.loader import main as loader_main
+    from serving.model_files import main as loader_main
 
     return loader_main(ns.models)
 

@@ -43,16 +43,6 @@ def setup_child(role: str, args) -> int:
     return parent
 
 
-def run_child(role: str, *args) -> None:
-    """Spawn target of a child process: its module is imported in the child only, so the main
-    process never loads torch or the engine."""
-    if role == "scheduler":
-        from serving.scheduler import run_scheduler_process as run
-    else:
-        from serving.detokenizer import run_detokenizer_process as run
-    run(*args)
-
-
 def keep_running(parent: int) -> bool:
     """False once SIGTERM arrived or the parent is gone; loops poll at most a heartbeat apart."""
     return not _stop_requested and os.getppid() == parent

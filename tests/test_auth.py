@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from serving.auth import key_matches
+from serving.frontend.auth import key_matches
 from tests.server_util import ServerProc
 
 KEY = "sk-sightline-test-0123456789abcdef"

@@ -1,11 +1,11 @@
-"""Incremental detokenization (serving.incremental_detok) with the real SmolLM2 tokenizer."""
+"""Incremental detokenization (serving.detokenizer.incremental) with the real SmolLM2 tokenizer."""
 
 from __future__ import annotations
 
 import pytest
 
-from serving.detokenizer import DetokenizerManager
-from serving.incremental_detok import DecodeState
+from serving.detokenizer.manager import DetokenizerManager
+from serving.detokenizer.incremental import DecodeState
 from protocol.io_struct import BatchTokenIDOutput, DetokParams, TokenOut
 
 TEXTS = [

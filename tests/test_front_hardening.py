@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from serving.http_guard import allowed_hosts, host_name, is_json
+from serving.frontend.guard import allowed_hosts, host_name, is_json
 from tests.server_util import ServerProc, sse_events
 from tests.test_telemetry import samples, scrape, value
 

@@ -32,10 +32,10 @@ def test_telemetry_imports_no_serving_module():
 
 
 def test_front_end_and_detokenizer_run_without_torch():
-    code = ("import sys, serving.launch, serving.detokenizer\n"
-            "from serving.engine.loader import load_tokenizer\n"
+    code = ("import sys, serving.frontend.launch, serving.detokenizer.manager\n"
+            "from serving.model_files import load_tokenizer\n"
             "load_tokenizer('tiny-random')\n"
-            "print(sorted(m for m in ('torch', 'serving.scheduler', 'serving.engine.scheduler_core') "
+            "print(sorted(m for m in ('torch', 'serving.engine.scheduler', 'serving.engine.scheduler_core') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -9,9 +9,8 @@ import sys
 import pytest
 import torch
 
-from serving.engine.loader import (
-    BUNDLED_MODEL, ModelLoadError, bundled_gguf_path, load_model, prepare_model_dir,
-)
+from serving.engine.loader import load_model
+from serving.model_files import BUNDLED_MODEL, ModelLoadError, bundled_gguf_path, prepare_model_dir
 
 
 def test_bundled_gguf_is_found_without_importing_the_wheel():
@@ -61,7 +60,7 @@ def test_hf_dir_without_config(tmp_path):
 
 def _cli(*args, cache):
     env = {**os.environ, "SIGHTLINE_CACHE_DIR": str(cache)}
-    return subprocess.run([sys.executable, "-m", "serving.engine.loader", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "serving.model_files", *args], capture_output=True,
                           text=True, env=env, timeout=300)
 
 

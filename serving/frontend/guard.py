@@ -17,7 +17,7 @@ import ipaddress
 
 import msgspec
 
-from serving.errors import APIError
+from serving.frontend.errors import APIError
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 
 from protocol.sampling_params import SamplingParams
-from serving.errors import APIError, bad_request, from_decode_error
-from serving.tokenizer_manager import GenerateReqInput
+from serving.frontend.errors import APIError, bad_request, from_decode_error
+from serving.frontend.tokenizer_manager import GenerateReqInput
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):

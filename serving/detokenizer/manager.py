@@ -24,8 +24,8 @@ from collections import OrderedDict
 import zmq
 
 from serving.args import ServerArgs
-from serving.engine.loader import load_tokenizer
-from serving.incremental_detok import DecodeState
+from serving.model_files import load_tokenizer
+from serving.detokenizer.incremental import DecodeState
 from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child

@@ -10,9 +10,9 @@ from multiprocessing.process import BaseProcess
 import psutil
 
 from serving.args import ServerArgs
-from serving.errors import APIError
+from serving.frontend.errors import APIError
 from serving.ipc import Endpoints
-from serving.tokenizer_manager import TokenizerManager
+from serving.frontend.tokenizer_manager import TokenizerManager
 from telemetry.clock import now_ns
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import EngineSnapshot, Metrics

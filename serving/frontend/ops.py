@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from serving.server_state import ServerState
+from serving.frontend.server_state import ServerState
 
 # Label values come from bounded sets: anything else a client sends counts as "other".
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})

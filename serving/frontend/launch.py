@@ -2,7 +2,7 @@
 
 Order: bind the TokenizerManager's sockets, spawn the Scheduler and the Detokenizer
 (`spawn` context, watched by the `EngineSupervisor`), serve HTTP at once (/health says
-503 until both report Ready; `serving.http_server` caps connections and bounds reads and
+503 until both report Ready; `serving.frontend.http_server` caps connections and bounds reads and
 sends).  On SIGINT/SIGTERM: new requests get 503, in-flight ones may finish for
 `--shutdown-grace` seconds, the rest end with an explicit error, HTTP stops (connections
 get a few seconds more, then are closed whatever their clients do), the children get
@@ -18,13 +18,14 @@ import sys
 import uuid
 
 from serving.args import ServerArgs
-from serving.engine.loader import ModelLoadError, load_tokenizer, model_name
-from serving.http_api import build_app
-from serving.http_server import HTTPServer
+from serving.model_files import ModelLoadError, load_tokenizer, model_name
+from serving.frontend.http_api import build_app
+from serving.frontend.http_server import HTTPServer
 from serving.ipc import Endpoints, runtime_parent
-from serving.server_state import ServerState
-from serving.supervisor import EngineSupervisor, stop_children
-from serving.tokenizer_manager import TokenizerManager
+from serving.frontend.server_state import ServerState
+from serving.frontend.children import stop_children
+from serving.frontend.supervisor import EngineSupervisor
+from serving.frontend.tokenizer_manager import TokenizerManager
 from telemetry.logs import setup_logging
 from telemetry.metrics import Metrics, parse_bucket_overrides
 from telemetry.request_telemetry import RequestTelemetry

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from serving.errors import APIError, bad_request
+from serving.frontend.errors import APIError, bad_request
 
 INLINE_CHARS = 2048
 CHARS_PER_TOKEN = 16

@@ -24,14 +24,14 @@ import zmq.asyncio
 
 from serving.args import ServerArgs
 from protocol.sampling_params import SamplingParams
-from serving.errors import APIError, bad_request
+from serving.frontend.errors import APIError, bad_request
 from protocol.io_struct import (
     AbortReq, BatchStrOutput, DetokenizerStats, DetokParams, Ready, ReqMeta, SchedulerStats, Stamps, StrOut,
     TokenizedGenerateReqInput,
 )
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.ratelog import RateLimitedLog
-from serving.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
+from serving.frontend.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
 from telemetry.clock import now_ns
 from telemetry.request_telemetry import RequestTelemetry, RequestTrace
 

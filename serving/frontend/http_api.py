@@ -24,19 +24,19 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from serving.auth import AuthMiddleware
-from serving.errors import APIError
-from serving.http_guard import GuardMiddleware, allowed_hosts
-from serving.generate_api import GenerateRequest, generate_input, generate_body
+from serving.frontend.auth import AuthMiddleware
+from serving.frontend.errors import APIError
+from serving.frontend.guard import GuardMiddleware, allowed_hosts
+from serving.frontend.generate_api import GenerateRequest, generate_input, generate_body
 from protocol.io_struct import StrOut
-from serving.openai_protocol import (
+from serving.frontend.openai_api import (
     ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, decode_body,
     include_usage,
 )
-from serving.http_ops import OPS_ROUTES, HTTPMetricsMiddleware
-from serving.http_server import EXTENSION as TRANSPORT
-from serving.server_state import ServerState
-from serving.tokenizer_manager import Collected, GenerateReqInput, ReqState
+from serving.frontend.ops import OPS_ROUTES, HTTPMetricsMiddleware
+from serving.frontend.http_server import EXTENSION as TRANSPORT
+from serving.frontend.server_state import ServerState
+from serving.frontend.tokenizer_manager import Collected, GenerateReqInput, ReqState
 
 log = logging.getLogger(__name__)
 _json = msgspec.json.Encoder()
@@ -59,7 +59,7 @@ class SSEResponse(StreamingResponse):
 
     Its sends may block for at most the request's remaining timeout (+1 s to deliver the
     timeout error) or `--send-stall-timeout`: then the transport cuts the stream off and
-    `on_close` aborts the request (`serving.http_server.Stream`).
+    `on_close` aborts the request (`serving.frontend.http_server.Stream`).
     """
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str],

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 
 from protocol.sampling_params import SamplingParams
-from serving.errors import bad_request
-from serving.tokenizer_manager import Collected, GenerateReqInput
+from serving.frontend.errors import bad_request
+from serving.frontend.tokenizer_manager import Collected, GenerateReqInput
 
 
 class GenerateSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

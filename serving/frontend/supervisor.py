@@ -21,44 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing as mp
 import time
 from collections import deque
 
-from serving.args import ServerArgs
-from serving.ipc import Endpoints
-from serving.process import run_child
-from serving.server_state import ServerState
+from serving.frontend.children import ROLES, spawn, stop_children
+from serving.frontend.server_state import ServerState
 from telemetry.clock import now_ns
 
 log = logging.getLogger("sightline.supervisor")
-CHILD_STOP_TIMEOUT = 5.0
-ROLES = ("scheduler", "detokenizer")
 BACKOFF_FIRST = 0.5  # seconds before the first restart in a quiet window; doubles per recent attempt
 BACKOFF_MAX = 30.0
 Failure = tuple[str, str, str]  # (role, cause, detail)
-
-
-def spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
-    ctx = mp.get_context("spawn")
-    procs = {role: ctx.Process(target=run_child, args=(role, args, endpoints, instance_id),
-                               name=f"sightline-{role}", daemon=True) for role in ROLES}
-    for p in procs.values():
-        p.start()
-    return procs
-
-
-def stop_children(procs: dict[str, mp.process.BaseProcess], force: bool = False) -> None:
-    """SIGTERM (or SIGKILL when `force`: a stalled child may not be able to stop), then reap."""
-    for p in procs.values():
-        if p.is_alive():
-            p.kill() if force else p.terminate()
-    for role, p in procs.items():
-        p.join(CHILD_STOP_TIMEOUT)
-        if p.is_alive():
-            log.warning("%s did not stop in %.0f s; killing it", role, CHILD_STOP_TIMEOUT)
-            p.kill()
-            p.join()
 
 
 class EngineSupervisor:

