@@ -9,6 +9,7 @@ WORKDIR /app
 # torch from the CPU index: the default wheel drags in CUDA libraries this server never uses.
 RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 COPY pyproject.toml README.md ./
+COPY protocol/ protocol/
 COPY serving/ serving/
 COPY telemetry/ telemetry/
 # The dev extras carry Locust and its helpers for the `loadtest` compose profile.

@@ -4,7 +4,7 @@
     python -m dashboards.generate --check    # exit 1 if they differ from the code (CI)
 
 The committed files are the output of this module byte for byte
-(tests/test_dashboards.py regenerates into a temporary directory and compares).
+(tests/unit/test_dashboards.py regenerates into a temporary directory and compares).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Every selector gets the dashboard's `$job` / `$instance` (and `$model_name` where the
 metric has that label, looked up in telemetry/metrics.py SPECS), every range is
 `$__rate_interval`, and counters are only ever read through `rate`/`increase`: the
-helpers make the lint rules true by construction, and tests/test_dashboards.py checks
+helpers make the lint rules true by construction, and tests/unit/test_dashboards.py checks
 the output anyway.
 """
 

@@ -84,6 +84,7 @@ async def measure(url: str, mode: str, seq: list[list[int]], conc: list[list[int
 def micro(requests: int = 300, tokens: int = 64) -> None:
     """CPU cost of the main process's per-request telemetry, on vs off, without any server."""
     from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
+    from serving.frontend.req_state import ReqState
     from telemetry.clock import now_ns
     from telemetry.metrics import Metrics
     from telemetry.request_telemetry import RequestTelemetry
@@ -96,20 +97,23 @@ def micro(requests: int = 300, tokens: int = 64) -> None:
                                Metrics("m") if enabled else None, timeline, "m", False)
         t0 = time.perf_counter()
         for i in range(requests):
-            rt = tel.begin({}, "POST", "/v1/completions", "text_completion", {})
-            tel.tokenized(rt, f"r{i}", now_ns(), now_ns(), 10)
+            rt = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns(), rid=f"r{i}",
+                          prompt_tokens=10)
+            tel.begin(rt, {}, "POST", {})
+            tel.tokenized(rt, now_ns(), now_ns())
             carrier, producer = tel.producer(rt)
             if producer is not None:
                 producer.end()
             t = now_ns()
             st = Stamps(arrival=rt.arrival, tokenized=t, sched_recv=t, scheduled=t, first_token=t, detok_recv=t,
                         detok_done=t, sched_sent=t)
-            for _ in range(tokens):
+            for k in range(tokens):
                 out = StrOut(rid=f"r{i}", text="x", output_ids=[1], meta=ReqMeta(trace=carrier, stamps=st))
                 tel.on_batch(BatchStrOutput(outputs=[out], sent_at=now_ns()), now_ns())
+                rt.meta, rt.completion_tokens = out.meta, k + 1
                 tel.on_output(rt, out, now_ns())
             st.finished = now_ns()
-            tel.finish(rt, "length", tokens, None, None)
+            tel.finish(rt, "length", None, None)
             tel.end(rt, 200)
         return (time.perf_counter() - t0) / requests * 1e6
 

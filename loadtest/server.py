@@ -59,28 +59,44 @@ def free_port() -> int:
 
 
 class LocalServer:
-    """`python -m serving serve --model M --port P [extra flags]`, healthy on return."""
+    """`python -m serving serve --model M --port P [extra flags]`, healthy on return.
 
-    def __init__(self, model: str, port: int, log_path: Path, extra: list[str], startup_s: float = 900.0) -> None:
+    The one way a real server is started, by the load-test tools and by the test suite
+    (tests/server_util.ServerProc adds its conveniences on top).
+    """
+
+    def __init__(self, model: str, port: int, log_path: Path, extra: list[str], startup_s: float = 900.0,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "serving", "serve", "--model", model, "--host", "127.0.0.1",
              "--port", str(self.port), *extra],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
         )
         try:
-            wait_healthy(self.url, startup_s, self.proc)
+            self.wait_healthy(startup_s)
         except BaseException:
             self.stop()
             raise
 
-    def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (a clean shutdown: in-flight requests end with an error event); the whole
-        process group is killed only if that takes longer than `timeout`."""
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_healthy(self, timeout: float) -> None:
+        """Until /health is 200; if the server exits or never gets there, the error quotes its log."""
+        try:
+            wait_healthy(self.url, timeout, self.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            raise type(exc)(f"{exc}; its log ends with:\n{self.log()[-6000:]}") from None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        """`sig` (SIGTERM: a clean shutdown, in-flight requests end with an error event); the whole
+        process group is killed only if it has not exited after `timeout`."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

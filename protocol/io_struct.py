@@ -170,6 +170,11 @@ class SchedulerStats(_Msg):
     spans: list[SpanRecord] = []  # finished since the last stats message
     handling_errors: int = 0  # cumulative: messages, or one rid's output, whose handling raised
 
+    @property
+    def kv_usage_ratio(self) -> float:
+        """Reserved KV slots ÷ total: admission headroom (derived, not on the wire)."""
+        return self.kv_reserved / self.kv_total if self.kv_total else 0.0
+
 
 class Ready(_Msg):
     """A child process is up; the Scheduler also says what the TM must validate against."""

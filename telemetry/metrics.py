@@ -1,9 +1,11 @@
 """Every Prometheus metric sightline exports, defined once.
 
 All metrics live in the main process: per-request histograms are observed there from
-the timestamps carried in the messages (so they can carry exemplars), and the
-Scheduler's and Detokenizer's numbers arrive in their stats messages and are exposed
-by `EngineCollector` at scrape time.  Names are `sightline_*`, base units, counters end
+the timestamps carried in the messages (so they can carry exemplars) through typed
+handles (`Metrics.ttft`, ...; `Spec.attr`), and the Scheduler's and Detokenizer's
+numbers arrive in their stats messages and are exposed by `EngineCollector` at scrape
+time, read straight from an `EngineView` (`Spec.read`).  A new engine gauge is one
+field in its stats message and one `Spec` line here.  Names are `sightline_*`, base units, counters end
 in `_total`; labels are low-cardinality (`model_name`, `finish_reason`, ...) and the
 rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it).
 """
@@ -11,11 +13,14 @@ rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from operator import attrgetter
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from telemetry.stats import EngineView
 
 # -- buckets -----------------------------------------------------------------------
 # Fine below 100 ms (SLO thresholds must be bucket boundaries), long enough for minutes.
@@ -60,7 +65,9 @@ class Spec:
     labels: tuple[str, ...] = ()
     buckets: str | None = None  # a DEFAULT_BUCKETS family
     definition: str = ""  # for docs/metrics.md: exactly what is measured, between which stamps
-    source: str = "main"  # main | scheduler | detokenizer: where the number is produced
+    source: str = "main"  # main | scheduler | detokenizer | all: where the number is produced
+    attr: str = ""  # observed in the main process: the `Metrics` attribute that holds it
+    read: str = ""  # exposed at scrape time: where its value is in `EngineView` (a dotted path)
 
 
 M = ("model_name",)
@@ -68,106 +75,106 @@ SPECS: tuple[Spec, ...] = (
     # per-request latency histograms (observed in the main process, with exemplars)
     Spec("sightline_time_to_first_token_seconds", "histogram", "Time to first token.", M, "ttft",
          "HTTP handler entered (`arrival`) → the TokenizerManager received the first output token. Includes "
-         "tokenization, queueing, prefill and the pipeline hops: what a client sees minus the network."),
+         "tokenization, queueing, prefill and the pipeline hops: what a client sees minus the network.", attr="ttft"),
     Spec("sightline_inter_token_latency_seconds", "histogram", "Gap between consecutive output tokens of a request.",
          M, "itl", "Pooled over all requests: the time between the TokenizerManager receiving token k and token k+1 "
-         "of the same request (vLLM's ITL). One observation per token after the first."),
+         "of the same request (vLLM's ITL). One observation per token after the first.", attr="itl"),
     Spec("sightline_time_per_output_token_seconds", "histogram", "Per-request time per output token (TPOT).", M,
          "tpot", "One observation per request with n ≥ 2 output tokens: (e2e − TTFT) / (n − 1). TPOT is a per-"
-         "request mean; ITL is per gap — a request with one long stall has one large ITL and a modest TPOT."),
+         "request mean; ITL is per gap — a request with one long stall has one large ITL and a modest TPOT.", attr="tpot"),
     Spec("sightline_e2e_request_latency_seconds", "histogram", "End-to-end request latency.", M, "e2e",
-         "`arrival` → the TokenizerManager received the request's final output (finished, aborted or failed)."),
+         "`arrival` → the TokenizerManager received the request's final output (finished, aborted or failed).", attr="e2e"),
     Spec("sightline_request_queue_time_seconds", "histogram", "Time in the Scheduler's waiting queue.", M, "stage",
-         "Scheduler received the request (`sched_recv`) → first admitted into a batch (`scheduled`)."),
+         "Scheduler received the request (`sched_recv`) → first admitted into a batch (`scheduled`).", attr="queue_time"),
     Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
-         "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk."),
+         "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.", attr="prefill_time"),
     Spec("sightline_request_decode_time_seconds", "histogram", "Decode time.", M, "stage",
-         "`first_token` → finished in the Scheduler (`finished`)."),
+         "`first_token` → finished in the Scheduler (`finished`).", attr="decode_time"),
     Spec("sightline_request_tokenize_time_seconds", "histogram", "Tokenization (chat template + encode) time.", M,
-         "stage", "Start → end of the TokenizerManager's tokenize call for the request."),
+         "stage", "Start → end of the TokenizerManager's tokenize call for the request.", attr="tokenize_time"),
     Spec("sightline_request_detokenize_time_seconds", "histogram", "Detokenizer busy time for a request.", M, "stage",
          "Sum over the request's outputs of `detok_done − detok_recv` (the Detokenizer's work on each batch that "
-         "carried the request)."),
+         "carried the request).", attr="detokenize_time"),
     Spec("sightline_ipc_hop_latency_seconds", "histogram", "Latency of one ZMQ hop.", ("hop",), "stage",
          "Receiver's receive stamp − sender's `sent_at`. hop=tm_to_scheduler (per request), "
-         "scheduler_to_detokenizer and detokenizer_to_tm (per output message), scheduler_stats (per stats message)."),
-    Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", M, "tokens"),
-    Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens"),
+         "scheduler_to_detokenizer and detokenizer_to_tm (per output message), scheduler_stats (per stats message).", attr="ipc_hop"),
+    Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", M, "tokens", attr="prompt_tokens"),
+    Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens", attr="generation_tokens"),
     # counters observed in the main process
     Spec("sightline_requests_total", "counter", "Generation requests that ended, by finish reason and HTTP status.",
          M + ("finish_reason", "status"),
          definition="finish_reason: stop | length | abort | error. status: the HTTP status the request ended with "
-         "(200; 400 for a rejected request; 499 client gone; 500 engine failure; 503 unavailable)."),
-    Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M),
-    Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M),
+         "(200; 400 for a rejected request; 499 client gone; 500 engine failure; 503 unavailable).", attr="requests"),
+    Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M, attr="prompt_tokens_total"),
+    Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M, attr="generation_tokens_total"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
-         M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | stop_string ..."),
+         M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | stop_string ...", attr="aborts"),
     Spec("sightline_requests_shed_total", "counter", "Requests refused with 429 because the server was full.",
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
-         "(--max-inflight-tokens)."),
+         "(--max-inflight-tokens).", attr="shed"),
     Spec("sightline_engine_failures_total", "counter", "Engine process failures seen by the watchdog.",
          ("role", "cause"), definition="role: scheduler | detokenizer. cause: exited | stalled (no heartbeat for "
          "--watchdog-timeout while requests were in flight) | startup_timeout (a restarted child not ready within "
-         "--startup-timeout)."),
-    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure."),
+         "--startup-timeout).", attr="engine_failures"),
+    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure.", attr="engine_restarts"),
     Spec("sightline_engine_restart_budget_exhausted", "gauge",
          "1 once --max-engine-restarts restarts within --engine-restart-window were spent: the engine stays down and "
-         "every request gets 503 until the server is restarted from outside; else 0."),
+         "every request gets 503 until the server is restarted from outside; else 0.", attr="restart_budget_exhausted"),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
          ("route", "method", "status"), definition="route: a route template or `unmatched`; method: GET, HEAD, POST, "
-         "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set)."),
+         "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set).", attr="http_requests"),
     Spec("sightline_event_loop_lag_seconds", "histogram", "How late the main process's event loop runs a timer.",
          (), "stage", "Sampled continuously: a task asks to wake every 50 ms and observes how much later than asked "
          "it ran. Everything the main process does (HTTP, SSE, tokenizing inline, output dispatch) waits that long; "
-         "a high tail means streams stall in the front end, not in the engine."),
-    Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections)."),
+         "a high tail means streams stall in the front end, not in the engine.", attr="loop_lag"),
+    Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections).", attr="connections_open"),
     Spec("sightline_http_connections_refused_total", "counter",
-         "Connections answered 503 and closed at accept because --max-connections were open."),
+         "Connections answered 503 and closed at accept because --max-connections were open.", attr="connections_refused"),
     Spec("sightline_http_stream_stalls_total", "counter", "Response streams cut off because the client took no data.",
          ("cause",), definition="cause: stalled (a send made no progress for --send-stall-timeout) | deadline (an SSE "
          "send still blocked 1 s after its request's deadline). HTTP/2 gets RST_STREAM, HTTP/1.1 a closed "
-         "connection; a request still running is aborted as client_disconnect."),
-    Spec("sightline_health_checks_total", "counter", "/health answers, by result.", ("healthy",)),
-    Spec("sightline_requests_in_flight", "gauge", "Requests the TokenizerManager holds (rid_to_state size).", M),
+         "connection; a request still running is aborted as client_disconnect.", attr="stream_stalls"),
+    Spec("sightline_health_checks_total", "counter", "/health answers, by result.", ("healthy",), attr="health_checks"),
+    Spec("sightline_requests_in_flight", "gauge", "Requests the TokenizerManager holds (rid_to_state size).", M, attr="in_flight"),
     # from the children's stats messages, exposed at scrape time
     Spec("sightline_stale_messages_dropped_total", "counter",
          "Messages dropped because their rid was no longer known where they arrived.",
          ("component", "message_type", "reason"), source="all",
          definition="component: tokenizer_manager | detokenizer | scheduler. reason: what ended the rid there "
-         "(client_disconnect, stop, length, abort, ...) or unknown_rid."),
+         "(client_disconnect, stop, length, abort, ...) or unknown_rid.", read="stale_drops"),
     Spec("sightline_undecodable_messages_total", "counter", "ZMQ frames that were not one of our message types.",
-         ("component",), source="all"),
+         ("component",), source="all", read="undecodable"),
     Spec("sightline_message_handling_errors_total", "counter",
          "Messages (or one rid's part of a message) whose handling raised; that rid ended with an error, the "
-         "process went on.", ("component",), source="all"),
-    Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", M, source="scheduler"),
-    Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", M, source="scheduler"),
-    Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values.", M, source="scheduler"),
+         "process went on.", ("component",), source="all", read="handling_errors"),
+    Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", M, source="scheduler", read="scheduler.num_running"),
+    Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", M, source="scheduler", read="scheduler.num_waiting"),
+    Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values.", M, source="scheduler", read="scheduler.kv_used"),
     Spec("sightline_kv_slots_reserved", "gauge", "KV token slots promised to running requests.", M,
-         source="scheduler"),
-    Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", M, source="scheduler"),
+         source="scheduler", read="scheduler.kv_reserved"),
+    Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", M, source="scheduler", read="scheduler.kv_total"),
     Spec("sightline_kv_usage_ratio", "gauge", "Reserved KV slots ÷ total (admission headroom).", M,
-         source="scheduler"),
-    Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", M, source="scheduler"),
-    Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", M, source="scheduler"),
+         source="scheduler", read="scheduler.kv_usage_ratio"),
+    Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", M, source="scheduler", read="scheduler.batch_size"),
+    Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", M, source="scheduler", read="scheduler.step_seconds"),
     Spec("sightline_generation_throughput_tokens_per_second", "gauge",
-         "Tokens sampled per second over the last few seconds.", M, source="scheduler"),
-    Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", M, source="scheduler"),
+         "Tokens sampled per second over the last few seconds.", M, source="scheduler", read="throughput"),
+    Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", M, source="scheduler", read="scheduler.steps_total"),
     Spec("sightline_scheduler_prefill_tokens_total", "counter", "Prompt tokens prefilled (chunked prefill activity).",
-         M, source="scheduler"),
+         M, source="scheduler", read="scheduler.prefill_tokens_total"),
     Spec("sightline_scheduler_generated_tokens_total", "counter", "Tokens sampled by the engine.", M,
-         source="scheduler"),
+         source="scheduler", read="scheduler.generation_tokens_total"),
     Spec("sightline_seconds_since_last_token", "gauge",
          "While requests are in flight: seconds since the engine last sampled a token or the oldest in-flight "
          "request arrived, whichever is later; 0 when idle. Grows without bound when the engine is stuck.", M,
-         source="scheduler"),
+         source="scheduler", read="seconds_since_last_token"),
     Spec("sightline_heartbeat_age_seconds", "gauge", "Seconds since each child's last stats message.", ("role",),
-         source="all"),
+         source="all", read="heartbeat_age"),
     Spec("sightline_process_resident_memory_bytes", "gauge", "Resident memory of each sightline process.",
-         ("role",), source="all"),
+         ("role",), source="all", read="rss"),
     Spec("sightline_process_cpu_seconds_total", "counter", "CPU time of each sightline process.", ("role",),
-         source="all"),
-    Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",)),
+         source="all", read="cpu"),
+    Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info"),
 )
 BY_NAME = {s.name: s for s in SPECS}
 
@@ -177,73 +184,41 @@ def _name(spec: Spec) -> str:
     return spec.name[: -len("_total")] if spec.kind == "counter" else spec.name
 
 
-@dataclass
-class EngineSnapshot:
-    """What the main process knows about the children at scrape time (see EngineCollector)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_used: int = 0
-    kv_reserved: int = 0
-    kv_total: int = 0
-    batch_size: int = 0
-    step_seconds: float = 0.0
-    throughput: float = 0.0
-    steps_total: int = 0
-    prefill_tokens_total: int = 0
-    generated_tokens_total: int = 0
-    seconds_since_last_token: float = 0.0
-    stale_drops: Iterable[tuple[str, str, str, int]] = ()
-    undecodable: dict[str, int] | None = None
-    handling_errors: dict[str, int] | None = None
-    heartbeat_age: dict[str, float] | None = None
-    rss: dict[str, float] | None = None
-    cpu: dict[str, float] | None = None
-
-
 class EngineCollector(Collector):
-    """Exposes the children's numbers (from their stats messages) at scrape time."""
+    """Exposes the engine's numbers at scrape time: each `read` spec's value from the view.
 
-    def __init__(self, model_name: str, snapshot: Callable[[], EngineSnapshot]) -> None:
+    A number is one sample (labelled with the model name when the spec has that label);
+    a dict is one sample per key (its one label); a list is one sample per item, its
+    labels read from the item's fields and its value from `count`.  Before the first
+    stats message a child's numbers read as 0.
+    """
+
+    def __init__(self, model_name: str, view: Callable[[], EngineView]) -> None:
         self.model_name = model_name
-        self.snapshot = snapshot
+        self.view = view
+        self.specs = [s for s in SPECS if s.read]
 
-    def _family(self, name: str):
-        spec = BY_NAME[name]
-        cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-        return cls(_name(spec), spec.help, labels=list(spec.labels))
+    @staticmethod
+    def _value(view: EngineView, path: str):
+        try:
+            return attrgetter(path)(view)
+        except AttributeError:  # a child that has not reported yet (its stats are None)
+            return 0
 
     def collect(self):
-        s = self.snapshot()
-        m = [self.model_name]
-        scalars = {
-            "sightline_num_requests_running": s.running, "sightline_num_requests_waiting": s.waiting,
-            "sightline_kv_slots_used": s.kv_used, "sightline_kv_slots_reserved": s.kv_reserved,
-            "sightline_kv_slots_capacity": s.kv_total,
-            "sightline_kv_usage_ratio": s.kv_reserved / s.kv_total if s.kv_total else 0.0,
-            "sightline_batch_size": s.batch_size, "sightline_step_time_seconds": s.step_seconds,
-            "sightline_generation_throughput_tokens_per_second": s.throughput,
-            "sightline_scheduler_steps_total": s.steps_total,
-            "sightline_scheduler_prefill_tokens_total": s.prefill_tokens_total,
-            "sightline_scheduler_generated_tokens_total": s.generated_tokens_total,
-            "sightline_seconds_since_last_token": s.seconds_since_last_token,
-        }
-        for name, value in scalars.items():
-            fam = self._family(name)
-            fam.add_metric(m, value)
-            yield fam
-        fam = self._family("sightline_stale_messages_dropped_total")
-        for component, mtype, reason, n in s.stale_drops:
-            fam.add_metric([component, mtype, reason], n)
-        yield fam
-        for name, values in (("sightline_undecodable_messages_total", s.undecodable),
-                             ("sightline_message_handling_errors_total", s.handling_errors),
-                             ("sightline_heartbeat_age_seconds", s.heartbeat_age),
-                             ("sightline_process_resident_memory_bytes", s.rss),
-                             ("sightline_process_cpu_seconds_total", s.cpu)):
-            fam = self._family(name)
-            for key, value in sorted((values or {}).items()):
-                fam.add_metric([key], value)
+        view = self.view()
+        for spec in self.specs:
+            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            fam = cls(_name(spec), spec.help, labels=list(spec.labels))
+            value = self._value(view, spec.read)
+            if isinstance(value, dict):
+                for key, v in sorted(value.items()):
+                    fam.add_metric([key], v)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    fam.add_metric([getattr(item, label) for label in spec.labels], item.count)
+            else:
+                fam.add_metric([self.model_name] if spec.labels == M else [], value or 0)
             yield fam
 
     def describe(self):
@@ -251,41 +226,68 @@ class EngineCollector(Collector):
 
 
 class Metrics:
-    """The main process's registry: histograms and counters observed per request."""
+    """The main process's metrics, one typed attribute per `Spec.attr` (observed per request,
+    per connection, per health check...), plus the engine's numbers read at scrape time."""
+
+    ttft: Histogram
+    itl: Histogram
+    tpot: Histogram
+    e2e: Histogram
+    queue_time: Histogram
+    prefill_time: Histogram
+    decode_time: Histogram
+    tokenize_time: Histogram
+    detokenize_time: Histogram
+    ipc_hop: Histogram
+    prompt_tokens: Histogram
+    generation_tokens: Histogram
+    loop_lag: Histogram
+    requests: Counter
+    prompt_tokens_total: Counter
+    generation_tokens_total: Counter
+    aborts: Counter
+    shed: Counter
+    engine_failures: Counter
+    engine_restarts: Counter
+    http_requests: Counter
+    connections_refused: Counter
+    stream_stalls: Counter
+    health_checks: Counter
+    restart_budget_exhausted: Gauge
+    connections_open: Gauge
+    in_flight: Gauge
+    build_info: Gauge
 
     def __init__(self, model_name: str, bucket_overrides: dict[str, tuple[float, ...]] | None = None,
                  version: str = "0") -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         buckets = {**DEFAULT_BUCKETS, **(bucket_overrides or {})}
-        self._m: dict[str, object] = {}
         for spec in SPECS:
-            if spec.source != "main":
+            if not spec.attr:
                 continue
             kw = {"registry": self.registry, "labelnames": spec.labels}
             if spec.kind == "histogram":
-                self._m[spec.name] = Histogram(_name(spec), spec.help, buckets=buckets[spec.buckets], **kw)
+                metric = Histogram(_name(spec), spec.help, buckets=buckets[spec.buckets], **kw)
             elif spec.kind == "counter":
-                self._m[spec.name] = Counter(_name(spec), spec.help, **kw)
+                metric = Counter(_name(spec), spec.help, **kw)
             else:
-                self._m[spec.name] = Gauge(_name(spec), spec.help, **kw)
+                metric = Gauge(_name(spec), spec.help, **kw)
+            setattr(self, spec.attr, metric)
         # Event counters exist at 0 from the start, so increase() sees their first event.
         for reason in ("queue_full", "tokens_full"):
-            self.get("sightline_requests_shed_total").labels(model_name, reason)
+            self.shed.labels(model_name, reason)
         for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
-            self.get("sightline_request_aborts_total").labels(model_name, reason)
+            self.aborts.labels(model_name, reason)
         for cause in ("stalled", "deadline"):
-            self.get("sightline_http_stream_stalls_total").labels(cause)
+            self.stream_stalls.labels(cause)
         for role in ("scheduler", "detokenizer"):
             for cause in ("exited", "stalled", "startup_timeout"):
-                self.get("sightline_engine_failures_total").labels(role, cause)
+                self.engine_failures.labels(role, cause)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
-        self.get("sightline_build_info").labels(model_name, version).set(1)
+        self.build_info.labels(model_name, version).set(1)
 
-    def watch(self, snapshot: Callable[[], EngineSnapshot], in_flight: Callable[[], int]) -> None:
-        """Read the children's numbers and the TM's in-flight count at scrape time."""
-        self.registry.register(EngineCollector(self.model_name, snapshot))
-        self.get("sightline_requests_in_flight").labels(self.model_name).set_function(in_flight)
-
-    def get(self, name: str):
-        return self._m[name]
+    def watch(self, view: Callable[[], EngineView], in_flight: Callable[[], int]) -> None:
+        """Read the engine's numbers and the TM's in-flight count at scrape time."""
+        self.registry.register(EngineCollector(self.model_name, view))
+        self.in_flight.labels(self.model_name).set_function(in_flight)

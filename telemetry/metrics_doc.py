@@ -26,6 +26,15 @@ exemplar `{trace_id="…"}` when the request was sampled for tracing. The Schedu
 Detokenizer's numbers arrive in their stats messages (after every engine step, and every
 `--heartbeat-interval` when idle) and are read at scrape time. The rid is never a label.
 
+## Adding a metric
+- **Observed in the main process**: one `Spec(..., attr="x")` line in `telemetry/metrics.py`
+  and the typed attribute `x: Histogram` (or `Counter`, `Gauge`) on `Metrics`; code observes
+  it as `metrics.x` (a unit test checks the two agree).
+- **An engine number**: one field in its stats message (`SchedulerStats` or
+  `DetokenizerStats`, `protocol/io_struct.py`) and one `Spec(..., read="scheduler.field")`
+  line: the `EngineMonitor` keeps each child's latest stats and `EngineCollector` reads the
+  path at scrape time. Two files.
+
 ## TTFT, ITL, TPOT — plainly
 - **TTFT**: HTTP handler entered → the TokenizerManager received the first output token.
 - **ITL** (inter-token latency): one observation per gap between two consecutive output

@@ -2,21 +2,23 @@
 children, every per-request histogram (with trace-id exemplars), the request counters,
 the latency breakdown returned to the client, the request log line and the timeline.
 
-The TokenizerManager calls `tokenized`, `sent`, `on_output` and `finish`; the HTTP
-layer calls `begin`, `rejected` and `end`.  All intervals come from the monotonic
-stamps the messages carry (`io_struct.Stamps`); their exact definitions are in
+The TokenizerManager calls `tokenized`, `producer`, `on_output` and `finish`; the HTTP
+layer calls `begin`, `rejected` and `end`.  They read and write the request's own state
+(`TracedRequest`: the front end's `ReqState`); which HTTP status a request ends with is
+decided by the front end, not here.  All intervals come from the monotonic stamps the
+messages carry (`protocol.io_struct.Stamps`); their exact definitions are in
 docs/metrics.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
+from prometheus_client import Counter, Histogram
 
-from protocol.io_struct import BatchStrOutput, Stamps, StrOut
+from protocol.io_struct import BatchStrOutput, ReqMeta, StrOut
 from telemetry.clock import now_ns
 from telemetry.logs import log_request
 from telemetry.metrics import Metrics
@@ -24,35 +26,31 @@ from telemetry.timeline import Timeline
 from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, set_error, trace_id_of, traceparent_of
 
 PROVIDER = "sightline"
-ABORT_STATUS = {"client_disconnect": 499, "shutdown": 503, "timeout": 504, "engine_failure": 503,
-                "internal_error": 500}
 
 
-@dataclass
-class RequestTrace:
-    """One request's telemetry state, carried on its ReqState."""
+class TracedRequest(Protocol):
+    """What telemetry reads and writes on a request (the front end's `ReqState`)."""
 
     route: str
     operation: str
     arrival: int
-    span: Span | None = None
-    ctx: Context | None = None
-    trace_id: str | None = None
-    rid: str = ""
-    stream: bool = False
-    tokenize_ns: int = 0
-    prompt_tokens: int = 0
-    first_recv: int | None = None
-    last_recv: int | None = None
-    tokens: int = 0
-    detok_busy_ns: int = 0
-    stamps: Stamps = field(default_factory=Stamps)
-    breakdown: dict | None = None
-    status: int = 200
-    ended: bool = False
+    stream: bool
+    rid: str
+    prompt_tokens: int
+    meta: ReqMeta
+    first_recv: int | None
+    last_recv: int | None
+    tokenize_ns: int
+    detok_busy_ns: int
+    status: int
+    breakdown: dict | None
+    span: Span | None
+    ctx: Context | None
+    trace_id: str | None
+    ended: bool
+    completion_tokens: int
 
-    def exemplar(self) -> dict[str, str] | None:
-        return {"trace_id": self.trace_id} if self.trace_id else None
+    def exemplar(self) -> dict[str, str] | None: ...
 
 
 def _ms(start: int | None, end: int | None) -> float | None:
@@ -63,51 +61,50 @@ class RequestTelemetry:
     def __init__(self, tracing: Tracing, metrics: Metrics | None, timeline: Timeline, model_name: str,
                  log_requests: bool) -> None:
         self.tracing = tracing
-        self.metrics = metrics
+        self.m = metrics  # None with --no-enable-metrics
         self.timeline = timeline
         self.model = model_name
         self.log_requests = log_requests
 
-    def _obs(self, name: str, value: float | None, rt: RequestTrace | None = None, *labels: str) -> None:
-        if self.metrics is None or value is None:
+    def _obs(self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None,
+             *labels: str) -> None:
+        if metric is None or value is None:
             return
-        self.metrics.get(name).labels(*(labels or (self.model,))).observe(
-            max(value, 0.0), exemplar=rt.exemplar() if rt else None)
+        metric.labels(*(labels or (self.model,))).observe(max(value, 0.0), exemplar=rt.exemplar() if rt else None)
 
-    def _inc(self, name: str, *labels: str, amount: float = 1.0) -> None:
-        if self.metrics is not None:
-            self.metrics.get(name).labels(*labels).inc(amount)
+    def _inc(self, metric: Counter | None, *labels: str, amount: float = 1.0) -> None:
+        if metric is not None:
+            metric.labels(*labels).inc(amount)
 
     # -- HTTP side ------------------------------------------------------------------
-    def begin(self, headers, method: str, route: str, operation: str, attributes: dict[str, Any]) -> RequestTrace:
-        rt = RequestTrace(route=route, operation=operation, arrival=now_ns())
+    def begin(self, rt: TracedRequest, headers, method: str, attributes: dict[str, Any]) -> None:
+        """Open the request's HTTP server span (a child of the client's traceparent, if any)."""
         parent = self.tracing.extract_headers(headers)
-        span = self.tracing.start(f"{method} {route}", parent, kind=SpanKind.SERVER, start_mono=rt.arrival,
-                                  attributes={"http.request.method": method, "http.route": route, "url.path": route,
-                                              "gen_ai.operation.name": operation, "gen_ai.provider.name": PROVIDER,
-                                              "gen_ai.request.model": self.model, **attributes})
+        span = self.tracing.start(f"{method} {rt.route}", parent, kind=SpanKind.SERVER, start_mono=rt.arrival,
+                                  attributes={"http.request.method": method, "http.route": rt.route,
+                                              "url.path": rt.route, "gen_ai.operation.name": rt.operation,
+                                              "gen_ai.provider.name": PROVIDER, "gen_ai.request.model": self.model,
+                                              **attributes})
         rt.span, rt.ctx, rt.trace_id = span, set_span_in_context(span), trace_id_of(span)
-        return rt
 
-    def response_headers(self, rt: RequestTrace) -> dict[str, str]:
+    def response_headers(self, rt: TracedRequest) -> dict[str, str]:
         tp = traceparent_of(rt.span) if rt.trace_id else None
         return {"traceparent": tp} if tp else {}
 
     def shed(self, reason: str) -> None:
-        self._inc("sightline_requests_shed_total", self.model, reason)
+        self._inc(self.m and self.m.shed, self.model, reason)
 
-    def rejected(self, rt: RequestTrace, status: int, error_type: str, message: str) -> None:
+    def rejected(self, rt: TracedRequest, status: int, error_type: str, message: str, client_gone: bool) -> None:
         """A request refused before reaching the engine (400, 503...), or whose client left
-        before it was read (499: a client abort, like one that leaves mid-generation)."""
-        gone = status == ABORT_STATUS["client_disconnect"]
-        self._inc("sightline_requests_total", self.model, "abort" if gone else "error", str(status))
-        if gone:
-            self._inc("sightline_request_aborts_total", self.model, "client_disconnect")
+        before it was read (`client_gone`: a client abort, like one that leaves mid-generation)."""
+        self._inc(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status))
+        if client_gone:
+            self._inc(self.m and self.m.aborts, self.model, "client_disconnect")
         if rt.span is not None:
             set_error(rt.span, error_type, message)
         self.end(rt, status)
 
-    def end(self, rt: RequestTrace, status: int | None = None) -> None:
+    def end(self, rt: TracedRequest, status: int | None = None) -> None:
         """The HTTP response is complete (or the client is gone): close the server span."""
         if rt.ended or rt.span is None:
             return
@@ -115,20 +112,20 @@ class RequestTelemetry:
         end = now_ns()
         if rt.stream and rt.first_recv is not None:
             self.tracing.record("stream", rt.ctx, rt.first_recv, end, attributes={
-                "sightline.rid": rt.rid, "gen_ai.usage.output_tokens": rt.tokens})
+                "sightline.rid": rt.rid, "gen_ai.usage.output_tokens": rt.completion_tokens})
         rt.span.set_attribute("http.response.status_code", status or rt.status)
         rt.span.end(end_time=self.tracing.wall(end))
 
     # -- TokenizerManager side ---------------------------------------------------------
-    def tokenized(self, rt: RequestTrace, rid: str, start: int, end: int, prompt_tokens: int) -> None:
-        rt.rid, rt.tokenize_ns, rt.prompt_tokens = rid, end - start, prompt_tokens
+    def tokenized(self, rt: TracedRequest, start: int, end: int) -> None:
+        rt.tokenize_ns = end - start
         if rt.span is not None:
-            rt.span.set_attributes({"sightline.rid": rid, "gen_ai.response.id": rid,
-                                    "gen_ai.usage.input_tokens": prompt_tokens})
-        self.tracing.record("tokenize", rt.ctx, start, end, attributes={"sightline.rid": rid,
-                                                                        "gen_ai.usage.input_tokens": prompt_tokens})
+            rt.span.set_attributes({"sightline.rid": rt.rid, "gen_ai.response.id": rt.rid,
+                                    "gen_ai.usage.input_tokens": rt.prompt_tokens})
+        self.tracing.record("tokenize", rt.ctx, start, end, attributes={
+            "sightline.rid": rt.rid, "gen_ai.usage.input_tokens": rt.prompt_tokens})
 
-    def producer(self, rt: RequestTrace) -> tuple[dict[str, str], Span | None]:
+    def producer(self, rt: TracedRequest) -> tuple[dict[str, str], Span | None]:
         """The carrier for the request message, and the PRODUCER span around its send."""
         carrier = self.tracing.carrier(rt.span) if rt.trace_id else {}
         if not carrier:
@@ -141,31 +138,32 @@ class RequestTelemetry:
     def on_stats(self, msg, recv: int | None) -> None:
         """A child's stats message: its hop latency (Scheduler's) and its finished spans."""
         if recv is not None:
-            self._obs("sightline_ipc_hop_latency_seconds", (recv - msg.sent_at) / 1e9, None, "scheduler_stats")
+            self._obs(self.m and self.m.ipc_hop, (recv - msg.sent_at) / 1e9, None, "scheduler_stats")
         for rec in msg.spans:
             self.timeline.add_span(rec)
 
     def on_batch(self, batch: BatchStrOutput, recv: int) -> None:
         if batch.outputs:
-            self._obs("sightline_ipc_hop_latency_seconds", (recv - batch.sent_at) / 1e9, None, "detokenizer_to_tm")
+            hop = self.m and self.m.ipc_hop
+            self._obs(hop, (recv - batch.sent_at) / 1e9, None, "detokenizer_to_tm")
             st = batch.outputs[0].meta.stamps
             if st.detok_recv and st.sched_sent:
-                self._obs("sightline_ipc_hop_latency_seconds", (st.detok_recv - st.sched_sent) / 1e9, None,
-                          "scheduler_to_detokenizer")
+                self._obs(hop, (st.detok_recv - st.sched_sent) / 1e9, None, "scheduler_to_detokenizer")
 
-    def on_output(self, rt: RequestTrace, out: StrOut, recv: int) -> None:
-        st = rt.stamps = out.meta.stamps
+    def on_output(self, rt: TracedRequest, out: StrOut, recv: int) -> None:
+        """One output of the request (its `meta` is already the request's latest)."""
+        st = out.meta.stamps
         if st.detok_recv and st.detok_done:
             rt.detok_busy_ns += st.detok_done - st.detok_recv
         n = len(out.output_ids)
         if n == 0:
             return
+        m = self.m
         if rt.first_recv is None:
             rt.first_recv = recv
-            self._obs("sightline_time_to_first_token_seconds", (recv - rt.arrival) / 1e9, rt)
+            self._obs(m and m.ttft, (recv - rt.arrival) / 1e9, rt)
             if st.sched_recv and st.tokenized:
-                self._obs("sightline_ipc_hop_latency_seconds", (st.sched_recv - st.tokenized) / 1e9, None,
-                          "tm_to_scheduler")
+                self._obs(m and m.ipc_hop, (st.sched_recv - st.tokenized) / 1e9, None, "tm_to_scheduler")
             self.tracing.record("receive tokenizer_manager", rt.ctx, recv, now_ns(), kind=SpanKind.CONSUMER,
                                 links=self.tracing.link_of(out.meta.trace), attributes={
                                     "sightline.rid": rt.rid, **hop_attributes("tokenizer_manager", "BatchStrOutput",
@@ -173,37 +171,35 @@ class RequestTelemetry:
         elif rt.last_recv is not None:
             gap = (recv - rt.last_recv) / 1e9 / n
             for _ in range(n):
-                self._obs("sightline_inter_token_latency_seconds", gap, rt)
+                self._obs(m and m.itl, gap, rt)
         rt.last_recv = recv
-        rt.tokens += n
 
-    def finish(self, rt: RequestTrace, finish_reason: str, completion_tokens: int, abort_reason: str | None,
-               error: str | None) -> dict:
-        """The request ended in the TM: observe everything once; returns the breakdown."""
-        end = now_ns()
-        st = rt.stamps
-        status = ABORT_STATUS.get(abort_reason or "", 500 if finish_reason == "error" else 200)
-        rt.status = status
+    def finish(self, rt: TracedRequest, finish_reason: str, abort_reason: str | None, error: str | None) -> dict:
+        """The request ended in the TM (its `status` already decided): observe everything once;
+        returns the breakdown."""
+        end, m = now_ns(), self.m
+        st = rt.meta.stamps
+        completion_tokens = rt.completion_tokens
         ttft = (rt.first_recv - rt.arrival) / 1e9 if rt.first_recv else None
         e2e = (end - rt.arrival) / 1e9
-        self._obs("sightline_e2e_request_latency_seconds", e2e, rt)
+        self._obs(m and m.e2e, e2e, rt)
         if ttft is not None and completion_tokens >= 2:
-            self._obs("sightline_time_per_output_token_seconds", (e2e - ttft) / (completion_tokens - 1), rt)
-        for name, a, b in (("sightline_request_queue_time_seconds", st.sched_recv, st.scheduled),
-                           ("sightline_request_prefill_time_seconds", st.scheduled, st.first_token),
-                           ("sightline_request_decode_time_seconds", st.first_token, st.finished)):
+            self._obs(m and m.tpot, (e2e - ttft) / (completion_tokens - 1), rt)
+        for metric, a, b in ((m and m.queue_time, st.sched_recv, st.scheduled),
+                             (m and m.prefill_time, st.scheduled, st.first_token),
+                             (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:
-                self._obs(name, (b - a) / 1e9, rt)
-        self._obs("sightline_request_tokenize_time_seconds", rt.tokenize_ns / 1e9, rt)
+                self._obs(metric, (b - a) / 1e9, rt)
+        self._obs(m and m.tokenize_time, rt.tokenize_ns / 1e9, rt)
         if rt.detok_busy_ns:
-            self._obs("sightline_request_detokenize_time_seconds", rt.detok_busy_ns / 1e9, rt)
-        self._obs("sightline_request_prompt_tokens", rt.prompt_tokens, rt)
-        self._obs("sightline_request_generation_tokens", completion_tokens, rt)
-        self._inc("sightline_requests_total", self.model, finish_reason, str(status))
-        self._inc("sightline_prompt_tokens_total", self.model, amount=rt.prompt_tokens)
-        self._inc("sightline_generation_tokens_total", self.model, amount=completion_tokens)
+            self._obs(m and m.detokenize_time, rt.detok_busy_ns / 1e9, rt)
+        self._obs(m and m.prompt_tokens, rt.prompt_tokens, rt)
+        self._obs(m and m.generation_tokens, completion_tokens, rt)
+        self._inc(m and m.requests, self.model, finish_reason, str(rt.status))
+        self._inc(m and m.prompt_tokens_total, self.model, amount=rt.prompt_tokens)
+        self._inc(m and m.generation_tokens_total, self.model, amount=completion_tokens)
         if abort_reason:
-            self._inc("sightline_request_aborts_total", self.model, abort_reason)
+            self._inc(m and m.aborts, self.model, abort_reason)
         rt.breakdown = {
             "ttft_ms": _ms(rt.arrival, rt.first_recv), "queue_ms": _ms(st.sched_recv, st.scheduled),
             "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
@@ -213,7 +209,7 @@ class RequestTelemetry:
         if rt.trace_id:
             rt.breakdown["trace_id"] = rt.trace_id
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st)
-        summary = {"rid": rt.rid, "route": rt.route, "finish_reason": finish_reason, "status": status,
+        summary = {"rid": rt.rid, "route": rt.route, "finish_reason": finish_reason, "status": rt.status,
                    "prompt_tokens": rt.prompt_tokens, "completion_tokens": completion_tokens, **rt.breakdown}
         if abort_reason:
             summary["abort_reason"] = abort_reason

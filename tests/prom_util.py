@@ -15,7 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server_util import free_port, wait_until
+from loadtest.server import free_port
+from tests.server_util import wait_until
 
 HOW_TO_INSTALL = "apt-get install prometheus prometheus-alertmanager (`make setup` does it when run as root)"
 

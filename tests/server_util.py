@@ -1,62 +1,35 @@
-"""Start a real `sightline serve` in a subprocess and talk to it over real HTTP."""
+"""Start a real `sightline serve` in a subprocess (the load-test tools' `LocalServer`) and talk
+to it over real HTTP."""
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.server import LocalServer
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class ServerProc(LocalServer):
+    """A real server for a test: its own TMPDIR (runtime dir, log), the test's env, and
+    helpers to read /debug/state and POST JSON."""
 
-
-class ServerProc:
     def __init__(self, *flags: str, model: str = "tiny-random", tmpdir: Path, startup: float = 120.0,
                  env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.tmpdir = tmpdir
-        self.log_path = tmpdir / "server.log"
         extra_env = env or {}
         key = extra_env.get("SIGHTLINE_API_KEY")
         self.auth = {"authorization": f"Bearer {key}"} if key else {}
-        env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
-        env["TMPDIR"] = str(tmpdir)
-        env.update(extra_env)
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "serving", "serve", "--model", model, "--port", str(self.port), *flags],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
-        self.wait_healthy(startup)
-        self.pids = self.debug()["pids"]
-        self.runtime_dir = Path(self.debug()["runtime_dir"])
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"server not healthy after {timeout} s:\n{self.log()}")
+        full_env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+        full_env["TMPDIR"] = str(tmpdir)
+        full_env.update(extra_env)
+        super().__init__(model, 0, tmpdir / "server.log", list(flags), startup, env=full_env)
+        state = self.debug()
+        self.pids, self.runtime_dir = state["pids"], Path(state["runtime_dir"])
 
     def debug(self) -> dict:
         return httpx.get(self.url + "/debug/state", headers=self.auth, timeout=10).json()
@@ -65,17 +38,6 @@ class ServerProc:
         content = body if isinstance(body, (bytes, str)) else json.dumps(body)
         headers = {"content-type": "application/json", **kw.pop("headers", {})}
         return httpx.post(self.url + path, content=content, headers=headers, timeout=kw.pop("timeout", 120), **kw)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def sse_events(lines) -> list[dict | str]:
@@ -120,3 +82,38 @@ def push(srv: ServerProc, socket_name: str, *msgs) -> None:
 
     codec = Codec("test")
     push_frames(srv.runtime_dir, socket_name, *(codec.encode(m) for m in msgs))
+
+
+# -- reading what a server says ------------------------------------------------------------
+def chat_ids(model, content: str) -> list[int]:
+    text = model.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                               add_generation_prompt=True)
+    return model.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stream(server, path: str, body: dict) -> list[dict | str]:
+    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        return sse_events(r.iter_lines())
+
+
+def completion_text(events) -> str:
+    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e["choices"])
+
+
+def chat_text(events) -> str:
+    return "".join(e["choices"][0]["delta"].get("content", "") for e in events if isinstance(e, dict) and e["choices"])
+
+
+def scrape(server, openmetrics: bool = False) -> str:
+    headers = {"accept": "application/openmetrics-text; version=1.0.0"} if openmetrics else {}
+    return httpx.get(server.url + "/metrics", headers=headers).text
+
+
+def samples(text: str) -> list:
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def value(text: str, name: str, **labels) -> float:
+    return sum(s.value for s in samples(text) if s.name == name and labels.items() <= s.labels.items())

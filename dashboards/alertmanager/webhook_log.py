@@ -4,7 +4,7 @@
 
 One JSON line per alert on stdout: receiver (the URL path: /page, /ticket), status,
 alertname, severity and labels.  Standard library only, so the compose stack runs it
-on a plain Python image; the live test (tests/test_alerting.py) receives its alerts
+on a plain Python image; the live test (tests/e2e/test_alerting.py) receives its alerts
 through the same class.
 """
 

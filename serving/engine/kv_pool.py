@@ -1,7 +1,8 @@
-"""The paged KV cache: per-layer token-slot pools plus a request→slot table.
+"""The paged KV cache's bookkeeping: which slots are free, and a request→slot table.
 
 As in SGLang's `token_to_kv_pool` / `req_to_token_pool`: a token's K and V live in one
-slot of each layer's pool, anywhere in it; `req_to_token[row, pos]` says which slot holds
+slot of each layer's storage (`serving.models.layers.kv_cache.KVCache`, which the model
+reads and writes), anywhere in it; `req_to_token[row, pos]` says which slot holds
 position `pos` of the request in `row`.  So requests of any length join and leave the
 batch without copying, and freeing a request returns its slots at once.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-PAD_SLOT = 0  # a zeroed slot never handed out: padded attention reads land here
+from serving.models.layers.kv_cache import KVCache
 
 
 class KVPool:
@@ -31,14 +32,12 @@ class KVPool:
     ) -> None:
         if num_slots < 1 or max_requests < 1 or max_context < 2:
             raise ValueError("KV pool needs at least one slot, one request row and a context of 2")
-        shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
+        self.kv = KVCache.zeros(num_layers, num_kv_heads, head_dim, num_slots, dtype)
         self.req_to_token = torch.zeros((max_requests, max_context), dtype=torch.int64)
         self.capacity = num_slots
         self.max_requests = max_requests
         self.max_context = max_context
-        # Stacks (pop from the end): low slot numbers are handed out first.
+        # Stacks (pop from the end): low slot numbers are handed out first; PAD_SLOT (0) never is.
         self._free_slots: list[int] = list(range(num_slots, 0, -1))
         self._free_rows: list[int] = list(range(max_requests - 1, -1, -1))
         self.reserved = 0

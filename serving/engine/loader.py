@@ -28,16 +28,19 @@ class LoadedModel:
 def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_name: str | None = None) -> LoadedModel:
     """Load a model for serving; raises ModelLoadError with a one-line message on failure."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from serving.models.registry import resolve  # lazily, like torch: importing this module stays light
 
     t0 = time.perf_counter()
     path, converted = prepare_model_dir(spec, cache_dir)
     try:
+        resolve(AutoConfig.from_pretrained(path))  # before the weights: an unsupported model fails fast
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    except ModelLoadError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
-    if getattr(model.config, "model_type", None) != "llama":
-        raise ModelLoadError(f"unsupported architecture {model.config.model_type!r}: only Llama models are served")
     return LoadedModel(model_name(spec, path, served_name), model, tokenizer, path, time.perf_counter() - t0, converted)
 

@@ -1,4 +1,7 @@
-"""Owns the model forward and the KV pool; runs one ragged batch per call."""
+"""Owns the model forward and the KV pool; runs one ragged batch per call.
+
+The forward is the registry's implementation for the loaded model's architecture.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +14,21 @@ from serving.args import ServerArgs
 from serving.engine.batch import Work, build_batch
 from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LoadedModel
-from serving.models.llama import LlamaForward
+from serving.models.base import CausalLM
+from serving.models.registry import resolve
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, args: ServerArgs) -> None:
         torch.set_num_threads(args.threads)
-        self.model = LlamaForward.from_hf(loaded.hf_model)
+        self.model: CausalLM = resolve(loaded.hf_model.config).from_hf(loaded.hf_model)
         dims = self.model.dims
         ctx = args.context_length or dims.max_positions
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
         self.vocab_size = dims.vocab_size
-        self.pool: KVPool = self.model.make_kv_pool(args.max_total_tokens, args.max_running_requests, self.context_len)
+        self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
+                           args.max_total_tokens, args.max_running_requests, self.context_len)
 
     def forward(self, decodes: list[Work], extends: list[Work]) -> torch.Tensor:
         """Allocate KV for every fed token, run the model, return logits of the rows that need them."""
@@ -40,7 +45,7 @@ class ModelRunner:
         fb = build_batch(decodes, extends, self.pool)
         try:
             with torch.inference_mode():
-                yield self.model.forward(fb, self.pool)
+                yield self.model.forward(fb, self.pool.kv)
         except BaseException:
             self.pool.unextend(fb.out_slots)
             raise

@@ -5,9 +5,11 @@ from __future__ import annotations
 import re
 
 import msgspec
+from starlette.responses import Response
 
 _AT = re.compile(r"at `\$\.?([A-Za-z0-9_.\[\]]*)`")
 _FIELD = re.compile(r"field `([A-Za-z0-9_]+)`")
+_json = msgspec.json.Encoder()
 
 
 class APIError(Exception):
@@ -25,6 +27,13 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+def error_response(err: APIError, headers: dict[str, str] | None = None) -> Response:
+    return Response(_json.encode(err.body()), status_code=err.status, media_type="application/json",
+                    headers={**err.headers, **(headers or {})})
+
+
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -37,3 +46,23 @@ def from_decode_error(exc: Exception) -> APIError:
         param = m.group(1).split("[")[0].split(".")[0] if m and m.group(1) else None
         return bad_request(f"invalid request: {text}", param=param, code="invalid_type")
     return bad_request(f"request body is not valid JSON: {text}", code="invalid_json")
+
+
+# -- which HTTP status a request ends with --------------------------------------------
+ABORT_STATUS = {"client_disconnect": 499, "shutdown": 503, "timeout": 504, "engine_failure": 503,
+                "internal_error": 500}
+CLIENT_GONE = ABORT_STATUS["client_disconnect"]
+_ERROR_TYPES = {503: "server_unavailable", 504: "timeout", 500: "internal_error"}
+
+
+def http_status(finish_reason: str, abort_reason: str | None) -> int:
+    """The status a request that reached the engine ends with (also its `status` label)."""
+    return ABORT_STATUS.get(abort_reason or "", 500 if finish_reason == "error" else 200)
+
+
+def result_error(finish_reason: str | None, error: str | None, status: int) -> APIError | None:
+    """An explicit error for a request that ended without its answer (engine error, timeout, shutdown...)."""
+    if finish_reason != "error" and error is None:
+        return None
+    status = status if status in _ERROR_TYPES else 500
+    return APIError(status, error or "the engine failed this request", type=_ERROR_TYPES[status])

@@ -9,7 +9,7 @@ stops reading, and a stream still blocked when its shutdown deadline passes make
   so idle clients cannot use up the file descriptors and leave accept() failing.
 * A connection idle between requests, or still sending its request headers, is closed
   after `--keep-alive-timeout` (Hypercorn's idle timer covers both); a body not in
-  after `--body-read-timeout` gets 408 (`http_api.read_body`).  Hypercorn's own
+  after `--body-read-timeout` gets 408 (`generation.read_body`).  Hypercorn's own
   `read_timeout` stays off: it limits every read on the connection, so it would also
   cut off a client silently waiting for a long generation.
 * Every response send is bounded.  A send that makes no progress for
@@ -230,15 +230,15 @@ class HTTPServer:
         self.limit = args.max_connections or default_max_connections()
         self.connections: dict[asyncio.Task, _Connection] = {}
         if metrics is not None:
-            metrics.get("sightline_http_connections_open").set_function(lambda: len(self.connections))
+            metrics.connections_open.set_function(lambda: len(self.connections))
 
     def count_stall(self, cause: str) -> None:
         if self.metrics is not None:
-            self.metrics.get("sightline_http_stream_stalls_total").labels(cause).inc()
+            self.metrics.stream_stalls.labels(cause).inc()
 
     def _refuse(self, writer: asyncio.StreamWriter) -> None:
         if self.metrics is not None:
-            self.metrics.get("sightline_http_connections_refused_total").inc()
+            self.metrics.connections_refused.inc()
         refusal_log.warning("refusing a connection: %d open (--max-connections %d)", len(self.connections),
                             self.limit)
         with contextlib.suppress(Exception):

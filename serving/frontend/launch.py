@@ -19,13 +19,15 @@ import uuid
 
 from serving.args import ServerArgs
 from serving.model_files import ModelLoadError, load_tokenizer, model_name
-from serving.frontend.http_api import build_app
+from serving.frontend.app import build_app
 from serving.frontend.http_server import HTTPServer
 from serving.ipc import Endpoints, runtime_parent
 from serving.frontend.server_state import ServerState
 from serving.frontend.children import stop_children
+from serving.frontend.engine_monitor import EngineMonitor
 from serving.frontend.supervisor import EngineSupervisor
 from serving.frontend.tokenizer_manager import TokenizerManager
+from serving.frontend.transport import ZmqTransport
 from telemetry.logs import setup_logging
 from telemetry.metrics import Metrics, parse_bucket_overrides
 from telemetry.request_telemetry import RequestTelemetry
@@ -47,11 +49,11 @@ def _telemetry(args: ServerArgs, name: str, instance_id: str) -> tuple[RequestTe
 async def _drain(state: ServerState) -> None:
     """Refuse new work, let in-flight requests finish for the grace period, end the rest explicitly."""
     tm, grace = state.tm, state.args.shutdown_grace
-    state.shutting_down = True
+    state.monitor.shutting_down = True
     log.info("shutting down: %d requests in flight, up to %.0f s to finish", len(tm.rid_to_state), grace)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + grace
-    while tm.rid_to_state and loop.time() < deadline and all(p.is_alive() for p in state.procs.values()):
+    while tm.rid_to_state and loop.time() < deadline and all(p.is_alive() for p in state.monitor.procs.values()):
         await asyncio.sleep(0.05)
     if tm.rid_to_state:
         log.warning("shutdown grace over: aborting %d requests", len(tm.rid_to_state))
@@ -61,13 +63,14 @@ async def _drain(state: ServerState) -> None:
 async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -> int:
     instance_id = uuid.uuid4().hex
     tel, timeline, metrics = _telemetry(args, name, instance_id)
-    tm = TokenizerManager(args, endpoints, tokenizer, name, tel)
+    monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats)
+    tm = TokenizerManager(args, ZmqTransport(endpoints), tokenizer, monitor, tel)
     tm.start()
-    state = ServerState(args=args, tm=tm, tel=tel, timeline=timeline, metrics=metrics, model_name=name,
-                        endpoints=endpoints)
+    state = ServerState(args=args, tm=tm, monitor=monitor, tel=tel, timeline=timeline, metrics=metrics,
+                        model_name=name, endpoints=endpoints)
     if metrics is not None:
-        metrics.watch(state.engine_snapshot, lambda: len(tm.rid_to_state))
-    state.loop_lag.observe = metrics.get("sightline_event_loop_lag_seconds").observe if metrics is not None else None
+        metrics.watch(lambda: monitor.view(tm.counts()), lambda: len(tm.rid_to_state))
+        state.loop_lag.observe = metrics.loop_lag.observe
     state.loop_lag.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -86,7 +89,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
-        stop_children(state.procs)
+        stop_children(monitor.procs)
         await state.loop_lag.stop()
         await tm.close()
         tel.tracing.shutdown()

@@ -1,4 +1,5 @@
-"""Operational endpoints and HTTP accounting: /v1/models, /health, /metrics, /debug/*.
+"""Operational endpoints and HTTP accounting: /v1/models, /health, /metrics, /debug/*
+(their routes are in the app's one route table, `serving.frontend.app.ROUTES`).
 
 `/metrics` speaks OpenMetrics (with exemplars: trace ids on per-request histograms)
 when the scraper asks for it, else the classic text format.
@@ -11,21 +12,19 @@ from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPEN
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match
 
 from serving.frontend.server_state import ServerState
 
 # Label values come from bounded sets: anything else a client sends counts as "other".
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-KNOWN_ROUTES = {"/v1/completions", "/v1/chat/completions", "/generate", "/v1/models", "/health", "/metrics",
-                "/debug/state", "/debug/requests"}
 
 
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sightline",
-        "max_model_len": state.tm.context_len if state.tm.all_ready.is_set() else None,
+        "max_model_len": state.monitor.context_len if state.monitor.all_ready.is_set() else None,
     }]})
 
 
@@ -33,7 +32,7 @@ async def health(request: Request) -> Response:
     state: ServerState = request.app.state.server
     ok, reason = state.health()
     if state.metrics is not None:
-        state.metrics.get("sightline_health_checks_total").labels(str(ok).lower()).inc()
+        state.metrics.health_checks.labels(str(ok).lower()).inc()
     return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason}, status_code=200 if ok else 503)
 
 
@@ -49,7 +48,7 @@ async def metrics(request: Request) -> Response:
 
 async def debug_state(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    return JSONResponse({**state.tm.debug_state(), **state.describe()})
+    return JSONResponse(state.debug_state())
 
 
 async def debug_requests(request: Request) -> Response:
@@ -68,31 +67,27 @@ async def debug_request(request: Request) -> Response:
     return JSONResponse(entry)
 
 
-OPS_ROUTES = [
-    Route("/v1/models", models, methods=["GET"]),
-    Route("/health", health, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-    Route("/debug/state", debug_state, methods=["GET"]),
-    Route("/debug/requests", debug_requests, methods=["GET"]),
-    Route("/debug/requests/{rid}", debug_request, methods=["GET"]),
-]
-
-
 class HTTPMetricsMiddleware:
     """Counts every HTTP response by route template, method and status (pure ASGI: streams untouched)."""
 
-    def __init__(self, app, state: ServerState) -> None:
+    def __init__(self, app, state: ServerState, routes: list[BaseRoute]) -> None:
         self.app = app
         self.state = state
+        self.routes = routes
+
+    def route_of(self, scope) -> str:
+        """The template of the route the request matches (even with a wrong method), else `unmatched`."""
+        for route in self.routes:
+            if route.matches(scope)[0] != Match.NONE:
+                return route.path
+        return "unmatched"
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http" or self.state.metrics is None:
             await self.app(scope, receive, send)
             return
-        path = scope["path"]
-        route = path if path in KNOWN_ROUTES else ("/debug/requests/{rid}" if path.startswith("/debug/requests/")
-                                                   else "unmatched")
-        counter = self.state.metrics.get("sightline_http_requests_total")
+        route = self.route_of(scope)
+        counter = self.state.metrics.http_requests
 
         async def counting_send(message) -> None:
             if message["type"] == "http.response.start":

@@ -24,9 +24,8 @@ import logging
 import time
 from collections import deque
 
-from serving.frontend.children import ROLES, spawn, stop_children
+from serving.frontend.children import spawn, stop_children
 from serving.frontend.server_state import ServerState
-from telemetry.clock import now_ns
 
 log = logging.getLogger("sightline.supervisor")
 BACKOFF_FIRST = 0.5  # seconds before the first restart in a quiet window; doubles per recent attempt
@@ -37,6 +36,7 @@ Failure = tuple[str, str, str]  # (role, cause, detail)
 class EngineSupervisor:
     def __init__(self, state: ServerState, instance_id: str, stop: asyncio.Event) -> None:
         self.state = state
+        self.monitor = state.monitor
         self.args = state.args
         self.instance_id = instance_id
         self.stop = stop
@@ -46,37 +46,25 @@ class EngineSupervisor:
 
     async def start(self) -> Failure | None:
         """Spawn both children and wait for their Ready: None once ready or when the server stops, else the failure."""
-        st, loop = self.state, asyncio.get_running_loop()
-        st.procs = spawn(self.args, st.endpoints, self.instance_id)
-        st.tm.awaiting_ready = {role: p.pid for role, p in st.procs.items()}  # only these may report Ready
+        st, mon, loop = self.state, self.monitor, asyncio.get_running_loop()
+        mon.expect(spawn(self.args, st.endpoints, self.instance_id))  # only these may report Ready
         deadline = loop.time() + self.args.startup_timeout
-        while not st.tm.all_ready.is_set():
+        while not mon.all_ready.is_set():
             if self.stop.is_set():  # children still starting hold nothing worth a graceful stop
-                stop_children(st.procs, force=True)
+                stop_children(mon.procs, force=True)
                 return None
-            for role, p in st.procs.items():
+            for role, p in mon.procs.items():
                 if not p.is_alive():
                     return role, "exited", f"exited with code {p.exitcode} before it was ready"
             if loop.time() > deadline:
-                role = next(r for r in ROLES if r not in st.tm.ready)
-                return role, "startup_timeout", f"was not ready within {self.args.startup_timeout:g} s"
+                return mon.missing()[0], "startup_timeout", f"was not ready within {self.args.startup_timeout:g} s"
             await asyncio.sleep(0.05)
         log.info("ready: serving %s on http://%s:%d", st.model_name, self.args.host, self.args.port)
         return None
 
     def check(self) -> Failure | None:
         """(role, cause, detail) of a failed child, or None."""
-        st = self.state
-        for role, p in st.procs.items():
-            if not p.is_alive():
-                return role, "exited", f"exited with code {p.exitcode}"
-        if st.tm.all_ready.is_set() and st.tm.rid_to_state:
-            now = now_ns()
-            for role in ROLES:
-                age = (now - st.tm.last_heartbeat.get(role, now)) / 1e9
-                if age > self.args.watchdog_timeout:
-                    return role, "stalled", f"sent no heartbeat for {age:.1f} s with requests in flight"
-        return None
+        return self.monitor.failed_child(in_flight=bool(self.state.tm.rid_to_state))
 
     async def run(self) -> None:
         """Watch until the server stops; recover from each failure."""
@@ -89,7 +77,7 @@ class EngineSupervisor:
             return
         while not self.stop.is_set():
             await asyncio.sleep(0.1)
-            if self.state.shutting_down or self.state.engine_down:
+            if self.monitor.shutting_down or self.monitor.down:
                 continue
             try:
                 failure = self.check()
@@ -104,11 +92,11 @@ class EngineSupervisor:
 
     async def recover(self, role: str, cause: str, detail: str) -> bool:
         """Replace the children until they are ready, within the budget; False when the server must stop."""
-        st, args = self.state, self.args
+        mon, args = self.monitor, self.args
         t0 = time.monotonic()
         while True:
             self._failed(role, cause, detail)
-            await asyncio.to_thread(stop_children, st.procs, True)
+            await asyncio.to_thread(stop_children, mon.procs, True)
             if args.on_engine_failure == "exit" or self.stop.is_set():
                 self.exit_code = 1 if args.on_engine_failure == "exit" else self.exit_code
                 self.stop.set()
@@ -121,9 +109,9 @@ class EngineSupervisor:
                 return True
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** len(self.attempts))
             attempt = len(self.attempts) + 1
-            st.restart_status = (f"restart attempt {attempt} of at most {args.max_engine_restarts} per "
+            mon.restart_status = (f"restart attempt {attempt} of at most {args.max_engine_restarts} per "
                                  f"{args.engine_restart_window:g} s")
-            log.warning("restarting the engine in %.1f s (%s)", delay, st.restart_status,
+            log.warning("restarting the engine in %.1f s (%s)", delay, mon.restart_status,
                         extra={"attempt": attempt, "backoff_seconds": delay})
             try:
                 await asyncio.wait_for(self.stop.wait(), delay)
@@ -138,9 +126,9 @@ class EngineSupervisor:
                 break
             role, cause, detail = failure
         self.restarts += 1
-        st.engine_failure = st.restart_status = None
-        if st.metrics is not None:
-            st.metrics.get("sightline_engine_restarts_total").inc()
+        mon.failure = mon.restart_status = None
+        if self.state.metrics is not None:
+            self.state.metrics.engine_restarts.inc()
         log.warning("engine restarted in %.1f s after %s %s", time.monotonic() - t0, role, cause,
                     extra={"role": role, "cause": cause, "restart_seconds": round(time.monotonic() - t0, 2)})
         return True
@@ -148,21 +136,21 @@ class EngineSupervisor:
     def _failed(self, role: str, cause: str, detail: str) -> None:
         """Announce a failure (ERROR log, metric, /health) and end every request in flight with an error."""
         st = self.state
-        st.engine_failure = f"{role} {detail}"
+        self.monitor.failure = f"{role} {detail}"
         log.error("engine failure: %s %s", role, detail, extra={"role": role, "cause": cause})
         if st.metrics is not None:
-            st.metrics.get("sightline_engine_failures_total").labels(role, cause).inc()
+            st.metrics.engine_failures.labels(role, cause).inc()
         st.tm.abort_all("engine_failure", f"the engine failed ({role} {detail}); the request was not completed")
         st.tm.reset_engine()
 
     def _give_up(self) -> None:
         """The budget is spent: leave the engine down and say so, in /health, every 503, a metric and the log."""
-        st, args = self.state, self.args
-        st.engine_down = (f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
-                          f"{args.engine_restart_window:g} s, --max-engine-restarts {args.max_engine_restarts}); "
-                          f"last failure: {st.engine_failure}; restart the server")
-        st.engine_failure = st.restart_status = None
-        st.procs = {}
-        if st.metrics is not None:
-            st.metrics.get("sightline_engine_restart_budget_exhausted").set(1)
-        log.error("%s", st.engine_down, extra={"restart_attempts": len(self.attempts)})
+        mon, args = self.monitor, self.args
+        mon.down = (f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
+                    f"{args.engine_restart_window:g} s, --max-engine-restarts {args.max_engine_restarts}); "
+                    f"last failure: {mon.failure}; restart the server")
+        mon.failure = mon.restart_status = None
+        mon.procs = {}
+        if self.state.metrics is not None:
+            self.state.metrics.restart_budget_exhausted.set(1)
+        log.error("%s", mon.down, extra={"restart_attempts": len(self.attempts)})

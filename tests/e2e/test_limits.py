@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.server_util import ServerProc, sse_events
-from tests.test_telemetry import scrape, value
+from tests.server_util import scrape, value
 
 
 @pytest.fixture(scope="module")

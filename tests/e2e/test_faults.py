@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.server_util import ServerProc, sse_events
-from tests.test_telemetry import scrape, value
+from tests.server_util import scrape, value
 
 RESTART_BUDGET_S = 30.0
 STREAMS = 16

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.conftest import PROMPTS, collect, encode, greedy, make_core
-from tests.server_util import push_frames, sse_events
+from tests.server_util import chat_ids, chat_text, completion_text, push_frames, sse_events, stream
 
 
 def engine_text(model, ids: list[int], n: int) -> str:
@@ -17,27 +17,6 @@ def engine_text(model, ids: list[int], n: int) -> str:
     core = make_core(model)
     core.add_request("ref", ids, greedy(n))
     return model.tokenizer.decode(collect(core)["ref"], skip_special_tokens=True)
-
-
-def chat_ids(model, content: str) -> list[int]:
-    text = model.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                               add_generation_prompt=True)
-    return model.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def stream(server, path: str, body: dict) -> list[dict | str]:
-    with httpx.stream("POST", server.url + path, json={**body, "stream": True}, timeout=120) as r:
-        assert r.status_code == 200, r.read()
-        assert r.headers["content-type"].startswith("text/event-stream")
-        return sse_events(r.iter_lines())
-
-
-def completion_text(events) -> str:
-    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict) and e["choices"])
-
-
-def chat_text(events) -> str:
-    return "".join(e["choices"][0]["delta"].get("content", "") for e in events if isinstance(e, dict) and e["choices"])
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:3])

@@ -19,7 +19,7 @@ from loadtest.records import RequestRecord
 from loadtest.sse import SSEParser, StreamReader
 from tests.server_util import sse_events
 
-FIXTURES = Path(__file__).parent / "fixtures" / "sse"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "sse"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
 

@@ -25,7 +25,7 @@ from dashboards.lint import metric_names as lint_names
 from tests.prom_util import Alertmanager, promtool, require_tool
 from tests.server_util import push_frames
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "dashboards/prometheus"
 AM_CONFIG = REPO / "dashboards/alertmanager/alertmanager.yml"
 RUNBOOK = REPO / "docs/runbook.md"
@@ -261,7 +261,7 @@ def _queries_without_data(prom, start: float, end: float) -> tuple[list[str], in
     """Every panel query, template variable and recording rule with no real number in [start, end]."""
     from dashboards.lint import panels
     from tests.prom_util import as_grafana_would, finite_points
-    from tests.test_dashboards import boards
+    from tests.unit.test_dashboards import boards
 
     missing, evaluated = [], 0
     for uid, board in boards().items():
@@ -296,7 +296,7 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
 
     from tests.prom_util import Prometheus, exposed_names
     from tests.server_util import ServerProc
-    from tests.test_dashboards import boards, exprs
+    from tests.unit.test_dashboards import boards, exprs
 
     require_tool("prometheus"), require_tool("prometheus-alertmanager")
     t0 = time.monotonic()

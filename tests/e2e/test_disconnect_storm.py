@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.test_telemetry import scrape, value
+from tests.server_util import scrape, value
 
 
 def test_disconnect_storm_leaves_no_state(tiny_server):

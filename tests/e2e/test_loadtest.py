@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server_util import ServerProc
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = """
 workloads:
   chat: {endpoint: chat, max_tokens: [4, 24]}

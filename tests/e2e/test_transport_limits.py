@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.server_util import ServerProc
-from tests.test_telemetry import scrape, value
+from tests.server_util import scrape, value
 
 STALL = 3.0  # --send-stall-timeout of the shared server
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.conftest import collect, greedy, make_core
 from tests.server_util import ServerProc
-from tests.test_server_api import chat_ids, chat_text, stream
+from tests.server_util import chat_ids, chat_text, stream
 
 pytestmark = pytest.mark.smollm
 

@@ -1,82 +1,33 @@
-"""The HTTP front: Starlette routes over the TokenizerManager.
+"""The generation endpoints: decode the body → submit → stream SSE or collect; telemetry around it.
 
     POST /v1/completions, /v1/chat/completions   OpenAI-compatible, stream or not
     POST /generate                               SGLang-style (text or input_ids)
-    GET  /v1/models, /health, /debug/state
 
-Every failure is an OpenAI-style JSON error with a 4xx/5xx status; a client that goes
-away aborts its request down to the Scheduler (streaming: the SSE generator is
-cancelled; non-streaming: a watcher on `http.disconnect`).
+Every failure is an OpenAI-style JSON error with a 4xx/5xx status (the status a request
+ends with is `errors.http_status`); a client that goes away aborts its request down to
+the Scheduler (streaming: the SSE generator is cancelled; non-streaming: a watcher on
+`http.disconnect`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
-import msgspec
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.middleware import Middleware
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
 
-from serving.frontend.auth import AuthMiddleware
-from serving.frontend.errors import APIError
-from serving.frontend.guard import GuardMiddleware, allowed_hosts
-from serving.frontend.generate_api import GenerateRequest, generate_input, generate_body
-from protocol.io_struct import StrOut
+from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
+from serving.frontend.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.openai_api import (
     ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, decode_body,
     include_usage,
 )
-from serving.frontend.ops import OPS_ROUTES, HTTPMetricsMiddleware
-from serving.frontend.http_server import EXTENSION as TRANSPORT
+from serving.frontend.req_state import Collected, GenerateReqInput, ReqState
 from serving.frontend.server_state import ServerState
-from serving.frontend.tokenizer_manager import Collected, GenerateReqInput, ReqState
-
-log = logging.getLogger(__name__)
-_json = msgspec.json.Encoder()
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + _json.encode(obj) + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def error_response(err: APIError, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(err.body()), status_code=err.status, media_type="application/json",
-                    headers={**err.headers, **(headers or {})})
-
-
-class SSEResponse(StreamingResponse):
-    """A stream that runs `on_close` however it ends, even if it never started.
-
-    Its sends may block for at most the request's remaining timeout (+1 s to deliver the
-    timeout error) or `--send-stall-timeout`: then the transport cuts the stream off and
-    `on_close` aborts the request (`serving.frontend.http_server.Stream`).
-    """
-
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str],
-                 timeout: float | None) -> None:
-        self._timeout = timeout
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
-        self._on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            transport = scope.get("extensions", {}).get(TRANSPORT)
-            if transport is not None and self._timeout:
-                transport.deadline = asyncio.get_running_loop().time() + self._timeout
-            await super().__call__(scope, receive, send)
-        finally:
-            self._on_close()
+from serving.frontend.sse import SSE_DONE, SSEResponse, sse
+from telemetry.clock import now_ns
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -136,15 +87,6 @@ async def collect_or_abort(request: Request, state: ServerState, req: ReqState) 
     return work.result() if work in done else None
 
 
-def _result_error(result: Collected | StrOut, status: int) -> APIError | None:
-    """An explicit error for a request that ended without its answer (engine error, timeout, shutdown...)."""
-    if result.finish_reason != "error" and result.error is None:
-        return None
-    kinds = {503: "server_unavailable", 504: "timeout", 500: "internal_error"}
-    status = status if status in kinds else 500
-    return APIError(status, result.error or "the engine failed this request", type=kinds[status])
-
-
 @dataclass(frozen=True)
 class Kind:
     body: type
@@ -177,23 +119,24 @@ async def generation(request: Request, kind: Kind) -> Response:
     """Every generation endpoint: decode → submit → stream or collect; telemetry around it."""
     state: ServerState = request.app.state.server
     tel = state.tel
-    rt = tel.begin(request.headers, "POST", kind.route, kind.operation, {})
+    req = ReqState(route=kind.route, operation=kind.operation, arrival=now_ns())
+    tel.begin(req, request.headers, "POST", {})
     try:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
         obj.timeout = request_timeout(request, state.args.request_timeout)
-        rt.stream = obj.stream
-        if rt.span is not None:
-            rt.span.set_attributes(_request_attributes(obj))
+        req.stream = obj.stream
+        if req.span is not None:
+            req.span.set_attributes(_request_attributes(obj))
         state.check_available()
-        req = await state.tm.submit(obj, rt)
+        await state.tm.submit(obj, req)
     except APIError as err:
-        tel.rejected(rt, err.status, err.code or err.type, err.message)
-        return error_response(err, tel.response_headers(rt))
+        tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)
+        return error_response(err, tel.response_headers(req))
     except Exception:
-        tel.rejected(rt, 500, "internal", "unhandled error")
+        tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
-    headers = {"x-request-id": req.rid, **tel.response_headers(rt)}
+    headers = {"x-request-id": req.rid, **tel.response_headers(req)}
     if kind.route == "/generate":
         events, full = _generate_events(state, req), generate_body
     else:
@@ -202,18 +145,18 @@ async def generation(request: Request, kind: Kind) -> Response:
     if obj.stream:
         def on_close() -> None:
             state.tm.abort(req.rid, "client_disconnect")
-            tel.end(rt)
+            tel.end(req)
         return SSEResponse(events, on_close, headers, obj.timeout)
     result = await collect_or_abort(request, state, req)
     if result is None:
-        tel.end(rt, 499)
-        return Response(status_code=499)
-    if (err := _result_error(result, rt.status)) is not None:
-        tel.end(rt, err.status)
+        tel.end(req, CLIENT_GONE)
+        return Response(status_code=CLIENT_GONE)
+    if (err := result_error(result.finish_reason, result.error, req.status)) is not None:
+        tel.end(req, err.status)
         return error_response(err, headers)
     out = full(result)
     (out["meta_info"] if kind.route == "/generate" else out)["sightline"] = req.breakdown
-    tel.end(rt, 200)
+    tel.end(req, 200)
     return JSONResponse(out, headers=headers)
 
 
@@ -221,7 +164,7 @@ async def _openai_events(state: ServerState, req: ReqState, shape: ResponseShape
     if shape.chat:
         yield sse(shape.role_chunk())
     async for out in state.tm.stream(req):
-        if (err := _result_error(out, req.trace.status)) is not None:
+        if (err := result_error(out.finish_reason, out.error, req.status)) is not None:
             yield sse(err.body())
             yield SSE_DONE
             return
@@ -237,7 +180,7 @@ async def _openai_events(state: ServerState, req: ReqState, shape: ResponseShape
 async def _generate_events(state: ServerState, req: ReqState) -> AsyncIterator[bytes]:
     text, ids = [], []
     async for out in state.tm.stream(req):
-        if (err := _result_error(out, req.trace.status)) is not None:
+        if (err := result_error(out.finish_reason, out.error, req.status)) is not None:
             yield sse(err.body())
             break
         text.append(out.text)
@@ -261,37 +204,3 @@ async def chat_completions(request: Request) -> Response:
 async def generate(request: Request) -> Response:
     """SGLang's native endpoint: cumulative `text` and `output_ids` plus `meta_info`."""
     return await generation(request, KINDS["generate"])
-
-
-async def _api_error(request: Request, exc: APIError) -> Response:
-    return error_response(exc)
-
-
-async def _http_error(request: Request, exc: HTTPException) -> Response:
-    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-    msg = {404: f"no route for {request.url.path}", 405: f"method {request.method} is not allowed on {request.url.path}"}
-    return error_response(APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), type=kind),
-                          headers=getattr(exc, "headers", None))
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s", request.url.path)
-    return error_response(APIError(500, "internal server error", type="internal_error"))
-
-
-def build_app(state: ServerState) -> Starlette:
-    app = Starlette(
-        routes=[
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-            Route("/generate", generate, methods=["POST"]),
-            *OPS_ROUTES,
-        ],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
-        middleware=[Middleware(HTTPMetricsMiddleware, state=state),
-                    Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
-                    Middleware(AuthMiddleware, args=state.args)],
-    )
-    app.state.server = state
-    return app
-

@@ -12,10 +12,9 @@ import time
 import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.otlp_receiver import OTLPReceiver
-from tests.server_util import ServerProc, sse_events
+from tests.server_util import ServerProc, scrape, sse_events, value
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
@@ -36,19 +35,6 @@ def server(otlp, tmp_path_factory):
                      tmpdir=tmp_path_factory.mktemp("telemetry"), env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
     yield srv
     srv.stop()
-
-
-def scrape(server, openmetrics: bool = False) -> str:
-    headers = {"accept": "application/openmetrics-text; version=1.0.0"} if openmetrics else {}
-    return httpx.get(server.url + "/metrics", headers=headers).text
-
-
-def samples(text: str) -> list:
-    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
-
-
-def value(text: str, name: str, **labels) -> float:
-    return sum(s.value for s in samples(text) if s.name == name and labels.items() <= s.labels.items())
 
 
 def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp):

@@ -4,11 +4,12 @@ it, and the main process and the Detokenizer run without torch."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def imported_packages(package: str) -> set[str]:
@@ -29,6 +30,23 @@ def test_protocol_is_a_leaf():
 
 def test_telemetry_imports_no_serving_module():
     assert "serving" not in imported_packages("telemetry")
+
+
+def test_packages_by_process_import_each_other_without_cycles():
+    """The graph `scripts/import_graph.py` prints: no cycle, and only the front end may reach
+    the engine and the Detokenizer (lazily: the spawn target imports them in the child)."""
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    graph_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph_module)
+    edges = graph_module.graph(ROOT)
+    assert graph_module.cycles(edges) == []
+    ours = {"protocol", "telemetry", "serving", "serving.cli", "serving.frontend", "serving.engine",
+            "serving.models", "serving.detokenizer"}
+    assert set(edges["telemetry"]) & ours == {"protocol"}
+    assert set(edges["serving.engine"]) & ours <= {"protocol", "telemetry", "serving", "serving.models"}
+    assert set(edges["serving.detokenizer"]) & ours <= {"protocol", "telemetry", "serving"}
+    assert set(edges["serving.models"]) & ours <= {"serving"}
+    assert "serving.frontend" not in {dst for src in edges for dst in edges[src] if src != "serving.cli"}
 
 
 def test_front_end_and_detokenizer_run_without_torch():

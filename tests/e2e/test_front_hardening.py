@@ -20,7 +20,7 @@ import pytest
 
 from serving.frontend.guard import allowed_hosts, host_name, is_json
 from tests.server_util import ServerProc, sse_events
-from tests.test_telemetry import samples, scrape, value
+from tests.server_util import samples, scrape, value
 
 
 @pytest.fixture(scope="module")

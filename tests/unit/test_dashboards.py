@@ -18,7 +18,7 @@ from dashboards import generate, lint
 from dashboards.generate import DASHBOARD_DIR
 from telemetry.metrics import BY_NAME
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "dashboards/grafana"
 UIDS = ["sightline-overview", "sightline-latency", "sightline-engine", "sightline-slo", "sightline-troubleshooting"]
 

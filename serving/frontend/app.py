@@ -1,0 +1,62 @@
+"""The Starlette app: one route table, the error handlers, the middleware stack."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from serving.frontend import ops
+from serving.frontend.auth import AuthMiddleware
+from serving.frontend.errors import APIError, error_response
+from serving.frontend.generation import chat_completions, completions, generate
+from serving.frontend.guard import GuardMiddleware, allowed_hosts
+from serving.frontend.server_state import ServerState
+
+log = logging.getLogger(__name__)
+
+ROUTES = [
+    Route("/v1/completions", completions, methods=["POST"]),
+    Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/generate", generate, methods=["POST"]),
+    Route("/v1/models", ops.models, methods=["GET"]),
+    Route("/health", ops.health, methods=["GET"]),
+    Route("/metrics", ops.metrics, methods=["GET"]),
+    Route("/debug/state", ops.debug_state, methods=["GET"]),
+    Route("/debug/requests", ops.debug_requests, methods=["GET"]),
+    Route("/debug/requests/{rid}", ops.debug_request, methods=["GET"]),
+]
+
+
+async def _api_error(request: Request, exc: APIError) -> Response:
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+    msg = {404: f"no route for {request.url.path}", 405: f"method {request.method} is not allowed on {request.url.path}"}
+    return error_response(APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), type=kind),
+                          headers=getattr(exc, "headers", None))
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_response(APIError(500, "internal server error", type="internal_error"))
+
+
+def build_app(state: ServerState) -> Starlette:
+    app = Starlette(
+        routes=ROUTES,
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
+        middleware=[Middleware(ops.HTTPMetricsMiddleware, state=state, routes=ROUTES),
+                    Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
+                    Middleware(AuthMiddleware, args=state.args)],
+    )
+    app.state.server = state
+    return app
+

@@ -1,0 +1,257 @@
+"""The one owner of what the main process knows about the engine: Ready, heartbeats,
+the children's stats, their processes, and from all that the server's health.
+
+The TokenizerManager hands it every message that is not a request's output; the
+supervisor tells it which children it spawned (only those may report Ready) and what
+it is doing about a failure; /health, 503s, the watchdog, /debug/state and the
+`/metrics` engine numbers all read it.  Nothing else keeps engine state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable
+
+import msgspec
+import psutil
+
+from protocol.io_struct import DetokenizerStats, DropCount, Ready, SchedulerStats
+from serving.frontend.errors import APIError
+from serving.ratelog import RateLimitedLog
+from telemetry.clock import now_ns
+from telemetry.stats import EngineView
+
+log = logging.getLogger("sightline.engine_monitor")
+ROLES = ("scheduler", "detokenizer")
+
+
+@dataclass
+class FrontCounts:
+    """What the TokenizerManager counts about its own side of the sockets."""
+
+    stale_drops: list[DropCount] = field(default_factory=list)
+    undecodable: int = 0
+    handling_errors: int = 0
+    oldest_arrival: int | None = None  # of the requests in flight (None: idle)
+
+
+class RateWindow:
+    """Rate of a cumulative counter over the last few seconds (tokens/s from stats)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.window_ns = int(seconds * 1e9)
+        self.points: deque[tuple[int, int]] = deque()
+
+    def add(self, t: int, total: int) -> None:
+        if self.points and total < self.points[-1][1]:
+            self.points.clear()  # the counter restarted (a new Scheduler)
+        self.points.append((t, total))
+        while len(self.points) > 2 and self.points[1][0] < t - self.window_ns:
+            self.points.popleft()
+
+    def rate(self, now: int) -> float:
+        if len(self.points) < 2 or now - self.points[-1][0] > self.window_ns:
+            return 0.0
+        (t0, v0), (t1, v1) = self.points[0], self.points[-1]
+        return (v1 - v0) / ((t1 - t0) / 1e9) if t1 > t0 else 0.0
+
+
+class EngineMonitor:
+    def __init__(self, stall_timeout: float, watchdog_timeout: float,
+                 on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None) -> None:
+        self.stall_timeout = stall_timeout
+        self.watchdog_timeout = watchdog_timeout
+        self.on_stats = on_stats  # telemetry: the stats' hop latency and finished spans
+        self.procs: dict[str, BaseProcess] = {}
+        self.awaiting_ready: dict[str, int] = {}  # role -> pid of the child just spawned
+        self.ready: dict[str, Ready] = {}
+        self.all_ready = asyncio.Event()
+        self.ready_rejected: dict[str, int] = {}  # Ready messages refused, by reason
+        self.ready_log = RateLimitedLog(log, interval=10.0, level=logging.WARNING)
+        self.scheduler_stats: SchedulerStats | None = None
+        self.detok_stats: DetokenizerStats | None = None
+        self.last_heartbeat: dict[str, int] = {}
+        self.throughput = RateWindow(seconds=5.0)
+        self.shutting_down = False
+        self.failure: str | None = None  # set while the supervisor recovers from it
+        self.restart_status: str | None = None  # which restart attempt is under way
+        self.down: str | None = None  # set for good once the restart budget is spent
+        self._ps: dict[int, psutil.Process] = {}
+        self._dispatch: dict[type, Callable[[Any], bool]] = {
+            SchedulerStats: self._on_scheduler_stats, DetokenizerStats: self._on_detok_stats, Ready: self._on_ready,
+        }
+
+    # -- messages -------------------------------------------------------------------
+    def handle(self, msg: Any) -> bool | None:
+        """Apply a child's message: True if applied, False if refused (a Ready from the wrong
+        process), None if it is not a message the monitor handles."""
+        handler = self._dispatch.get(type(msg))
+        return None if handler is None else handler(msg)
+
+    def _on_scheduler_stats(self, msg: SchedulerStats) -> bool:
+        now = now_ns()
+        self.scheduler_stats = msg
+        self.last_heartbeat["scheduler"] = now
+        self.throughput.add(now, msg.generation_tokens_total)
+        self.on_stats(msg, now)
+        return True
+
+    def _on_detok_stats(self, msg: DetokenizerStats) -> bool:
+        self.detok_stats = msg
+        self.last_heartbeat["detokenizer"] = now_ns()
+        self.on_stats(msg, None)
+        return True
+
+    def _on_ready(self, msg: Ready) -> bool:
+        """Apply a Ready only from the child just spawned for its role, once; count and drop any other.
+
+        A Ready sets the context length and vocabulary every request is validated against:
+        one from anyone else (a stale child, a stray writer on the socket) must never apply.
+        """
+        expected = self.awaiting_ready.get(msg.role)
+        if expected is None or msg.pid != expected:
+            reason = "not_starting" if expected is None else "wrong_pid"
+            self.ready_rejected[reason] = self.ready_rejected.get(reason, 0) + 1
+            why = "no start of that role is awaiting one" if expected is None \
+                else f"the {msg.role} just spawned has pid {expected}"
+            self.ready_log.report(f"ignored a Ready(role={msg.role[:32]!r}, pid={msg.pid}): {why}")
+            return False
+        del self.awaiting_ready[msg.role]  # once per start
+        log.info("%s ready (pid %d)", msg.role, msg.pid)
+        self.ready[msg.role] = msg
+        self.last_heartbeat[msg.role] = now_ns()
+        if set(ROLES) <= self.ready.keys():
+            self.all_ready.set()
+        return True
+
+    # -- what the supervisor tells it --------------------------------------------------
+    def expect(self, procs: dict[str, BaseProcess]) -> None:
+        """These children were just spawned: only they may report Ready."""
+        self.procs = procs
+        self.awaiting_ready = {role: p.pid for role, p in procs.items()}
+
+    def reset(self) -> None:
+        """The children are being replaced: forget everything they said."""
+        self.ready.clear()
+        self.all_ready.clear()
+        self.awaiting_ready.clear()
+        self.scheduler_stats = self.detok_stats = None
+        self.last_heartbeat.clear()
+
+    def missing(self) -> list[str]:
+        return [r for r in ROLES if r not in self.ready]
+
+    def failed_child(self, in_flight: bool) -> tuple[str, str, str] | None:
+        """(role, cause, detail) of a child that exited, or (with requests in flight) stopped heartbeating."""
+        for role, p in self.procs.items():
+            if not p.is_alive():
+                return role, "exited", f"exited with code {p.exitcode}"
+        if self.all_ready.is_set() and in_flight:
+            now = now_ns()
+            for role in ROLES:
+                age = (now - self.last_heartbeat.get(role, now)) / 1e9
+                if age > self.watchdog_timeout:
+                    return role, "stalled", f"sent no heartbeat for {age:.1f} s with requests in flight"
+        return None
+
+    # -- facts the front end validates against ---------------------------------------------
+    @property
+    def context_len(self) -> int:
+        return self.ready["scheduler"].context_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.ready["scheduler"].vocab_size
+
+    def check_ready(self) -> None:
+        if not self.all_ready.is_set():
+            raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
+
+    # -- health -------------------------------------------------------------------------
+    def health(self, oldest_arrival: int | None) -> tuple[bool, str]:
+        """(healthy, reason): ready, both children alive, not stuck, not shutting down."""
+        if self.shutting_down:
+            return False, "shutting down"
+        if self.down:
+            return False, self.down
+        if self.failure:
+            return False, f"engine failure ({self.failure}); {self.restart_status or 'restarting'}"
+        for role, proc in self.procs.items():
+            if not proc.is_alive():
+                return False, f"{role} process exited (code {proc.exitcode})"
+        if not self.all_ready.is_set():
+            return False, "starting: waiting for " + ", ".join(self.missing())
+        stuck = self.seconds_without_token(oldest_arrival)
+        if stuck > self.stall_timeout:
+            return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
+        return True, "ok"
+
+    def check_available(self, oldest_arrival: int | None) -> None:
+        ok, reason = self.health(oldest_arrival)
+        if not ok:
+            raise APIError(503, f"server unavailable: {reason}", type="server_unavailable")
+
+    def seconds_without_token(self, oldest_arrival: int | None) -> float:
+        """With requests in flight: seconds since the later of the last token and the oldest arrival."""
+        if oldest_arrival is None:
+            return 0.0
+        s = self.scheduler_stats
+        last = max(oldest_arrival, (s.last_token_at or 0) if s else 0)
+        return (now_ns() - last) / 1e9
+
+    # -- reading it all -------------------------------------------------------------------
+    def view(self, front: FrontCounts) -> EngineView:
+        """Everything `/metrics` shows about the engine (telemetry.metrics.EngineCollector)."""
+        now = now_ns()
+        s, d = self.scheduler_stats, self.detok_stats
+        rss, cpu = self._resources()
+        return EngineView(
+            scheduler=s, detokenizer=d, throughput=self.throughput.rate(now),
+            seconds_since_last_token=self.seconds_without_token(front.oldest_arrival),
+            stale_drops=self.stale_drops(front),
+            undecodable={"tokenizer_manager": front.undecodable, "scheduler": s.undecodable if s else 0,
+                         "detokenizer": d.undecodable if d else 0},
+            handling_errors={"tokenizer_manager": front.handling_errors,
+                             "scheduler": s.handling_errors if s else 0, "detokenizer": d.handling_errors if d else 0},
+            heartbeat_age={role: (now - t) / 1e9 for role, t in self.last_heartbeat.items()},
+            rss=rss, cpu=cpu,
+        )
+
+    def stale_drops(self, front: FrontCounts) -> list[DropCount]:
+        """Stale-drop counters of all three processes (the children's from their latest stats)."""
+        drops = list(front.stale_drops)
+        for st in (self.scheduler_stats, self.detok_stats):
+            if st is not None:
+                drops += st.stale_drops
+        return drops
+
+    def debug_state(self, front: FrontCounts) -> dict:
+        s, d = self.scheduler_stats, self.detok_stats
+        return {
+            "ready": sorted(self.ready),
+            "scheduler": msgspec.to_builtins(s) if s else None,
+            "detokenizer": msgspec.to_builtins(d) if d else None,
+            "stale_drops": [msgspec.to_builtins(x) for x in self.stale_drops(front)],
+            "undecodable": {"tokenizer_manager": front.undecodable, "scheduler": s.undecodable if s else 0,
+                            "detokenizer": d.undecodable if d else 0},
+            "pids": {role: p.pid for role, p in self.procs.items()},
+            "ready_rejected": dict(self.ready_rejected),
+        }
+
+    def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
+        rss, cpu = {}, {}
+        pids = {"main": os.getpid(), **{role: p.pid for role, p in self.procs.items() if p.is_alive()}}
+        for role, pid in pids.items():
+            try:
+                p = self._ps.get(pid) or self._ps.setdefault(pid, psutil.Process(pid))
+                rss[role] = float(p.memory_info().rss)
+                t = p.cpu_times()
+                cpu[role] = t.user + t.system
+            except psutil.Error:
+                self._ps.pop(pid, None)
+        return rss, cpu

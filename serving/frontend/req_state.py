@@ -1,0 +1,89 @@
+"""One request in the main process: what the HTTP layer hands the TokenizerManager
+(`GenerateReqInput`), everything known about it while it lives (`ReqState`), and a
+finished result (`Collected`)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
+
+from protocol.io_struct import ReqMeta, Stamps, StrOut
+from protocol.sampling_params import SamplingParams
+
+
+@dataclass
+class GenerateReqInput:
+    """One request as the HTTP layer hands it over (prompt, messages or token ids)."""
+
+    sampling: SamplingParams
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, str]] | None = None
+    max_new_tokens: int | None = None  # None: up to the context window
+    stop: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    stream: bool = False
+    rid: str | None = None
+    param_names: dict[str, str] = field(default_factory=dict)  # engine field → API field, for errors
+    timeout: float | None = None  # seconds until the request is aborted with a timeout error
+
+
+@dataclass
+class ReqState:
+    """Everything about one request, from the HTTP handler's first line to the end of its
+    response (SGLang's ReqState, with its telemetry): one object, each fact once.
+
+    The HTTP layer creates it (`route`, `arrival`), telemetry opens its span,
+    `TokenizerManager.submit` gives it its rid and puts it in `rid_to_state`, outputs
+    accumulate in `out_list`, and the TM's `_finish` sets the outcome exactly once.
+    """
+
+    route: str
+    operation: str  # gen_ai.operation.name
+    arrival: int  # monotonic ns: the HTTP handler was entered
+    stream: bool = False
+    # -- identity and admission (TokenizerManager.submit) --
+    rid: str = ""  # internal: always a fresh uuid, used to route
+    client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route
+    prompt_tokens: int = 0
+    budget_tokens: int = 0  # prompt + max_new_tokens, counted against --max-inflight-tokens
+    meta: ReqMeta = field(default_factory=lambda: ReqMeta(trace={}, stamps=Stamps()))  # the latest seen
+    timer: asyncio.TimerHandle | None = None
+    # -- outputs --
+    out_list: list[StrOut] = field(default_factory=list)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    started: bool = False  # the engine produced its first output (it no longer counts as queued)
+    completion_tokens: int = 0
+    first_recv: int | None = None  # monotonic ns: first output token received
+    last_recv: int | None = None
+    tokenize_ns: int = 0
+    detok_busy_ns: int = 0
+    # -- outcome (set once, by TokenizerManager._finish) --
+    finished: bool = False
+    finish_reason: str | None = None
+    status: int = 200  # the HTTP status it ends with (serving.frontend.errors.http_status)
+    breakdown: dict | None = None  # the latency breakdown returned to the client
+    # -- tracing --
+    span: Span | None = None
+    ctx: Context | None = None
+    trace_id: str | None = None
+    ended: bool = False  # the server span is closed
+
+    def exemplar(self) -> dict[str, str] | None:
+        return {"trace_id": self.trace_id} if self.trace_id else None
+
+
+@dataclass
+class Collected:
+    """A finished request, for non-streaming responses."""
+
+    rid: str  # as the client knows it (ReqState.client_rid)
+    text: str
+    output_ids: list[int]
+    finish_reason: str | None
+    matched_stop: str | int | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None

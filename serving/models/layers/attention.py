@@ -1,0 +1,72 @@
+"""Self-attention over the paged KV cache, the same for every family with grouped-query attention.
+
+Each fed token's K/V is written into its slot first; then decode tokens attend as one
+padded batch (padding reads the zeroed PAD_SLOT and is masked out) and each extend chunk
+attends on its own, causally, over its prefix's slots plus its own.  Heads are grouped by
+`scaled_dot_product_attention(enable_gqa=True)`, so K/V heads are never repeated in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from serving.models.layers.forward_batch import ForwardBatch
+from serving.models.layers.kv_cache import KVCache
+from serving.models.layers.linear import FusedLinear
+from serving.models.layers.rope import apply_rotary
+
+
+def _gather(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """pool[idx] for a slot-index tensor of any shape; index_select is ~6x faster than advanced indexing on CPU."""
+    return pool.index_select(0, idx.reshape(-1)).view(*idx.shape, *pool.shape[1:])
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, layer: int,
+                    fb: ForwardBatch) -> torch.Tensor:
+    """Store this step's k, v [T, kv_heads, d] in `layer`'s slots, attend q [T, heads, d]; returns [T, heads, d]."""
+    k_pool, v_pool = kv.k[layer], kv.v[layer]
+    k_pool[fb.out_slots] = k
+    v_pool[fb.out_slots] = v
+    out = torch.empty_like(q)
+    nd = fb.num_decode
+    if nd:
+        kd = _gather(k_pool, fb.decode_kv_idx).transpose(1, 2)  # [B, kvh, L, d]
+        vd = _gather(v_pool, fb.decode_kv_idx).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q[:nd].unsqueeze(2), kd, vd, attn_mask=fb.decode_mask, enable_gqa=True)
+        out[:nd] = o.squeeze(2)
+    for seg in fb.extends:
+        sl = slice(seg.start, seg.start + seg.length)
+        qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
+        ks = _gather(k_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
+        vs = _gather(v_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None,
+                                           enable_gqa=True)
+        out[sl] = o[0].transpose(0, 1)
+    return out
+
+
+@dataclass
+class SelfAttention:
+    """One layer's attention block: fused QKV projection, RoPE on Q and K, paged attention, output projection."""
+
+    layer: int  # index of this layer's K/V in the cache
+    qkv: FusedLinear  # Q rows, then K, then V
+    o: FusedLinear
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
+                 fb: ForwardBatch) -> torch.Tensor:
+        t, d = x.shape[0], self.head_dim
+        q_end = self.num_heads * d
+        k_end = q_end + self.num_kv_heads * d
+        qkv = self.qkv(x)
+        q = apply_rotary(qkv[:, :q_end].view(t, self.num_heads, d), *rope)
+        k = apply_rotary(qkv[:, q_end:k_end].view(t, self.num_kv_heads, d), *rope)
+        v = qkv[:, k_end:].view(t, self.num_kv_heads, d)
+        attn = paged_attention(q, k, v, kv, self.layer, fb)
+        return self.o(attn.reshape(t, q_end))

@@ -1,0 +1,36 @@
+"""What one step hands the model: a ragged batch's tokens and the slots its attention reads.
+
+The engine builds it (`serving.engine.batch.build_batch`); it is defined here, beside the
+attention that reads it, so that models never import the engine.  Tokens are flat: first
+one token per decoding request, then each extend (prefill) chunk contiguously.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class ExtendSeg:
+    start: int  # first flat token index of the chunk
+    length: int  # tokens in the chunk
+    kv_idx: torch.Tensor  # slots of positions [0, prefix + length)
+    mask: torch.Tensor | None  # [length, prefix+length] bool, None when prefix == 0 (plain causal)
+
+
+@dataclass
+class ForwardBatch:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    out_slots: torch.Tensor  # [T] where each token's K/V is written
+    num_decode: int  # tokens [0, num_decode) are decode tokens
+    decode_kv_idx: torch.Tensor | None  # [B, Lmax] slots, padded with PAD_SLOT
+    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] True where attended
+    extends: list[ExtendSeg] = field(default_factory=list)
+    logits_rows: torch.Tensor | None = None  # flat token indices whose logits are needed
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
