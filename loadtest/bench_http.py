@@ -51,18 +51,21 @@ async def http_one(client: httpx.AsyncClient, ids: list[int], gen_len: int) -> t
     body = {"prompt": ids, "max_tokens": gen_len, "temperature": 0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
     t0 = now_ns()
-    ttft, tokens = None, 0
+    ttft, tokens, arrivals = None, 0, []
     async with client.stream("POST", "/v1/completions", json=body) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
-            if ttft is None and chunk["choices"]:
-                ttft = (now_ns() - t0) / 1e6
+            if chunk["choices"]:
+                arrivals.append(now_ns())
+                if ttft is None:
+                    ttft = (arrivals[-1] - t0) / 1e6
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    return ttft, tokens
+    itl = [(b - a) / 1e6 for a, b in zip(arrivals, arrivals[1:])]
+    return ttft, tokens, itl
 
 
 async def http_run(url: str, prompts: list[list[int]], gen_len: int) -> dict:
@@ -70,7 +73,12 @@ async def http_run(url: str, prompts: list[list[int]], gen_len: int) -> dict:
         t0 = time.perf_counter()
         res = await asyncio.gather(*(http_one(client, ids, gen_len) for ids in prompts))
         wall = time.perf_counter() - t0
-    return {"ttft": [r[0] for r in res], "tok_s": sum(r[1] for r in res) / wall, "wall": wall}
+    return {"ttft": [r[0] for r in res], "tok_s": sum(r[1] for r in res) / wall, "wall": wall,
+            "itl": [g for r in res for g in r[2]]}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def main() -> None:
@@ -81,15 +89,22 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
+                    help="a flag for the server this script starts, e.g. --server-arg=--dtype=bfloat16 (repeatable)")
+    ap.add_argument("--skip-engine", action="store_true", help="only the HTTP pipeline")
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]
     model = load_model(a.model)
-    engine_run(model, make_prompts(model, 2, a.prompt_len), 4)  # warm-up
-    rows = {n: {"engine": engine_run(model, make_prompts(model, n, a.prompt_len), a.gen_len)} for n in levels}
+    rows: dict[int, dict] = {n: {} for n in levels}
+    if not a.skip_engine:
+        engine_run(model, make_prompts(model, 2, a.prompt_len), 4)  # warm-up
+        for n in levels:
+            rows[n]["engine"] = engine_run(model, make_prompts(model, n, a.prompt_len), a.gen_len)
     prompts = {n: make_prompts(model, n, a.prompt_len) for n in levels}
     del model
     with tempfile.TemporaryDirectory() as tmp:
-        server = None if a.url else LocalServer(a.model, a.port, Path(tmp) / "server.log", ["--log-level", "warning"])
+        server = None if a.url else LocalServer(a.model, a.port, Path(tmp) / "server.log",
+                                                     ["--log-level", "warning", *a.server_arg])
         url = a.url or server.url
         try:
             asyncio.run(http_run(url, prompts[levels[0]][:2], 4))  # warm-up
@@ -99,16 +114,19 @@ def main() -> None:
             if server is not None:
                 server.stop()
     print(f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
-          f"{os.cpu_count()} CPUs\n")
-    print("| concurrency | path | TTFT p50 ms | TTFT max ms | output tok/s | wall s |")
-    print("|---:|---|---:|---:|---:|---:|")
+          f"{os.cpu_count()} CPUs, server flags: {' '.join(a.server_arg) or '(defaults)'}\n")
+    print("| concurrency | path | TTFT p50 ms | TTFT max ms | ITL p50 ms | ITL p99 ms | output tok/s | wall s |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for n in levels:
-        for path in ("engine", "http"):
+        for path in rows[n]:
             r = rows[n][path]
             print(f"| {n} | {'in-process engine' if path == 'engine' else 'HTTP + ZMQ pipeline'} | "
-                  f"{statistics.median(r['ttft']):.0f} | {max(r['ttft']):.0f} | {r['tok_s']:.1f} | {r['wall']:.1f} |")
+                  f"{statistics.median(r['ttft']):.0f} | {max(r['ttft']):.0f} | {_pct(r.get('itl', []), 0.5):.1f} | "
+                  f"{_pct(r.get('itl', []), 0.99):.1f} | {r['tok_s']:.1f} | {r['wall']:.1f} |")
+        if "engine" not in rows[n]:
+            continue
         e, h = rows[n]["engine"], rows[n]["http"]
-        print(f"| {n} | overhead | {statistics.median(h['ttft']) - statistics.median(e['ttft']):+.0f} | | "
+        print(f"| {n} | overhead | {statistics.median(h['ttft']) - statistics.median(e['ttft']):+.0f} | | | | "
               f"{100 * (h['tok_s'] / e['tok_s'] - 1):+.1f}% | |")
 
 

@@ -148,6 +148,15 @@ class DetokenizerStats(_Msg):
 
 
 # -- Scheduler → TokenizerManager ------------------------------------------------------
+class PhaseHistogram(msgspec.Struct, array_like=True):
+    """Cumulative histogram of one engine-step phase's durations, in seconds."""
+
+    phase: str  # schedule | forward | sample | output
+    bounds: list[float]  # upper bounds of the finite buckets
+    counts: list[int]  # observations per bucket (not cumulative); one more than bounds: the +Inf bucket
+    sum: float
+
+
 class SchedulerStats(_Msg):
     """Gauges after a step, or a heartbeat when idle; counters are cumulative."""
 
@@ -169,6 +178,7 @@ class SchedulerStats(_Msg):
     prefill_tokens_total: int = 0
     spans: list[SpanRecord] = []  # finished since the last stats message
     handling_errors: int = 0  # cumulative: messages, or one rid's output, whose handling raised
+    step_phases: list[PhaseHistogram] = []  # cumulative: where engine steps spent their time
 
     @property
     def kv_usage_ratio(self) -> float:
@@ -184,6 +194,8 @@ class Ready(_Msg):
     model_name: str = ""
     context_len: int = 0
     vocab_size: int = 0
+    dtype: str = ""  # what the Scheduler computes in (float32 | bfloat16)
+    quantization: str = ""  # none | int8
     kv_total: int = 0
 
 

@@ -29,8 +29,13 @@ class ServerArgs:
     # -- engine ---------------------------------------------------------------
     max_total_tokens: int = _opt(32768, "KV pool size in token slots (per layer); bounds the tokens of all running requests.")
     max_running_requests: int = _opt(64, "Most requests in the running batch at once.")
-    max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step; longer prompts are chunked across steps.")
+    max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step when no request is decoding; longer prompts are chunked across steps.")
+    max_step_tokens: int = _opt(128, "While requests decode, a step feeds at most this many tokens (one per decoding request plus prefill chunks), so a long prompt cannot stall their inter-token latency (Sarathi-style stall-free batching).")
+    min_prefill_chunk: int = _opt(32, "Prompt tokens a step prefills at least (when prompts wait), however many requests decode, so prefill keeps progressing.")
     num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass (default: all CPU cores).")
+    thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: 'passive' (sleep: the cores stay free for the HTTP front end and the Detokenizer) or 'active' (spin: lowest latency on cores nothing else uses). Sets OMP_WAIT_POLICY in the Scheduler process.")
+    dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a short matmul measurement at start-up finds faster on this CPU; logged).")
+    quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
     random_seed: int = _opt(0, "Seeds the generators of requests that give no seed of their own.")
     # -- server -------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address the HTTP server listens on.")
@@ -78,13 +83,20 @@ class ServerArgs:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("max_total_tokens", "max_running_requests", "max_prefill_tokens"):
+        for name in ("max_total_tokens", "max_running_requests", "max_prefill_tokens", "max_step_tokens",
+                     "min_prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("--context-length must be >= 2")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be >= 1")
+        if self.thread_wait_policy not in ("passive", "active"):
+            raise ValueError("--thread-wait-policy must be passive or active")
+        if self.dtype not in ("auto", "float32", "bfloat16") or self.quantization not in ("none", "int8"):
+            raise ValueError("--dtype must be auto, float32 or bfloat16; --quantization none or int8")
+        if self.quantization == "int8" and self.dtype == "float32":
+            raise ValueError("--quantization int8 computes with bfloat16 activations: use --dtype bfloat16 or auto")
         if not 0 <= self.port <= 65535:
             raise ValueError("--port must be in [0, 65535]")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -115,7 +127,7 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.request_timeline_size < 0:
             raise ValueError("--request-timeline-size must be >= 0")
-        from telemetry.metrics import parse_bucket_overrides
+        from telemetry.buckets import parse_bucket_overrides
         from telemetry.tracing import resolve_exporters
 
         parse_bucket_overrides(self.histogram_buckets)

@@ -13,48 +13,16 @@ rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import attrgetter
 from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.stats import EngineView
-
-# -- buckets -----------------------------------------------------------------------
-# Fine below 100 ms (SLO thresholds must be bucket boundaries), long enough for minutes.
-DEFAULT_BUCKETS: dict[str, tuple[float, ...]] = {
-    "ttft": (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5,
-             5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0),
-    "itl": (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4,
-            0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
-    "e2e": (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
-            300.0, 600.0, 1200.0, 2400.0),
-    "stage": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-              30.0, 60.0, 120.0, 300.0, 600.0),
-    "tokens": tuple(float(2 ** i) for i in range(16)),  # 1 … 32768
-}
-DEFAULT_BUCKETS["tpot"] = DEFAULT_BUCKETS["itl"]
-
-
-def parse_bucket_overrides(text: str | None) -> dict[str, tuple[float, ...]]:
-    """`--histogram-buckets "ttft=0.05,0.1,0.2;itl=0.01,0.05"` → {family: buckets}."""
-    out: dict[str, tuple[float, ...]] = {}
-    for part in filter(None, (p.strip() for p in (text or "").split(";"))):
-        key, _, values = part.partition("=")
-        key = key.strip()
-        if key not in DEFAULT_BUCKETS:
-            raise ValueError(f"--histogram-buckets: unknown family {key!r} (known: {', '.join(sorted(DEFAULT_BUCKETS))})")
-        try:
-            buckets = tuple(float(v) for v in values.split(",") if v.strip())
-        except ValueError:
-            raise ValueError(f"--histogram-buckets: {key}: bucket bounds must be numbers") from None
-        if not buckets or any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
-            raise ValueError(f"--histogram-buckets: {key}: bounds must be positive and strictly increasing")
-        out[key] = buckets
-    return out
-
 
 # -- the catalogue -------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -168,6 +136,16 @@ SPECS: tuple[Spec, ...] = (
          "While requests are in flight: seconds since the engine last sampled a token or the oldest in-flight "
          "request arrived, whichever is later; 0 when idle. Grows without bound when the engine is stuck.", M,
          source="scheduler", read="seconds_since_last_token"),
+    Spec("sightline_engine_step_phase_seconds", "histogram", "Where engine steps spend their time, by phase.",
+         M + ("phase",), "stage", "Per engine step, the duration of each phase: schedule (admission, chunking, "
+         "building the batch's request list), forward (KV slot allocation, batch metadata, the model's forward), "
+         "sample (logits → tokens, finish checks), output (outputs built and sent to the Detokenizer). Kept as a "
+         "histogram in the Scheduler and sent whole in its stats.", source="scheduler",
+         read="scheduler.step_phases"),
+    Spec("sightline_engine_info", "gauge", "Always 1 while the engine is up; labels say how it computes.",
+         M + ("dtype", "quantization"), definition="dtype: float32 | bfloat16 (what the weights, activations and KV "
+         "cache are computed in); quantization: none | int8 (weight-only int8 in every linear layer).",
+         source="scheduler", read="engine_info"),
     Spec("sightline_heartbeat_age_seconds", "gauge", "Seconds since each child's last stats message.", ("role",),
          source="all", read="heartbeat_age"),
     Spec("sightline_process_resident_memory_bytes", "gauge", "Resident memory of each sightline process.",
@@ -189,8 +167,9 @@ class EngineCollector(Collector):
 
     A number is one sample (labelled with the model name when the spec has that label);
     a dict is one sample per key (its one label); a list is one sample per item, its
-    labels read from the item's fields and its value from `count`.  Before the first
-    stats message a child's numbers read as 0.
+    labels read from the item's fields (the model name from the server) and its value
+    from `count` (1 without one), or, for a histogram, one series per `PhaseHistogram`.
+    Before the first stats message a child's numbers read as 0.
     """
 
     def __init__(self, model_name: str, view: Callable[[], EngineView]) -> None:
@@ -205,18 +184,26 @@ class EngineCollector(Collector):
         except AttributeError:  # a child that has not reported yet (its stats are None)
             return 0
 
+    def _labels(self, spec: Spec, item) -> list[str]:
+        return [self.model_name if label == "model_name" else str(getattr(item, label)) for label in spec.labels]
+
     def collect(self):
         view = self.view()
         for spec in self.specs:
-            cls = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            cls = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily}.get(spec.kind, GaugeMetricFamily)
             fam = cls(_name(spec), spec.help, labels=list(spec.labels))
             value = self._value(view, spec.read)
             if isinstance(value, dict):
                 for key, v in sorted(value.items()):
                     fam.add_metric([key], v)
+            elif isinstance(value, (list, tuple)) and spec.kind == "histogram":
+                for h in value:  # PhaseHistogram: per-bucket counts → cumulative
+                    cumulative = list(accumulate(h.counts))
+                    buckets = [(repr(float(b)), c) for b, c in zip(h.bounds, cumulative)] + [("+Inf", cumulative[-1])]
+                    fam.add_metric(self._labels(spec, h), buckets, h.sum)
             elif isinstance(value, (list, tuple)):
                 for item in value:
-                    fam.add_metric([getattr(item, label) for label in spec.labels], item.count)
+                    fam.add_metric(self._labels(spec, item), getattr(item, "count", 1))
             else:
                 fam.add_metric([self.model_name] if spec.labels == M else [], value or 0)
             yield fam

@@ -8,9 +8,10 @@ path).  The same split as vLLM v1's stats/loggers.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from protocol.io_struct import DetokenizerStats, DropCount, SchedulerStats
+from protocol.io_struct import DetokenizerStats, DropCount, PhaseHistogram, Ready, SchedulerStats
 
 
 @dataclass
@@ -25,3 +26,21 @@ class EngineView:
     heartbeat_age: dict[str, float] = field(default_factory=dict)  # seconds, by role
     rss: dict[str, float] = field(default_factory=dict)  # bytes, by process role
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds, by process role
+    engine_info: list[Ready] = field(default_factory=list)  # the Scheduler's Ready: model, dtype, quantization
+
+
+class PhaseTimes:
+    """Histograms of engine-step phases, kept in the Scheduler and sent whole in its stats
+    (cumulative, like a Prometheus histogram: a lost stats message loses nothing)."""
+
+    def __init__(self, phases: tuple[str, ...], bounds: tuple[float, ...]) -> None:
+        self.bounds = list(bounds)
+        self.hist = {p: PhaseHistogram(p, self.bounds, [0] * (len(bounds) + 1), 0.0) for p in phases}
+
+    def observe(self, phase: str, seconds: float) -> None:
+        h = self.hist[phase]
+        h.counts[bisect_left(self.bounds, seconds)] += 1  # le semantics: a value equal to a bound is in it
+        h.sum += seconds
+
+    def snapshot(self) -> list[PhaseHistogram]:
+        return [PhaseHistogram(h.phase, h.bounds, list(h.counts), h.sum) for h in self.hist.values()]

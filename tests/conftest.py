@@ -39,7 +39,8 @@ def encode(model: LoadedModel, text: str) -> list[int]:
 
 
 def make_core(model: LoadedModel, **kw) -> SchedulerCore:
-    return SchedulerCore(model, ServerArgs(model=model.name, **kw))
+    """An in-process engine, exact (float32) unless the test asks for another precision."""
+    return SchedulerCore(model, ServerArgs(model=model.name, **{"dtype": "float32", **kw}))
 
 
 def greedy(n: int = 32, **kw) -> SamplingParams:

@@ -27,6 +27,8 @@ class ServerProc(LocalServer):
         full_env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
         full_env["TMPDIR"] = str(tmpdir)
         full_env.update(extra_env)
+        if "--dtype" not in flags:  # tests compare with the exact engine and transformers
+            flags = ("--dtype", "float32", *flags)
         super().__init__(model, 0, tmpdir / "server.log", list(flags), startup, env=full_env)
         state = self.debug()
         self.pids, self.runtime_dir = state["pids"], Path(state["runtime_dir"])

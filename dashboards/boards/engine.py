@@ -21,6 +21,16 @@ def board() -> Board:
                          "ops", [(q.rate("sightline_scheduler_steps_total"), "steps/s")], width=8),
     )
     b.row(
+        "Step phases",
+        timeseries_panel("Where a step's time goes", "Mean duration of each phase of an engine step: schedule "
+                         "(admission, chunking), forward (batch metadata + the model), sample (logits → tokens), "
+                         "output (outputs sent to the Detokenizer). Stacked: the top is the mean step.", "s",
+                         [(q.mean("sightline_engine_step_phase_seconds", by=("phase",)), "{{phase}}")], stack=True),
+        timeseries_panel("Step phase p99", "99th percentile of each phase: a tall forward with a short mean is a "
+                         "stall (a long prefill chunk, threads descheduled).", "s",
+                         [(q.quantile(0.99, "sightline_engine_step_phase_seconds", by=("phase",)), "{{phase}}")]),
+    )
+    b.row(
         "KV cache",
         timeseries_panel("KV slots", "Token slots in the KV pool: holding keys/values (used), promised to running "
                          "requests (reserved), and the pool size (capacity).", "short",

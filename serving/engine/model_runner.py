@@ -5,6 +5,7 @@ The forward is the registry's implementation for the loaded model's architecture
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -14,21 +15,28 @@ from serving.args import ServerArgs
 from serving.engine.batch import Work, build_batch
 from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LoadedModel
-from serving.models.base import CausalLM
+from serving.engine.precision import choose
+from serving.models.base import CausalLM, ModelDims
 from serving.models.registry import resolve
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, args: ServerArgs) -> None:
         torch.set_num_threads(args.threads)
-        self.model: CausalLM = resolve(loaded.hf_model.config).from_hf(loaded.hf_model)
+        family = resolve(loaded.hf_model.config)
+        self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config))
+        log.info("computing in %s, quantization %s (%s)", self.precision.dtype, self.precision.quantization, why)
+        self.model: CausalLM = family.from_hf(loaded.hf_model, self.precision)
         dims = self.model.dims
         ctx = args.context_length or dims.max_positions
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
         self.vocab_size = dims.vocab_size
         self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
-                           args.max_total_tokens, args.max_running_requests, self.context_len)
+                           args.max_total_tokens, args.max_running_requests, self.context_len,
+                           dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
 
     def forward(self, decodes: list[Work], extends: list[Work]) -> torch.Tensor:
         """Allocate KV for every fed token, run the model, return logits of the rows that need them."""

@@ -29,8 +29,10 @@ from protocol.io_struct import (
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
 from serving.ratelog import RateLimitedLog
+from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
+from telemetry.stats import PhaseTimes
 from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,8 @@ class Scheduler:
         self.prefill_tokens_total = 0
         self.last_token_at: int | None = None
         self._last_stats = 0
+        stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
+        self.phases = PhaseTimes(("schedule", "forward", "sample", "output"), stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
 
     # -- intake -------------------------------------------------------------------
@@ -158,7 +162,7 @@ class Scheduler:
             generation_tokens_total=self.generation_tokens_total, last_token_at=self.last_token_at,
             stale_drops=self.drops.snapshot(), undecodable=self.codec.undecodable,
             prefill_tokens_total=self.prefill_tokens_total, spans=self.tracing.drain(),
-            handling_errors=self.errors.count,
+            handling_errors=self.errors.count, step_phases=self.phases.snapshot(),
         )))
 
     # -- the loop ---------------------------------------------------------------------
@@ -172,6 +176,7 @@ class Scheduler:
             return
         self.steps += 1
         st = self.core.last_step
+        t_out = now_ns()
         self.prefill_tokens_total += st.num_prefill_tokens
         if st.rids:
             self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
@@ -185,6 +190,11 @@ class Scheduler:
                 self._emit(ev)
         if events:
             self.last_token_at = now_ns()
+        self.flush()
+        if st.batch_size:
+            for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
+                                   ("sample", st.sample_seconds), ("output", (now_ns() - t_out) / 1e9)):
+                self.phases.observe(phase, seconds)
 
     def _emit(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> None:
         """Queue the rid's output; if building it fails, end that rid alone with an explicit error."""
@@ -212,6 +222,7 @@ class Scheduler:
         self.to_tm.send(self.codec.encode(Ready(
             role="scheduler", pid=os.getpid(), model_name=self.model_name,
             context_len=self.core.context_len, vocab_size=self.core.vocab_size, kv_total=self.core.pool.capacity,
+            dtype=self.core.runner.precision.dtype, quantization=self.core.runner.precision.quantization,
         )))
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):

@@ -3,10 +3,12 @@
 Usable in-process (tests, benchmarks): `add_request`, then `step()` until idle.
 Each step:
   1. every running request whose prompt is done decodes one token;
-  2. prompts are prefilled under `max_prefill_tokens` per step: first the chunk in
-     progress, then waiting requests in arrival order, chunking the one that does not
-     fit; a request is admitted only if its worst case KV (prompt + max_new_tokens)
-     can be reserved and fewer than `max_running_requests` run;
+  2. prompts are prefilled under a per-step budget (`prefill_budget`: all of
+     `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` leaves after
+     the decodes, at least `min_prefill_chunk`): first the chunk in progress, then
+     waiting requests in arrival order, chunking the one that does not fit; a request
+     is admitted only if its worst case KV (prompt + max_new_tokens) can be reserved and
+     fewer than `max_running_requests` run;
   3. one ragged forward runs decodes and prefill chunks side by side;
   4. requests whose prompt is complete sample a token; finished ones free KV at once.
 
@@ -66,6 +68,9 @@ class StepStats:
     num_prefill_tokens: int = 0
     num_prefill_reqs: int = 0
     step_seconds: float = 0.0
+    schedule_seconds: float = 0.0  # admission and chunking
+    forward_seconds: float = 0.0  # KV allocation, batch metadata, the model's forward
+    sample_seconds: float = 0.0  # logits → tokens, finish checks
     started_ns: int = 0
     ended_ns: int = 0
     rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
@@ -99,6 +104,7 @@ class SchedulerCore:
         self.fault_seed = int(fault) if fault else None
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
+        self._forward_ns = self._sample_ns = 0  # this step's, over every run of it (isolation reruns too)
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> Req:
@@ -150,6 +156,19 @@ class SchedulerCore:
         return len(self.running)
 
     # -- the step -----------------------------------------------------------------
+    def prefill_budget(self, num_decoding: int) -> int:
+        """Prompt tokens this step may prefill.
+
+        Idle decoders: all of --max-prefill-tokens (time to first token is all that counts).
+        With requests decoding, the step's tokens are capped at --max-step-tokens, decodes
+        first, so a step's time — every decoding request's inter-token gap — stays bounded
+        whatever prompts arrive; at least --min-prefill-chunk so waiting prompts progress.
+        """
+        a = self.args
+        if not num_decoding:
+            return a.max_prefill_tokens
+        return min(a.max_prefill_tokens, max(a.min_prefill_chunk, a.max_step_tokens - num_decoding))
+
     def _admit(self, budget: int) -> list[tuple[Req, int]]:
         chunks: list[tuple[Req, int]] = []
         for req in self.running:  # a chunked prefill in progress goes first
@@ -175,11 +194,13 @@ class SchedulerCore:
         """Run one batch; returns the new tokens and finishes it produced."""
         t0 = now_ns()
         decoding = [r for r in self.running if r.prefill_done]
-        chunks = self._admit(self.args.max_prefill_tokens)
+        chunks = self._admit(self.prefill_budget(len(decoding)))
         if not decoding and not chunks:
             self.last_step = StepStats()
             return []
         group = [(r, 1) for r in decoding] + chunks
+        t_sched = now_ns()
+        self._forward_ns = self._sample_ns = 0
         try:
             produced, failed = self._run(group), []
         except Exception as exc:  # noqa: BLE001 - find the requests responsible, keep the rest
@@ -191,10 +212,12 @@ class SchedulerCore:
                 req.times.prefill_chunks.append((t0, t1, n))
         events = [self._fail(req, exc) for req, exc in failed]
         events += [self._append_token(req, tok, t1) for req, tok in produced]
+        t2 = now_ns()
         self.last_step = StepStats(
             batch_size=len(group), num_decode=len(decoding),
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
-            step_seconds=(t1 - t0) / 1e9, started_ns=t0, ended_ns=t1,
+            step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
+            sample_seconds=(self._sample_ns + t2 - t1) / 1e9, started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group),
         )
         return events
@@ -216,10 +239,14 @@ class SchedulerCore:
                 if completes:
                     sampled_e.append(req)
         sampled = sampled_d + sampled_e  # the order of the logits rows
+        t0 = now_ns()
         with self.runner.step(decode_work, extend_work) as logits:
+            t1 = now_ns()
+            self._forward_ns += t1 - t0
             if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
                 raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
             tokens = sample(logits, sampled)
+            self._sample_ns += now_ns() - t1
         for req, n in group:
             req.num_computed += n
         return list(zip(sampled, tokens))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 
 from serving.args import ServerArgs
 from serving.ipc import Endpoints
@@ -21,6 +22,8 @@ def run_child(role: str, *args) -> None:
     """Spawn target of a child process: its module is imported in the child only, so the main
     process never loads torch or the engine."""
     if role == "scheduler":
+        # read by the OpenMP runtime when torch loads it, so before the engine is imported
+        os.environ["OMP_WAIT_POLICY"] = args[0].thread_wait_policy.upper()
         from serving.engine.scheduler import run_scheduler_process as run
     else:
         from serving.detokenizer.manager import run_detokenizer_process as run

@@ -219,7 +219,7 @@ class EngineMonitor:
             handling_errors={"tokenizer_manager": front.handling_errors,
                              "scheduler": s.handling_errors if s else 0, "detokenizer": d.handling_errors if d else 0},
             heartbeat_age={role: (now - t) / 1e9 for role, t in self.last_heartbeat.items()},
-            rss=rss, cpu=cpu,
+            rss=rss, cpu=cpu, engine_info=[self.ready["scheduler"]] if "scheduler" in self.ready else [],
         )
 
     def stale_drops(self, front: FrontCounts) -> list[DropCount]:

@@ -29,7 +29,8 @@ from serving.frontend.supervisor import EngineSupervisor
 from serving.frontend.tokenizer_manager import TokenizerManager
 from serving.frontend.transport import ZmqTransport
 from telemetry.logs import setup_logging
-from telemetry.metrics import Metrics, parse_bucket_overrides
+from telemetry.buckets import parse_bucket_overrides
+from telemetry.metrics import Metrics
 from telemetry.request_telemetry import RequestTelemetry
 from telemetry.timeline import Timeline
 from telemetry.tracing import Tracing

@@ -20,11 +20,18 @@ from serving.frontend.server_state import ServerState
 KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
+def _engine_facts(state: ServerState) -> dict:
+    """What the running engine computes with (null while it starts)."""
+    ready = state.monitor.ready.get("scheduler") if state.monitor.all_ready.is_set() else None
+    return {"max_model_len": ready.context_len if ready else None, "dtype": ready.dtype if ready else None,
+            "quantization": ready.quantization if ready else None}
+
+
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sightline",
-        "max_model_len": state.monitor.context_len if state.monitor.all_ready.is_set() else None,
+        **_engine_facts(state),
     }]})
 
 

@@ -9,6 +9,7 @@ import torch
 
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
+from serving.models.layers.linear import Precision
 
 
 @dataclass
@@ -41,10 +42,10 @@ class CausalLM(Protocol):
     dims: ModelDims
 
     @classmethod
-    def from_hf(cls, hf_model: Any) -> "CausalLM":
-        """Take the weights of a loaded transformers *ForCausalLM (fp32, eval mode)."""
+    def from_hf(cls, hf_model: Any, precision: Precision = Precision()) -> "CausalLM":
+        """Take the weights of a loaded transformers *ForCausalLM (fp32, eval mode), in `precision`."""
         ...
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Run one ragged batch, writing its K/V into `kv`; returns logits [len(fb.logits_rows), vocab]."""
+        """Run one ragged batch, writing its K/V into `kv`; returns float32 logits [len(fb.logits_rows), vocab]."""
         ...

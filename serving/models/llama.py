@@ -16,7 +16,7 @@ from serving.models.base import ModelDims
 from serving.models.layers.attention import SelfAttention
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
-from serving.models.layers.linear import FusedLinear
+from serving.models.layers.linear import FusedLinear, Precision
 from serving.models.layers.mlp import GatedMLP
 from serving.models.layers.norm import RMSNorm
 from serving.models.layers.rope import RotaryTables
@@ -30,14 +30,14 @@ class LlamaLayer:
     mlp: GatedMLP
 
     @classmethod
-    def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float) -> "LlamaLayer":
-        a, m = layer.self_attn, layer.mlp
+    def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float, p: Precision) -> "LlamaLayer":
+        a, m, dt = layer.self_attn, layer.mlp, p.torch_dtype
         return cls(
-            RMSNorm(layer.input_layernorm.weight.detach(), eps),
-            SelfAttention(i, FusedLinear.of(a.q_proj, a.k_proj, a.v_proj), FusedLinear.of(a.o_proj),
-                          dims.num_heads, dims.num_kv_heads, dims.head_dim),
-            RMSNorm(layer.post_attention_layernorm.weight.detach(), eps),
-            GatedMLP(FusedLinear.of(m.gate_proj, m.up_proj), FusedLinear.of(m.down_proj)),
+            RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps),
+            SelfAttention(i, FusedLinear.of(a.q_proj, a.k_proj, a.v_proj, precision=p),
+                          FusedLinear.of(a.o_proj, precision=p), dims.num_heads, dims.num_kv_heads, dims.head_dim),
+            RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps),
+            GatedMLP(FusedLinear.of(m.gate_proj, m.up_proj, precision=p), FusedLinear.of(m.down_proj, precision=p)),
         )
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
@@ -52,16 +52,18 @@ class LlamaForward:
     embed: torch.Tensor
     layers: list[LlamaLayer]
     final_norm: RMSNorm
-    lm_head: torch.Tensor
+    lm_head: FusedLinear
     rotary: RotaryTables
 
     @classmethod
-    def from_hf(cls, hf_model: Any) -> "LlamaForward":
-        cfg, m = hf_model.config, hf_model.model
+    def from_hf(cls, hf_model: Any, precision: Precision = Precision()) -> "LlamaForward":
+        cfg, m, dt = hf_model.config, hf_model.model, precision.torch_dtype
         dims = ModelDims.from_hf_config(cfg)
-        layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps) for i, layer in enumerate(m.layers)]
-        return cls(dims, m.embed_tokens.weight.detach(), layers, RMSNorm(m.norm.weight.detach(), cfg.rms_norm_eps),
-                   hf_model.lm_head.weight.detach(), RotaryTables.from_hf(m.rotary_emb, dims.max_positions))
+        layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps, precision) for i, layer in enumerate(m.layers)]
+        return cls(dims, m.embed_tokens.weight.detach().to(dt), layers,
+                   RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps),
+                   FusedLinear.of(hf_model.lm_head, precision=precision),
+                   RotaryTables.from_hf(m.rotary_emb, dims.max_positions).to(dt))
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one ragged batch; returns logits [len(fb.logits_rows), vocab]."""
@@ -70,4 +72,4 @@ class LlamaForward:
         for layer in self.layers:
             h = layer(h, rope, kv, fb)
         last = h[fb.logits_rows] if fb.logits_rows is not None else h
-        return F.linear(self.final_norm(last), self.lm_head)
+        return self.lm_head(self.final_norm(last)).float()

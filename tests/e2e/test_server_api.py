@@ -9,7 +9,9 @@ import httpx
 import pytest
 
 from tests.conftest import PROMPTS, collect, encode, greedy, make_core
-from tests.server_util import chat_ids, chat_text, completion_text, push_frames, sse_events, stream
+from tests.server_util import (
+    chat_ids, chat_text, completion_text, push_frames, scrape, sse_events, stream, value, wait_until,
+)
 
 
 def engine_text(model, ids: list[int], n: int) -> str:
@@ -118,8 +120,27 @@ def test_models_and_health(tiny_server):
     models = httpx.get(tiny_server.url + "/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny-random"
     assert models["data"][0]["object"] == "model" and models["data"][0]["owned_by"]
+    assert (models["data"][0]["dtype"], models["data"][0]["quantization"]) == ("float32", "none")
     h = httpx.get(tiny_server.url + "/health")
     assert h.status_code == 200 and h.json()["status"] == "ok"
+
+
+def test_engine_info_and_step_phases_reach_metrics(tiny_server):
+    r = tiny_server.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+
+    def phases_counted() -> str | None:
+        text = scrape(tiny_server)
+        return text if value(text, "sightline_engine_step_phase_seconds_count", phase="output") >= 4 else None
+    text = wait_until(phases_counted, 10, "step phases in the Scheduler's stats")
+    assert value(text, "sightline_engine_info", dtype="float32", quantization="none", model_name="tiny-random") == 1
+    for phase in ("schedule", "forward", "sample", "output"):
+        count = value(text, "sightline_engine_step_phase_seconds_count", phase=phase)
+        total = value(text, "sightline_engine_step_phase_seconds_sum", phase=phase)
+        inf = value(text, "sightline_engine_step_phase_seconds_bucket", phase=phase, le="+Inf")
+        assert count >= 4 and inf == count and total > 0, phase
+    forward = value(text, "sightline_engine_step_phase_seconds_sum", phase="forward")
+    assert forward > value(text, "sightline_engine_step_phase_seconds_sum", phase="schedule")
 
 
 def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):

@@ -8,7 +8,12 @@ import torch
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same op order as transformers' LlamaRMSNorm: reordering changes the last bits.
+    # Same op order as transformers' LlamaRMSNorm: reordering changes the last bits.  A bf16
+    # input is normalised in fp32 and cast back before the weight, as transformers does.
+    if x.dtype != torch.float32:
+        xf = x.float()
+        var = xf.pow(2).mean(-1, keepdim=True)
+        return weight * (xf * torch.rsqrt(var + eps)).to(x.dtype)
     var = x.pow(2).mean(-1, keepdim=True)
     return weight * (x * torch.rsqrt(var + eps))
 

@@ -29,6 +29,10 @@ class RotaryTables:
         """From a transformers `*RotaryEmbedding` module (its `inv_freq` buffer and `attention_scaling`)."""
         return cls.build(rotary_emb.inv_freq.detach(), float(rotary_emb.attention_scaling), max_positions)
 
+    def to(self, dtype: torch.dtype) -> "RotaryTables":
+        """Tables in the dtype the model computes in (computed in fp32 first, then rounded once)."""
+        return RotaryTables(self.cos.to(dtype), self.sin.to(dtype))
+
     def at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of each token's position, [T, 1, head_dim]: broadcast over the heads of [T, heads, head_dim]."""
         return self.cos[positions][:, None, :], self.sin[positions][:, None, :]
