@@ -14,15 +14,19 @@ A benchmark prints numbers; it asserts nothing (goals are checked by reading the
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import time
 
-import torch
+if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from serving.args import ServerArgs
-from serving.engine.loader import LoadedModel, load_model
-from protocol.sampling_params import SamplingParams
-from serving.engine.scheduler_core import SchedulerCore
+import torch  # noqa: E402
+
+from protocol.sampling_params import SamplingParams  # noqa: E402
+from serving.args import ServerArgs  # noqa: E402
+from serving.engine.loader import LoadedModel, load_model  # noqa: E402
+from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
 
 TEXT = (
     "Sightline serves language models behind an HTTP streaming API. Every request is tokenized, "
@@ -41,10 +45,16 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None) -> dict:
+MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8": ("bfloat16", "int8")}
+
+
+def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None,
+               mode: str = "float32") -> dict:
     n = len(prompts)
+    dtype, quant = MODES[mode]
     args = ServerArgs(model=model.name, max_running_requests=max(n, 1), max_prefill_tokens=512,
-                      max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads)
+                      max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads,
+                      dtype=dtype, quantization=quant)
     core = SchedulerCore(model, args)
     params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
@@ -93,6 +103,7 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8,32,64")
     ap.add_argument("--baseline-requests", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    ap.add_argument("--modes", default="float32", help=f"comma-separated, of {', '.join(MODES)}")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -105,12 +116,13 @@ def main() -> None:
     base = run_baseline(model, make_prompts(model, a.baseline_requests, a.prompt_len), a.gen_len)
     print(f"baseline: transformers generate, sequential, {a.baseline_requests} requests: {base:.1f} output tok/s")
     print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
-    print("| concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s | peak RSS MiB |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n in levels:
-        r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads)
-        print(f"| {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | {r['prefill_tok_s']:.0f} | "
-              f"{r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |", flush=True)
+    print("| mode | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s | peak RSS MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for mode in a.modes.split(","):
+        for n in levels:
+            r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode)
+            print(f"| {mode} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | {r['prefill_tok_s']:.0f} | "
+                  f"{r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |", flush=True)
 
 
 if __name__ == "__main__":

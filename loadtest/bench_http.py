@@ -77,6 +77,15 @@ async def http_run(url: str, prompts: list[list[int]], gen_len: int) -> dict:
             "itl": [g for r in res for g in r[2]]}
 
 
+def cpu_seconds(url: str) -> dict[str, float]:
+    """CPU seconds so far of each server process (main, scheduler, detokenizer), from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {s.labels["role"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == "sightline_process_cpu_seconds_total"}
+
+
 def _pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
@@ -109,7 +118,10 @@ def main() -> None:
         try:
             asyncio.run(http_run(url, prompts[levels[0]][:2], 4))  # warm-up
             for n in levels:
-                rows[n]["http"] = asyncio.run(http_run(url, prompts[n], a.gen_len))
+                before = cpu_seconds(url)
+                rows[n]["http"] = r = asyncio.run(http_run(url, prompts[n], a.gen_len))
+                after, tokens = cpu_seconds(url), r["tok_s"] * r["wall"]
+                r["cpu_per_1k"] = {role: 1000 * (after[role] - before.get(role, 0.0)) / tokens for role in after}
         finally:
             if server is not None:
                 server.stop()
@@ -123,6 +135,9 @@ def main() -> None:
             print(f"| {n} | {'in-process engine' if path == 'engine' else 'HTTP + ZMQ pipeline'} | "
                   f"{statistics.median(r['ttft']):.0f} | {max(r['ttft']):.0f} | {_pct(r.get('itl', []), 0.5):.1f} | "
                   f"{_pct(r.get('itl', []), 0.99):.1f} | {r['tok_s']:.1f} | {r['wall']:.1f} |")
+        cpu = rows[n]["http"]["cpu_per_1k"]
+        print(f"| {n} | CPU s per 1000 output tokens | " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+              + " | | | | | |")
         if "engine" not in rows[n]:
             continue
         e, h = rows[n]["engine"], rows[n]["http"]
