@@ -46,9 +46,16 @@ serve: setup
 test: setup
 	$(PY) -m pytest
 
+# Engine (every precision mode), HTTP pipeline and accuracy; JSON under results/bench/.
+# make bench ARGS=--quick: fewer levels and tokens, no accuracy report (a few minutes).
+comma := ,
+BENCH_QUICK := $(findstring --quick,$(ARGS))
+ENGINE_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32 --baseline-requests 1,--concurrency 1$(comma)16$(comma)64)
+HTTP_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32,--concurrency 1$(comma)16$(comma)64 --gen-len 64)
 bench: setup
-	$(PY) loadtest/bench_engine.py
-	$(PY) loadtest/bench_http.py
+	$(PY) loadtest/bench_engine.py --modes float32,bfloat16,int8 --json results/bench/engine.json $(ENGINE_RUN)
+	$(PY) loadtest/bench_http.py --json results/bench/http.json $(HTTP_RUN)
+	$(if $(BENCH_QUICK),,$(PY) loadtest/bench_accuracy.py)
 
 # Locust load test (see docs/loadtest.md): make loadtest ARGS="--url http://127.0.0.1:8000 ..."
 loadtest: setup

@@ -14,9 +14,11 @@ A benchmark prints numbers; it asserts nothing (goals are checked by reading the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import time
+from pathlib import Path
 
 if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--baseline-requests", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--modes", default="float32", help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -118,11 +121,17 @@ def main() -> None:
     print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
     print("| mode | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s | peak RSS MiB |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = []
     for mode in a.modes.split(","):
         for n in levels:
             r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode)
+            rows.append({"mode": mode, "concurrency": n, **r, "baseline_tok_s": base, "peak_rss_mib": peak_rss_mib()})
             print(f"| {mode} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | {r['prefill_tok_s']:.0f} | "
                   f"{r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |", flush=True)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"model": model.name, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
+                                      "cpu": torch.backends.cpu.get_cpu_capability(), "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
                     help="a flag for the server this script starts, e.g. --server-arg=--dtype=bfloat16 (repeatable)")
     ap.add_argument("--skip-engine", action="store_true", help="only the HTTP pipeline")
+    ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
     levels = [int(x) for x in a.concurrency.split(",")]
     model = load_model(a.model)
@@ -125,6 +126,10 @@ def main() -> None:
         finally:
             if server is not None:
                 server.stop()
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"model": a.model, "server_args": a.server_arg, "prompt_len": a.prompt_len,
+                                      "gen_len": a.gen_len, "levels": rows}, indent=1))
     print(f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
           f"{os.cpu_count()} CPUs, server flags: {' '.join(a.server_arg) or '(defaults)'}\n")
     print("| concurrency | path | TTFT p50 ms | TTFT max ms | ITL p50 ms | ITL p99 ms | output tok/s | wall s |")

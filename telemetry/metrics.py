@@ -196,8 +196,8 @@ class EngineCollector(Collector):
             if isinstance(value, dict):
                 for key, v in sorted(value.items()):
                     fam.add_metric([key], v)
-            elif isinstance(value, (list, tuple)) and spec.kind == "histogram":
-                for h in value:  # PhaseHistogram: per-bucket counts → cumulative
+            elif spec.kind == "histogram":  # PhaseHistograms; none before the child's first stats
+                for h in value or ():
                     cumulative = list(accumulate(h.counts))
                     buckets = [(repr(float(b)), c) for b, c in zip(h.bounds, cumulative)] + [("+Inf", cumulative[-1])]
                     fam.add_metric(self._labels(spec, h), buckets, h.sum)

@@ -85,8 +85,27 @@ def test_engine_numbers_reach_metrics_from_the_stats_as_they_arrived():
 
 def test_before_any_stats_the_engine_numbers_read_zero():
     f = make_front()
+    text = f.exposition()  # every family renders, the histograms with no series yet
+    assert "sightline_engine_step_phase_seconds" in text and "sightline_engine_info" in text
     assert f.sample("sightline_num_requests_running", model_name="tiny-random") == 0
     assert f.sample("sightline_kv_slots_capacity", model_name="tiny-random") == 0
+    assert f.sample("sightline_engine_step_phase_seconds_count", model_name="tiny-random", phase="forward") is None
+
+
+def test_step_phases_and_engine_info_come_from_the_scheduler():
+    from protocol.io_struct import PhaseHistogram
+
+    f = make_front()
+    f.ready()
+    f.scheduler_stats(step_phases=[PhaseHistogram("forward", [0.01, 0.1], [2, 3, 1], 0.9)])
+    m = {"model_name": "tiny-random", "phase": "forward"}
+    assert f.sample("sightline_engine_step_phase_seconds_bucket", le="0.01", **m) == 2
+    assert f.sample("sightline_engine_step_phase_seconds_bucket", le="0.1", **m) == 5  # cumulative
+    assert f.sample("sightline_engine_step_phase_seconds_count", **m) == 6
+    assert f.sample("sightline_engine_step_phase_seconds_sum", **m) == 0.9
+    assert f.sample("sightline_engine_info", model_name="tiny-random", dtype="", quantization="") == 1
+    f.monitor.reset()  # an engine restart: no stats, no info, and /metrics still renders
+    assert "sightline_engine_step_phase_seconds_count" not in f.exposition()
 
 
 def test_a_restarted_scheduler_resets_the_token_rate():
