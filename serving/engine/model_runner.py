@@ -6,6 +6,7 @@ The forward is the registry's implementation for the loaded model's architecture
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -27,7 +28,8 @@ class ModelRunner:
         torch.set_num_threads(args.threads)
         family = resolve(loaded.hf_model.config)
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config))
-        log.info("computing in %s, quantization %s (%s)", self.precision.dtype, self.precision.quantization, why)
+        log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait policy %s", self.precision.dtype,
+                 self.precision.quantization, why, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "default"))
         self.model: CausalLM = family.from_hf(loaded.hf_model, self.precision)
         dims = self.model.dims
         ctx = args.context_length or dims.max_positions
