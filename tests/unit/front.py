@@ -132,3 +132,10 @@ def make_front(**flags) -> Front:
     front = Front(tm, monitor, transport, metrics, timeline)
     metrics.watch(lambda: monitor.view(tm.counts()), lambda: len(tm.rid_to_state))
     return front
+
+
+def ready_front(**flags) -> Front:
+    """`make_front` with both children spawned and ready."""
+    front = make_front(**flags)
+    front.ready()
+    return front

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from protocol.io_struct import DropCount, Ready
-from tests.unit.front import Proc, make_front
+from protocol.io_struct import DropCount, PhaseHistogram, Ready
+from tests.unit.front import Proc, make_front, ready_front
 
 
 def test_only_the_children_just_spawned_may_report_ready_once():
@@ -27,8 +27,7 @@ def test_only_the_children_just_spawned_may_report_ready_once():
 
 
 def test_health_says_why_in_order_of_what_matters():
-    f = make_front(stall_timeout=0.05)
-    f.ready()
+    f = ready_front(stall_timeout=0.05)
     assert f.monitor.health(None) == (True, "ok")
     assert f.monitor.health(time.monotonic_ns() - int(1e9))[1].startswith("engine stuck")
     f.scheduler_stats(last_token_at=time.monotonic_ns())
@@ -44,8 +43,7 @@ def test_health_says_why_in_order_of_what_matters():
 
 
 def test_the_watchdog_sees_exits_always_and_silence_only_with_requests_in_flight():
-    f = make_front(watchdog_timeout=0.05)
-    f.ready()
+    f = ready_front(watchdog_timeout=0.05)
     assert f.monitor.failed_child(in_flight=True) is None
     time.sleep(0.1)
     assert f.monitor.failed_child(in_flight=False) is None
@@ -59,8 +57,7 @@ def test_the_watchdog_sees_exits_always_and_silence_only_with_requests_in_flight
 
 
 def test_engine_numbers_reach_metrics_from_the_stats_as_they_arrived():
-    f = make_front()
-    f.ready()
+    f = ready_front()
     f.scheduler_stats(generated=100, num_running=3, kv_reserved=16,
                       stale_drops=[DropCount("scheduler", "AbortReq", "finished", 2)], undecodable=4)
     time.sleep(0.2)
@@ -93,10 +90,7 @@ def test_before_any_stats_the_engine_numbers_read_zero():
 
 
 def test_step_phases_and_engine_info_come_from_the_scheduler():
-    from protocol.io_struct import PhaseHistogram
-
-    f = make_front()
-    f.ready()
+    f = ready_front()
     f.scheduler_stats(step_phases=[PhaseHistogram("forward", [0.01, 0.1], [2, 3, 1], 0.9)])
     m = {"model_name": "tiny-random", "phase": "forward"}
     assert f.sample("sightline_engine_step_phase_seconds_bucket", le="0.01", **m) == 2
@@ -109,8 +103,7 @@ def test_step_phases_and_engine_info_come_from_the_scheduler():
 
 
 def test_a_restarted_scheduler_resets_the_token_rate():
-    f = make_front()
-    f.ready()
+    f = ready_front()
     f.scheduler_stats(generated=1000)
     time.sleep(0.05)
     f.scheduler_stats(generated=1100)
@@ -121,8 +114,7 @@ def test_a_restarted_scheduler_resets_the_token_rate():
 
 def test_reset_forgets_everything_the_old_children_said():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         f.scheduler_stats(num_running=2)
         f.monitor.reset()
         assert not f.monitor.ready and f.monitor.scheduler_stats is None and not f.monitor.last_heartbeat

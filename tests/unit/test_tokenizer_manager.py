@@ -8,8 +8,10 @@ import asyncio
 import pytest
 
 from protocol.io_struct import AbortReq, TokenizedGenerateReqInput
+from protocol.sampling_params import SamplingParams
 from serving.frontend.errors import APIError
-from tests.unit.front import CONTEXT, make_front, tokenizer
+from serving.frontend.req_state import GenerateReqInput, ReqState
+from tests.unit.front import CONTEXT, make_front, ready_front, tokenizer
 
 
 def run(coro):
@@ -18,8 +20,7 @@ def run(coro):
 
 def test_submit_sends_the_tokenized_request_under_a_fresh_rid():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         state = await f.submit("Hello world", max_new_tokens=5, rid="client-1")
         (msg,) = f.transport.sent
         assert isinstance(msg, TokenizedGenerateReqInput)
@@ -51,8 +52,7 @@ def test_nothing_is_accepted_before_the_engine_is_ready():
 ])
 def test_bad_requests_are_refused_before_anything_is_sent(kw, status, code_or_param):
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         with pytest.raises(APIError) as err:
             await f.submit(**kw)
         assert err.value.status == status and code_or_param in (err.value.code, err.value.param)
@@ -63,12 +63,9 @@ def test_bad_requests_are_refused_before_anything_is_sent(kw, status, code_or_pa
 
 def test_a_sampling_error_names_the_api_field():
     async def body():
-        f = make_front()
-        f.ready()
-        state_kw = {"param_names": {"top_k": "top_k"}}
-        from protocol.sampling_params import SamplingParams
-        from serving.frontend.req_state import GenerateReqInput, ReqState
-        obj = GenerateReqInput(sampling=SamplingParams(top_k=2 ** 63), prompt="hi", max_new_tokens=4, **state_kw)
+        f = ready_front()
+        obj = GenerateReqInput(sampling=SamplingParams(top_k=2 ** 63), prompt="hi", max_new_tokens=4,
+                               param_names={"top_k": "top_k"})
         with pytest.raises(APIError) as err:
             await f.tm.submit(obj, ReqState(route="/generate", operation="generate", arrival=0))
         assert err.value.status == 400 and err.value.param == "top_k"
@@ -77,8 +74,7 @@ def test_a_sampling_error_names_the_api_field():
 
 def test_full_queue_and_full_token_budget_answer_429_with_retry_after():
     async def body():
-        f = make_front(max_queued_requests=2, max_inflight_tokens=40)
-        f.ready()
+        f = ready_front(max_queued_requests=2, max_inflight_tokens=40)
         await f.submit(max_new_tokens=8)
         with pytest.raises(APIError) as err:  # the token budget: ~6 prompt + 30 > 40 - 14 in flight
             await f.submit(max_new_tokens=30)
@@ -96,8 +92,7 @@ def test_full_queue_and_full_token_budget_answer_429_with_retry_after():
 
 def test_outputs_stream_in_order_and_finishing_releases_everything():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         state = await f.submit(max_new_tokens=3)
         f.output(state, " Paris", [3, 4])
         assert f.tm.admission.num_queued == 0  # started: no longer queued
@@ -117,8 +112,7 @@ def test_outputs_stream_in_order_and_finishing_releases_everything():
 
 def test_a_reader_that_leaves_aborts_down_to_the_scheduler_and_late_outputs_are_stale():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         state = await f.submit(max_new_tokens=8)
         f.output(state, " a", [7])
         stream = f.tm.stream(state)
@@ -138,8 +132,7 @@ def test_a_reader_that_leaves_aborts_down_to_the_scheduler_and_late_outputs_are_
 
 def test_an_output_for_a_rid_never_seen_is_dropped_as_unknown():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         state = await f.submit()
         state.rid = "not-ours"
         f.output(state, "x", [1])
@@ -149,8 +142,7 @@ def test_an_output_for_a_rid_never_seen_is_dropped_as_unknown():
 
 def test_a_stop_string_while_the_engine_still_runs_frees_its_kv():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         state = await f.submit()
         f.output(state, "done", [9], finish_reason="stop", matched_stop="\n", engine_running=True)
         abort = f.transport.sent[-1]
@@ -160,8 +152,7 @@ def test_a_stop_string_while_the_engine_still_runs_frees_its_kv():
 
 def test_a_timeout_ends_the_request_with_504_and_tells_the_scheduler():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         state = await f.submit(timeout=0.05)
         outs = [o async for o in f.tm.stream(state)]
         assert outs[-1].finish_reason == "abort" and "timed out" in outs[-1].error
@@ -172,8 +163,7 @@ def test_a_timeout_ends_the_request_with_504_and_tells_the_scheduler():
 
 def test_one_bad_output_ends_that_request_alone(monkeypatch):
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         bad, good = await f.submit(), await f.submit()
         real = f.tm.tel.on_output
 
@@ -193,8 +183,7 @@ def test_one_bad_output_ends_that_request_alone(monkeypatch):
 
 def test_engine_failure_ends_every_request_with_an_error_and_forgets_the_engine():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         states = [await f.submit() for _ in range(3)]
         f.tm.abort_all("engine_failure", "the engine failed")
         f.tm.reset_engine()
@@ -208,8 +197,7 @@ def test_engine_failure_ends_every_request_with_an_error_and_forgets_the_engine(
 
 def test_a_message_that_is_not_for_the_front_end_counts_as_unexpected():
     async def body():
-        f = make_front()
-        f.ready()
+        f = ready_front()
         f.transport.deliver(AbortReq(rid="x", reason="r"))
         assert f.transport.codec.undecodable == 1
         assert f.sample("sightline_undecodable_messages_total", component="tokenizer_manager") == 1
