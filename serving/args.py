@@ -32,10 +32,12 @@ class ServerArgs:
     max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step when no request is decoding; longer prompts are chunked across steps.")
     max_step_tokens: int = _opt(128, "While requests decode, a step feeds at most this many tokens (one per decoding request plus prefill chunks), so a long prompt cannot stall their inter-token latency (Sarathi-style stall-free batching).")
     min_prefill_chunk: int = _opt(32, "Prompt tokens a step prefills at least (when prompts wait), however many requests decode, so prefill keeps progressing.")
+    disable_prefix_cache: bool = _opt(False, "Turn off the prefix (radix) cache, which keeps finished requests' K/V in free KV slots so that prompts starting with the same tokens skip computing them.")
     num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass (default: all CPU cores).")
     thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: 'passive' (sleep: the cores stay free for the HTTP front end and the Detokenizer) or 'active' (spin: lowest latency on cores nothing else uses). Sets OMP_WAIT_POLICY in the Scheduler process.")
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a short matmul measurement at start-up finds faster on this CPU; logged).")
     quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
+    attention_backend: str = _opt("auto", "Decode attention: 'native' (a C++ kernel compiled with g++ on first use and cached, reading each request's K/V slots in place), 'sdpa' (torch's scaled_dot_product_attention over a padded copy), or 'auto' (native when it builds here, else sdpa; logged).")
     random_seed: int = _opt(0, "Seeds the generators of requests that give no seed of their own.")
     # -- server -------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address the HTTP server listens on.")
@@ -97,6 +99,8 @@ class ServerArgs:
             raise ValueError("--dtype must be auto, float32 or bfloat16; --quantization none or int8")
         if self.quantization == "int8" and self.dtype == "float32":
             raise ValueError("--quantization int8 computes with bfloat16 activations: use --dtype bfloat16 or auto")
+        if self.attention_backend not in ("auto", "native", "sdpa"):
+            raise ValueError("--attention-backend must be auto, native or sdpa")
         if not 0 <= self.port <= 65535:
             raise ValueError("--port must be in [0, 65535]")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -49,7 +49,7 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
     for w in decodes:
         ids.append(w.token_ids[0])
         slots.append(pool.extend(w.row, w.start, 1))
-    decode_kv_idx = decode_mask = None
+    decode_kv_idx = decode_mask = lengths = None
     if decodes:
         lengths = torch.tensor([w.start + 1 for w in decodes], dtype=torch.int64)
         pos.append(lengths - 1)
@@ -84,6 +84,7 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
         num_decode=len(decodes),
         decode_kv_idx=decode_kv_idx,
         decode_mask=decode_mask,
+        decode_lens=lengths,
         extends=segs,
         logits_rows=torch.tensor(logits_rows, dtype=torch.int64),
     )

@@ -10,12 +10,19 @@ Admission uses *reservation*: a request is admitted only if its worst case
 (prompt + max_new_tokens) fits in the slots not yet promised to others.  Slots are
 handed out lazily as tokens are written, but a running request can never run out, so
 nothing is ever retracted or recomputed (see docs/engine.md for why).
+
+With the prefix cache (`tree`, a `RadixCache`), a slot is free, owned by the tree, or
+private to one running request.  Tree slots locked by running requests are in use;
+unlocked ones are cached and count as free on demand: `extend` evicts them, least
+recently used first, when the free stack is short.  Admission keeps
+`capacity >= reserved + locked tree slots`, so that eviction always finds enough.
 """
 
 from __future__ import annotations
 
 import torch
 
+from serving.engine.radix_cache import RadixCache
 from serving.models.layers.kv_cache import KVCache
 
 
@@ -41,32 +48,67 @@ class KVPool:
         self._free_slots: list[int] = list(range(num_slots, 0, -1))
         self._free_rows: list[int] = list(range(max_requests - 1, -1, -1))
         self.reserved = 0
+        self.tree: RadixCache | None = None  # the prefix cache, when enabled
+        self.evicted_slots = 0  # cumulative: tree slots evicted to make room
 
     # -- accounting -------------------------------------------------------
     @property
     def used_slots(self) -> int:
+        """Slots holding K/V: private to running requests or owned by the prefix cache."""
         return self.capacity - len(self._free_slots)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
+
+    @property
+    def tree_slots(self) -> int:
+        return self.tree.total_slots if self.tree else 0
+
+    @property
+    def locked_slots(self) -> int:
+        """Tree slots some running request reuses: in use, not evictable."""
+        return self.tree.locked_slots if self.tree else 0
+
+    @property
+    def committed(self) -> int:
+        """Slots running requests may need: their reservations plus the tree slots they lock."""
+        return self.reserved + self.locked_slots
 
     @property
     def free_rows(self) -> int:
         return len(self._free_rows)
 
-    def can_reserve(self, n: int) -> bool:
-        return self.reserved + n <= self.capacity and bool(self._free_rows)
+    def can_reserve(self, n: int, lock_gain: int = 0) -> bool:
+        """Room for a request reserving `n` slots whose prefix lock adds `lock_gain` locked slots."""
+        return self.committed + lock_gain + n <= self.capacity and bool(self._free_rows)
 
     def is_empty(self) -> bool:
+        """No slot holds K/V (prefix cache included), nothing reserved, every row free."""
         return self.used_slots == 0 and self.reserved == 0 and self.free_rows == self.max_requests
 
+    def is_idle(self) -> bool:
+        """Nothing belongs to a request: every used slot is unlocked prefix cache."""
+        return (self.reserved == 0 and self.free_rows == self.max_requests and self.locked_slots == 0
+                and self.used_slots == self.tree_slots)
+
     # -- per request ------------------------------------------------------
-    def admit(self, reserve: int) -> int:
+    def admit(self, reserve: int, lock_gain: int = 0) -> int:
         """Promise `reserve` slots to a new request and give it a table row."""
-        if not self.can_reserve(reserve):
+        if not self.can_reserve(reserve, lock_gain):
             raise RuntimeError("KV pool admission without room (caller must check can_reserve)")
         self.reserved += reserve
         return self._free_rows.pop()
 
     def extend(self, row: int, start: int, n: int) -> torch.Tensor:
-        """Allocate slots for positions [start, start+n) of `row`; returns them."""
+        """Allocate slots for positions [start, start+n) of `row`; returns them.
+
+        Evicts unlocked prefix-cache slots when the free stack is short.
+        """
+        if n > len(self._free_slots) and self.tree is not None:
+            freed = self.tree.evict(n - len(self._free_slots))
+            self.evicted_slots += len(freed)
+            self._free_slots.extend(freed.tolist())
         if n > len(self._free_slots):
             raise RuntimeError("KV pool exhausted despite reservation (accounting bug)")
         slots = self._free_slots[len(self._free_slots) - n :]
@@ -79,12 +121,32 @@ class KVPool:
         """Hand back slots `extend` gave out for positions a failed step never marked computed."""
         self._free_slots.extend(slots.tolist())
 
-    def release(self, row: int, num_tokens: int, reserved: int) -> None:
-        """Return a request's slots, its reservation and its row."""
-        if num_tokens:
-            self._free_slots.extend(self.req_to_token[row, :num_tokens].tolist())
+    def free(self, slots: torch.Tensor) -> None:
+        """Return slots no one owns any more (a request's copies of positions the tree had)."""
+        self._free_slots.extend(slots.tolist())
+
+    def unreserve(self, n: int) -> None:
+        """A running request needs `n` fewer slots (they went to the tree)."""
+        self.reserved -= n
+
+    def release(self, row: int, num_tokens: int, reserved: int, start: int = 0) -> None:
+        """Return a request's private slots (positions [start, num_tokens)), its reservation and its row."""
+        if num_tokens > start:
+            self._free_slots.extend(self.req_to_token[row, start:num_tokens].tolist())
         self.reserved -= reserved
         self._free_rows.append(row)
 
+    def flush_tree(self) -> int:
+        """Free every unlocked prefix-cache slot (all of the tree when nothing is locked); returns how many."""
+        if self.tree is None:
+            return 0
+        freed = self.tree.reset() if not self.tree.locked_slots else self.tree.evict(self.tree.evictable_slots)
+        self._free_slots.extend(freed.tolist())
+        return len(freed)
+
     def slots_of(self, row: int, length: int) -> torch.Tensor:
         return self.req_to_token[row, :length]
+
+    def free_slot_list(self) -> list[int]:
+        """A copy of the free stack (invariant checks)."""
+        return list(self._free_slots)

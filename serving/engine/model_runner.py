@@ -18,6 +18,7 @@ from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LoadedModel
 from serving.engine.precision import choose
 from serving.models.base import CausalLM, ModelDims
+from serving.models.layers.decode_attention import select as select_decode_attention
 from serving.models.registry import resolve
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,8 @@ class ModelRunner:
         log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait policy %s", self.precision.dtype,
                  self.precision.quantization, why, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "default"))
         self.model: CausalLM = family.from_hf(loaded.hf_model, self.precision)
+        self.decode_attention, why = select_decode_attention(args.attention_backend)
+        log.info("decode attention: %s", why)
         dims = self.model.dims
         ctx = args.context_length or dims.max_positions
         # A request must fit in the pool on its own, or reservation could never admit it.
@@ -53,6 +56,7 @@ class ModelRunner:
         position counts only once the caller marks it computed.
         """
         fb = build_batch(decodes, extends, self.pool)
+        fb.decode_attention = self.decode_attention
         try:
             with torch.inference_mode():
                 yield self.model.forward(fb, self.pool.kv)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from protocol.sampling_params import SamplingParams
 from telemetry.clock import now_ns
+
+if TYPE_CHECKING:
+    from serving.engine.radix_cache import TreeNode
 
 
 class ReqStatus(enum.Enum):
@@ -46,7 +50,10 @@ class Req:
     status: ReqStatus = ReqStatus.WAITING
     row: int = -1  # row in the KV pool's req_to_token table
     num_computed: int = 0  # positions whose K/V are in the pool
-    reserved: int = 0  # KV slots promised at admission
+    reserved: int = 0  # KV slots promised for its own positions at admission, less those it handed the tree
+    cached_tokens: int = 0  # prompt positions reused from the prefix cache at admission
+    tree_len: int = 0  # positions [0, tree_len) of its row are prefix-cache slots it locks
+    tree_node: TreeNode | None = None  # the RadixCache node it locks (None: not admitted, or no prefix cache)
     max_new_tokens: int = 0  # params.max_new_tokens clamped to the context window
     finish_reason: FinishReason | None = None
     matched_stop: int | None = None

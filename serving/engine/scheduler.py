@@ -24,7 +24,7 @@ from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore, TokenEvent
 from protocol.io_struct import (
-    AbortReq, BatchTokenIDOutput, DetokParams, Ready, ReqMeta, SchedulerStats, TokenizedGenerateReqInput, TokenOut,
+    AbortReq, BatchTokenIDOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Ready, ReqMeta, SchedulerStats, TokenizedGenerateReqInput, TokenOut,
 )
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
@@ -81,6 +81,8 @@ class Scheduler:
                     self._add(msg)
                 elif isinstance(msg, AbortReq):
                     self._abort(msg)
+                elif isinstance(msg, FlushCacheReq):
+                    self._flush_cache(msg)
                 elif msg is not None:
                     self.codec.undecodable += 1
                     log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
@@ -113,6 +115,20 @@ class Scheduler:
         # a stop string ended it in the Detokenizer: a normal finish, not a failure
         self._emit(event, None if msg.reason == "stop_string" else msg.reason)
 
+    def _flush_cache(self, msg: FlushCacheReq) -> None:
+        before = self.core.prefix_cached_tokens
+        if self.core.tree is None:
+            reply = FlushCacheReqOutput(id=msg.id, success=False, message="the prefix cache is disabled")
+        elif self.core.flush_cache(msg.force):
+            reply = FlushCacheReqOutput(id=msg.id, success=True, flushed_tokens=before - self.core.prefix_cached_tokens)
+        else:
+            reply = FlushCacheReqOutput(id=msg.id, success=False, message=(
+                f"{self.core.num_running} requests are running; flush when idle, or force it (only the prefixes "
+                "nothing uses are dropped)"))
+        log.info("flush_cache (force=%s): %s", msg.force, reply.message or f"freed {reply.flushed_tokens} KV slots")
+        self.to_tm.send(self.codec.encode(reply))
+        self.send_stats(force=True)  # the KV gauges show the flush at once
+
     # -- outputs --------------------------------------------------------------------
     def _token_out(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> TokenOut:
         req: Req = ev.req
@@ -124,7 +140,7 @@ class Scheduler:
         out = TokenOut(
             rid=ev.rid, new_token_ids=ev.new_token_ids,
             finish_reason=ev.finish_reason.value if ev.finish_reason else None,
-            matched_stop=req.matched_stop, prompt_tokens=req.prompt_len,
+            matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
             completion_tokens=len(req.output_ids), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
         )
         if out.detok is not None:
@@ -156,13 +172,15 @@ class Scheduler:
         core, pool, step = self.core, self.core.pool, self.core.last_step
         self.to_tm.send(self.codec.encode(SchedulerStats(
             num_running=core.num_running, num_waiting=core.num_waiting, kv_used=pool.used_slots,
-            kv_reserved=pool.reserved, kv_total=pool.capacity, batch_size=step.batch_size,
+            kv_reserved=pool.committed, kv_total=pool.capacity, batch_size=step.batch_size,
             num_decode=step.num_decode, num_prefill_tokens=step.num_prefill_tokens, step_seconds=step.step_seconds,
             steps_total=self.steps, prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total, last_token_at=self.last_token_at,
             stale_drops=self.drops.snapshot(), undecodable=self.codec.undecodable,
             prefill_tokens_total=self.prefill_tokens_total, spans=self.tracing.drain(),
             handling_errors=self.errors.count, step_phases=self.phases.snapshot(),
+            prefix_cached_tokens=core.prefix_cached_tokens, prefix_queries_tokens_total=core.prefix_queries_tokens,
+            prefix_hits_tokens_total=core.prefix_hits_tokens, prefix_evicted_tokens_total=core.prefix_evicted_tokens,
         )))
 
     # -- the loop ---------------------------------------------------------------------

@@ -7,10 +7,15 @@ Each step:
      `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` leaves after
      the decodes, at least `min_prefill_chunk`): first the chunk in progress, then
      waiting requests in arrival order, chunking the one that does not fit; a request
-     is admitted only if its worst case KV (prompt + max_new_tokens) can be reserved and
-     fewer than `max_running_requests` run;
+     is admitted only if its worst case KV (prompt + max_new_tokens, less a prefix reused
+     from the prefix cache) can be reserved and fewer than `max_running_requests` run;
   3. one ragged forward runs decodes and prefill chunks side by side;
   4. requests whose prompt is complete sample a token; finished ones free KV at once.
+
+Prefix cache (unless --disable-prefix-cache): admission reuses the longest prefix of the
+prompt that the radix tree holds (all but the last prompt token at most) and locks it;
+every prefill chunk's positions then go to the tree, and a finished or aborted request
+leaves all its computed positions there.  See `check_kv_invariants` for the accounting.
 
 One request must never fail another: if the step raises, its K/V allocation is undone
 (positions count as computed only after a success) and the batch is split in halves,
@@ -34,8 +39,10 @@ import torch
 
 from serving.args import ServerArgs
 from serving.engine.batch import Work
+from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
+from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus
 from protocol.sampling_params import SamplingParams
 from serving.engine.sampling import sample
@@ -105,6 +112,12 @@ class SchedulerCore:
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
         self._forward_ns = self._sample_ns = 0  # this step's, over every run of it (isolation reruns too)
+        self.tree: RadixCache | None = None if args.disable_prefix_cache else RadixCache()
+        self.pool.tree = self.tree
+        # cumulative prefix-cache counters (telemetry)
+        self.prefix_queries_tokens = 0  # prompt tokens of admitted requests
+        self.prefix_hits_tokens = 0  # of those, reused from the cache
+        self.cache_flushes = 0
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> Req:
@@ -155,6 +168,29 @@ class SchedulerCore:
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def prefix_cached_tokens(self) -> int:
+        """KV slots the prefix cache holds (locked by running requests or not)."""
+        return self.pool.tree_slots
+
+    @property
+    def prefix_evicted_tokens(self) -> int:
+        """Cumulative: cached slots evicted to make room for new K/V."""
+        return self.pool.evicted_slots
+
+    def flush_cache(self, force: bool = False) -> bool:
+        """Empty the prefix cache; False (nothing done) while requests run, unless `force`.
+
+        Idle, every tree slot goes back to the free stack (the pool `is_empty()`).  Forced
+        while requests run, only the unlocked nodes go: the prefixes running requests reuse
+        stay until they finish.  Waiting requests hold nothing and do not block a flush.
+        """
+        if self.running and not force:
+            return False
+        self.pool.flush_tree()
+        self.cache_flushes += 1
+        return True
+
     # -- the step -----------------------------------------------------------------
     def prefill_budget(self, num_decoding: int) -> int:
         """Prompt tokens this step may prefill.
@@ -176,16 +212,31 @@ class SchedulerCore:
                 n = min(budget, req.prompt_len - req.num_computed)
                 chunks.append((req, n))
                 budget -= n
+        tree = self.tree
         while self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
             req = self.waiting[0]
-            if not self.pool.can_reserve(req.reserved):
+            cached, node, gain = None, None, 0
+            if tree is not None:  # the last prompt token is always computed: its logits give the first token
+                cached, node = tree.match_prefix(req.input_ids[:req.prompt_len - 1])
+                gain = tree.lock_gain(node)
+            m = len(cached) if cached is not None else 0
+            reserve = req.prompt_len - m + req.max_new_tokens  # only what it may allocate itself
+            if not self.pool.can_reserve(reserve, gain):
                 break  # strict arrival order: no overtaking by smaller requests
             self.waiting.popleft()
-            req.row = self.pool.admit(req.reserved)
+            req.reserved = reserve
+            req.row = self.pool.admit(reserve, gain)
+            if tree is not None and node is not None:
+                tree.inc_lock(node)
+                self.pool.req_to_token[req.row, :m] = cached
+                req.tree_node, req.tree_len = node, m
+            req.num_computed = req.cached_tokens = m
+            self.prefix_queries_tokens += req.prompt_len
+            self.prefix_hits_tokens += m
             req.status = ReqStatus.RUNNING
             req.times.scheduled = now_ns()
             self.running.append(req)
-            n = min(budget, req.prompt_len)
+            n = min(budget, req.prompt_len - m)
             chunks.append((req, n))
             budget -= n
         return chunks
@@ -210,6 +261,8 @@ class SchedulerCore:
         for req, n in chunks:
             if id(req) not in failed_ids:
                 req.times.prefill_chunks.append((t0, t1, n))
+                if self.tree is not None:  # a request arriving now reuses what this one computed
+                    self._give_to_tree(req, keep_lock=True)
         events = [self._fail(req, exc) for req, exc in failed]
         events += [self._append_token(req, tok, t1) for req, tok in produced]
         t2 = now_ns()
@@ -294,14 +347,60 @@ class SchedulerCore:
             self._finish(req, reason)
         return TokenEvent(req.rid, [tok], reason, req)
 
+    def _give_to_tree(self, req: Req, keep_lock: bool) -> None:
+        """Hand the request's positions [tree_len, num_computed) to the prefix cache.
+
+        Positions the tree already had (another request computed the same prefix) keep the
+        tree's slots and the request's copies are freed.  With `keep_lock` (the request
+        runs on) its row is re-pointed at the tree's slots, it locks the longer prefix,
+        and its reservation shrinks by the slots it handed over, so that
+        reserved + locked does not grow.
+        """
+        tree, pool, n = self.tree, self.pool, req.num_computed
+        assert tree is not None
+        if n <= req.tree_len:
+            return
+        ids = req.input_ids[:n] if n <= req.prompt_len else (req.input_ids + req.output_ids)[:n]
+        row = pool.req_to_token[req.row]
+        present = tree.insert(ids, row[:n])
+        if present < req.tree_len:
+            raise RuntimeError("prefix cache lost a locked prefix (accounting bug)")
+        if present > req.tree_len:
+            pool.free(row[req.tree_len:present].clone())
+        if keep_lock:
+            slots, node = tree.match_prefix(ids)
+            tree.inc_lock(node)
+            if req.tree_node is not None:
+                tree.dec_lock(req.tree_node)
+            req.tree_node = node
+            row[:n] = slots
+            moved = n - req.tree_len
+            req.reserved -= moved
+            pool.unreserve(moved)
+        req.tree_len = n
+
     def _finish(self, req: Req, reason: FinishReason) -> None:
         if req.row >= 0:
-            self.pool.release(req.row, req.num_computed, req.reserved)
+            start = 0
+            if self.tree is not None:
+                # a failed step's request may have left bad K/V behind: its positions are not cached
+                if reason is not FinishReason.ERROR:
+                    self._give_to_tree(req, keep_lock=False)
+                if req.tree_node is not None:
+                    self.tree.dec_lock(req.tree_node)
+                    req.tree_node = None
+                start = req.tree_len  # positions before it are the tree's
+            self.pool.release(req.row, req.num_computed, req.reserved, start=start)
             req.row = -1
         req.status = ReqStatus.FINISHED
         req.finish_reason = reason
         req.times.finished = now_ns()
         del self.reqs[req.rid]
+
+    # -- accounting checks (tests) ------------------------------------------------
+    def check_kv_invariants(self) -> None:
+        """Raise AssertionError unless the KV bookkeeping is consistent (call between steps)."""
+        check_kv_invariants(self)
 
     # -- convenience --------------------------------------------------------------
     def run_to_completion(self, max_steps: int = 1_000_000) -> list[TokenEvent]:

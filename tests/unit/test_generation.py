@@ -26,7 +26,7 @@ def test_alone_equals_transformers(any_model, references):
         core.add_request("a", encode(any_model, prompt), greedy(32))
         out = collect(core)["a"]
         assert out == references(any_model, prompt), prompt
-        assert core.pool.is_empty()
+        assert core.pool.is_idle() and core.flush_cache() and core.pool.is_empty()
 
 
 def test_batch_with_joins_mid_flight_equals_transformers(any_model, references):
@@ -44,7 +44,7 @@ def test_batch_with_joins_mid_flight_equals_transformers(any_model, references):
         step += 1
     for i, prompt in enumerate(PROMPTS):
         assert outs[f"r{i}"] == references(any_model, prompt, 32)[: lengths[i]], prompt
-    assert core.pool.is_empty()
+    assert core.pool.is_idle() and core.flush_cache() and core.pool.is_empty()
 
 
 def test_chunked_prefill_equals_unchunked(smollm):

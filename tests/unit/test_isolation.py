@@ -63,7 +63,9 @@ def test_failing_request_leaves_its_batch_mate_untouched(tiny, corrupt, after_st
     assert finals["bad"].finish_reason is FinishReason.ERROR and finals["bad"].error
     assert len(tokens["bad"]) == after_steps  # what it produced before the fault, nothing after
     assert core.failed_requests == 1
-    assert core.pool.is_empty()  # its KV and the failed step's allocation were handed back
+    core.check_kv_invariants()
+    assert core.pool.is_idle()  # its KV and the failed step's allocation were handed back
+    assert core.flush_cache() and core.pool.is_empty()  # what remained was prefix cache
 
 
 def test_every_culprit_is_found_among_many_mates(tiny, monkeypatch):
@@ -82,4 +84,5 @@ def test_every_culprit_is_found_among_many_mates(tiny, monkeypatch):
                        "bad1": FinishReason.ERROR, "bad3": FinishReason.ERROR}
     for i, prompt in enumerate(PROMPTS):
         assert out[f"good{i}"] == alone(tiny, prompt)
-    assert core.failed_requests == 2 and core.pool.is_empty()
+    assert core.failed_requests == 2 and core.pool.is_idle()
+    assert core.flush_cache() and core.pool.is_empty()

@@ -1,4 +1,9 @@
-"""KV pool accounting: every finish and every abort gives its slots back."""
+"""KV pool accounting: every finish and every abort gives its slots back.
+
+With the prefix cache on (the default) a finished or aborted request's computed
+positions stay in the cache: the pool is then idle (`is_idle`: nothing reserved, every
+used slot is unlocked cache) and empty only after `flush_cache`.
+"""
 
 from __future__ import annotations
 
@@ -27,24 +32,33 @@ def test_abort_at_every_stage_frees_kv(tiny):
         ev = core.abort(rid)
         assert ev is not None and ev.finish_reason.value == "abort"
         assert rid not in core.reqs
-    assert core.pool.used_slots == 0 < used_before
-    assert core.pool.is_empty() and not core.has_work
+    assert core.pool.is_idle() and not core.has_work
+    assert 0 < core.pool.used_slots == core.prefix_cached_tokens <= used_before  # what they computed, cached
+    core.check_kv_invariants()
+    assert core.flush_cache() and core.pool.is_empty()
     assert core.abort("decoding") is None  # a second abort finds nothing (a stale message)
 
 
-def test_admission_waits_for_kv_reservation(tiny):
+@pytest.mark.parametrize("cache", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+def test_admission_waits_for_kv_reservation(tiny, cache):
     ids = encode(tiny, PROMPTS[0])
     need = len(ids) + 20
-    core = make_core(tiny, max_total_tokens=need * 2 + need // 2)  # room for two, not three
+    core = make_core(tiny, max_total_tokens=need * 2 + need // 2,  # room for two, not three
+                     disable_prefix_cache=not cache)
     for i in range(3):
         core.add_request(f"r{i}", ids, greedy(20, ignore_eos=True))
     first = {ev.rid: ev.new_token_ids for ev in core.step()}
-    assert core.num_running == 2 and core.num_waiting == 1
-    assert core.pool.reserved == 2 * need
-    assert core.pool.used_slots <= core.pool.reserved
+    assert core.num_running == 2 and core.num_waiting == 1  # admitted together: nothing cached yet
+    if cache:  # the prompt, computed twice, is cached once and locked; each keeps its decode reservation
+        assert core.pool.reserved == 2 * 20 and core.pool.locked_slots == core.pool.used_slots == len(ids)
+    else:
+        assert core.pool.reserved == 2 * need
+        assert core.pool.used_slots <= core.pool.reserved
+    core.check_kv_invariants()
     outs = collect(core)
     assert all(len(first.get(f"r{i}", []) + outs[f"r{i}"]) == 20 for i in range(3))
-    assert core.pool.is_empty()
+    assert core.pool.is_idle()
+    assert core.flush_cache() and core.pool.is_empty()
 
 
 def test_no_leak_after_200_mixed_requests(tiny):
@@ -66,10 +80,11 @@ def test_no_leak_after_200_mixed_requests(tiny):
             if core.abort(rid) is not None:
                 finished += 1
         live = [r for r in live if r in core.reqs]
-        assert core.pool.used_slots <= core.pool.reserved <= core.pool.capacity
+        core.check_kv_invariants()
     finished += sum(ev.finished for ev in core.run_to_completion())
     assert finished == 200
-    assert core.pool.is_empty() and not core.reqs
+    assert core.pool.is_idle() and not core.reqs
+    assert core.flush_cache() and core.pool.is_empty()
 
 
 def test_pool_rejects_overdraw():

@@ -37,7 +37,7 @@ def test_each_mode_serves_and_keeps_clear_argmaxes(tiny, mode):
     for i, p in enumerate(PROMPTS[:3]):
         core.add_request(f"r{i}", encode(tiny, p), greedy(8, ignore_eos=True))
     out = collect(core)
-    assert [len(v) for v in out.values()] == [8, 8, 8] and core.pool.used_slots == 0
+    assert [len(v) for v in out.values()] == [8, 8, 8] and core.pool.is_idle()
 
 
 @pytest.mark.smollm

@@ -1,9 +1,9 @@
 """Self-attention over the paged KV cache, the same for every family with grouped-query attention.
 
 Each fed token's K/V is written into its slot first; then decode tokens attend as one
-padded batch (padding reads the zeroed PAD_SLOT and is masked out) and each extend chunk
-attends on its own, causally, over its prefix's slots plus its own.  Heads are grouped by
-`scaled_dot_product_attention(enable_gqa=True)`, so K/V heads are never repeated in memory.
+batch (`decode_attention`: the native kernel or padded SDPA, as the ForwardBatch says) and
+each extend chunk attends on its own, causally, over its prefix's slots plus its own.  Heads
+are grouped (`enable_gqa=True` / in the kernel), so K/V heads are never repeated in memory.
 """
 
 from __future__ import annotations
@@ -13,15 +13,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from serving.models.layers.decode_attention import gather, sdpa_decode
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear
 from serving.models.layers.rope import apply_rotary
-
-
-def _gather(pool: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """pool[idx] for a slot-index tensor of any shape; index_select is ~6x faster than advanced indexing on CPU."""
-    return pool.index_select(0, idx.reshape(-1)).view(*idx.shape, *pool.shape[1:])
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, layer: int,
@@ -33,15 +29,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCac
     out = torch.empty_like(q)
     nd = fb.num_decode
     if nd:
-        kd = _gather(k_pool, fb.decode_kv_idx).transpose(1, 2)  # [B, kvh, L, d]
-        vd = _gather(v_pool, fb.decode_kv_idx).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q[:nd].unsqueeze(2), kd, vd, attn_mask=fb.decode_mask, enable_gqa=True)
-        out[:nd] = o.squeeze(2)
+        out[:nd] = (fb.decode_attention or sdpa_decode)(q[:nd], k_pool, v_pool, fb)
     for seg in fb.extends:
         sl = slice(seg.start, seg.start + seg.length)
         qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
-        ks = _gather(k_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
-        vs = _gather(v_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
+        ks = gather(k_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
+        vs = gather(v_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None,
                                            enable_gqa=True)
         out[sl] = o[0].transpose(0, 1)

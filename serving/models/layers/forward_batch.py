@@ -8,6 +8,7 @@ one token per decoding request, then each extend (prefill) chunk contiguously.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -28,8 +29,11 @@ class ForwardBatch:
     num_decode: int  # tokens [0, num_decode) are decode tokens
     decode_kv_idx: torch.Tensor | None  # [B, Lmax] slots, padded with PAD_SLOT
     decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] True where attended
+    decode_lens: torch.Tensor | None = None  # [B] each decode request's attended length
     extends: list[ExtendSeg] = field(default_factory=list)
     logits_rows: torch.Tensor | None = None  # flat token indices whose logits are needed
+    # how decode tokens attend: (q [B, H, d], k_pool, v_pool, this batch) -> [B, H, d]
+    decode_attention: Callable[..., torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,185 @@
+"""A radix tree over token ids whose nodes own the KV slots of those tokens (prefix cache).
+
+The idea is SGLang's RadixCache: the K/V of a position depends only on the tokens up to
+it, so a request whose prompt starts with tokens the tree holds can point its first
+positions at the tree's slots and skip computing them.  Each edge holds a run of token
+ids (`key`) and the slots of those positions (`value`); children are indexed by their
+first token, so a lookup costs one dict access per node plus a token comparison.
+
+Locks: a running request locks the node its reused prefix ends at, and a lock counts on
+every node up to the root (a locked node's ancestors are its prefix).  Locked slots are
+in use; unlocked ones are cached and may be evicted, least recently used leaf first.
+The tree only does bookkeeping: the KV pool frees what `evict`/`reset` return.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterator, Sequence
+
+import torch
+
+_EMPTY = torch.zeros(0, dtype=torch.int64)
+
+
+class TreeNode:
+    __slots__ = ("key", "value", "children", "parent", "lock_ref", "last_access")
+
+    def __init__(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> None:
+        self.key = key  # token ids of this edge
+        self.value = value  # int64 KV slots of those positions, same length
+        self.children: dict[int, TreeNode] = {}  # by first token of the child's key
+        self.parent = parent
+        self.lock_ref = 0  # running requests whose reused prefix goes through this node
+        self.last_access = 0  # the tree's clock at the latest match/insert through it (LRU)
+
+    def __lt__(self, other: TreeNode) -> bool:  # heap order for eviction
+        return self.last_access < other.last_access
+
+
+def _common_len(key: Sequence[int], ids: Sequence[int], start: int) -> int:
+    """How many leading tokens of `key` equal ids[start:]."""
+    n = min(len(key), len(ids) - start)
+    i = 0
+    while i < n and key[i] == ids[start + i]:
+        i += 1
+    return i
+
+
+class RadixCache:
+    def __init__(self) -> None:
+        self.root = TreeNode((), _EMPTY, None)  # kept for good: requests with no cached prefix hold it
+        self.total_slots = 0  # slots owned by the tree
+        self.locked_slots = 0  # of those, in nodes with lock_ref > 0
+        self._clock = 0
+
+    def reset(self) -> torch.Tensor:
+        """Drop every node; returns their slots for the caller to free.  No node may be locked."""
+        if self.locked_slots:
+            raise RuntimeError("radix cache reset while requests hold locks")
+        freed = torch.cat([n.value for n in self.nodes()]) if self.total_slots else _EMPTY
+        self.root.children.clear()
+        self.total_slots = 0
+        return freed
+
+    @property
+    def evictable_slots(self) -> int:
+        return self.total_slots - self.locked_slots
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    # -- lookup and insertion -------------------------------------------------
+    def match_prefix(self, ids: Sequence[int]) -> tuple[torch.Tensor, TreeNode]:
+        """Longest cached prefix of `ids`: (its slots, the node it ends at).
+
+        A match ending inside a node splits it, so the returned node covers exactly the
+        match and locking it protects no more than the caller uses.
+        """
+        now = self._tick()
+        node, i, parts = self.root, 0, []
+        while i < len(ids):
+            child = node.children.get(ids[i])
+            if child is None:
+                break
+            k = _common_len(child.key, ids, i)
+            if k < len(child.key):
+                child = self._split(child, k)
+            child.last_access = now
+            parts.append(child.value)
+            node, i = child, i + k
+        return (torch.cat(parts) if parts else _EMPTY), node
+
+    def insert(self, ids: Sequence[int], slots: torch.Tensor) -> int:
+        """Make the tree hold `ids` with `slots`; returns how many leading positions it already had.
+
+        The tree keeps its own slots for those; the caller frees its copies that differ.
+        The new positions' slots are copied, so the caller's table may change afterwards.
+        """
+        if len(slots) != len(ids):
+            raise ValueError("insert needs one slot per token")
+        now = self._tick()
+        node, i = self.root, 0
+        while i < len(ids):
+            child = node.children.get(ids[i])
+            if child is None:
+                leaf = TreeNode(tuple(ids[i:]), slots[i:].clone(), node)
+                leaf.last_access = now
+                node.children[ids[i]] = leaf
+                self.total_slots += len(leaf.key)
+                return i
+            k = _common_len(child.key, ids, i)
+            if k < len(child.key):
+                child = self._split(child, k)
+            child.last_access = now
+            node, i = child, i + k
+        return i
+
+    def _split(self, child: TreeNode, k: int) -> TreeNode:
+        """Cut `child` after its first k tokens; returns the new upper node (same locks)."""
+        upper = TreeNode(child.key[:k], child.value[:k], child.parent)
+        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        assert child.parent is not None
+        child.parent.children[child.key[0]] = upper
+        child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
+        upper.children[child.key[0]] = child
+        return upper
+
+    # -- locks --------------------------------------------------------------------
+    def path(self, node: TreeNode) -> Iterator[TreeNode]:
+        """`node` and its ancestors, the root excluded."""
+        while node is not self.root and node is not None:
+            yield node
+            node = node.parent  # type: ignore[assignment]
+
+    def lock_gain(self, node: TreeNode) -> int:
+        """Slots that locking `node` would turn from evictable to locked (admission counts them)."""
+        gain = 0
+        for n in self.path(node):
+            if n.lock_ref:
+                break  # its ancestors are locked too
+            gain += len(n.value)
+        return gain
+
+    def inc_lock(self, node: TreeNode) -> None:
+        for n in self.path(node):
+            if n.lock_ref == 0:
+                self.locked_slots += len(n.value)
+            n.lock_ref += 1
+
+    def dec_lock(self, node: TreeNode) -> None:
+        for n in self.path(node):
+            if n.lock_ref <= 0:
+                raise RuntimeError("radix cache unlock without a lock")
+            n.lock_ref -= 1
+            if n.lock_ref == 0:
+                self.locked_slots -= len(n.value)
+
+    # -- eviction -------------------------------------------------------------------
+    def evict(self, n: int) -> torch.Tensor:
+        """Free at least `n` slots if that many are unlocked: least recently used leaves first,
+        a parent becoming a leaf joins the candidates.  Returns the slots freed."""
+        heap = [x for x in self.nodes() if not x.children and not x.lock_ref]
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        count = 0
+        while heap and count < n:
+            leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[0]]
+            freed.append(leaf.value)
+            count += len(leaf.value)
+            self.total_slots -= len(leaf.value)
+            if parent is not self.root and not parent.children and not parent.lock_ref:
+                heapq.heappush(heap, parent)
+        return torch.cat(freed) if freed else _EMPTY
+
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every node but the root."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

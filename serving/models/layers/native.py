@@ -1,0 +1,84 @@
+"""Native CPU kernels: C++ sources beside this file, compiled once per machine and loaded with ctypes.
+
+Compiled with the system's g++ (`-O3 -march=native -fopenmp`) into a cache directory
+keyed by the source, the flags, the compiler and this CPU's feature flags, so a change
+to any of them rebuilds and a warm start loads the cached library in milliseconds.  The
+library links the same libgomp as torch (loaded first, found by soname), so its OpenMP
+regions run on torch's threads, at `torch.set_num_threads`.
+
+No g++, or a failed build, is not an error: `load()` returns None with the reason, and
+callers use their torch implementation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import torch  # loaded first: its libgomp is the one the kernels link to
+
+log = logging.getLogger(__name__)
+KERNELS = Path(__file__).with_name("kernels")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+CACHE_ENV = "SIGHTLINE_KERNEL_CACHE"
+
+
+def _cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sightline" / "kernels"
+    return Path(os.environ.get(CACHE_ENV, default))
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _compiler_version(cxx: str) -> str:
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+
+
+def build(name: str) -> Path:
+    """Compile kernels/<name>.cpp (unless cached) and return the shared library's path."""
+    cxx = shutil.which(os.environ.get("CXX", "g++"))
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++) on PATH")
+    src = KERNELS / f"{name}.cpp"
+    key = hashlib.sha256(b"\0".join(
+        [src.read_bytes(), " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_flags().encode(),
+         torch.__version__.encode()]
+    )).hexdigest()[:16]
+    out_dir = _cache_dir()
+    lib = out_dir / f"{name}-{key}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # same filesystem: the rename is atomic
+        tmp_lib = Path(tmp) / lib.name
+        proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(tmp_lib)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"g++ failed on {src.name}: {proc.stderr.strip()[-400:]}")
+        os.replace(tmp_lib, lib)  # concurrent builders (several servers starting) all end with one file
+    log.info("built native kernel %s", lib)
+    return lib
+
+
+@cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The loaded library, or None (logged once) when it cannot be built here."""
+    try:
+        return ctypes.CDLL(str(build(name)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("native kernel %s unavailable, using the torch implementation: %s", name, exc)
+        return None
