@@ -68,6 +68,13 @@ class TokenizedGenerateReqInput(_Msg):
     meta: ReqMeta
 
 
+class FlushCacheReq(_Msg):
+    """Empty the Scheduler's prefix cache (SGLang's /flush_cache); refused while requests run unless `force`."""
+
+    id: str  # matches the reply
+    force: bool = False
+
+
 class AbortReq(_Msg):
     rid: str
     reason: str  # client_disconnect, stop_string, timeout, shutdown, ...
@@ -85,6 +92,7 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: str | None = None  # why it ended without its answer (finish_reason error, or abort with a cause)
     abort_reason: str | None = None  # with finish_reason "abort": timeout, engine_failure, ...
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, reused from the prefix cache (no prefill computed)
     completion_tokens: int = 0  # generated so far, these included
     detok: DetokParams | None = None  # only on the rid's first output
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
@@ -105,6 +113,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: str | None = None
     abort_reason: str | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
 
@@ -162,8 +171,8 @@ class SchedulerStats(_Msg):
 
     num_running: int
     num_waiting: int
-    kv_used: int  # token slots holding K/V
-    kv_reserved: int  # slots promised to running requests
+    kv_used: int  # token slots holding K/V (the prefix cache's included)
+    kv_reserved: int  # slots promised to running requests: their reservations + cached prefixes they reuse
     kv_total: int
     batch_size: int = 0
     num_decode: int = 0
@@ -179,11 +188,22 @@ class SchedulerStats(_Msg):
     spans: list[SpanRecord] = []  # finished since the last stats message
     handling_errors: int = 0  # cumulative: messages, or one rid's output, whose handling raised
     step_phases: list[PhaseHistogram] = []  # cumulative: where engine steps spent their time
+    prefix_cached_tokens: int = 0  # KV slots the prefix cache holds (part of kv_used)
+    prefix_queries_tokens_total: int = 0  # cumulative: prompt tokens of admitted requests
+    prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
+    prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
 
     @property
     def kv_usage_ratio(self) -> float:
         """Reserved KV slots ÷ total: admission headroom (derived, not on the wire)."""
         return self.kv_reserved / self.kv_total if self.kv_total else 0.0
+
+
+class FlushCacheReqOutput(_Msg):
+    id: str  # the FlushCacheReq's
+    success: bool
+    message: str = ""
+    flushed_tokens: int = 0  # KV slots the flush freed
 
 
 class Ready(_Msg):
@@ -200,6 +220,6 @@ class Ready(_Msg):
 
 
 Message = Union[
-    TokenizedGenerateReqInput, AbortReq, BatchTokenIDOutput, BatchStrOutput,
-    DetokenizerStats, SchedulerStats, Ready,
+    TokenizedGenerateReqInput, AbortReq, FlushCacheReq, BatchTokenIDOutput, BatchStrOutput,
+    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready,
 ]

@@ -35,6 +35,7 @@ class EngineRequest(Protocol):
     rid: str
     times: EngineTimes
     output_ids: list[int]
+    cached_tokens: int  # prompt tokens reused from the prefix cache
 
     @property
     def prompt_len(self) -> int: ...
@@ -100,7 +101,7 @@ class SchedulerSpans:
         for i, (start, end, n) in enumerate(t.prefill_chunks):
             self.tracing.record("prefill", ctx, start, end, attributes={
                 **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,
-                "gen_ai.usage.input_tokens": req.prompt_len})
+                "gen_ai.usage.input_tokens": req.prompt_len, "gen_ai.usage.cache_read.input_tokens": req.cached_tokens})
         if t.first_token is not None and t.finished is not None:
             n = len(req.output_ids)
             mean_itl = (t.token_times[-1] - t.first_token) / 1e9 / (n - 1) if n > 1 else 0.0

@@ -117,8 +117,10 @@ SPECS: tuple[Spec, ...] = (
          "process went on.", ("component",), source="all", read="handling_errors"),
     Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", M, source="scheduler", read="scheduler.num_running"),
     Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", M, source="scheduler", read="scheduler.num_waiting"),
-    Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values.", M, source="scheduler", read="scheduler.kv_used"),
-    Spec("sightline_kv_slots_reserved", "gauge", "KV token slots promised to running requests.", M,
+    Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values (the prefix cache's included).", M,
+         source="scheduler", read="scheduler.kv_used"),
+    Spec("sightline_kv_slots_reserved", "gauge",
+         "KV token slots promised to running requests: their reservations plus the cached prefixes they reuse.", M,
          source="scheduler", read="scheduler.kv_reserved"),
     Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", M, source="scheduler", read="scheduler.kv_total"),
     Spec("sightline_kv_usage_ratio", "gauge", "Reserved KV slots ÷ total (admission headroom).", M,
@@ -132,6 +134,23 @@ SPECS: tuple[Spec, ...] = (
          M, source="scheduler", read="scheduler.prefill_tokens_total"),
     Spec("sightline_scheduler_generated_tokens_total", "counter", "Tokens sampled by the engine.", M,
          source="scheduler", read="scheduler.generation_tokens_total"),
+    Spec("sightline_prefix_cache_queries_tokens_total", "counter",
+         "Prompt tokens of requests the Scheduler admitted, each looked up in the prefix cache.", M,
+         definition="Counted at admission (an aborted request's too); hits ÷ queries is the hit ratio, as vLLM's "
+         "`prefix_cache_queries` / `prefix_cache_hits`.", source="scheduler", read="scheduler.prefix_queries_tokens_total"),
+    Spec("sightline_prefix_cache_hits_tokens_total", "counter",
+         "Of those prompt tokens, how many were reused from the prefix cache (no prefill computed).", M,
+         definition="The sum of `usage.prompt_tokens_details.cached_tokens` over the requests admitted.",
+         source="scheduler", read="scheduler.prefix_hits_tokens_total"),
+    Spec("sightline_prefix_cache_evicted_tokens_total", "counter",
+         "Cached KV slots evicted (least recently used first) to make room for new K/V.", M, source="scheduler",
+         read="scheduler.prefix_evicted_tokens_total"),
+    Spec("sightline_prefix_cache_tokens", "gauge",
+         "KV slots the prefix cache holds (part of sightline_kv_slots_used; evictable unless a running request "
+         "reuses them).", M, source="scheduler", read="scheduler.prefix_cached_tokens"),
+    Spec("sightline_prefix_cache_flushes_total", "counter", "POST /flush_cache calls, by result.", M + ("result",),
+         definition="result: ok (flushed) | refused (requests were running and force was not given) | error "
+         "(the engine did not answer, or the prefix cache is disabled).", attr="cache_flushes"),
     Spec("sightline_seconds_since_last_token", "gauge",
          "While requests are in flight: seconds since the engine last sampled a token or the oldest in-flight "
          "request arrived, whichever is later; 0 when idle. Grows without bound when the engine is stuck.", M,
@@ -240,6 +259,7 @@ class Metrics:
     connections_refused: Counter
     stream_stalls: Counter
     health_checks: Counter
+    cache_flushes: Counter
     restart_budget_exhausted: Gauge
     connections_open: Gauge
     in_flight: Gauge
@@ -266,6 +286,8 @@ class Metrics:
             self.shed.labels(model_name, reason)
         for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
             self.aborts.labels(model_name, reason)
+        for result in ("ok", "refused", "error"):
+            self.cache_flushes.labels(model_name, result)
         for cause in ("stalled", "deadline"):
             self.stream_stalls.labels(cause)
         for role in ("scheduler", "detokenizer"):

@@ -37,6 +37,7 @@ class TracedRequest(Protocol):
     stream: bool
     rid: str
     prompt_tokens: int
+    cached_tokens: int
     meta: ReqMeta
     first_recv: int | None
     last_recv: int | None
@@ -204,7 +205,7 @@ class RequestTelemetry:
             "ttft_ms": _ms(rt.arrival, rt.first_recv), "queue_ms": _ms(st.sched_recv, st.scheduled),
             "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
             "tokenize_ms": round(rt.tokenize_ns / 1e6, 3), "detokenize_ms": round(rt.detok_busy_ns / 1e6, 3),
-            "e2e_ms": _ms(rt.arrival, end),
+            "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,
         }
         if rt.trace_id:
             rt.breakdown["trace_id"] = rt.trace_id
@@ -223,7 +224,7 @@ class RequestTelemetry:
         if rt.span is None or not rt.trace_id:
             return
         attrs = {"gen_ai.response.finish_reasons": [finish_reason], "gen_ai.usage.output_tokens": completion_tokens,
-                 "sightline.cached_tokens": 0}
+                 "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens}
         if ttft is not None:
             attrs["sightline.ttft_seconds"] = ttft
         if st.sched_recv and st.scheduled:

@@ -83,7 +83,8 @@ class DetokenizerManager:
                 self.failed.popitem(last=False)
         return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", engine_running=not final,
                       error="the output of this request could not be detokenized",
-                      prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens, meta=out.meta)
+                      prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens,
+                      completion_tokens=out.completion_tokens, meta=out.meta)
 
     def _one(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         state = self.states.get(out.rid)
@@ -103,7 +104,8 @@ class DetokenizerManager:
             rid=out.rid, text=emitted.text, output_ids=out.new_token_ids[:emitted.consumed],
             finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
             abort_reason=out.abort_reason,
-            prompt_tokens=out.prompt_tokens, completion_tokens=state.consumed, meta=out.meta,
+            prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, completion_tokens=state.consumed,
+            meta=out.meta,
         )
         if emitted.matched_stop is not None:
             res.finish_reason, res.matched_stop = "stop", emitted.matched_stop

@@ -30,6 +30,7 @@ ROUTES = [
     Route("/debug/state", ops.debug_state, methods=["GET"]),
     Route("/debug/requests", ops.debug_requests, methods=["GET"]),
     Route("/debug/requests/{rid}", ops.debug_request, methods=["GET"]),
+    Route("/flush_cache", ops.flush_cache, methods=["POST"]),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Optional API key: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/* and /generate,
+"""Optional API key: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
 and on /debug/* and /metrics when configured.  /health is never protected (probes).
 
 The comparison is constant-time over fixed-size SHA-256 digests, so neither how much of
@@ -34,7 +34,7 @@ def presented_key(headers: dict[bytes, bytes]) -> str | None:
 
 
 def protected(path: str, args: ServerArgs) -> bool:
-    if path.startswith("/v1/") or path == "/generate":
+    if path.startswith("/v1/") or path in ("/generate", "/flush_cache"):
         return True
     if path.startswith("/debug"):
         return args.auth_debug

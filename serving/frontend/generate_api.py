@@ -60,5 +60,5 @@ def generate_body(result: Collected) -> dict:
         "text": result.text,
         "output_ids": result.output_ids,
         "meta_info": {"id": result.rid, "finish_reason": finish, "prompt_tokens": result.prompt_tokens,
-                      "completion_tokens": result.completion_tokens},
+                      "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens},
     }

@@ -171,7 +171,7 @@ async def _openai_events(state: ServerState, req: ReqState, shape: ResponseShape
         if out.text or out.finish_reason is not None:
             yield sse(shape.delta_chunk(out.text, out.finish_reason))
     if shape.with_usage:
-        chunk = shape.usage_chunk(req.prompt_tokens, req.completion_tokens)
+        chunk = shape.usage_chunk(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
         chunk["sightline"] = req.breakdown
         yield sse(chunk)
     yield SSE_DONE
@@ -186,7 +186,7 @@ async def _generate_events(state: ServerState, req: ReqState) -> AsyncIterator[b
         text.append(out.text)
         ids.extend(out.output_ids)
         body = generate_body(Collected(req.client_rid, "".join(text), list(ids), out.finish_reason, out.matched_stop,
-                                       req.prompt_tokens, out.completion_tokens, None))
+                                       req.prompt_tokens, out.completion_tokens, None, req.cached_tokens))
         if out.finish_reason is not None and req.breakdown:
             body["meta_info"]["sightline"] = req.breakdown
         yield sse(body)

@@ -177,9 +177,11 @@ def include_usage(req: _SamplingFields) -> bool:
 
 
 # -- responses ----------------------------------------------------------------------
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache served."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def openai_finish(reason: str | None) -> str | None:
@@ -200,7 +202,8 @@ class ResponseShape:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def full(self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int) -> dict:
+    def full(self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int = 0) -> dict:
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                       "finish_reason": openai_finish(finish)}
@@ -208,12 +211,13 @@ class ResponseShape:
         else:
             body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
                                                        "finish_reason": openai_finish(finish)}])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
     def full_result(self, result) -> dict:
         """`full` for a TokenizerManager `Collected` result."""
-        return self.full(result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens)
+        return self.full(result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens,
+                         result.cached_tokens)
 
     def _chunk(self, choices: list) -> dict:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", choices)
@@ -231,7 +235,7 @@ class ResponseShape:
             return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": openai_finish(finish)}])
         return self._chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": openai_finish(finish)}])
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body

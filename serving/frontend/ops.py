@@ -1,11 +1,14 @@
-"""Operational endpoints and HTTP accounting: /v1/models, /health, /metrics, /debug/*
-(their routes are in the app's one route table, `serving.frontend.app.ROUTES`).
+"""Operational endpoints and HTTP accounting: /v1/models, /health, /metrics, /debug/*,
+/flush_cache (their routes are in the app's one route table, `serving.frontend.app.ROUTES`).
 
 `/metrics` speaks OpenMetrics (with exemplars: trace ids on per-request histograms)
 when the scraper asks for it, else the classic text format.
 """
 
 from __future__ import annotations
+
+import asyncio
+import json
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
@@ -14,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
+from serving.frontend.errors import APIError, bad_request, error_response
 from serving.frontend.server_state import ServerState
 
 # Label values come from bounded sets: anything else a client sends counts as "other".
@@ -72,6 +76,45 @@ async def debug_request(request: Request) -> Response:
         return JSONResponse({"error": {"message": f"no finished request {rid!r} in the timeline buffer",
                                        "type": "not_found_error", "param": "rid", "code": None}}, status_code=404)
     return JSONResponse(entry)
+
+
+async def flush_cache(request: Request) -> Response:
+    """Empty the prefix cache (SGLang's endpoint): 409 while requests run unless `{"force": true}`
+    (then only the prefixes no running request reuses are dropped)."""
+    state: ServerState = request.app.state.server
+    try:
+        force = _force_flag(await request.body(), request.query_params.get("force"))
+        state.monitor.check_ready()
+        try:
+            reply = await state.tm.flush_cache(force)
+        except asyncio.TimeoutError:
+            raise APIError(503, "the engine did not answer the flush request", type="server_unavailable") from None
+        if not reply.success:
+            disabled = "disabled" in reply.message
+            raise APIError(400 if disabled else 409, reply.message, code="prefix_cache_disabled" if disabled
+                           else "requests_running")
+    except APIError as err:
+        if state.metrics is not None:
+            state.metrics.cache_flushes.labels(state.model_name, "refused" if err.status == 409 else "error").inc()
+        return error_response(err)
+    if state.metrics is not None:
+        state.metrics.cache_flushes.labels(state.model_name, "ok").inc()
+    return JSONResponse({"status": "ok", "flushed_tokens": reply.flushed_tokens})
+
+
+def _force_flag(body: bytes, query: str | None) -> bool:
+    """`force` from a JSON body (optional) or the query string."""
+    if query is not None:
+        return query.lower() in ("1", "true", "yes")
+    if not body.strip():
+        return False
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        raise bad_request("the body must be JSON, e.g. {\"force\": true}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("force", False), bool):
+        raise bad_request("`force` must be a boolean", param="force")
+    return obj.get("force", False)
 
 
 class HTTPMetricsMiddleware:

@@ -48,6 +48,7 @@ class ReqState:
     rid: str = ""  # internal: always a fresh uuid, used to route
     client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, reused from the engine's prefix cache
     budget_tokens: int = 0  # prompt + max_new_tokens, counted against --max-inflight-tokens
     meta: ReqMeta = field(default_factory=lambda: ReqMeta(trace={}, stamps=Stamps()))  # the latest seen
     timer: asyncio.TimerHandle | None = None
@@ -87,3 +88,4 @@ class Collected:
     prompt_tokens: int
     completion_tokens: int
     error: str | None
+    cached_tokens: int = 0

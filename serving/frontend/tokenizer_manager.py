@@ -20,8 +20,8 @@ import re
 import uuid
 from typing import Any, AsyncIterator
 
-from protocol.io_struct import AbortReq, BatchStrOutput, DetokParams, Message, ReqMeta, Stamps, StrOut, \
-    TokenizedGenerateReqInput
+from protocol.io_struct import AbortReq, BatchStrOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Message, \
+    ReqMeta, Stamps, StrOut, TokenizedGenerateReqInput
 from serving.args import ServerArgs
 from serving.frontend.admission import Admission
 from serving.frontend.engine_monitor import EngineMonitor, FrontCounts
@@ -53,6 +53,7 @@ class TokenizerManager:
         self.drops = DropCounter("tokenizer_manager", on_drop=telemetry.tracing.stale_drop)
         self.handling_errors = RateLimitedLog(log)
         self.rid_to_state: dict[str, ReqState] = {}
+        self._flushes: dict[str, asyncio.Future[FlushCacheReqOutput]] = {}  # awaiting the Scheduler's reply
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -80,6 +81,13 @@ class TokenizerManager:
         try:
             if isinstance(msg, BatchStrOutput):
                 self._handle_str_output(msg)
+                return
+            if isinstance(msg, FlushCacheReqOutput):
+                fut = self._flushes.get(msg.id)
+                if fut is None or fut.done():  # its caller timed out, or an engine restart
+                    self.drops.drop("FlushCacheReqOutput", msg.id, {})
+                else:
+                    fut.set_result(msg)
                 return
             applied = self.monitor.handle(msg)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the loop
@@ -109,6 +117,7 @@ class TokenizerManager:
         state.out_list.append(out)
         state.meta = out.meta
         state.completion_tokens = out.completion_tokens
+        state.cached_tokens = max(state.cached_tokens, out.cached_tokens)
         if not state.started:
             state.started = True
             self.admission.started()
@@ -219,7 +228,17 @@ class TokenizerManager:
         if last is None:  # aborted before any output (shutdown, engine failure)
             return Collected(state.client_rid, "", [], "error", None, state.prompt_tokens, 0, "the request was aborted")
         return Collected(state.client_rid, "".join(text), ids, last.finish_reason, last.matched_stop,
-                         state.prompt_tokens, last.completion_tokens, last.error)
+                         state.prompt_tokens, last.completion_tokens, last.error, state.cached_tokens)
+
+    async def flush_cache(self, force: bool, timeout: float = 10.0) -> FlushCacheReqOutput:
+        """Ask the Scheduler to empty its prefix cache; raises TimeoutError when it does not answer."""
+        fid = uuid.uuid4().hex
+        fut = self._flushes[fid] = asyncio.get_running_loop().create_future()
+        try:
+            self.transport.send(FlushCacheReq(id=fid, force=force))
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            del self._flushes[fid]
 
     def abort(self, rid: str, reason: str, error: str | None = None) -> None:
         """Forget the rid here and tell the Scheduler to free it; the reader gets `error` if given."""

@@ -5,7 +5,10 @@ to 8 tokens with ignore_eos, and one whose prompt overflows the context (a 400 b
 so failures and their reasons are exercised) — then every assertion reads what it left:
 Locust's CSV, summary.json, the plots, the reconciliation, and the SLO gate re-judged
 with an impossible and a loose threshold.  The test scrapes /metrics itself too, so the
-reconciliation is checked against numbers the tool did not compute.
+reconciliation is checked against numbers the tool did not compute.  A second short run
+on the same server (~8 s, 3 users) of a shared-prefix chat workload (one ~1,000-token
+system prompt) checks the prefix cache from the client: hit ratio ≥ 0.9, and the usage
+chunks' cached_tokens equal to the increase of the server's hits counter.
 """
 
 from __future__ import annotations
@@ -55,21 +58,26 @@ def requests_by_finish_reason(exposition: str, model: str) -> Counter:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("loadtest")
-    srv = ServerProc(tmpdir=tmp)
+def server(tmp_path_factory):
+    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("server"))
     try:
-        (tmp / "cfg.yaml").write_text(CONFIG)
-        # seed 0: the third user's first request is `oversize` (workloads are drawn from per-user
-        # seeded generators), so the run always has a failure however fast the machine is
-        proc = loadtest("--url", srv.url, "--config", str(tmp / "cfg.yaml"), "--scenario", "test", "--seed", "0",
-                        "--out", str(tmp / "out"), "--require-reconcile", timeout=300)
-        after = requests_by_finish_reason(httpx.get(srv.url + "/metrics", timeout=10).text, "tiny-random")
-        # the tool's scrape from just before Locust started (after its warm-up requests), parsed here
-        before = requests_by_finish_reason((tmp / "out" / "metrics_before.txt").read_text(), "tiny-random")
-        yield tmp / "out", proc, after - before
+        yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def run(server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("loadtest")
+    (tmp / "cfg.yaml").write_text(CONFIG)
+    # seed 0: the third user's first request is `oversize` (workloads are drawn from per-user
+    # seeded generators), so the run always has a failure however fast the machine is
+    proc = loadtest("--url", server.url, "--config", str(tmp / "cfg.yaml"), "--scenario", "test", "--seed", "0",
+                    "--out", str(tmp / "out"), "--require-reconcile", timeout=300)
+    after = requests_by_finish_reason(httpx.get(server.url + "/metrics", timeout=10).text, "tiny-random")
+    # the tool's scrape from just before Locust started (after its warm-up requests), parsed here
+    before = requests_by_finish_reason((tmp / "out" / "metrics_before.txt").read_text(), "tiny-random")
+    return tmp / "out", proc, after - before
 
 
 def records(out: Path) -> list[dict]:
@@ -160,3 +168,42 @@ def test_bad_arguments_exit_2_before_sending_anything(tmp_path):
     proc = loadtest("--url", "http://127.0.0.1:9", "--slo", "ttft_p98_ms=5", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and "unknown SLO" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+PREFIX_CONFIG = """
+workloads:
+  shared: {endpoint: chat, system_prompt_tokens: 1000, max_tokens: 8, temperature: 0}
+scenarios:
+  prefix:
+    mix: {shared: 1}
+    arrival: closed
+    shape: {kind: constant, level: 3, seconds: 8}
+"""
+HITS = "sightline_prefix_cache_hits_tokens_total"
+
+
+def counter(exposition: str, name: str) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(exposition) for s in fam.samples
+               if s.name == name and s.labels.get("model_name") == "tiny-random")
+
+
+def test_shared_prefix_run_hits_the_cache_and_reconciles_cached_tokens(server, tmp_path):
+    (tmp_path / "cfg.yaml").write_text(PREFIX_CONFIG)
+    out = tmp_path / "out"
+    proc = loadtest("--url", server.url, "--config", str(tmp_path / "cfg.yaml"), "--scenario", "prefix",
+                    "--out", str(out), "--require-reconcile", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    hits = counter(httpx.get(server.url + "/metrics", timeout=10).text, HITS) - counter(
+        (out / "metrics_before.txt").read_text(), HITS)
+    recs = records(out)
+    assert len(recs) >= 3 and all(r["error"] is None for r in recs)
+    cached = [r["cached_tokens"] for r in recs]
+    assert all(c is not None and c >= 1000 for c in cached), cached  # the warm-up cached the system prompt
+    assert sum(cached) == hits  # scraped by this test, independently of the tool
+    r = json.loads((out / "summary.json").read_text())["reconciliation"]
+    assert r["ok"] and r["prefix_cache_available"] and r["cached_tokens_match"], r
+    assert r["client_cached_tokens"] == r["server_prefix_hits_tokens"] == sum(cached)
+    assert r["prefix_hit_ratio"] >= 0.9
+    assert "prefix cache hit ratio:" in proc.stdout
+    rows = {(row["Type"], row["Name"]): row for row in csv.DictReader(open(out / "locust_stats.csv"))}
+    assert int(rows["CACHED", "shared"]["Request Count"]) == len(recs)

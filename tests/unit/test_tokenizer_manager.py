@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from protocol.io_struct import AbortReq, TokenizedGenerateReqInput
+from protocol.io_struct import AbortReq, FlushCacheReq, FlushCacheReqOutput, TokenizedGenerateReqInput
 from protocol.sampling_params import SamplingParams
 from serving.frontend.errors import APIError
 from serving.frontend.req_state import GenerateReqInput, ReqState
@@ -201,4 +201,22 @@ def test_a_message_that_is_not_for_the_front_end_counts_as_unexpected():
         f.transport.deliver(AbortReq(rid="x", reason="r"))
         assert f.transport.codec.undecodable == 1
         assert f.sample("sightline_undecodable_messages_total", component="tokenizer_manager") == 1
+    run(body())
+
+
+def test_flush_cache_waits_for_the_schedulers_answer_and_a_late_answer_is_stale():
+    async def body():
+        f = ready_front()
+        task = asyncio.create_task(f.tm.flush_cache(force=True))
+        await asyncio.sleep(0)
+        (msg,) = f.transport.sent
+        assert isinstance(msg, FlushCacheReq) and msg.force
+        f.transport.deliver(FlushCacheReqOutput(id=msg.id, success=True, flushed_tokens=42))
+        reply = await task
+        assert reply.success and reply.flushed_tokens == 42 and not f.tm._flushes
+        with pytest.raises(asyncio.TimeoutError):
+            await f.tm.flush_cache(force=False, timeout=0.01)
+        late = f.transport.sent[-1]
+        f.transport.deliver(FlushCacheReqOutput(id=late.id, success=False, message="requests are running"))
+        assert [(d.message_type, d.reason) for d in f.tm.drops.snapshot()] == [("FlushCacheReqOutput", "unknown_rid")]
     run(body())
