@@ -52,6 +52,11 @@ def mean(histogram: str, *matchers: str, by: tuple[str, ...] = ()) -> str:
     return f"{rate(histogram + '_sum', *matchers, by=by)}\n/\n{rate(histogram + '_count', *matchers, by=by)}"
 
 
+def counter_ratio(numerator: str, denominator: str, by: tuple[str, ...] = ()) -> str:
+    """Rate of one counter ÷ rate of another (a cache's hits ÷ lookups); no data while the second is flat."""
+    return f"{rate(numerator, by=by)}\n/\n{rate(denominator, by=by)}"
+
+
 def ratio(counter: str, bad: str, by: tuple[str, ...] = ()) -> str:
     """Share of a counter's increase that matches `bad`; 0 (not "no data") when none do."""
     total = rate(counter, by=by)

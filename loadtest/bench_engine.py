@@ -2,12 +2,13 @@
 
     .venv/bin/python loadtest/bench_engine.py [--model smollm2-135m] [--concurrency 1,8,32,64]
 
-For each concurrency N, N requests (distinct `--prompt-len`-token prompts, exactly
-`--gen-len` greedy tokens each, EOS ignored) are submitted at once and the engine is
-stepped until idle.  Printed per row: output tokens/s, prefill tokens/s (prefill-only
-steps), mean decode step time, peak RSS.  The baseline runs the same prompts through
-`model.generate` one request at a time; its rate does not depend on N, so it is
-measured once on `--baseline-requests` prompts and every row shows our ratio to it.
+For each concurrency N, N requests (`--prompt-len`-token prompts, each beginning with a
+different token so the prefix cache reuses nothing; exactly `--gen-len` greedy tokens
+each, EOS ignored) are submitted at once and the engine is stepped until idle.  Printed
+per row: output tokens/s, prefill tokens/s (prefill-only steps), mean decode step time,
+peak RSS.  The baseline runs the same prompts through `model.generate` one request at a
+time; its rate does not depend on N, so it is measured once on `--baseline-requests`
+prompts and every row shows our ratio to it.
 A benchmark prints numbers; it asserts nothing (goals are checked by reading them).
 """
 
@@ -37,10 +38,30 @@ TEXT = (
 )
 
 
-def make_prompts(model: LoadedModel, n: int, length: int) -> list[list[int]]:
-    base = model.tokenizer(TEXT * (length // 20 + 4))["input_ids"]
-    # Rotate the text per prompt so no two prompts are the same token sequence.
-    return [(base[i % 37:] + base)[:length] for i in range(n)]
+def openers(tokenizer, n: int, skip: int = 0) -> list[str]:
+    """Words whose `f"{word}. {TEXT}"` encodings begin with n + skip different tokens (the last n
+    returned): ASCII words of the vocabulary, in id order, the same for the same tokenizer."""
+    words, firsts = [], set()
+    for tid in range(1000, len(tokenizer)):
+        word = tokenizer.decode([tid]).strip()
+        if not (word.isascii() and word.isalpha() and len(word) >= 4):
+            continue
+        first = tokenizer(f"{word}. ")["input_ids"][0]
+        if first not in firsts:
+            firsts.add(first)
+            words.append(word)
+            if len(words) == skip + n:
+                return words[skip:]
+    raise ValueError(f"the vocabulary has fewer than {skip + n} usable words")
+
+
+def make_prompts(model: LoadedModel, n: int, length: int, start: int = 0) -> list[list[int]]:
+    """n prompts of exactly `length` tokens, no two beginning with the same token: a prefix cache
+    finds nothing to share between them (prompts `start` … `start + n - 1` of one sequence, so
+    disjoint ranges share nothing either).  Each is one encoding of one text, so it decodes and
+    re-encodes to the same ids."""
+    text = TEXT * (length // 20 + 4)
+    return [model.tokenizer(f"{word}. {text}")["input_ids"][:length] for word in openers(model.tokenizer, n, start)]
 
 
 def peak_rss_mib() -> float:
@@ -51,12 +72,12 @@ MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8
 
 
 def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None,
-               mode: str = "float32") -> dict:
+               mode: str = "float32", attention: str = "auto") -> dict:
     n = len(prompts)
     dtype, quant = MODES[mode]
     args = ServerArgs(model=model.name, max_running_requests=max(n, 1), max_prefill_tokens=512,
                       max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads,
-                      dtype=dtype, quantization=quant)
+                      dtype=dtype, quantization=quant, attention_backend=attention)
     core = SchedulerCore(model, args)
     params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
@@ -74,12 +95,13 @@ def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threa
             decode_s += st.step_seconds
             decode_steps += 1
     wall = time.perf_counter() - t0
-    assert core.pool.is_empty()
+    assert core.pool.is_idle()  # every request gave its KV back (the prefix cache keeps what it holds)
     return {
         "out_tok_s": out_tokens / wall,
         "prefill_tok_s": prefill_tokens / prefill_s if prefill_s else float("nan"),
         "step_ms": 1000 * decode_s / decode_steps if decode_steps else float("nan"),
         "wall_s": wall,
+        "prefix_hit_tokens": core.prefix_hits_tokens,  # 0: distinct prompts, nothing reused
     }
 
 
@@ -106,6 +128,8 @@ def main() -> None:
     ap.add_argument("--baseline-requests", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--modes", default="float32", help=f"comma-separated, of {', '.join(MODES)}")
+    ap.add_argument("--attention", default="auto",
+                    help="comma-separated decode-attention backends to compare, of auto, native, sdpa")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args()
     if a.threads:
@@ -119,15 +143,19 @@ def main() -> None:
     base = run_baseline(model, make_prompts(model, a.baseline_requests, a.prompt_len), a.gen_len)
     print(f"baseline: transformers generate, sequential, {a.baseline_requests} requests: {base:.1f} output tok/s")
     print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
-    print("| mode | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s | peak RSS MiB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| mode | attention | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s "
+          "| peak RSS MiB |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for mode in a.modes.split(","):
         for n in levels:
-            r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode)
-            rows.append({"mode": mode, "concurrency": n, **r, "baseline_tok_s": base, "peak_rss_mib": peak_rss_mib()})
-            print(f"| {mode} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | {r['prefill_tok_s']:.0f} | "
-                  f"{r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |", flush=True)
+            for attn in a.attention.split(","):  # innermost: backends compared back to back
+                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn)
+                rows.append({"mode": mode, "attention": attn, "concurrency": n, **r, "baseline_tok_s": base,
+                             "peak_rss_mib": peak_rss_mib()})
+                print(f"| {mode} | {attn} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | "
+                      f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |",
+                      flush=True)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"model": model.name, "prompt_len": a.prompt_len, "gen_len": a.gen_len,

@@ -1,7 +1,7 @@
 """Workloads, scenarios and SLOs from `loadtest/workloads.yaml`, as typed dataclasses.
 
-A workload says what one request looks like (endpoint, prompt and output lengths,
-`ignore_eos`); a scenario mixes workloads under an arrival mode (closed-loop users or
+A workload says what one request looks like (endpoint, prompt and output lengths, a
+prefix shared by all its requests, `ignore_eos`); a scenario mixes workloads under an arrival mode (closed-loop users or
 open-loop Poisson arrivals) and a load shape (constant, steps, sweep).  The `Plan` is a
 scenario resolved against the server (model name, context window) and handed to the
 Locust process as JSON, so the locustfile never reads YAML or guesses.
@@ -39,6 +39,9 @@ class Workload:
     max_tokens: Range
     prompt_tokens: Range | str | None = None  # completions: token-id prompt length, or "context"
     prompts: tuple[str, ...] = ()  # chat: user messages to draw from
+    # a prefix every request of the workload starts with (the prefix cache's case): chat, a system
+    # message of about this many tokens; completions, exactly this many fixed token ids
+    system_prompt_tokens: int = 0
     ignore_eos: bool = False
     temperature: float = 1.0
     timeout_s: float = 300.0
@@ -55,20 +58,23 @@ class Workload:
         if (endpoint == "completions") != (pt is not None):
             raise ConfigError(f"workload {name}: completions workloads take prompt_tokens (exact lengths), "
                               "chat workloads take prompts")
+        spt = d.pop("system_prompt_tokens", 0)
+        if not (isinstance(spt, int) and not isinstance(spt, bool) and spt >= 0):
+            raise ConfigError(f"workload {name}: system_prompt_tokens: want a whole number ≥ 0, got {spt!r}")
         try:
-            return cls(name=name, endpoint=endpoint, prompt_tokens=pt,
+            return cls(name=name, endpoint=endpoint, prompt_tokens=pt, system_prompt_tokens=spt,
                        max_tokens=_range(d.pop("max_tokens", 128), f"workload {name}: max_tokens"),
                        prompts=tuple(d.pop("prompts", ())), **d)
         except TypeError as exc:
             raise ConfigError(f"workload {name}: {exc}") from None
 
     def resolve(self, context_len: int | None) -> "Workload":
-        """Turn prompt_tokens: context into a number, and refuse what cannot fit."""
+        """Turn prompt_tokens: context into a number (the shared prefix counted), and refuse what cannot fit."""
         if self.prompt_tokens != "context":
             return self
         if not context_len:
             raise ConfigError(f"workload {self.name}: prompt_tokens: context needs the server's max_model_len")
-        n = context_len - self.max_tokens[1] - CONTEXT_MARGIN
+        n = context_len - self.max_tokens[1] - CONTEXT_MARGIN - self.system_prompt_tokens
         if n < 1:
             raise ConfigError(f"workload {self.name}: max_tokens leaves no room for a prompt in {context_len}")
         return replace(self, prompt_tokens=(n, n))

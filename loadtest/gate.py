@@ -2,8 +2,10 @@
 
 Keys: `<ttft|itl|tpot|e2e>_<p50|p90|p99|mean|max>_ms` (an upper bound), `error_rate`
 (upper bound, a fraction), `goodput_min` (lower bound, good requests/s),
-`output_tokens_per_s_min` and `requests_per_s_min` (lower bounds).  A check with no
-data to judge (no successful request) fails: a gate must not pass on nothing.
+`output_tokens_per_s_min` and `requests_per_s_min` (lower bounds), `prefix_hit_ratio_min`
+(lower bound on the server's prefix-cache hits ÷ queries over the run, from the
+reconciliation).  A check with no data to judge (no successful request, no prefix-cache
+counters on the server) fails: a gate must not pass on nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from loadtest.stats import Summary
 _LATENCY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p99|mean|max)_ms$")
 _MINIMA = {"goodput_min": "goodput_per_s", "output_tokens_per_s_min": "output_tokens_per_s",
            "requests_per_s_min": "requests_per_s"}
+PREFIX_HIT_RATIO_MIN = "prefix_hit_ratio_min"  # judged on the reconciliation, not the Summary
 
 
 @dataclass
@@ -35,14 +38,16 @@ class Check:
 def check_keys(slo: dict[str, float]) -> None:
     """ConfigError for an unknown key: caught before a run, not after it."""
     for key in slo:
-        if not (_LATENCY.match(key) or key == "error_rate" or key in _MINIMA):
+        if not (_LATENCY.match(key) or key in ("error_rate", PREFIX_HIT_RATIO_MIN) or key in _MINIMA):
             raise ConfigError(f"unknown SLO {key!r}: use <ttft|itl|tpot|e2e>_<p50|p90|p99|mean|max>_ms, "
-                              f"error_rate, {', '.join(_MINIMA)}")
+                              f"error_rate, {', '.join(_MINIMA)}, {PREFIX_HIT_RATIO_MIN}")
 
 
-def actual_value(summary: Summary, key: str) -> tuple[str, float | None]:
-    """(comparison, the summary's value) for a threshold key."""
+def actual_value(summary: Summary, key: str, prefix_hit_ratio: float | None = None) -> tuple[str, float | None]:
+    """(comparison, the run's value) for a threshold key."""
     check_keys({key: 0.0})
+    if key == PREFIX_HIT_RATIO_MIN:
+        return ">=", prefix_hit_ratio
     if m := _LATENCY.match(key):
         return "<=", getattr(getattr(summary.latency, f"{m[1]}_ms"), m[2])
     if not summary.requests:
@@ -52,10 +57,11 @@ def actual_value(summary: Summary, key: str) -> tuple[str, float | None]:
     return ">=", getattr(summary, _MINIMA[key])
 
 
-def evaluate(summary: Summary, slo: dict[str, float]) -> list[Check]:
+def evaluate(summary: Summary, slo: dict[str, float], prefix_hit_ratio: float | None = None) -> list[Check]:
+    """One check per threshold; `prefix_hit_ratio` is the reconciliation's (None: not known)."""
     checks = []
     for key, threshold in sorted(slo.items()):
-        op, actual = actual_value(summary, key)
+        op, actual = actual_value(summary, key, prefix_hit_ratio)
         ok = actual is not None and (actual <= threshold if op == "<=" else actual >= threshold)
         checks.append(Check(key, op, float(threshold), actual, ok))
     return checks

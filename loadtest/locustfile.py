@@ -3,12 +3,15 @@
 Locust's own timing of a streamed response stops at the headers, so these users use a
 plain `requests` session (no automatic Locust event), read the SSE stream themselves
 and fire one custom event per measurement, under request types TTFT, ITL (one per
-gap), TPOT, E2E (failures carry their reason) and TOKENS (response_time = output
-tokens), named after the workload.  Every request is also appended to
-`records.jsonl` for exact percentiles.  Arrival modes: `ClosedLoopUser` (N users, one
-request at a time each) and `PoissonArrivals` (one user spawning requests at
-exponential intervals: open loop).  `StageShape` holds each load level for
-`stage_seconds`.
+gap), TPOT, E2E (failures carry their reason), TOKENS (response_time = output
+tokens) and CACHED (response_time = prompt tokens the server's prefix cache served,
+from `usage.prompt_tokens_details.cached_tokens`; only when the server reports it),
+named after the workload.  Every request asks for the usage chunk
+(`stream_options.include_usage`, set by `build_request`) and is appended to
+`records.jsonl` (token counts and cached tokens included) for exact percentiles.
+Arrival modes: `ClosedLoopUser` (N users, one request at a time each) and
+`PoissonArrivals` (one user spawning requests at exponential intervals: open loop).
+`StageShape` holds each load level for `stage_seconds`.
 """
 
 from __future__ import annotations
@@ -135,6 +138,8 @@ def report(env: Environment, rec: RequestRecord) -> None:
         for gap in rec.itl:
             _fire(env, "ITL", rec, gap * 1000)
         _fire(env, "TOKENS", rec, n, length=n)
+        if rec.cached_tokens is not None:
+            _fire(env, "CACHED", rec, rec.cached_tokens, length=rec.cached_tokens)
     _records.write(rec.to_json() + "\n")
 
 

@@ -5,7 +5,10 @@ ended once on the server); token counts must match the usage chunks; the server'
 (handler entry → first token in the TokenizerManager) is never above the client's
 (request sent → first text chunk), so at every histogram bucket bound the server's
 cumulative count is at least the client's.  Server percentiles are estimated from
-bucket deltas the way PromQL's `histogram_quantile` does.
+bucket deltas the way PromQL's `histogram_quantile` does.  With a prefix cache on the
+server, the `cached_tokens` of the usage chunks must add up to exactly the increase of
+`sightline_prefix_cache_hits_tokens_total`, and hits ÷ queries over the run is the hit
+ratio; a server without that counter skips the check with a note.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ PROMPT = "sightline_prompt_tokens_total"
 GENERATION = "sightline_generation_tokens_total"
 TTFT = "sightline_time_to_first_token_seconds"
 IN_FLIGHT = "sightline_requests_in_flight"
+PREFIX_HITS = "sightline_prefix_cache_hits_tokens_total"
+PREFIX_QUERIES = "sightline_prefix_cache_queries_tokens_total"
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -122,10 +127,17 @@ class Reconciliation:
     server_ttft_count: int = 0
     ttft_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)  # p50/p90/p99: client, server
     server_ttft_le_client: bool = False  # at every bucket bound, server cumulative count ≥ client's
+    prefix_cache_available: bool = False  # the server exposes sightline_prefix_cache_hits_tokens_total
+    client_cached_tokens: int = 0  # Σ usage.prompt_tokens_details.cached_tokens of successful requests
+    server_prefix_hits_tokens: int = 0  # increase of sightline_prefix_cache_hits_tokens_total
+    server_prefix_queries_tokens: int = 0  # increase of sightline_prefix_cache_queries_tokens_total
+    cached_tokens_match: bool = False
+    prefix_hit_ratio: float | None = None  # server hits ÷ queries over the run; None without queries
 
     @property
     def ok(self) -> bool:
-        tokens = self.tokens_match or not self.tokens_comparable
+        cached = self.cached_tokens_match or not self.prefix_cache_available
+        tokens = (self.tokens_match and cached) or not self.tokens_comparable
         return self.available and self.counts_match and tokens and self.server_ttft_le_client
 
 
@@ -156,8 +168,13 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
     # a request refused with an HTTP error has no tokens on either side; one that failed mid-stream
     # has tokens the server counted and the client never got a usage chunk for
     rec.tokens_comparable = all(r.ok or (r.error or "").startswith("http ") for r in recs)
+    notes = []
     if not rec.tokens_comparable:
-        rec.note = "requests failed mid-stream (no usage chunk): token counts are shown, not compared"
+        notes.append("requests failed mid-stream (no usage chunk): token counts are shown, not compared")
+    prefix_cache(rec, ok, after, d, model)
+    if not rec.prefix_cache_available:
+        notes.append(f"the server has no {PREFIX_HITS}: cached tokens are not compared")
+    rec.note = "; ".join(notes)
     buckets = {float(le): v for le, v in d.by(TTFT + "_bucket", "le", model_name=model).items()}
     client_ttft = sorted(r.ttft for r in recs if r.ttft is not None and r.ok)
     rec.client_ttft_count, rec.server_ttft_count = len(client_ttft), int(d.total(TTFT + "_count", model_name=model))
@@ -167,3 +184,16 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
     rec.server_ttft_le_client = bool(buckets) and all(
         buckets[b] >= sum(t <= b for t in client_ttft) for b in buckets if b != float("inf"))
     return rec
+
+
+def prefix_cache(rec: Reconciliation, ok: list[RequestRecord], after: Scrape, delta: Scrape, model: str) -> None:
+    """Cached tokens of the usage chunks vs the server's prefix-cache hits, and the hit ratio."""
+    rec.prefix_cache_available = any(n == PREFIX_HITS for n, _ in after.samples)
+    rec.client_cached_tokens = sum(r.cached_tokens or 0 for r in ok)
+    if not rec.prefix_cache_available:
+        return
+    rec.server_prefix_hits_tokens = int(delta.total(PREFIX_HITS, model_name=model))
+    rec.server_prefix_queries_tokens = int(delta.total(PREFIX_QUERIES, model_name=model))
+    rec.cached_tokens_match = rec.client_cached_tokens == rec.server_prefix_hits_tokens
+    if rec.server_prefix_queries_tokens > 0:
+        rec.prefix_hit_ratio = rec.server_prefix_hits_tokens / rec.server_prefix_queries_tokens

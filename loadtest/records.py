@@ -29,6 +29,9 @@ class RequestRecord:
     chunk_times: list[float] = field(default_factory=list)  # offsets of every text chunk, seconds
     prompt_tokens: int | None = None  # from the usage chunk (stream_options.include_usage)
     completion_tokens: int | None = None
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served;
+    # None when the usage chunk had no such field (a server without a prefix cache)
+    cached_tokens: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -50,6 +50,13 @@ def reconciliation_lines(r: Reconciliation) -> list[str]:
              f"  {'match' if r.tokens_match else 'DIFFER' if r.tokens_comparable else '(not compared)'}",
              f"  TTFT observations: {r.client_ttft_count} | {r.server_ttft_count}; server ≤ client at every bucket: "
              f"{r.server_ttft_le_client}"]
+    if r.prefix_cache_available:
+        verdict = "match" if r.cached_tokens_match else "DIFFER" if r.tokens_comparable else "(not compared)"
+        ratio = "—" if r.prefix_hit_ratio is None else f"{r.prefix_hit_ratio:.1%}"
+        lines += [f"  cached tokens (usage | prefix-cache hits): {r.client_cached_tokens} | "
+                  f"{r.server_prefix_hits_tokens}  {verdict}",
+                  f"  prefix cache hit ratio: {ratio} ({r.server_prefix_hits_tokens} of "
+                  f"{r.server_prefix_queries_tokens} prompt tokens admitted)"]
     for q, v in r.ttft_ms.items():
         lines.append(f"  TTFT {q} ms: {_ms(v['client'])} | {_ms(v['server_estimate'])} (bucket estimate)")
     if r.note:

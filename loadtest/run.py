@@ -72,7 +72,7 @@ def analyse(out: Path, plan: Plan, slo: dict[str, float], require_reconcile: boo
     summary = summarize(recs, plan.scenario.goodput, plan.scenario.shape.stage_seconds)
     rec = reconcile(recs, before, after, plan.model, {q: getattr(summary.latency.ttft_ms, q)
                                                       for q in ("p50", "p90", "p99")})
-    checks = evaluate(summary, slo)
+    checks = evaluate(summary, slo, prefix_hit_ratio=rec.prefix_hit_ratio)
     if require_reconcile:
         checks.append(Check("reconciliation", "==", 1.0, float(rec.ok), rec.ok))
     if not recs:

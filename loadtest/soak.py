@@ -4,10 +4,13 @@
 
 Closed-loop load (`--users` clients, random prompt and output lengths, 10 % of clients
 disconnecting mid-stream) while every `--interval` seconds a line shows each process's
-RSS, KV slots in use, in-flight requests and the request/stale-drop counters from
+RSS, KV slots held by requests (used minus the prefix cache's, which stay when idle),
+the prefix cache's slots, in-flight requests and the request/stale-drop counters from
 `/metrics`.  At the end: RSS growth of every process from the first sample after
-warm-up to the last; exit 1 if any grew more than `--max-growth` (10 %) or a
-request failed with a 5xx.
+warm-up to the last; exit 1 if any grew more than `--max-growth` (10 %), a request
+failed with a 5xx, or the server did not return to idle within 15 s of the load
+stopping (idle: nothing in flight, used = the prefix cache's slots, reserved = 0; else
+KV slots leak).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ WORDS = "the quick brown fox jumps over a lazy dog while sightline watches every
 
 
 def read_metrics(text: str) -> dict:
-    out: dict = {"rss": {}, "requests": 0.0, "drops": 0.0, "kv_used": 0.0, "in_flight": 0.0, "errors": 0.0}
+    out: dict = {"rss": {}, "requests": 0.0, "drops": 0.0, "kv_used": 0.0, "kv_cached": 0.0, "kv_reserved": 0.0,
+                 "in_flight": 0.0, "errors": 0.0}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == "sightline_process_resident_memory_bytes":
@@ -43,8 +47,13 @@ def read_metrics(text: str) -> dict:
                 out["drops"] += s.value
             elif s.name == "sightline_kv_slots_used":
                 out["kv_used"] = s.value
+            elif s.name == "sightline_prefix_cache_tokens":
+                out["kv_cached"] = s.value
+            elif s.name == "sightline_kv_slots_reserved":
+                out["kv_reserved"] = s.value
             elif s.name == "sightline_requests_in_flight":
                 out["in_flight"] = s.value
+    out["kv_requests"] = out["kv_used"] - out["kv_cached"]  # the leak signal: 0 whenever nothing runs
     return out
 
 
@@ -61,7 +70,7 @@ async def user(client: httpx.AsyncClient, rng: random.Random, stop: asyncio.Even
             pass
 
 
-async def soak(url: str, minutes: float, users: int, interval: float, warmup: float) -> list[dict]:
+async def soak(url: str, minutes: float, users: int, interval: float, warmup: float) -> tuple[list[dict], dict]:
     stop = asyncio.Event()
     samples: list[dict] = []
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=users + 4)) as c:
@@ -73,12 +82,26 @@ async def soak(url: str, minutes: float, users: int, interval: float, warmup: fl
             m["t"] = time.monotonic() - t0
             samples.append(m)
             rss = " ".join(f"{k}={v / 2**20:.0f}MiB" for k, v in sorted(m["rss"].items()))
-            print(f"[{m['t'] / 60:5.1f} min] RSS {rss} | KV used {m['kv_used']:.0f} | in flight {m['in_flight']:.0f}"
+            print(f"[{m['t'] / 60:5.1f} min] RSS {rss} | KV held by requests {m['kv_requests']:.0f}, prefix cache "
+                  f"{m['kv_cached']:.0f} | in flight {m['in_flight']:.0f}"
                   f" | requests {m['requests']:.0f} (5xx {m['errors']:.0f}) | stale drops {m['drops']:.0f}",
                   flush=True)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return [s for s in samples if s["t"] >= warmup * 60] or samples[-1:]
+        idle = await settled(c)
+    print(f"idle: KV held by requests {idle['kv_requests']:.0f}, reserved {idle['kv_reserved']:.0f}, prefix cache "
+          f"{idle['kv_cached']:.0f}, in flight {idle['in_flight']:.0f}")
+    return [s for s in samples if s["t"] >= warmup * 60] or samples[-1:], idle
+
+
+async def settled(c: httpx.AsyncClient, timeout: float = 15.0) -> dict:
+    """/metrics once nothing is in flight and requests hold no KV (or as it is after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = read_metrics((await c.get("/metrics")).text)
+        if time.monotonic() > deadline or (m["in_flight"] == 0 and m["kv_requests"] == 0 and m["kv_reserved"] == 0):
+            return m
+        await asyncio.sleep(0.5)
 
 
 def main() -> int:
@@ -95,7 +118,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         server = None if a.url else LocalServer(a.model, a.port, Path(tmp) / "server.log", ["--log-level", "warning"])
         try:
-            kept = asyncio.run(soak(a.url or server.url, a.minutes, a.users, a.interval, a.warmup))
+            kept, idle = asyncio.run(soak(a.url or server.url, a.minutes, a.users, a.interval, a.warmup))
         finally:
             if server is not None:
                 server.stop(60)
@@ -105,9 +128,11 @@ def main() -> int:
         growth = rss / first["rss"].get(role, rss) - 1
         worst = max(worst, growth)
         print(f"RSS {role}: {first['rss'].get(role, rss) / 2**20:.0f} → {rss / 2**20:.0f} MiB ({100 * growth:+.1f} %)")
-    ok = worst <= a.max_growth and last["errors"] == 0
+    leaked = idle["in_flight"] != 0 or idle["kv_requests"] != 0 or idle["kv_reserved"] != 0
+    ok = worst <= a.max_growth and last["errors"] == 0 and not leaked
     print(f"soak {'passed' if ok else 'FAILED'}: worst RSS growth after warm-up {100 * worst:+.1f} % "
-          f"(limit {100 * a.max_growth:.0f} %), 5xx {last['errors']:.0f}")
+          f"(limit {100 * a.max_growth:.0f} %), 5xx {last['errors']:.0f}, KV slots held when idle "
+          f"{idle['kv_requests']:.0f} (reserved {idle['kv_reserved']:.0f})")
     return 0 if ok else 1
 
 

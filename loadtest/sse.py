@@ -4,8 +4,8 @@
 (even inside a UTF-8 character or between `\\r` and `\\n`), so lines are cut on bytes
 and decoded only when whole.  `StreamReader` turns the events of one response into a
 `RequestRecord`: TTFT at the first chunk that carries text (the chat role chunk carries
-none and comes before any token), one chunk time per text chunk, usage, finish reason,
-and why it failed (error event, invalid JSON, no `[DONE]`).
+none and comes before any token), one chunk time per text chunk, usage (with
+`prompt_tokens_details.cached_tokens`), finish reason, and why it failed (error event, invalid JSON, no `[DONE]`).
 """
 
 from __future__ import annotations
@@ -107,8 +107,10 @@ class StreamReader:
             self._fail(f"error event: {err.get('code') or kind}", "error" if self.rec.status == 500 else "abort")
             return
         if obj.get("usage"):
-            self.rec.prompt_tokens = obj["usage"].get("prompt_tokens")
-            self.rec.completion_tokens = obj["usage"].get("completion_tokens")
+            usage = obj["usage"]
+            self.rec.prompt_tokens = usage.get("prompt_tokens")
+            self.rec.completion_tokens = usage.get("completion_tokens")
+            self.rec.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         for choice in obj.get("choices") or ():
             text = (choice.get("delta") or {}).get("content") if "delta" in choice else choice.get("text")
             finish = choice.get("finish_reason")

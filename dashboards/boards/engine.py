@@ -6,11 +6,13 @@ from dashboards import promql as q
 from dashboards.panels import Board, stat_panel, timeseries_panel
 
 KV = ("used", "reserved", "capacity")
+PREFIX_HIT_RATIO = q.counter_ratio("sightline_prefix_cache_hits_tokens_total",
+                                   "sightline_prefix_cache_queries_tokens_total")
 
 
 def board() -> Board:
     b = Board("sightline-engine", "Sightline / Engine",
-              "Batch size, step time, KV slots, chunked prefill and throughput of the Scheduler.")
+              "Batch size, step time, KV slots, prefix cache, chunked prefill and throughput of the Scheduler.")
     b.row(
         "Batching",
         timeseries_panel("Batch size", "Requests in the latest engine step (decode and prefill chunks together).",
@@ -32,12 +34,29 @@ def board() -> Board:
     )
     b.row(
         "KV cache",
-        timeseries_panel("KV slots", "Token slots in the KV pool: holding keys/values (used), promised to running "
-                         "requests (reserved), and the pool size (capacity).", "short",
-                         [(q.gauge(f"sightline_kv_slots_{k}"), k) for k in KV]),
+        timeseries_panel("KV slots", "Token slots in the KV pool: holding keys/values (used, the prefix cache's "
+                         "included), promised to running requests (reserved), the pool size (capacity), and the "
+                         "slots the prefix cache holds. Idle, used equals the prefix cache and reserved is 0; used "
+                         "above the prefix cache with nothing running is a leak.", "short",
+                         [*((q.gauge(f"sightline_kv_slots_{k}"), k) for k in KV),
+                          (q.gauge("sightline_prefix_cache_tokens"), "prefix cache")]),
         timeseries_panel("KV usage ratio", "Reserved ÷ total slots. Admission stops when a request's prompt + "
                          "max_new_tokens no longer fits.", "percentunit",
                          [(q.gauge("sightline_kv_usage_ratio", agg="max"), "reserved ratio")], max_value=1),
+    )
+    b.row(
+        "Prefix cache",
+        timeseries_panel("Prefix cache hit ratio", "Prompt tokens reused from the prefix cache ÷ prompt tokens of "
+                         "the requests admitted (vLLM's hits ÷ queries): the share of prefill the cache saved. No "
+                         "data without admissions; 0 with --disable-prefix-cache.", "percentunit",
+                         [(PREFIX_HIT_RATIO, "hit ratio")], max_value=1),
+        timeseries_panel("Prefix cache size and evictions", "KV slots the prefix cache holds (left; part of KV "
+                         "used) and cached slots evicted per second to make room (right, least recently used "
+                         "first). Steady evictions with a falling hit ratio: the pool is too small for the prefixes "
+                         "in use. A drop to 0 without evictions is a POST /flush_cache.", "short",
+                         [(q.gauge("sightline_prefix_cache_tokens"), "cached tokens"),
+                          (q.rate("sightline_prefix_cache_evicted_tokens_total"), "evicted tokens/s")],
+                         right={"B": "suffix: tokens/s"}),
     )
     b.row(
         "Prefill and throughput",

@@ -1,15 +1,15 @@
 """Troubleshooting: one panel per row of the TokenizerManager cheat sheet.
 
 The first row follows the troubleshooting table of SGLang's TokenizerManager (symptoms of
-lost, slow or stale outputs), the
-second from the reliability machinery (watchdog restarts, load shedding, deadlines):
-each panel's title is the question a symptom raises and its description says how to
-read the answer.
+lost, slow or stale outputs), the second the reliability machinery (watchdog restarts,
+load shedding, deadlines), the third the prefix cache: each panel's title is the question
+a symptom raises and its description says how to read the answer.
 """
 
 from __future__ import annotations
 
 from dashboards import promql as q
+from dashboards.boards.engine import PREFIX_HIT_RATIO
 from dashboards.panels import Board, timeseries_panel
 
 GENERATE = 'route=~"/v1/completions|/v1/chat/completions|/generate"'
@@ -98,5 +98,20 @@ def board() -> Board:
              (q.quantile(0.99, "sightline_request_queue_time_seconds"), "queue time p99"),
              (q.quantile(0.99, "sightline_time_to_first_token_seconds"), "TTFT p99")],
             right={"B": "s", "C": "s"}),
+    )
+    b.row(
+        "Prefix cache",
+        timeseries_panel(
+            "TTFT jumped: did the prefix-cache hit ratio drop?",
+            "TTFT p50 and p99 (left) next to the prefix-cache hit ratio (right: prompt tokens reused ÷ prompt "
+            "tokens admitted). TTFT up as the ratio falls: requests prefill more of their prompts — the shared "
+            "prefix changed (a new system prompt or chat template), traffic moved to prompts that share less, the "
+            "cache was flushed, or it is evicted before reuse (Engine → Prefix cache size and evictions). TTFT up "
+            "with a steady ratio: the cause is elsewhere — queue time, longer prompts (Request latency "
+            "breakdown).", "s",
+            [(q.quantile(0.5, "sightline_time_to_first_token_seconds"), "TTFT p50"),
+             (q.quantile(0.99, "sightline_time_to_first_token_seconds"), "TTFT p99"),
+             (PREFIX_HIT_RATIO, "prefix-cache hit ratio")],
+            width=24, right={"C": "percentunit"}),
     )
     return b

@@ -125,13 +125,36 @@ def test_slo_and_troubleshooting_boards():
     for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
         assert f"sightline_slo_errors:ratio_rate{window}{{" in slo_text, window
     trouble = lint.panels(boards()["sightline-troubleshooting"])
-    assert len(trouble) == 10 and all(p["title"].endswith("?") for p in trouble)
+    assert len(trouble) == 11 and all(p["title"].endswith("?") for p in trouble)
     text = "\n".join(exprs(boards()["sightline-troubleshooting"]))
     for needle in ("sum by (role, cause) (increase(sightline_engine_failures_total",
                    "increase(sightline_engine_restarts_total", "sum by (reason) (rate(sightline_requests_shed_total",
                    'status!="200"}', 'sightline_request_aborts_total{job=~"$job", instance=~"$instance", '
                    'model_name=~"$model_name", reason="timeout"}'):
         assert needle in text, needle
+
+
+HIT_RATIO = ('sum(rate(sightline_prefix_cache_hits_tokens_total{job=~"$job", instance=~"$instance", '
+             'model_name=~"$model_name"}[$__rate_interval]))\n/\nsum(rate(sightline_prefix_cache_queries_tokens_total'
+             '{job=~"$job", instance=~"$instance", model_name=~"$model_name"}[$__rate_interval]))')
+
+
+def test_prefix_cache_panels():
+    engine = {p["title"]: p for p in lint.panels(boards()["sightline-engine"])}
+    ratio = engine["Prefix cache hit ratio"]
+    assert [t["expr"] for t in ratio["targets"]] == [HIT_RATIO]
+    assert ratio["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    size = "\n".join(t["expr"] for t in engine["Prefix cache size and evictions"]["targets"])
+    assert "sum(sightline_prefix_cache_tokens{" in size
+    assert "sum(rate(sightline_prefix_cache_evicted_tokens_total{" in size
+    assert any("sightline_prefix_cache_tokens{" in t["expr"] for t in engine["KV slots"]["targets"])
+    trouble = {p["title"]: p for p in lint.panels(boards()["sightline-troubleshooting"])}
+    targets = trouble["TTFT jumped: did the prefix-cache hit ratio drop?"]["targets"]
+    assert [t["legendFormat"] for t in targets] == ["TTFT p50", "TTFT p99", "prefix-cache hit ratio"]
+    assert targets[0]["expr"].startswith("histogram_quantile(0.5, sum by (le) (rate("
+                                         "sightline_time_to_first_token_seconds_bucket")
+    assert targets[1]["expr"].startswith("histogram_quantile(0.99, ")
+    assert targets[2]["expr"] == HIT_RATIO
 
 
 def test_every_metric_the_assets_use_is_in_the_catalogue():
