@@ -37,7 +37,7 @@ def build_batch(decodes: list[Work], extends: list[Work], pool: KVPool) -> Forwa
         return _build(decodes, extends, pool, slots)
     except BaseException:
         for s in slots:
-            pool.unextend(s)
+            pool.free(s)
         raise
 
 

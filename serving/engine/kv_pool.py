@@ -117,12 +117,9 @@ class KVPool:
         self.req_to_token[row, start : start + n] = t
         return t
 
-    def unextend(self, slots: torch.Tensor) -> None:
-        """Hand back slots `extend` gave out for positions a failed step never marked computed."""
-        self._free_slots.extend(slots.tolist())
-
     def free(self, slots: torch.Tensor) -> None:
-        """Return slots no one owns any more (a request's copies of positions the tree had)."""
+        """Return slots no one owns any more: those `extend` gave out for positions a failed step
+        never marked computed, or a request's copies of positions the prefix cache already had."""
         self._free_slots.extend(slots.tolist())
 
     def unreserve(self, n: int) -> None:

@@ -61,5 +61,5 @@ class ModelRunner:
             with torch.inference_mode():
                 yield self.model.forward(fb, self.pool.kv)
         except BaseException:
-            self.pool.unextend(fb.out_slots)
+            self.pool.free(fb.out_slots)
             raise
