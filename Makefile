@@ -48,7 +48,7 @@ test: setup
 	$(PY) -m pytest
 
 # Engine (every precision mode), HTTP pipeline, the peer servers (transformers serve, llama.cpp;
-# installed once into results/bench/peers/<name>/venv) and accuracy; JSON under results/bench/,
+# installed once into results/bench/peers/<name>/venv), tokenizer workers and engine ranks, and accuracy; JSON under results/bench/,
 # then one table of it all. make bench ARGS=--quick: fewer levels and tokens, no accuracy report
 # (a few minutes once the peers are installed); ARGS=--skip-peers: no peer servers.
 comma := ,
@@ -56,11 +56,13 @@ BENCH_QUICK := $(findstring --quick,$(ARGS))
 ENGINE_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32 --baseline-requests 1,--concurrency 1$(comma)16$(comma)64)
 HTTP_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32,--concurrency 1$(comma)16$(comma)64 --gen-len 64)
 PEERS_RUN := $(HTTP_RUN) $(findstring --skip-peers,$(ARGS))
+FRONTEND_RUN := $(if $(BENCH_QUICK),--repeats 1 --duration 5 --gen-len 16,)
 bench: setup
 	$(PY) loadtest/bench_engine.py --modes float32,bfloat16,int8 --json results/bench/engine.json $(ENGINE_RUN)
 	$(PY) loadtest/bench_http.py --json results/bench/http.json $(HTTP_RUN)
 	$(PY) loadtest/bench_http.py --skip-engine --server-arg=--quantization=int8 --json results/bench/http-int8.json $(HTTP_RUN)
 	$(PY) loadtest/bench_peers.py --json results/bench/peers.json $(PEERS_RUN)
+	$(PY) loadtest/bench_frontend.py --json results/bench/frontend.json $(FRONTEND_RUN)
 	$(if $(BENCH_QUICK),,$(PY) loadtest/bench_accuracy.py)
 	$(PY) loadtest/bench_table.py --dir results/bench
 

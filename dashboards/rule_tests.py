@@ -125,6 +125,7 @@ def symptom_tests(spec: Spec) -> dict:
     timeouts = float(sym["SightlineRequestTimeouts"]["threshold"])
     inst = {k: BASE[k] for k in ("job", "instance")}
     model = {**inst, "model_name": BASE["model_name"]}
+    rank0, rank1 = {**model, "dp_rank": "0"}, {**model, "dp_rank": "1"}  # engine gauges: one series per rank
     died = {**inst, "role": "detokenizer", "cause": "exited"}
     stalled = {**inst, "role": "scheduler", "cause": "stalled"}
     fails = "sightline_engine_failures_total"
@@ -140,12 +141,25 @@ def symptom_tests(spec: Spec) -> dict:
          10, []),
         ("SightlineEngineStalled", "busy and producing",
          [_s("sightline_requests_in_flight", "8x30"), _s("sightline_seconds_since_last_token", "0.05x30")], 10, []),
+        # several tokenizer workers: in flight is one series per worker; one alert, not one per worker
+        ("SightlineEngineStalled", "two workers, one holds requests, no token",
+         [_s("sightline_requests_in_flight", "0x30", worker="1"),
+          _s("sightline_requests_in_flight", "3x30", worker="2"),
+          _s("sightline_seconds_since_last_token", f"0+{stall}x30")], 10, [model]),
         ("SightlineQueueBacklogGrowing", "queue grows",
-         [_s("sightline_num_requests_waiting", "0+2x40")], 30, [model]),
+         [_s("sightline_num_requests_waiting", "0+2x40", dp_rank="0")], 30, [rank0]),
         ("SightlineQueueBacklogGrowing", "steady queue",
-         [_s("sightline_num_requests_waiting", "12x40")], 30, []),
-        ("SightlineKVCacheSaturated", "KV full", [_s("sightline_kv_usage_ratio", "0.99x20")], 15, [model]),
-        ("SightlineKVCacheSaturated", "KV half used", [_s("sightline_kv_usage_ratio", "0.5x20")], 15, []),
+         [_s("sightline_num_requests_waiting", "12x40", dp_rank="0")], 30, []),
+        ("SightlineQueueBacklogGrowing", "two ranks, one queue grows",
+         [_s("sightline_num_requests_waiting", "12x40", dp_rank="0"),
+          _s("sightline_num_requests_waiting", "0+2x40", dp_rank="1")], 30, [rank1]),
+        ("SightlineKVCacheSaturated", "KV full",
+         [_s("sightline_kv_usage_ratio", "0.99x20", dp_rank="0")], 15, [rank0]),
+        ("SightlineKVCacheSaturated", "KV half used",
+         [_s("sightline_kv_usage_ratio", "0.5x20", dp_rank="0")], 15, []),
+        ("SightlineKVCacheSaturated", "two ranks, one full",
+         [_s("sightline_kv_usage_ratio", "0.5x20", dp_rank="0"),
+          _s("sightline_kv_usage_ratio", "0.99x20", dp_rank="1")], 15, [rank1]),
         ("SightlineStaleDropSpike", "drops at 10x the threshold",
          [_s("sightline_stale_messages_dropped_total", f"0+{drop * 600:g}x30", component="tokenizer_manager",
              message_type="BatchStrOutput", reason="client_disconnect")],

@@ -97,7 +97,12 @@ def new_failures_expr(job: str, window: str) -> str:
 
 def symptom_alerts(spec: Spec) -> list[dict]:
     """Alerts on causes the SLOs only see later (down, stalled, backlog, KV, drops, bad frames) and
-    on the reliability machinery at work (engine restarts, load shedding, deadlines)."""
+    on the reliability machinery at work (engine restarts, load shedding, deadlines).
+
+    Engine gauges carry `dp_rank` (one series per Scheduler rank, also with one rank) and the
+    TokenizerManager's in-flight gauge a `worker` label with several tokenizer workers: the
+    backlog and KV alerts fire per rank, and the stall alert matches in-flight requests `on`
+    the labels both sides share, so it fires once whichever worker holds them."""
     job, key = f'job="{spec.job}"', "job, instance, model_name"
 
     def p(alert: str, field: str = "threshold") -> str:
@@ -123,12 +128,13 @@ def symptom_alerts(spec: Spec) -> list[dict]:
         ("SightlineQueueBacklogGrowing", "ticket",
          f"sightline_num_requests_waiting{{{job}}} > {p('SightlineQueueBacklogGrowing')}\nand\n"
          f"deriv(sightline_num_requests_waiting{{{job}}}[{backlog}]) > 0",
-         "{{ $labels.instance }}: the waiting queue keeps growing",
-         f"Requests wait in the Scheduler's queue and the queue has grown over the last {backlog}: arrivals "
-         "outpace the engine."),
+         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the waiting queue keeps growing",
+         f"Requests wait in the queue of Scheduler rank {{{{ $labels.dp_rank }}}} and the queue has grown over the "
+         f"last {backlog}: arrivals outpace the engine (per rank: with --dp-size > 1 each rank has its queue)."),
         ("SightlineKVCacheSaturated", "ticket", f"sightline_kv_usage_ratio{{{job}}} > {num(kv)}",
-         "{{ $labels.instance }}: KV cache nearly full",
-         f"More than {num(kv * 100)} % of KV slots are reserved; new requests wait for admission."),
+         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: KV cache nearly full",
+         f"More than {num(kv * 100)} % of the KV slots of Scheduler rank {{{{ $labels.dp_rank }}}} are reserved; "
+         "new requests sent to that rank wait for admission (each rank has its own KV pool)."),
         ("SightlineStaleDropSpike", "ticket",
          f"sum by (job, instance, component, reason) (\n  rate(sightline_stale_messages_dropped_total{{{job}}}"
          f"[{p('SightlineStaleDropSpike', 'window')}])\n) > {drops}",

@@ -9,11 +9,18 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
   timestamps that rid has gathered so far, so the main process can compute every
   per-request latency and every process can parent its spans, without side channels.
 
-Edges (one PUSH→PULL socket each):
-  TokenizerManager → Scheduler      TokenizedGenerateReqInput, AbortReq
-  Scheduler → Detokenizer           BatchTokenIDOutput
-  Detokenizer → TokenizerManager    BatchStrOutput, DetokenizerStats, Ready
-  Scheduler → TokenizerManager      SchedulerStats (heartbeat + gauges), Ready
+Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
+have their own receiving socket):
+  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq
+  Scheduler → Detokenizer               BatchTokenIDOutput
+  Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`)
+  Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
+                                        Ready, FlushCacheReqOutput
+With one worker the TokenizerManager owns the control socket.  With several, the main
+process (the hub: supervisor and telemetry owner) does, and speaks to each worker:
+  hub → worker       EngineStatus, FlushCacheReqOutput, SnapshotReq, HubReply
+  worker → hub       WorkerStats, HubQuery, Snapshot
+  hub → Scheduler, Detokenizer   WorkerGone (a worker died: drop its rids)
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class TokenizedGenerateReqInput(_Msg):
     sampling: SamplingParams
     detok: DetokParams
     meta: ReqMeta
+    worker: int = 0  # the tokenizer worker holding the rid's ReqState: its outputs go back there
 
 
 class FlushCacheReq(_Msg):
@@ -73,6 +81,7 @@ class FlushCacheReq(_Msg):
 
     id: str  # matches the reply
     force: bool = False
+    worker: int = 0  # who asked: the reply goes back there
 
 
 class AbortReq(_Msg):
@@ -96,6 +105,7 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     completion_tokens: int = 0  # generated so far, these included
     detok: DetokParams | None = None  # only on the rid's first output
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
+    worker: int = 0  # the tokenizer worker the Detokenizer sends it to
 
 
 class BatchTokenIDOutput(_Msg):
@@ -116,6 +126,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int = 0
     completion_tokens: int = 0
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
+    worker: int = 0  # the tokenizer worker it goes to
 
 
 class BatchStrOutput(_Msg):
@@ -166,9 +177,10 @@ class PhaseHistogram(msgspec.Struct, array_like=True):
     sum: float
 
 
-class SchedulerStats(_Msg):
+class SchedulerStats(_Msg, kw_only=True):
     """Gauges after a step, or a heartbeat when idle; counters are cumulative."""
 
+    dp_rank: int = 0  # which data-parallel Scheduler rank
     num_running: int
     num_waiting: int
     kv_used: int  # token slots holding K/V (the prefix cache's included)
@@ -204,13 +216,16 @@ class FlushCacheReqOutput(_Msg):
     success: bool
     message: str = ""
     flushed_tokens: int = 0  # KV slots the flush freed
+    worker: int = 0  # the FlushCacheReq's
+    dp_rank: int = 0
 
 
-class Ready(_Msg):
+class Ready(_Msg, kw_only=True):
     """A child process is up; the Scheduler also says what the TM must validate against."""
 
     role: str  # scheduler | detokenizer
     pid: int
+    dp_rank: int = 0  # the Scheduler's data-parallel rank
     model_name: str = ""
     context_len: int = 0
     vocab_size: int = 0
@@ -219,7 +234,90 @@ class Ready(_Msg):
     kv_total: int = 0
 
 
+# -- the hub and its tokenizer workers ----------------------------------------------------
+class WorkerGone(_Msg):
+    """Hub → every Scheduler rank and the Detokenizer: this worker died; free its rids, quietly."""
+
+    worker: int
+
+
+class EngineStatus(_Msg):
+    """Hub → worker, on every change and each heartbeat: what the worker validates and answers /health with."""
+
+    generation: int  # bumped at each engine failure: a worker seeing a new one ends its in-flight requests
+    ready: list[Ready] = []  # every child's Ready once all are ready, else empty
+    unavailable: str | None = None  # why the engine cannot take requests (starting, failed, down...)
+    failure: str | None = None  # with a new generation: the failure that ended the in-flight requests
+    throughput: float = 0.0  # tokens/s over all ranks (admission's drain-rate estimate)
+    last_token_at: int | None = None  # monotonic ns, the latest over all ranks
+
+
+class WorkerStats(_Msg):
+    """Worker → hub, each heartbeat: what the watchdog and /debug/state need from it."""
+
+    worker: int
+    pid: int
+    in_flight: int
+    oldest_arrival: int | None = None
+    stale_drops: list[DropCount] = []  # the TokenizerManager's, cumulative
+    undecodable: int = 0
+    handling_errors: int = 0
+
+
+class Exemplar(msgspec.Struct, array_like=True):
+    labels: dict[str, str]
+    value: float
+    timestamp: float | None = None
+
+
+class MetricSample(msgspec.Struct, array_like=True):
+    name: str
+    labels: dict[str, str]
+    value: float
+    exemplar: Exemplar | None = None
+
+
+class MetricFamily(msgspec.Struct, array_like=True):
+    """One family of a worker's registry, as `prometheus_client` collects it."""
+
+    name: str
+    type: str  # counter | gauge | histogram | ...
+    help: str
+    samples: list[MetricSample]
+
+
+class SnapshotReq(_Msg):
+    """Hub → worker: send your metrics (`kind` metrics) or the timeline entry of rid `arg` (`kind` request)."""
+
+    id: str
+    kind: str
+    arg: str = ""
+
+
+class Snapshot(_Msg):
+    id: str
+    worker: int
+    families: list[MetricFamily] = []
+    entry: bytes = b""  # JSON of a timeline entry; empty when the worker does not hold it
+
+
+class HubQuery(_Msg):
+    """Worker → hub: an answer only the hub can give, over every worker (metrics, debug_state, request)."""
+
+    id: str
+    worker: int
+    kind: str
+    arg: str = ""
+
+
+class HubReply(_Msg):
+    id: str
+    status: int = 200
+    body: bytes = b""  # JSON, or the metrics exposition in the format `arg` asked for
+
+
 Message = Union[
     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, BatchTokenIDOutput, BatchStrOutput,
-    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready,
+    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
+    SnapshotReq, Snapshot, HubQuery, HubReply,
 ]

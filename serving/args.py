@@ -33,11 +33,13 @@ class ServerArgs:
     max_step_tokens: int = _opt(128, "While requests decode, a step feeds at most this many tokens (one per decoding request plus prefill chunks), so a long prompt cannot stall their inter-token latency (Sarathi-style stall-free batching).")
     min_prefill_chunk: int = _opt(32, "Prompt tokens a step prefills at least (when prompts wait), however many requests decode, so prefill keeps progressing.")
     disable_prefix_cache: bool = _opt(False, "Turn off the prefix (radix) cache, which keeps finished requests' K/V in free KV slots so that prompts starting with the same tokens skip computing them.")
-    num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass (default: all CPU cores).")
+    num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass, per Scheduler rank (default: the CPU cores divided by --dp-size).")
     thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: 'passive' (sleep: the cores stay free for the HTTP front end and the Detokenizer) or 'active' (spin: lowest latency on cores nothing else uses). Sets OMP_WAIT_POLICY in the Scheduler process.")
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a short matmul measurement at start-up finds faster on this CPU; logged).")
     quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
     attention_backend: str = _opt("auto", "Decode attention: 'native' (a C++ kernel compiled with g++ on first use and cached, reading each request's K/V slots in place), 'sdpa' (torch's scaled_dot_product_attention over a padded copy), or 'auto' (native when it builds here, else sdpa; logged).")
+    dp_size: int = _opt(1, "Data-parallel Scheduler ranks: N engine processes, each with its own model copy, KV pool and --num-threads (default: the cores split between them); each request goes to the rank with the fewest in-flight tokens (or, among nearly as idle ones, the rank its prompt's first tokens hash to, so a shared prefix finds its cache).", aliases=("--dp",))
+    tokenizer_worker_num: int = _opt(1, "Front-end worker processes, each an HTTP server and TokenizerManager on the same port (SO_REUSEPORT); with more than one, the main process supervises them and owns the metrics every worker answers /metrics with.")
     random_seed: int = _opt(0, "Seeds the generators of requests that give no seed of their own.")
     # -- server -------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address the HTTP server listens on.")
@@ -91,6 +93,10 @@ class ServerArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("--context-length must be >= 2")
+        if not 1 <= self.dp_size <= 64 or not 1 <= self.tokenizer_worker_num <= 64:
+            raise ValueError("--dp-size and --tokenizer-worker-num must be in [1, 64]")
+        if self.tokenizer_worker_num > 1 and self.port == 0:
+            raise ValueError("--tokenizer-worker-num > 1 needs a fixed --port (the workers share it)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be >= 1")
         if self.thread_wait_policy not in ("passive", "active"):
@@ -154,20 +160,20 @@ class ServerArgs:
 
     @property
     def threads(self) -> int:
-        return self.num_threads or os.cpu_count() or 1
+        return self.num_threads or max(1, (os.cpu_count() or 1) // self.dp_size)
 
     # -- CLI ------------------------------------------------------------------
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         hints = get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
+            flags = ["--" + f.name.replace("_", "-"), *f.metadata.get("aliases", ())]
             typ = hints[f.name]
             base = next((t for t in getattr(typ, "__args__", (typ,)) if t is not type(None)), str)
             if base is bool:
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+                parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
             else:
-                parser.add_argument(flag, type=base, default=f.default, help=f.metadata["help"] + f" [default: {f.default}]")
+                parser.add_argument(*flags, dest=f.name, type=base, default=f.default, help=f.metadata["help"] + f" [default: {f.default}]")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "ServerArgs":

@@ -28,22 +28,50 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Endpoints:
-    """The four edges; each value is an `ipc://` address."""
+    """Every socket's `ipc://` address, by role: one per receiver, which binds it.
+
+    Names with one worker and one rank: `scheduler`, `detokenizer`, `tm-detok` (outputs to
+    the TokenizerManager), `tm-sched` (control: the children's Ready and stats).  Scheduler
+    rank r > 0 listens on `scheduler-{r}`, tokenizer worker w > 0 on `worker-{w}`; with
+    several workers the hub owns `tm-sched`.
+    """
 
     runtime_dir: str
-    scheduler_in: str  # TM → Scheduler
-    detokenizer_in: str  # Scheduler → Detokenizer
-    tm_from_detokenizer: str  # Detokenizer → TM
-    tm_from_scheduler: str  # Scheduler → TM
 
     @classmethod
     def create(cls, parent: str | None = None) -> "Endpoints":
         d = tempfile.mkdtemp(prefix="sightline-", dir=parent)  # mkdtemp: mode 0700
         os.chmod(d, 0o700)
-        return cls(d, *(f"ipc://{d}/{name}" for name in ("scheduler", "detokenizer", "tm-detok", "tm-sched")))
+        return cls(d)
+
+    def _at(self, name: str) -> str:
+        return f"ipc://{self.runtime_dir}/{name}"
+
+    def scheduler_in(self, dp_rank: int = 0) -> str:
+        """TokenizerManager (and hub) → Scheduler rank `dp_rank`."""
+        return self._at("scheduler" if dp_rank == 0 else f"scheduler-{dp_rank}")
+
+    @property
+    def detokenizer_in(self) -> str:
+        """Scheduler ranks (and hub) → Detokenizer."""
+        return self._at("detokenizer")
+
+    def worker_in(self, worker: int = 0) -> str:
+        """Detokenizer (and hub) → tokenizer worker `worker`."""
+        return self._at("tm-detok" if worker == 0 else f"worker-{worker}")
+
+    @property
+    def control(self) -> str:
+        """Children (and workers) → whoever supervises: the TokenizerManager, or the hub."""
+        return self._at("tm-sched")
 
     def cleanup(self) -> None:
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+def scheduler_role(dp_rank: int, dp_size: int) -> str:
+    """A Scheduler rank's process role: `scheduler` with one rank; `scheduler_dp0`, `scheduler_dp1`... with several."""
+    return "scheduler" if dp_size == 1 else f"scheduler_dp{dp_rank}"
 
 
 def bind(sock: zmq.Socket, endpoint: str) -> None:

@@ -17,7 +17,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 
 from protocol.io_struct import ReqMeta
-from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, set_error, traceparent_of
+from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, traceparent_of
 
 
 class EngineTimes(Protocol):
@@ -105,11 +105,9 @@ class SchedulerSpans:
         if t.first_token is not None and t.finished is not None:
             n = len(req.output_ids)
             mean_itl = (t.token_times[-1] - t.first_token) / 1e9 / (n - 1) if n > 1 else 0.0
-            span = self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
+            self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
                 **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
-                "gen_ai.response.finish_reasons": [reason]})
-            if span is not None and err:
-                set_error(span, err, message)
+                "gen_ai.response.finish_reasons": [reason]}, error=err, error_message=message)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Every Prometheus metric sightline exports, defined once.
 
-All metrics live in the main process: per-request histograms are observed there from
+All metrics live in the front end: per-request histograms are observed there from
 the timestamps carried in the messages (so they can carry exemplars) through typed
 handles (`Metrics.ttft`, ...; `Spec.attr`), and the Scheduler's and Detokenizer's
 numbers arrive in their stats messages and are exposed by `EngineCollector` at scrape
@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from telemetry.buckets import DEFAULT_BUCKETS
+from protocol.io_struct import SchedulerStats
 from telemetry.stats import EngineView
 
 # -- the catalogue -------------------------------------------------------------------
@@ -36,9 +37,11 @@ class Spec:
     source: str = "main"  # main | scheduler | detokenizer | all: where the number is produced
     attr: str = ""  # observed in the main process: the `Metrics` attribute that holds it
     read: str = ""  # exposed at scrape time: where its value is in `EngineView` (a dotted path)
+    hub: bool = False  # with several tokenizer workers, observed by the hub (else by each worker, merged)
 
 
 M = ("model_name",)
+R = M + ("dp_rank",)  # an engine number: one series per data-parallel Scheduler rank
 SPECS: tuple[Spec, ...] = (
     # per-request latency histograms (observed in the main process, with exemplars)
     Spec("sightline_time_to_first_token_seconds", "histogram", "Time to first token.", M, "ttft",
@@ -81,13 +84,13 @@ SPECS: tuple[Spec, ...] = (
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
          "(--max-inflight-tokens).", attr="shed"),
     Spec("sightline_engine_failures_total", "counter", "Engine process failures seen by the watchdog.",
-         ("role", "cause"), definition="role: scheduler | detokenizer. cause: exited | stalled (no heartbeat for "
+         ("role", "cause"), definition="role: scheduler (scheduler_dp0, scheduler_dp1... with several ranks) | detokenizer. cause: exited | stalled (no heartbeat for "
          "--watchdog-timeout while requests were in flight) | startup_timeout (a restarted child not ready within "
-         "--startup-timeout).", attr="engine_failures"),
-    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure.", attr="engine_restarts"),
+         "--startup-timeout).", attr="engine_failures", hub=True),
+    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure.", attr="engine_restarts", hub=True),
     Spec("sightline_engine_restart_budget_exhausted", "gauge",
          "1 once --max-engine-restarts restarts within --engine-restart-window were spent: the engine stays down and "
-         "every request gets 503 until the server is restarted from outside; else 0.", attr="restart_budget_exhausted"),
+         "every request gets 503 until the server is restarted from outside; else 0.", attr="restart_budget_exhausted", hub=True),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
          ("route", "method", "status"), definition="route: a route template or `unmatched`; method: GET, HEAD, POST, "
          "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set).", attr="http_requests"),
@@ -115,39 +118,39 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_message_handling_errors_total", "counter",
          "Messages (or one rid's part of a message) whose handling raised; that rid ended with an error, the "
          "process went on.", ("component",), source="all", read="handling_errors"),
-    Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", M, source="scheduler", read="scheduler.num_running"),
-    Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", M, source="scheduler", read="scheduler.num_waiting"),
-    Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values (the prefix cache's included).", M,
+    Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", R, source="scheduler", read="scheduler.num_running"),
+    Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", R, source="scheduler", read="scheduler.num_waiting"),
+    Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values (the prefix cache's included).", R,
          source="scheduler", read="scheduler.kv_used"),
     Spec("sightline_kv_slots_reserved", "gauge",
-         "KV token slots promised to running requests: their reservations plus the cached prefixes they reuse.", M,
+         "KV token slots promised to running requests: their reservations plus the cached prefixes they reuse.", R,
          source="scheduler", read="scheduler.kv_reserved"),
-    Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", M, source="scheduler", read="scheduler.kv_total"),
-    Spec("sightline_kv_usage_ratio", "gauge", "Reserved KV slots ÷ total (admission headroom).", M,
+    Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", R, source="scheduler", read="scheduler.kv_total"),
+    Spec("sightline_kv_usage_ratio", "gauge", "Reserved KV slots ÷ total (admission headroom).", R,
          source="scheduler", read="scheduler.kv_usage_ratio"),
-    Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", M, source="scheduler", read="scheduler.batch_size"),
-    Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", M, source="scheduler", read="scheduler.step_seconds"),
+    Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler", read="scheduler.batch_size"),
+    Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler", read="scheduler.step_seconds"),
     Spec("sightline_generation_throughput_tokens_per_second", "gauge",
          "Tokens sampled per second over the last few seconds.", M, source="scheduler", read="throughput"),
-    Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", M, source="scheduler", read="scheduler.steps_total"),
+    Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", R, source="scheduler", read="scheduler.steps_total"),
     Spec("sightline_scheduler_prefill_tokens_total", "counter", "Prompt tokens prefilled (chunked prefill activity).",
-         M, source="scheduler", read="scheduler.prefill_tokens_total"),
-    Spec("sightline_scheduler_generated_tokens_total", "counter", "Tokens sampled by the engine.", M,
+         R, source="scheduler", read="scheduler.prefill_tokens_total"),
+    Spec("sightline_scheduler_generated_tokens_total", "counter", "Tokens sampled by the engine.", R,
          source="scheduler", read="scheduler.generation_tokens_total"),
     Spec("sightline_prefix_cache_queries_tokens_total", "counter",
-         "Prompt tokens of requests the Scheduler admitted, each looked up in the prefix cache.", M,
+         "Prompt tokens of requests the Scheduler admitted, each looked up in the prefix cache.", R,
          definition="Counted at admission (an aborted request's too); hits ÷ queries is the hit ratio, as vLLM's "
          "`prefix_cache_queries` / `prefix_cache_hits`.", source="scheduler", read="scheduler.prefix_queries_tokens_total"),
     Spec("sightline_prefix_cache_hits_tokens_total", "counter",
-         "Of those prompt tokens, how many were reused from the prefix cache (no prefill computed).", M,
+         "Of those prompt tokens, how many were reused from the prefix cache (no prefill computed).", R,
          definition="The sum of `usage.prompt_tokens_details.cached_tokens` over the requests admitted.",
          source="scheduler", read="scheduler.prefix_hits_tokens_total"),
     Spec("sightline_prefix_cache_evicted_tokens_total", "counter",
-         "Cached KV slots evicted (least recently used first) to make room for new K/V.", M, source="scheduler",
+         "Cached KV slots evicted (least recently used first) to make room for new K/V.", R, source="scheduler",
          read="scheduler.prefix_evicted_tokens_total"),
     Spec("sightline_prefix_cache_tokens", "gauge",
          "KV slots the prefix cache holds (part of sightline_kv_slots_used; evictable unless a running request "
-         "reuses them).", M, source="scheduler", read="scheduler.prefix_cached_tokens"),
+         "reuses them).", R, source="scheduler", read="scheduler.prefix_cached_tokens"),
     Spec("sightline_prefix_cache_flushes_total", "counter", "POST /flush_cache calls, by result.", M + ("result",),
          definition="result: ok (flushed) | refused (requests were running and force was not given) | error "
          "(the engine did not answer, or the prefix cache is disabled).", attr="cache_flushes"),
@@ -156,13 +159,13 @@ SPECS: tuple[Spec, ...] = (
          "request arrived, whichever is later; 0 when idle. Grows without bound when the engine is stuck.", M,
          source="scheduler", read="seconds_since_last_token"),
     Spec("sightline_engine_step_phase_seconds", "histogram", "Where engine steps spend their time, by phase.",
-         M + ("phase",), "stage", "Per engine step, the duration of each phase: schedule (admission, chunking, "
+         R + ("phase",), "stage", "Per engine step, the duration of each phase: schedule (admission, chunking, "
          "building the batch's request list), forward (KV slot allocation, batch metadata, the model's forward), "
          "sample (logits → tokens, finish checks), output (outputs built and sent to the Detokenizer). Kept as a "
          "histogram in the Scheduler and sent whole in its stats.", source="scheduler",
          read="scheduler.step_phases"),
     Spec("sightline_engine_info", "gauge", "Always 1 while the engine is up; labels say how it computes.",
-         M + ("dtype", "quantization"), definition="dtype: float32 | bfloat16 (what the weights, activations and KV "
+         R + ("dtype", "quantization"), definition="dtype: float32 | bfloat16 (what the weights, activations and KV "
          "cache are computed in); quantization: none | int8 (weight-only int8 in every linear layer).",
          source="scheduler", read="engine_info"),
     Spec("sightline_heartbeat_age_seconds", "gauge", "Seconds since each child's last stats message.", ("role",),
@@ -171,7 +174,12 @@ SPECS: tuple[Spec, ...] = (
          ("role",), source="all", read="rss"),
     Spec("sightline_process_cpu_seconds_total", "counter", "CPU time of each sightline process.", ("role",),
          source="all", read="cpu"),
-    Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info"),
+    Spec("sightline_worker_failures_total", "counter", "Tokenizer workers that died and were replaced (several "
+         "workers only).", ("cause",), definition="cause: exited. Its streams ended with it (their connections "
+         "closed); its requests were aborted in the engine.", attr="worker_failures", hub=True),
+    Spec("sightline_tokenizer_workers", "gauge", "Tokenizer workers up (HTTP server + TokenizerManager processes).",
+         attr="workers_up", hub=True),
+    Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info", hub=True),
 )
 BY_NAME = {s.name: s for s in SPECS}
 
@@ -184,11 +192,12 @@ def _name(spec: Spec) -> str:
 class EngineCollector(Collector):
     """Exposes the engine's numbers at scrape time: each `read` spec's value from the view.
 
-    A number is one sample (labelled with the model name when the spec has that label);
-    a dict is one sample per key (its one label); a list is one sample per item, its
-    labels read from the item's fields (the model name from the server) and its value
-    from `count` (1 without one), or, for a histogram, one series per `PhaseHistogram`.
-    Before the first stats message a child's numbers read as 0.
+    A `scheduler.*` path is read from each rank's latest stats, one series per rank
+    (`dp_rank`); no series before a rank's first stats.  A number is one sample (labelled
+    with the model name); a dict is one sample per key (its one label); a list is one
+    sample per item, its labels read from the item's fields (the model name from the
+    server) and its value from `count` (1 without one), or, for a histogram, one series per
+    `PhaseHistogram`.
     """
 
     def __init__(self, model_name: str, view: Callable[[], EngineView]) -> None:
@@ -203,29 +212,36 @@ class EngineCollector(Collector):
         except AttributeError:  # a child that has not reported yet (its stats are None)
             return 0
 
-    def _labels(self, spec: Spec, item) -> list[str]:
-        return [self.model_name if label == "model_name" else str(getattr(item, label)) for label in spec.labels]
+    def _labels(self, spec: Spec, item, rank: SchedulerStats | None = None) -> list[str]:
+        return [self.model_name if label == "model_name" else str(rank.dp_rank) if rank is not None and
+                label == "dp_rank" else str(getattr(item, label)) for label in spec.labels]
 
     def collect(self):
         view = self.view()
         for spec in self.specs:
             cls = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily}.get(spec.kind, GaugeMetricFamily)
             fam = cls(_name(spec), spec.help, labels=list(spec.labels))
-            value = self._value(view, spec.read)
-            if isinstance(value, dict):
-                for key, v in sorted(value.items()):
-                    fam.add_metric([key], v)
-            elif spec.kind == "histogram":  # PhaseHistograms; none before the child's first stats
-                for h in value or ():
-                    cumulative = list(accumulate(h.counts))
-                    buckets = [(repr(float(b)), c) for b, c in zip(h.bounds, cumulative)] + [("+Inf", cumulative[-1])]
-                    fam.add_metric(self._labels(spec, h), buckets, h.sum)
-            elif isinstance(value, (list, tuple)):
-                for item in value:
-                    fam.add_metric(self._labels(spec, item), getattr(item, "count", 1))
+            if spec.read.startswith("scheduler."):  # one series per rank
+                for rank in view.schedulers:
+                    self._add(fam, spec, self._value(rank, spec.read[len("scheduler."):]), rank)
             else:
-                fam.add_metric([self.model_name] if spec.labels == M else [], value or 0)
+                self._add(fam, spec, self._value(view, spec.read))
             yield fam
+
+    def _add(self, fam, spec: Spec, value, rank: SchedulerStats | None = None) -> None:
+        if isinstance(value, dict):
+            for key, v in sorted(value.items()):
+                fam.add_metric([key], v)
+        elif spec.kind == "histogram":  # PhaseHistograms
+            for h in value or ():
+                cumulative = list(accumulate(h.counts))
+                buckets = [(repr(float(b)), c) for b, c in zip(h.bounds, cumulative)] + [("+Inf", cumulative[-1])]
+                fam.add_metric(self._labels(spec, h, rank), buckets, h.sum)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                fam.add_metric(self._labels(spec, item, rank), getattr(item, "count", 1))
+        else:
+            fam.add_metric(self._labels(spec, None, rank), value or 0)
 
     def describe(self):
         return []
@@ -264,14 +280,18 @@ class Metrics:
     connections_open: Gauge
     in_flight: Gauge
     build_info: Gauge
+    worker_failures: Counter
+    workers_up: Gauge
 
     def __init__(self, model_name: str, bucket_overrides: dict[str, tuple[float, ...]] | None = None,
-                 version: str = "0") -> None:
+                 version: str = "0", hub: bool = False, roles: tuple[str, ...] = ("scheduler", "detokenizer")) -> None:
+        """`hub`: only what the hub of several tokenizer workers owns (`Spec.hub`); the workers have the rest.
+        `roles`: the engine's processes (one per Scheduler rank, and the Detokenizer)."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         buckets = {**DEFAULT_BUCKETS, **(bucket_overrides or {})}
         for spec in SPECS:
-            if not spec.attr:
+            if not spec.attr or hub and not spec.hub:
                 continue
             kw = {"registry": self.registry, "labelnames": spec.labels}
             if spec.kind == "histogram":
@@ -282,21 +302,26 @@ class Metrics:
                 metric = Gauge(_name(spec), spec.help, **kw)
             setattr(self, spec.attr, metric)
         # Event counters exist at 0 from the start, so increase() sees their first event.
-        for reason in ("queue_full", "tokens_full"):
-            self.shed.labels(model_name, reason)
-        for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
-            self.aborts.labels(model_name, reason)
-        for result in ("ok", "refused", "error"):
-            self.cache_flushes.labels(model_name, result)
-        for cause in ("stalled", "deadline"):
-            self.stream_stalls.labels(cause)
-        for role in ("scheduler", "detokenizer"):
+        if not hub:
+            for reason in ("queue_full", "tokens_full"):
+                self.shed.labels(model_name, reason)
+            for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
+                self.aborts.labels(model_name, reason)
+            for result in ("ok", "refused", "error"):
+                self.cache_flushes.labels(model_name, result)
+            for cause in ("stalled", "deadline"):
+                self.stream_stalls.labels(cause)
+        for role in roles:
             for cause in ("exited", "stalled", "startup_timeout"):
                 self.engine_failures.labels(role, cause)
+        self.worker_failures.labels("exited")
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.build_info.labels(model_name, version).set(1)
 
-    def watch(self, view: Callable[[], EngineView], in_flight: Callable[[], int]) -> None:
-        """Read the engine's numbers and the TM's in-flight count at scrape time."""
-        self.registry.register(EngineCollector(self.model_name, view))
-        self.in_flight.labels(self.model_name).set_function(in_flight)
+    def watch(self, view: Callable[[], EngineView] | None, in_flight: Callable[[], int] | None) -> None:
+        """Read the engine's numbers (the process that supervises the engine) and the TM's in-flight
+        count (each TokenizerManager) at scrape time."""
+        if view is not None:
+            self.registry.register(EngineCollector(self.model_name, view))
+        if in_flight is not None:
+            self.in_flight.labels(self.model_name).set_function(in_flight)

@@ -24,7 +24,14 @@ Every per-request histogram is observed in the main process from the monotonic
 timestamps the request's messages carry (`protocol/io_struct.py` `Stamps`), and carries an
 exemplar `{trace_id="…"}` when the request was sampled for tracing. The Scheduler's and
 Detokenizer's numbers arrive in their stats messages (after every engine step, and every
-`--heartbeat-interval` when idle) and are read at scrape time. The rid is never a label.
+`--heartbeat-interval` when idle) and are read at scrape time, one series per Scheduler
+rank (`dp_rank`). The rid is never a label.
+
+With `--tokenizer-worker-num` > 1 each worker observes its own requests and the hub
+merges the workers' registries at every scrape (`telemetry/registry_merge.py`): counters
+and histograms are summed (exemplars kept), gauges observed in a worker get a `worker`
+label, and the metrics marked *hub* below come from the hub alone. One scrape on the
+port, whichever worker answers it, is complete.
 
 ## Adding a metric
 - **Observed in the main process**: one `Spec(..., attr="x")` line in `telemetry/metrics.py`
@@ -64,9 +71,11 @@ def render() -> str:
         what = s.help + (f" {s.definition}" if s.definition else "")
         if s.buckets:
             what += f" Buckets: `{s.buckets}`."
-        out.append(f"| `{s.name}` | {s.kind} | {labels} | {s.source} | {what.replace('|', '/')} |\n")
-    out.append("\nThe main process also exports prometheus_client's standard `process_*` metrics "
-               "(its own CPU, memory, file descriptors).\n")
+        source = s.source + (" (hub)" if s.hub else "")
+        out.append(f"| `{s.name}` | {s.kind} | {labels} | {source} | {what.replace('|', '/')} |\n")
+    out.append("\nThe main process (the hub, with several workers) also exports prometheus_client's standard "
+               "`process_*` metrics (its own CPU, memory, file descriptors); every process's CPU and memory are "
+               "`sightline_process_*{role}`.\n")
     return "".join(out)
 
 

@@ -16,7 +16,7 @@ from protocol.io_struct import DetokenizerStats, DropCount, PhaseHistogram, Read
 
 @dataclass
 class EngineView:
-    scheduler: SchedulerStats | None = None  # the latest, as received
+    schedulers: list[SchedulerStats] = field(default_factory=list)  # each rank's latest, by dp_rank
     detokenizer: DetokenizerStats | None = None
     throughput: float = 0.0  # tokens/s over the last few seconds, from the Scheduler's counter
     seconds_since_last_token: float = 0.0  # with requests in flight; 0 when idle

@@ -68,6 +68,10 @@ class Timeline:
         spans = sorted(entry.spans, key=lambda s: (s.start_ns, s.end_ns))
         return {**entry.summary, "trace_id": entry.trace_id, "spans": msgspec.to_builtins(spans)}
 
+    def spans_of(self, trace_id: str) -> list[SpanRecord]:
+        entry = self._by_trace.get(trace_id)
+        return list(entry.spans) if entry else []
+
     def recent(self, limit: int = 100) -> list[dict]:
         done = [e for e in self._by_trace.values() if e.summary]
         return [{**e.summary, "trace_id": e.trace_id, "spans": len(e.spans)} for e in reversed(done[-limit:])]

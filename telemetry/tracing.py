@@ -1,7 +1,8 @@
 """Tracing helpers, one `Tracing` per process: provider, sampler, exporters, carriers.
 
 * Resource: `service.name=sightline`, `service.instance.id` (one per server, shared by
-  its three processes), `sightline.process.role`, `process.pid`.
+  its processes), `sightline.process.role`, `process.pid`, and `sightline.dp_rank` (a
+  Scheduler rank) or `sightline.worker` (a tokenizer worker) where there are several.
 * Propagators `tracecontext,baggage` (or `OTEL_PROPAGATORS`); parent-based ratio sampling.
 * Exporters from flags, else the standard `OTEL_*` variables: `otlp` (http/protobuf or
   grpc), `console`, `none`; several may be given comma-separated.
@@ -99,8 +100,8 @@ class _LinkedOrRatio(Sampler):
 class _RecordProcessor(SpanProcessor):
     """Turns every finished span into a SpanRecord and hands it to `sink`."""
 
-    def __init__(self, role: str, sink: Callable[[SpanRecord], None]) -> None:
-        self.role, self.pid, self.sink = role, os.getpid(), sink
+    def __init__(self, role: str, sink: Callable[[SpanRecord], None], extra: dict) -> None:
+        self.role, self.pid, self.sink, self.extra = role, os.getpid(), sink, extra
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.context
@@ -109,7 +110,8 @@ class _RecordProcessor(SpanProcessor):
             parent_span_id=f"{span.parent.span_id:016x}" if span.parent else None,
             start_ns=span.start_time or 0, end_ns=span.end_time or 0, kind=span.kind.name, role=self.role,
             pid=self.pid, status=span.status.status_code.name,
-            attributes={k: _attr(v) for k, v in (span.attributes or {}).items()}, links=len(span.links),
+            attributes={**self.extra, **{k: _attr(v) for k, v in (span.attributes or {}).items()}},
+            links=len(span.links),
         ))
 
 
@@ -118,7 +120,10 @@ class Tracing:
 
     def __init__(self, role: str, *, enabled: bool = True, exporters: Sequence[str] = (), ratio: float = 1.0,
                  protocol: str | None = None, endpoint: str | None = None, instance_id: str = "",
-                 sink: Callable[[SpanRecord], None] | None = None, forward_limit: int = 20000) -> None:
+                 sink: Callable[[SpanRecord], None] | None = None, forward_limit: int = 20000,
+                 where: dict[str, int] | None = None) -> None:
+        """`where`: which instance of its role this process is (`sightline.dp_rank`, `sightline.worker`),
+        a resource attribute of its spans and an attribute of their records."""
         self.role = role
         self.enabled = enabled
         self.anchor = WallAnchor.take()
@@ -130,19 +135,19 @@ class Tracing:
             self.tracer = trace.NoOpTracer()
             return
         resource = Resource.create({"service.name": "sightline", "service.instance.id": instance_id,
-                                    "sightline.process.role": role, "process.pid": os.getpid()})
+                                    "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})})
         self.provider = TracerProvider(resource=resource, sampler=ParentBased(_LinkedOrRatio(ratio)))
-        self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append))
+        self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append, dict(where or {})))
         for name in exporters:
             exp = ConsoleSpanExporter() if name == "console" else _otlp_exporter(protocol, endpoint)
             self.provider.add_span_processor(BatchSpanProcessor(exp))
         self.tracer = self.provider.get_tracer("sightline")
 
     @classmethod
-    def from_args(cls, role: str, args, instance_id: str, sink=None) -> "Tracing":
+    def from_args(cls, role: str, args, instance_id: str, sink=None, where: dict[str, int] | None = None) -> "Tracing":
         return cls(role, enabled=args.enable_tracing, exporters=resolve_exporters(args.otel_traces_exporter),
                    ratio=resolve_ratio(args.otel_sampling_ratio), protocol=args.otel_exporter_otlp_protocol,
-                   endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink)
+                   endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink, where=where)
 
     # -- carriers -------------------------------------------------------------------
     def extract(self, carrier: Carrier | None) -> Context | None:
@@ -185,13 +190,13 @@ class Tracing:
 
     def record(self, name: str, ctx: Context | None, start_mono: int, end_mono: int, *,
                kind: SpanKind = SpanKind.INTERNAL, attributes=None, links: Iterable[Link] = (),
-               error: str | None = None) -> Span | None:
+               error: str | None = None, error_message: str | None = None) -> Span | None:
         """A span that already happened (both ends known); nothing when ctx is None."""
         if ctx is None:
             return None
         span = self.start(name, ctx, kind=kind, attributes=attributes, links=links, start_mono=start_mono)
         if error:
-            set_error(span, error)
+            set_error(span, error, error_message)
         span.end(end_time=self.wall(max(end_mono, start_mono)))
         return span
 

@@ -7,6 +7,69 @@ from dashboards.panels import Board, latency_panel, stat_panel, timeseries_panel
 
 REQ = "sightline_requests_total"
 ERRORS = 'status=~"5.."'
+RANK, WORKER = ("dp_rank",), ("worker",)
+# `sightline_worker_failures_total` exists only with several workers (the hub's); with one
+# worker the panel reads 0, not "no data" (0 × the workers-up gauge, which is always there).
+WORKER_FAILURES = (f"{q.rate('sightline_worker_failures_total', fn='increase')}\n"
+                   f"or 0 * {q.gauge('sightline_tokenizer_workers')}")
+
+
+def workers_and_ranks() -> list:
+    """One series per Scheduler rank (`--dp-size`, label dp_rank), per tokenizer worker
+    (`--tokenizer-worker-num`, label worker) and per process (role): an uneven spread is a
+    rank or a worker doing more than its share. With one of each, one series."""
+    return [
+        timeseries_panel("Running and waiting by rank",
+                         "Requests in each Scheduler rank's running batch and waiting queue (--dp-size ranks, label "
+                         "dp_rank). One rank's queue growing while the others run light: the dispatcher sends it "
+                         "more than its share, or that rank is slower.", "short",
+                         [(q.gauge("sightline_num_requests_running", by=RANK), "running rank {{dp_rank}}"),
+                          (q.gauge("sightline_num_requests_waiting", by=RANK), "waiting rank {{dp_rank}}")],
+                         width=8),
+        timeseries_panel("KV usage ratio by rank",
+                         "Reserved ÷ total KV slots of each rank: each rank has its own pool and admits on its own "
+                         "(alert SightlineKVCacheSaturated fires per rank).", "percentunit",
+                         [(q.gauge("sightline_kv_usage_ratio", by=RANK, agg="max"), "rank {{dp_rank}}")],
+                         width=8, max_value=1),
+        timeseries_panel("Generated tokens/s by rank", "Tokens each rank samples per second (rate of "
+                         "sightline_scheduler_generated_tokens_total): the ranks' shares of the engine throughput.",
+                         "suffix: tokens/s",
+                         [(q.rate("sightline_scheduler_generated_tokens_total", by=RANK), "rank {{dp_rank}}")],
+                         width=8),
+        timeseries_panel("Prefix cache hit ratio by rank",
+                         "Prompt tokens reused ÷ prompt tokens admitted, per rank: each rank caches only the "
+                         "prefixes it has served, so a lower ratio on one rank means requests sharing a prefix "
+                         "were spread over ranks. No data for a rank without admissions.", "percentunit",
+                         [(q.counter_ratio("sightline_prefix_cache_hits_tokens_total",
+                                           "sightline_prefix_cache_queries_tokens_total", by=RANK),
+                           "rank {{dp_rank}}")], width=8, max_value=1),
+        timeseries_panel("Step time by rank", "Duration of each rank's latest engine step. A rank much slower "
+                         "than the others holds back the requests it runs.", "s",
+                         [(q.gauge("sightline_step_time_seconds", by=RANK, agg="max"), "rank {{dp_rank}}")],
+                         width=8),
+        timeseries_panel("In flight and open connections by worker",
+                         "Requests each tokenizer worker's TokenizerManager holds and HTTP connections open on it "
+                         "(--tokenizer-worker-num workers, label worker). Connections are spread by the kernel "
+                         "(SO_REUSEPORT), so a worker holding far more is slow or stuck. With one worker there is "
+                         "no worker label: one series each, legend without a number.", "short",
+                         [(q.gauge("sightline_requests_in_flight", by=WORKER), "in flight worker {{worker}}"),
+                          (q.gauge("sightline_http_connections_open", by=WORKER), "connections worker {{worker}}")],
+                         width=8),
+        timeseries_panel("CPU by process",
+                         "CPU seconds per second of each sightline process, by role (100 % = one core busy): main "
+                         "(the hub with several workers), worker-1, worker-2... (tokenizer workers), scheduler or "
+                         "scheduler_dp0, scheduler_dp1... (ranks), detokenizer. A worker near 100 %: tokenizing "
+                         "and HTTP saturate it — add workers; a rank near 100 % with a short step: the Scheduler's "
+                         "Python loop is the limit.", "percentunit",
+                         [(q.rate("sightline_process_cpu_seconds_total", by=("role",)), "{{role}}")], width=12),
+        timeseries_panel("Tokenizer workers up and worker failures",
+                         "Tokenizer workers up (HTTP server + TokenizerManager processes; 1 with one worker) and "
+                         "workers that died and were replaced, counted per rate interval. Each failure ended its "
+                         "streams and aborted its requests in the engine; 0 with one worker (the main process is "
+                         "the worker: if it dies the server is down).", "short",
+                         [(q.gauge("sightline_tokenizer_workers"), "workers up"),
+                          (WORKER_FAILURES, "worker failures")], width=12),
+    ]
 
 
 def board() -> Board:
@@ -54,7 +117,8 @@ def board() -> Board:
     b.row(
         "Capacity",
         timeseries_panel("KV cache usage",
-                         "Reserved KV slots ÷ total: admission headroom. Near 100 % new requests wait.",
+                         "Reserved KV slots ÷ total: admission headroom, of the fullest rank with several "
+                         "(per rank: Workers and ranks). Near 100 % new requests wait.",
                          "percentunit", [(q.gauge("sightline_kv_usage_ratio", agg="max"), "KV reserved")],
                          max_value=1),
         timeseries_panel("Engine throughput",
@@ -62,4 +126,5 @@ def board() -> Board:
                          "suffix: tokens/s",
                          [(q.gauge("sightline_generation_throughput_tokens_per_second"), "generation")]),
     )
+    b.row("Workers and ranks", *workers_and_ranks())
     return b

@@ -42,8 +42,9 @@ def board() -> Board:
              (q.rate("sightline_request_aborts_total", by=("reason",)), "aborted ({{reason}})")]),
         timeseries_panel(
             "Is the TokenizerManager CPU-bound?",
-            "CPU used per process, in cores (1 = one core busy). The main process near 1: tokenization and "
-            "HTTP saturate the TokenizerManager's event loop — run more front-end workers.", "percentunit",
+            "CPU used per process, in cores (1 = one core busy). The main process (one worker) or a "
+            "worker-N near 1: tokenization and HTTP saturate that TokenizerManager's event loop — run more "
+            "front-end workers (--tokenizer-worker-num).", "percentunit",
             [(q.rate("sightline_process_cpu_seconds_total", by=("role",)), "{{role}}")]),
         timeseries_panel(
             "Is memory growing because requests pile up?",

@@ -13,6 +13,11 @@ the Scheduler still runs it, so the TokenizerManager aborts it there) and the re
 its outputs are discarded quietly.  A message whose handling fails as a whole is
 dropped.  Both are counted (`DetokenizerStats.handling_errors`) and logged at most once
 a second; neither stops the process.
+
+Outputs go to the tokenizer worker that holds the rid (`TokenOut.worker`), one PUSH
+socket per worker, opened on first use; stats and Ready go to the control socket.  When
+the hub says a worker is gone (`WorkerGone`), its rids' states are dropped and its socket
+closed: nothing queues for a process that will never read it.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import zmq
 from serving.args import ServerArgs
 from serving.model_files import load_tokenizer
 from serving.detokenizer.incremental import DecodeState
-from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut
+from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut, \
+    WorkerGone
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.process import keep_running, setup_child
 from serving.ratelog import RateLimitedLog
@@ -51,6 +57,14 @@ class DetokenizerManager:
         # rids ended here with an error that the Scheduler still runs (bounded: a forgotten one's
         # later outputs are merely counted as stale)
         self.failed: OrderedDict[str, None] = OrderedDict()
+        self.owner: dict[str, int] = {}  # rid -> its tokenizer worker, while it has a state
+        self.gone: set[int] = set()  # workers that died: their outputs are dropped
+
+    def worker_gone(self, worker: int) -> None:
+        self.gone.add(worker)
+        for rid in [r for r, w in self.owner.items() if w == worker]:
+            self._end(rid, "worker_gone")
+            self.spans.finished(rid, now_ns(), "abort")
 
     def handle_batch(self, batch: BatchTokenIDOutput) -> BatchStrOutput:
         recv = now_ns()
@@ -67,6 +81,9 @@ class DetokenizerManager:
     def _guarded(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         """`_one`, except that a failure ends this rid alone, with an explicit error."""
         final = out.finish_reason is not None
+        if out.worker in self.gone:
+            self.drops.drop("BatchTokenIDOutput", out.rid, out.meta.trace)
+            return None
         if out.rid in self.failed:  # already ended here: wait quietly for the engine's final output
             if final:
                 del self.failed[out.rid]
@@ -76,6 +93,7 @@ class DetokenizerManager:
         except Exception as exc:  # noqa: BLE001
             self.errors.report(f"could not detokenize the output of request {out.rid[:64]!r}; ending it", exc)
         self.states.pop(out.rid, None)
+        self.owner.pop(out.rid, None)
         self.drops.forget(out.rid, "error")
         if not final:
             self.failed[out.rid] = None
@@ -84,7 +102,7 @@ class DetokenizerManager:
         return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", engine_running=not final,
                       error="the output of this request could not be detokenized",
                       prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens,
-                      completion_tokens=out.completion_tokens, meta=out.meta)
+                      completion_tokens=out.completion_tokens, meta=out.meta, worker=out.worker)
 
     def _one(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         state = self.states.get(out.rid)
@@ -93,6 +111,7 @@ class DetokenizerManager:
                 self.drops.drop("BatchTokenIDOutput", out.rid, out.meta.trace)
                 return None
             state = self.states[out.rid] = DecodeState(self.tokenizer, out.detok)
+            self.owner[out.rid] = out.worker
         final = out.finish_reason is not None
         if state.stopped:  # tokens past a stop string: wait quietly for the engine's final output
             if final:
@@ -105,7 +124,7 @@ class DetokenizerManager:
             finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
             abort_reason=out.abort_reason,
             prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, completion_tokens=state.consumed,
-            meta=out.meta,
+            meta=out.meta, worker=out.worker,
         )
         if emitted.matched_stop is not None:
             res.finish_reason, res.matched_stop = "stop", emitted.matched_stop
@@ -118,12 +137,20 @@ class DetokenizerManager:
 
     def _end(self, rid: str, reason: str) -> None:
         del self.states[rid]
+        self.owner.pop(rid, None)
         self.drops.forget(rid, reason)
 
     def stats(self) -> DetokenizerStats:
         return DetokenizerStats(active_rids=len(self.states), stale_drops=self.drops.snapshot(),
                                 undecodable=self.codec.undecodable, spans=self.tracing.drain(),
                                 handling_errors=self.errors.count)
+
+
+def _by_worker(outs: list[StrOut]) -> dict[int, list[StrOut]]:
+    groups: dict[int, list[StrOut]] = {}
+    for o in outs:
+        groups.setdefault(o.worker, []).append(o)
+    return groups
 
 
 def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
@@ -135,8 +162,9 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
         tokenizer, _ = load_tokenizer(args.model, args.cache_dir_path)
         mgr = DetokenizerManager(tokenizer, args, Tracing.from_args("detokenizer", args, instance_id))
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
-        send = make_socket(ctx, zmq.PUSH, endpoints.tm_from_detokenizer, do_bind=False)
-        send.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
+        control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)
+        to_worker: dict[int, zmq.Socket] = {}
+        control.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
         interval_ms = max(1, int(args.heartbeat_interval * 1000))
         last_stats = 0
         while keep_running(parent):
@@ -145,10 +173,17 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
                 try:
                     msg = mgr.codec.decode(data)
                     if isinstance(msg, BatchTokenIDOutput):
-                        out = mgr.handle_batch(msg)
-                        if out.outputs:
-                            send.send(mgr.codec.encode(out))
+                        for worker, outs in _by_worker(mgr.handle_batch(msg).outputs).items():
+                            sock = to_worker.get(worker)
+                            if sock is None:
+                                sock = to_worker[worker] = make_socket(ctx, zmq.PUSH, endpoints.worker_in(worker),
+                                                                       do_bind=False)
+                            sock.send(mgr.codec.encode(BatchStrOutput(outputs=outs)))
                         mgr.spans.producers.sent()
+                    elif isinstance(msg, WorkerGone):
+                        mgr.worker_gone(msg.worker)
+                        if msg.worker in to_worker:
+                            to_worker.pop(msg.worker).close(linger=0)
                     elif msg is not None:
                         mgr.codec.undecodable += 1
                         log.warning("unexpected %s on the detokenizer socket", type(msg).__name__)
@@ -156,7 +191,7 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
                     mgr.errors.report(f"dropped a message of {len(data)} bytes whose handling failed", exc)
             if now_ns() - last_stats >= args.heartbeat_interval * 1e9:
                 last_stats = now_ns()
-                send.send(mgr.codec.encode(mgr.stats()))
+                control.send(mgr.codec.encode(mgr.stats()))
     except KeyboardInterrupt:
         pass
     finally:

@@ -24,9 +24,10 @@ from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore, TokenEvent
 from protocol.io_struct import (
-    AbortReq, BatchTokenIDOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Ready, ReqMeta, SchedulerStats, TokenizedGenerateReqInput, TokenOut,
+    AbortReq, BatchTokenIDOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Ready, ReqMeta, SchedulerStats,
+    TokenizedGenerateReqInput, TokenOut, WorkerGone,
 )
-from serving.ipc import Codec, DropCounter, Endpoints, make_socket
+from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.process import keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
@@ -39,21 +40,24 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
+    def __init__(self, args: ServerArgs, endpoints: Endpoints, instance_id: str = "", dp_rank: int = 0) -> None:
         self.args = args
-        self.tracing = Tracing.from_args("scheduler", args, instance_id)
+        self.dp_rank = dp_rank
+        self.tracing = Tracing.from_args("scheduler", args, instance_id,
+                                         where={"sightline.dp_rank": dp_rank} if args.dp_size > 1 else None)
         self.spans = SchedulerSpans(self.tracing)
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
         self.core = SchedulerCore(loaded, args)
         self.ctx = zmq.Context()
-        self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in, do_bind=True)
+        self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
-        self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.tm_from_scheduler, do_bind=False)
+        self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
         self.codec = Codec("scheduler")
         self.drops = DropCounter("scheduler", on_drop=self.tracing.stale_drop)
         self.meta: dict[str, ReqMeta] = {}
         self.pending_detok: dict[str, DetokParams] = {}  # sent with the rid's first output
+        self.worker_of: dict[str, int] = {}  # the tokenizer worker each rid's outputs go back to
         self.outbox: list[TokenOut] = []
         self.steps = 0
         self.prompt_tokens_total = 0
@@ -83,6 +87,8 @@ class Scheduler:
                     self._abort(msg)
                 elif isinstance(msg, FlushCacheReq):
                     self._flush_cache(msg)
+                elif isinstance(msg, WorkerGone):
+                    self._worker_gone(msg.worker)
                 elif msg is not None:
                     self.codec.undecodable += 1
                     log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
@@ -98,9 +104,11 @@ class Scheduler:
                 self.errors.report(f"could not queue request {msg.rid[:64]!r}", exc)
             error = str(exc) if isinstance(exc, ValueError) else "the engine could not queue this request"
             self.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=error,
-                                        prompt_tokens=len(msg.input_ids), detok=msg.detok, meta=msg.meta))
+                                        prompt_tokens=len(msg.input_ids), detok=msg.detok, meta=msg.meta,
+                                        worker=msg.worker))
             return
         self.meta[msg.rid] = msg.meta
+        self.worker_of[msg.rid] = msg.worker
         self.pending_detok[msg.rid] = msg.detok
         req.times.queued = msg.meta.stamps.sched_recv
         self.prompt_tokens_total += req.prompt_len
@@ -115,14 +123,28 @@ class Scheduler:
         # a stop string ended it in the Detokenizer: a normal finish, not a failure
         self._emit(event, None if msg.reason == "stop_string" else msg.reason)
 
+    def _worker_gone(self, worker: int) -> None:
+        """Its client connections died with it: free its requests without a word (no one to hear it)."""
+        rids = [rid for rid, w in self.worker_of.items() if w == worker]
+        for rid in rids:
+            ev = self.core.abort(rid)
+            if ev is not None:
+                self.spans.finished(ev.req, "abort", "worker_gone", None)
+            self.meta.pop(rid, None)
+            self.pending_detok.pop(rid, None)
+            self.worker_of.pop(rid, None)
+            self.drops.forget(rid, "worker_gone")
+        log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
+
     def _flush_cache(self, msg: FlushCacheReq) -> None:
         before = self.core.prefix_cached_tokens
+        to = {"id": msg.id, "worker": msg.worker, "dp_rank": self.dp_rank}
         if self.core.tree is None:
-            reply = FlushCacheReqOutput(id=msg.id, success=False, message="the prefix cache is disabled")
+            reply = FlushCacheReqOutput(**to, success=False, message="the prefix cache is disabled")
         elif self.core.flush_cache(msg.force):
-            reply = FlushCacheReqOutput(id=msg.id, success=True, flushed_tokens=before - self.core.prefix_cached_tokens)
+            reply = FlushCacheReqOutput(**to, success=True, flushed_tokens=before - self.core.prefix_cached_tokens)
         else:
-            reply = FlushCacheReqOutput(id=msg.id, success=False, message=(
+            reply = FlushCacheReqOutput(**to, success=False, message=(
                 f"{self.core.num_running} requests are running; flush when idle, or force it (only the prefixes "
                 "nothing uses are dropped)"))
         log.info("flush_cache (force=%s): %s", msg.force, reply.message or f"freed {reply.flushed_tokens} KV slots")
@@ -142,6 +164,7 @@ class Scheduler:
             finish_reason=ev.finish_reason.value if ev.finish_reason else None,
             matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
             completion_tokens=len(req.output_ids), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
+            worker=self.worker_of.get(ev.rid, 0),
         )
         if out.detok is not None:
             self.spans.first_output(ev.rid, meta)
@@ -154,6 +177,7 @@ class Scheduler:
         if ev.finished:
             del self.meta[ev.rid]
             self.pending_detok.pop(ev.rid, None)
+            self.worker_of.pop(ev.rid, None)
             self.drops.forget(ev.rid, out.finish_reason)
             self.spans.finished(req, out.finish_reason, error_type, error)
         return out
@@ -171,7 +195,7 @@ class Scheduler:
         self._last_stats = now
         core, pool, step = self.core, self.core.pool, self.core.last_step
         self.to_tm.send(self.codec.encode(SchedulerStats(
-            num_running=core.num_running, num_waiting=core.num_waiting, kv_used=pool.used_slots,
+            dp_rank=self.dp_rank, num_running=core.num_running, num_waiting=core.num_waiting, kv_used=pool.used_slots,
             kv_reserved=pool.committed, kv_total=pool.capacity, batch_size=step.batch_size,
             num_decode=step.num_decode, num_prefill_tokens=step.num_prefill_tokens, step_seconds=step.step_seconds,
             steps_total=self.steps, prompt_tokens_total=self.prompt_tokens_total,
@@ -224,7 +248,8 @@ class Scheduler:
             self.meta.pop(ev.rid, None)
             detok = self.pending_detok.pop(ev.rid, None) or DetokParams()
             self.outbox.append(TokenOut(rid=ev.rid, new_token_ids=[], finish_reason="error",
-                                        error="internal engine error", detok=detok))
+                                        error="internal engine error", detok=detok,
+                                        worker=self.worker_of.pop(ev.rid, 0)))
 
     def expire_queue(self) -> None:
         """Abort requests that waited in the queue longer than --max-queue-time."""
@@ -238,7 +263,8 @@ class Scheduler:
 
     def event_loop(self, parent: int) -> None:
         self.to_tm.send(self.codec.encode(Ready(
-            role="scheduler", pid=os.getpid(), model_name=self.model_name,
+            role=scheduler_role(self.dp_rank, self.args.dp_size), pid=os.getpid(), dp_rank=self.dp_rank,
+            model_name=self.model_name,
             context_len=self.core.context_len, vocab_size=self.core.vocab_size, kv_total=self.core.pool.capacity,
             dtype=self.core.runner.precision.dtype, quantization=self.core.runner.precision.quantization,
         )))
@@ -260,12 +286,12 @@ class Scheduler:
         self.tracing.shutdown()
 
 
-def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
-    """Entry point of the spawned Scheduler process."""
-    parent = setup_child("scheduler", args)
+def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "", dp_rank: int = 0) -> None:
+    """Entry point of the spawned Scheduler process (rank `dp_rank` of `--dp-size`)."""
+    parent = setup_child(scheduler_role(dp_rank, args.dp_size), args)
     sched = None
     try:
-        sched = Scheduler(args, endpoints, instance_id)
+        sched = Scheduler(args, endpoints, instance_id, dp_rank)
         sched.event_loop(parent)
     except KeyboardInterrupt:
         pass

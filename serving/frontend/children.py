@@ -1,4 +1,5 @@
-"""Spawn and stop the engine's child processes (Scheduler, Detokenizer).
+"""Spawn and stop the child processes: the engine's (Scheduler ranks, Detokenizer) and the
+tokenizer workers.
 
 A light module on purpose: `run_child` is the spawn target, so a child imports this
 file, then only its own process module — never the front end.
@@ -11,32 +12,47 @@ import multiprocessing as mp
 import os
 
 from serving.args import ServerArgs
-from serving.ipc import Endpoints
+from serving.ipc import Endpoints, scheduler_role
 
 log = logging.getLogger("sightline.supervisor")
 CHILD_STOP_TIMEOUT = 5.0
-ROLES = ("scheduler", "detokenizer")
 
 
-def run_child(role: str, *args) -> None:
+def engine_roles(dp_size: int) -> list[str]:
+    return [scheduler_role(r, dp_size) for r in range(dp_size)] + ["detokenizer"]
+
+
+def run_child(kind: str, *args) -> None:
     """Spawn target of a child process: its module is imported in the child only, so the main
     process never loads torch or the engine."""
-    if role == "scheduler":
+    if kind == "scheduler":
         # read by the OpenMP runtime when torch loads it, so before the engine is imported
         os.environ["OMP_WAIT_POLICY"] = args[0].thread_wait_policy.upper()
         from serving.engine.scheduler import run_scheduler_process as run
+    elif kind == "worker":
+        from serving.frontend.worker import run_worker_process as run
     else:
         from serving.detokenizer.manager import run_detokenizer_process as run
     run(*args)
 
 
+def _start(name: str, kind: str, *args) -> mp.process.BaseProcess:
+    p = mp.get_context("spawn").Process(target=run_child, args=(kind, *args), name=f"sightline-{name}", daemon=True)
+    p.start()
+    return p
+
+
 def spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
-    ctx = mp.get_context("spawn")
-    procs = {role: ctx.Process(target=run_child, args=(role, args, endpoints, instance_id),
-                               name=f"sightline-{role}", daemon=True) for role in ROLES}
-    for p in procs.values():
-        p.start()
+    """The engine: every Scheduler rank and the Detokenizer, by role."""
+    procs = {scheduler_role(r, args.dp_size): _start(scheduler_role(r, args.dp_size), "scheduler", args, endpoints,
+                                                       instance_id, r) for r in range(args.dp_size)}
+    procs["detokenizer"] = _start("detokenizer", "detokenizer", args, endpoints, instance_id)
     return procs
+
+
+def spawn_worker(args: ServerArgs, endpoints: Endpoints, instance_id: str, worker: int) -> mp.process.BaseProcess:
+    """One tokenizer worker (HTTP server + TokenizerManager) with id `worker`, never reused."""
+    return _start(f"worker-{worker}", "worker", args, endpoints, instance_id, worker)
 
 
 def stop_children(procs: dict[str, mp.process.BaseProcess], force: bool = False) -> None:

@@ -22,12 +22,12 @@ import psutil
 
 from protocol.io_struct import DetokenizerStats, DropCount, Ready, SchedulerStats
 from serving.frontend.errors import APIError
+from serving.ipc import scheduler_role
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 from telemetry.stats import EngineView
 
 log = logging.getLogger("sightline.engine_monitor")
-ROLES = ("scheduler", "detokenizer")
 
 
 @dataclass
@@ -61,19 +61,41 @@ class RateWindow:
         return (v1 - v0) / ((t1 - t0) / 1e9) if t1 > t0 else 0.0
 
 
+def merge_drops(drops: list[DropCount]) -> list[DropCount]:
+    """One counter per (component, message_type, reason): several ranks' counts summed."""
+    total: dict[tuple[str, str, str], int] = {}
+    for d in drops:
+        key = (d.component, d.message_type, d.reason)
+        total[key] = total.get(key, 0) + d.count
+    return [DropCount(*k, n) for k, n in sorted(total.items())]
+
+
+def sum_stats(stats: list[SchedulerStats]) -> dict:
+    """Every rank's numeric stats summed (for /debug/state's one-line view of the engine)."""
+    out: dict[str, int | float] = {}
+    for st in stats:
+        for k, v in msgspec.structs.asdict(st).items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("sent_at", "dp_rank", "last_token_at"):
+                out[k] = out.get(k, 0) + v
+    return out
+
+
 class EngineMonitor:
     def __init__(self, stall_timeout: float, watchdog_timeout: float,
-                 on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None) -> None:
+                 on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None, dp_size: int = 1) -> None:
+        self.dp_size = dp_size
+        self.roles = [scheduler_role(r, dp_size) for r in range(dp_size)] + ["detokenizer"]
         self.stall_timeout = stall_timeout
         self.watchdog_timeout = watchdog_timeout
         self.on_stats = on_stats  # telemetry: the stats' hop latency and finished spans
         self.procs: dict[str, BaseProcess] = {}
+        self.workers: dict[str, BaseProcess] = {}  # tokenizer workers (the hub's), for their CPU and memory
         self.awaiting_ready: dict[str, int] = {}  # role -> pid of the child just spawned
         self.ready: dict[str, Ready] = {}
         self.all_ready = asyncio.Event()
         self.ready_rejected: dict[str, int] = {}  # Ready messages refused, by reason
         self.ready_log = RateLimitedLog(log, interval=10.0, level=logging.WARNING)
-        self.scheduler_stats: SchedulerStats | None = None
+        self.scheduler_stats: dict[int, SchedulerStats] = {}  # by dp rank, the latest of each
         self.detok_stats: DetokenizerStats | None = None
         self.last_heartbeat: dict[str, int] = {}
         self.throughput = RateWindow(seconds=5.0)
@@ -94,10 +116,12 @@ class EngineMonitor:
         return None if handler is None else handler(msg)
 
     def _on_scheduler_stats(self, msg: SchedulerStats) -> bool:
+        if not 0 <= msg.dp_rank < self.dp_size:
+            return False
         now = now_ns()
-        self.scheduler_stats = msg
-        self.last_heartbeat["scheduler"] = now
-        self.throughput.add(now, msg.generation_tokens_total)
+        self.scheduler_stats[msg.dp_rank] = msg
+        self.last_heartbeat[scheduler_role(msg.dp_rank, self.dp_size)] = now
+        self.throughput.add(now, sum(s.generation_tokens_total for s in self.scheduler_stats.values()))
         self.on_stats(msg, now)
         return True
 
@@ -125,7 +149,7 @@ class EngineMonitor:
         log.info("%s ready (pid %d)", msg.role, msg.pid)
         self.ready[msg.role] = msg
         self.last_heartbeat[msg.role] = now_ns()
-        if set(ROLES) <= self.ready.keys():
+        if set(self.roles) <= self.ready.keys():
             self.all_ready.set()
         return True
 
@@ -140,11 +164,11 @@ class EngineMonitor:
         self.ready.clear()
         self.all_ready.clear()
         self.awaiting_ready.clear()
-        self.scheduler_stats = self.detok_stats = None
+        self.scheduler_stats, self.detok_stats = {}, None
         self.last_heartbeat.clear()
 
     def missing(self) -> list[str]:
-        return [r for r in ROLES if r not in self.ready]
+        return [r for r in self.roles if r not in self.ready]
 
     def failed_child(self, in_flight: bool) -> tuple[str, str, str] | None:
         """(role, cause, detail) of a child that exited, or (with requests in flight) stopped heartbeating."""
@@ -153,7 +177,7 @@ class EngineMonitor:
                 return role, "exited", f"exited with code {p.exitcode}"
         if self.all_ready.is_set() and in_flight:
             now = now_ns()
-            for role in ROLES:
+            for role in self.roles:
                 age = (now - self.last_heartbeat.get(role, now)) / 1e9
                 if age > self.watchdog_timeout:
                     return role, "stalled", f"sent no heartbeat for {age:.1f} s with requests in flight"
@@ -161,12 +185,21 @@ class EngineMonitor:
 
     # -- facts the front end validates against ---------------------------------------------
     @property
+    def engine_ready(self) -> Ready | None:
+        """Rank 0's Ready once every child is ready: what the engine computes with."""
+        return self.ready.get(self.roles[0]) if self.all_ready.is_set() else None
+
+    @property
     def context_len(self) -> int:
-        return self.ready["scheduler"].context_len
+        return self.ready[self.roles[0]].context_len
 
     @property
     def vocab_size(self) -> int:
-        return self.ready["scheduler"].vocab_size
+        return self.ready[self.roles[0]].vocab_size
+
+    @property
+    def last_token_at(self) -> int | None:
+        return max((s.last_token_at or 0 for s in self.scheduler_stats.values()), default=0) or None
 
     def check_ready(self) -> None:
         if not self.all_ready.is_set():
@@ -200,52 +233,63 @@ class EngineMonitor:
         """With requests in flight: seconds since the later of the last token and the oldest arrival."""
         if oldest_arrival is None:
             return 0.0
-        s = self.scheduler_stats
-        last = max(oldest_arrival, (s.last_token_at or 0) if s else 0)
+        last = max(oldest_arrival, self.last_token_at or 0)
         return (now_ns() - last) / 1e9
 
     # -- reading it all -------------------------------------------------------------------
     def view(self, front: FrontCounts) -> EngineView:
         """Everything `/metrics` shows about the engine (telemetry.metrics.EngineCollector)."""
         now = now_ns()
-        s, d = self.scheduler_stats, self.detok_stats
+        ranks, d = self.ranks_or_zero(), self.detok_stats
         rss, cpu = self._resources()
         return EngineView(
-            scheduler=s, detokenizer=d, throughput=self.throughput.rate(now),
+            schedulers=ranks, detokenizer=d, throughput=self.throughput.rate(now),
             seconds_since_last_token=self.seconds_without_token(front.oldest_arrival),
-            stale_drops=self.stale_drops(front),
-            undecodable={"tokenizer_manager": front.undecodable, "scheduler": s.undecodable if s else 0,
-                         "detokenizer": d.undecodable if d else 0},
-            handling_errors={"tokenizer_manager": front.handling_errors,
-                             "scheduler": s.handling_errors if s else 0, "detokenizer": d.handling_errors if d else 0},
+            stale_drops=self.stale_drops(front), undecodable=self._per_component(front.undecodable, "undecodable"),
+            handling_errors=self._per_component(front.handling_errors, "handling_errors"),
             heartbeat_age={role: (now - t) / 1e9 for role, t in self.last_heartbeat.items()},
-            rss=rss, cpu=cpu, engine_info=[self.ready["scheduler"]] if "scheduler" in self.ready else [],
+            rss=rss, cpu=cpu, engine_info=[r for r in self.ready.values() if r.role != "detokenizer"],
         )
 
+    def ranks(self) -> list[SchedulerStats]:
+        return [self.scheduler_stats[r] for r in sorted(self.scheduler_stats)]
+
+    def ranks_or_zero(self) -> list[SchedulerStats]:
+        """Every rank's latest stats; zeros for a rank not heard from yet (its series exist from the start)."""
+        return [self.scheduler_stats.get(r) or SchedulerStats(dp_rank=r, num_running=0, num_waiting=0, kv_used=0,
+                                                              kv_reserved=0, kv_total=0) for r in range(self.dp_size)]
+
+    def _per_component(self, front: int, name: str) -> dict[str, int]:
+        d = self.detok_stats
+        return {"tokenizer_manager": front, "scheduler": sum(getattr(s, name) for s in self.scheduler_stats.values()),
+                "detokenizer": getattr(d, name) if d else 0}
+
     def stale_drops(self, front: FrontCounts) -> list[DropCount]:
-        """Stale-drop counters of all three processes (the children's from their latest stats)."""
+        """Stale-drop counters of every process (the children's from their latest stats), ranks summed."""
         drops = list(front.stale_drops)
-        for st in (self.scheduler_stats, self.detok_stats):
+        for st in [*self.scheduler_stats.values(), self.detok_stats]:
             if st is not None:
                 drops += st.stale_drops
-        return drops
+        return merge_drops(drops)
 
     def debug_state(self, front: FrontCounts) -> dict:
-        s, d = self.scheduler_stats, self.detok_stats
+        ranks, d = self.ranks(), self.detok_stats
+        one = msgspec.to_builtins(ranks[0]) if len(ranks) == 1 and self.dp_size == 1 else (sum_stats(ranks) or None)
         return {
             "ready": sorted(self.ready),
-            "scheduler": msgspec.to_builtins(s) if s else None,
+            "scheduler": one,  # with several ranks: their numbers summed
+            "schedulers": [msgspec.to_builtins(s) for s in ranks],
             "detokenizer": msgspec.to_builtins(d) if d else None,
             "stale_drops": [msgspec.to_builtins(x) for x in self.stale_drops(front)],
-            "undecodable": {"tokenizer_manager": front.undecodable, "scheduler": s.undecodable if s else 0,
-                            "detokenizer": d.undecodable if d else 0},
-            "pids": {role: p.pid for role, p in self.procs.items()},
+            "undecodable": self._per_component(front.undecodable, "undecodable"),
+            "pids": {role: p.pid for role, p in {**self.procs, **self.workers}.items()},
             "ready_rejected": dict(self.ready_rejected),
         }
 
     def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
         rss, cpu = {}, {}
-        pids = {"main": os.getpid(), **{role: p.pid for role, p in self.procs.items() if p.is_alive()}}
+        pids = {"main": os.getpid(), **{role: p.pid for role, p in {**self.procs, **self.workers}.items()
+                                        if p.is_alive()}}
         for role, pid in pids.items():
             try:
                 p = self._ps.get(pid) or self._ps.setdefault(pid, psutil.Process(pid))

@@ -225,6 +225,9 @@ class HTTPServer:
         self.config.accesslog = None
         self.config.errorlog = logging.getLogger("hypercorn.error")  # our handlers and format, once
         self.config.keep_alive_timeout = args.keep_alive_timeout
+        # several tokenizer workers share the port: Hypercorn sets SO_REUSEPORT when it has several workers,
+        # and the kernel spreads new connections over the listening processes
+        self.config.workers = args.tokenizer_worker_num
         self.app = wrap_app(app, self.config.wsgi_max_body_size, "asgi")
         self.context = WorkerContext(None)
         self.limit = args.max_connections or default_max_connections()

@@ -1,5 +1,9 @@
 """`sightline serve`: start the children, serve HTTP, stop everything cleanly.
 
+With `--tokenizer-worker-num N` > 1 the main process is the hub instead
+(`serving.frontend.hub`): N worker processes (`serving.frontend.worker`) each serve HTTP
+with a TokenizerManager as below.
+
 Order: bind the TokenizerManager's sockets, spawn the Scheduler and the Detokenizer
 (`spawn` context, watched by the `EngineSupervisor`), serve HTTP at once (/health says
 503 until both report Ready; `serving.frontend.http_server` caps connections and bounds reads and
@@ -23,9 +27,9 @@ from serving.frontend.app import build_app
 from serving.frontend.http_server import HTTPServer
 from serving.ipc import Endpoints, runtime_parent
 from serving.frontend.server_state import ServerState
-from serving.frontend.children import stop_children
+from serving.frontend.children import engine_roles, stop_children
 from serving.frontend.engine_monitor import EngineMonitor
-from serving.frontend.supervisor import EngineSupervisor
+from serving.frontend.supervisor import EngineSupervisor, Supervised
 from serving.frontend.tokenizer_manager import TokenizerManager
 from serving.frontend.transport import ZmqTransport
 from telemetry.logs import setup_logging
@@ -39,15 +43,18 @@ __version__ = "0.1.0"
 log = logging.getLogger("sightline")
 
 
-def _telemetry(args: ServerArgs, name: str, instance_id: str) -> tuple[RequestTelemetry, Timeline, Metrics | None]:
+def front_telemetry(args: ServerArgs, name: str, instance_id: str,
+                    where: dict[str, int] | None = None) -> tuple[RequestTelemetry, Timeline, Metrics | None]:
+    """A TokenizerManager's telemetry: tracer, metrics registry, timeline (one per tokenizer worker)."""
     timeline = Timeline(args.request_timeline_size)
-    tracing = Tracing.from_args("main", args, instance_id, sink=timeline.add_span)
-    metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__) \
+    tracing = Tracing.from_args("main", args, instance_id, sink=timeline.add_span, where=where)
+    metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__,
+                      roles=tuple(engine_roles(args.dp_size))) \
         if args.enable_metrics else None
     return RequestTelemetry(tracing, metrics, timeline, name, args.log_requests), timeline, metrics
 
 
-async def _drain(state: ServerState) -> None:
+async def drain(state: ServerState) -> None:
     """Refuse new work, let in-flight requests finish for the grace period, end the rest explicitly."""
     tm, grace = state.tm, state.args.shutdown_grace
     state.monitor.shutting_down = True
@@ -63,14 +70,15 @@ async def _drain(state: ServerState) -> None:
 
 async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -> int:
     instance_id = uuid.uuid4().hex
-    tel, timeline, metrics = _telemetry(args, name, instance_id)
-    monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats)
-    tm = TokenizerManager(args, ZmqTransport(endpoints), tokenizer, monitor, tel)
+    tel, timeline, metrics = front_telemetry(args, name, instance_id)
+    monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats, dp_size=args.dp_size)
+    tm = TokenizerManager(args, ZmqTransport(endpoints, args.dp_size), tokenizer, monitor, tel)
     tm.start()
     state = ServerState(args=args, tm=tm, monitor=monitor, tel=tel, timeline=timeline, metrics=metrics,
                         model_name=name, endpoints=endpoints)
     if metrics is not None:
         metrics.watch(lambda: monitor.view(tm.counts()), lambda: len(tm.rid_to_state))
+        metrics.workers_up.set(1)
         state.loop_lag.observe = metrics.loop_lag.observe
     state.loop_lag.start()
     stop = asyncio.Event()
@@ -80,9 +88,9 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
 
     async def shutdown_trigger() -> None:
         await stop.wait()
-        await _drain(state)
+        await drain(state)
 
-    supervisor = EngineSupervisor(state, instance_id, stop)
+    supervisor = EngineSupervisor(Supervised(args, monitor, tm, metrics, endpoints, name), instance_id, stop)
     watcher = asyncio.create_task(supervisor.run())
     try:
         await HTTPServer(build_app(state), args, metrics).serve(shutdown_trigger)
@@ -104,7 +112,12 @@ def run_server(args: ServerArgs) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     endpoints = Endpoints.create(runtime_parent())
+    name = model_name(args.model, path, args.served_model_name)
     try:
-        return asyncio.run(_serve(args, endpoints, tokenizer, model_name(args.model, path, args.served_model_name)))
+        if args.tokenizer_worker_num > 1:
+            from serving.frontend.hub import run_hub
+
+            return asyncio.run(run_hub(args, endpoints, name))
+        return asyncio.run(_serve(args, endpoints, tokenizer, name))
     finally:
         endpoints.cleanup()

@@ -26,7 +26,7 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 
 def _engine_facts(state: ServerState) -> dict:
     """What the running engine computes with (null while it starts)."""
-    ready = state.monitor.ready.get("scheduler") if state.monitor.all_ready.is_set() else None
+    ready = state.monitor.engine_ready
     return {"max_model_len": ready.context_len if ready else None, "dtype": ready.dtype if ready else None,
             "quantization": ready.quantization if ready else None}
 
@@ -52,13 +52,19 @@ async def metrics(request: Request) -> Response:
     if state.metrics is None:
         return JSONResponse({"error": {"message": "metrics are disabled (--no-enable-metrics)", "type":
                                        "not_found_error", "param": None, "code": None}}, status_code=404)
-    if "application/openmetrics-text" in request.headers.get("accept", ""):
-        return Response(openmetrics_latest(state.metrics.registry), media_type=OPENMETRICS_TYPE)
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    openmetrics = "application/openmetrics-text" in request.headers.get("accept", "")
+    media_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST
+    if state.hub is not None:  # one of several workers: the hub merges every worker's numbers with the engine's
+        return Response((await state.hub.query("metrics", "openmetrics" if openmetrics else "text")).body,
+                        media_type=media_type)
+    return Response((openmetrics_latest if openmetrics else generate_latest)(state.metrics.registry),
+                    media_type=media_type)
 
 
 async def debug_state(request: Request) -> Response:
     state: ServerState = request.app.state.server
+    if state.hub is not None:
+        return _hub_json(await state.hub.query("debug_state"))
     return JSONResponse(state.debug_state())
 
 
@@ -71,6 +77,8 @@ async def debug_requests(request: Request) -> Response:
 async def debug_request(request: Request) -> Response:
     state: ServerState = request.app.state.server
     rid = request.path_params["rid"]
+    if state.hub is not None:  # any worker may hold it; the hub also holds the engine's spans
+        return _hub_json(await state.hub.query("request", rid))
     entry = state.timeline.get(rid)
     if entry is None:
         return JSONResponse({"error": {"message": f"no finished request {rid!r} in the timeline buffer",
@@ -100,6 +108,10 @@ async def flush_cache(request: Request) -> Response:
     if state.metrics is not None:
         state.metrics.cache_flushes.labels(state.model_name, "ok").inc()
     return JSONResponse({"status": "ok", "flushed_tokens": reply.flushed_tokens})
+
+
+def _hub_json(reply) -> Response:
+    return Response(reply.body, status_code=reply.status, media_type="application/json")
 
 
 def _force_flag(body: bytes, query: str | None) -> bool:

@@ -50,6 +50,7 @@ class ReqState:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, reused from the engine's prefix cache
     budget_tokens: int = 0  # prompt + max_new_tokens, counted against --max-inflight-tokens
+    dp_rank: int = 0  # the Scheduler rank that runs it
     meta: ReqMeta = field(default_factory=lambda: ReqMeta(trace={}, stamps=Stamps()))  # the latest seen
     timer: asyncio.TimerHandle | None = None
     # -- outputs --

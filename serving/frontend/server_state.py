@@ -1,4 +1,5 @@
-"""What the HTTP handlers share: the TokenizerManager, the EngineMonitor, telemetry."""
+"""What the HTTP handlers share: the TokenizerManager, the EngineMonitor (or, in a tokenizer
+worker, the HubLink), telemetry."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 from serving.args import ServerArgs
 from serving.frontend.engine_monitor import EngineMonitor
+from serving.frontend.hub_link import HubLink
 from serving.frontend.tokenizer_manager import TokenizerManager
 from serving.ipc import Endpoints
 from telemetry.loop_lag import LoopLagMonitor
@@ -19,7 +21,7 @@ from telemetry.timeline import Timeline
 class ServerState:
     args: ServerArgs
     tm: TokenizerManager
-    monitor: EngineMonitor
+    monitor: EngineMonitor | HubLink  # a tokenizer worker's engine facts come from the hub
     tel: RequestTelemetry
     timeline: Timeline
     metrics: Metrics | None
@@ -27,6 +29,7 @@ class ServerState:
     endpoints: Endpoints
     started_at: float = field(default_factory=time.time)
     loop_lag: LoopLagMonitor = field(default_factory=lambda: LoopLagMonitor(None))
+    hub: HubLink | None = None  # one of several tokenizer workers: /metrics and /debug/* ask the hub
 
     def health(self) -> tuple[bool, str]:
         return self.monitor.health(self.tm.oldest_arrival())

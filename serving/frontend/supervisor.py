@@ -1,4 +1,4 @@
-"""The engine supervisor (main process): spawn the children, watch them, recover.
+"""The engine supervisor (main process): spawn the engine's children, watch them, recover.
 
 A child that exits, or stops sending heartbeats for `--watchdog-timeout` while requests
 are in flight, is an engine failure: every in-flight request ends at once with an
@@ -23,9 +23,14 @@ import asyncio
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
 
+from serving.args import ServerArgs
 from serving.frontend.children import spawn, stop_children
-from serving.frontend.server_state import ServerState
+from serving.frontend.engine_monitor import EngineMonitor
+from serving.ipc import Endpoints
+from telemetry.metrics import Metrics
 
 log = logging.getLogger("sightline.supervisor")
 BACKOFF_FIRST = 0.5  # seconds before the first restart in a quiet window; doubles per recent attempt
@@ -33,8 +38,27 @@ BACKOFF_MAX = 30.0
 Failure = tuple[str, str, str]  # (role, cause, detail)
 
 
+class Front(Protocol):
+    """Who holds the requests: the TokenizerManager, or the hub for its tokenizer workers."""
+
+    def has_in_flight(self) -> bool: ...
+
+    def engine_failed(self, message: str) -> None:
+        """End every in-flight request with `message`; forget the dead children and what was queued for them."""
+
+
+@dataclass
+class Supervised:
+    args: ServerArgs
+    monitor: EngineMonitor
+    front: Front
+    metrics: Metrics | None
+    endpoints: Endpoints
+    model_name: str
+
+
 class EngineSupervisor:
-    def __init__(self, state: ServerState, instance_id: str, stop: asyncio.Event) -> None:
+    def __init__(self, state: Supervised, instance_id: str, stop: asyncio.Event) -> None:
         self.state = state
         self.monitor = state.monitor
         self.args = state.args
@@ -64,7 +88,7 @@ class EngineSupervisor:
 
     def check(self) -> Failure | None:
         """(role, cause, detail) of a failed child, or None."""
-        return self.monitor.failed_child(in_flight=bool(self.state.tm.rid_to_state))
+        return self.monitor.failed_child(in_flight=self.state.front.has_in_flight())
 
     async def run(self) -> None:
         """Watch until the server stops; recover from each failure."""
@@ -140,8 +164,7 @@ class EngineSupervisor:
         log.error("engine failure: %s %s", role, detail, extra={"role": role, "cause": cause})
         if st.metrics is not None:
             st.metrics.engine_failures.labels(role, cause).inc()
-        st.tm.abort_all("engine_failure", f"the engine failed ({role} {detail}); the request was not completed")
-        st.tm.reset_engine()
+        st.front.engine_failed(f"the engine failed ({role} {detail}); the request was not completed")
 
     def _give_up(self) -> None:
         """The budget is spent: leave the engine down and say so, in /health, every 503, a metric and the log."""

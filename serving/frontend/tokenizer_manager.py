@@ -3,7 +3,10 @@
 As in SGLang's TokenizerManager: `submit` tokenizes and validates a request, puts its
 `ReqState` in `rid_to_state` and sends it to the Scheduler; every message from the
 children arrives in `dispatch` (outputs here, everything else to the `EngineMonitor`);
-the HTTP handler reads a state's outputs with `stream` (or `collect`).  A rid leaves
+the HTTP handler reads a state's outputs with `stream` (or `collect`).  With `--dp-size`
+ranks, a `DataParallelDispatcher` picks each request's rank; its abort goes to that rank.
+As one of several tokenizer workers it stamps its `worker` id on what it sends, so its
+rids' outputs come back to it.  A rid leaves
 `rid_to_state` when it finishes or when its client goes away (`abort`, which also
 reaches the Scheduler to free its KV).  Outputs arriving for a rid no longer there are
 dropped and counted by reason.
@@ -24,6 +27,7 @@ from protocol.io_struct import AbortReq, BatchStrOutput, DetokParams, FlushCache
     ReqMeta, Stamps, StrOut, TokenizedGenerateReqInput
 from serving.args import ServerArgs
 from serving.frontend.admission import Admission
+from serving.frontend.dispatch import DataParallelDispatcher
 from serving.frontend.engine_monitor import EngineMonitor, FrontCounts
 from serving.frontend.errors import bad_request, http_status
 from serving.frontend.req_state import Collected, GenerateReqInput, ReqState
@@ -41,8 +45,10 @@ PROMPT_TAIL = 5  # prompt tokens the Detokenizer decodes the first output token 
 
 class TokenizerManager:
     def __init__(self, args: ServerArgs, transport: EngineTransport, tokenizer: Any, monitor: EngineMonitor,
-                 telemetry: RequestTelemetry) -> None:
+                 telemetry: RequestTelemetry, worker: int = 0) -> None:
         self.args = args
+        self.worker = worker
+        self.dispatcher = DataParallelDispatcher(args.dp_size)
         self.tel = telemetry
         self.tokenizer = tokenizer
         self.prompts = PromptTokenizer(tokenizer)
@@ -53,7 +59,8 @@ class TokenizerManager:
         self.drops = DropCounter("tokenizer_manager", on_drop=telemetry.tracing.stale_drop)
         self.handling_errors = RateLimitedLog(log)
         self.rid_to_state: dict[str, ReqState] = {}
-        self._flushes: dict[str, asyncio.Future[FlushCacheReqOutput]] = {}  # awaiting the Scheduler's reply
+        self.finished_total = 0
+        self._flushes: dict[str, _FlushReplies] = {}  # awaiting every rank's reply
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -67,6 +74,14 @@ class TokenizerManager:
         """The children are being replaced: forget what they said; drop messages queued for the dead one."""
         self.monitor.reset()
         self.transport.reconnect()
+
+    def has_in_flight(self) -> bool:
+        return bool(self.rid_to_state)
+
+    def engine_failed(self, message: str) -> None:
+        """The engine died: every in-flight request ends with `message`; the new one starts clean."""
+        self.abort_all("engine_failure", message)
+        self.reset_engine()
 
     def oldest_arrival(self) -> int | None:
         return min((s.arrival for s in self.rid_to_state.values()), default=None)
@@ -83,11 +98,11 @@ class TokenizerManager:
                 self._handle_str_output(msg)
                 return
             if isinstance(msg, FlushCacheReqOutput):
-                fut = self._flushes.get(msg.id)
-                if fut is None or fut.done():  # its caller timed out, or an engine restart
+                pending = self._flushes.get(msg.id)
+                if pending is None or pending.done.done():  # its caller timed out, or an engine restart
                     self.drops.drop("FlushCacheReqOutput", msg.id, {})
                 else:
-                    fut.set_result(msg)
+                    pending.add(msg)
                 return
             applied = self.monitor.handle(msg)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the loop
@@ -125,15 +140,16 @@ class TokenizerManager:
         if out.finish_reason is not None:
             self._finish(state, out.finish_reason, out.abort_reason, out.error)
             if out.engine_running:  # the Detokenizer ended it (a stop string, or it failed there)
-                self._send_abort(out.rid, "stop_string" if out.finish_reason == "stop" else "detokenizer_error",
-                                 state.meta)
+                self._send_abort(state, "stop_string" if out.finish_reason == "stop" else "detokenizer_error")
 
     def _finish(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
         """The rid leaves rid_to_state: mark it, count it, observe it (exactly once)."""
         state.finished, state.finish_reason = True, reason
         state.status = http_status(reason, abort_reason)
         self.rid_to_state.pop(state.rid, None)
+        self.finished_total += 1
         self.admission.release(state.budget_tokens, state.started)
+        self.dispatcher.release(state.dp_rank, state.budget_tokens)
         if state.timer is not None:
             state.timer.cancel()
         self.drops.forget(state.rid, abort_reason or reason)
@@ -188,12 +204,13 @@ class TokenizerManager:
         state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))
         self.rid_to_state[rid] = state
         self.admission.admit(budget)
+        state.dp_rank = self.dispatcher.pick(ids, budget)
         if obj.timeout:
             state.timer = asyncio.get_running_loop().call_later(
                 obj.timeout, self.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
         detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:])
         self.transport.send(TokenizedGenerateReqInput(rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok,
-                                                      meta=state.meta))
+                                                      meta=state.meta, worker=self.worker), state.dp_rank)
         if producer is not None:
             producer.end()
         return state
@@ -231,12 +248,14 @@ class TokenizerManager:
                          state.prompt_tokens, last.completion_tokens, last.error, state.cached_tokens)
 
     async def flush_cache(self, force: bool, timeout: float = 10.0) -> FlushCacheReqOutput:
-        """Ask the Scheduler to empty its prefix cache; raises TimeoutError when it does not answer."""
+        """Ask every Scheduler rank to empty its prefix cache; one reply for all (a success when every rank
+        flushed); raises TimeoutError when one does not answer."""
         fid = uuid.uuid4().hex
-        fut = self._flushes[fid] = asyncio.get_running_loop().create_future()
+        pending = self._flushes[fid] = _FlushReplies(self.args.dp_size)
         try:
-            self.transport.send(FlushCacheReq(id=fid, force=force))
-            return await asyncio.wait_for(fut, timeout)
+            for rank in range(self.args.dp_size):
+                self.transport.send(FlushCacheReq(id=fid, force=force, worker=self.worker), rank)
+            return await asyncio.wait_for(pending.done, timeout)
         finally:
             del self._flushes[fid]
 
@@ -251,12 +270,29 @@ class TokenizerManager:
                                          completion_tokens=state.completion_tokens, meta=state.meta))
         self._finish(state, "abort", reason, error)
         state.event.set()
-        self._send_abort(rid, reason, state.meta)
+        self._send_abort(state, reason)
 
     def abort_all(self, reason: str, message: str) -> None:
         """End every in-flight request with an explicit error (shutdown, engine failure)."""
         for rid in list(self.rid_to_state):
             self.abort(rid, reason, error=message)
 
-    def _send_abort(self, rid: str, reason: str, meta: ReqMeta) -> None:
-        self.transport.send(AbortReq(rid=rid, reason=reason, meta=meta))
+    def _send_abort(self, state: ReqState, reason: str) -> None:
+        self.transport.send(AbortReq(rid=state.rid, reason=reason, meta=state.meta), state.dp_rank)
+
+
+class _FlushReplies:
+    """The replies of every rank to one FlushCacheReq, combined into one."""
+
+    def __init__(self, ranks: int) -> None:
+        self.replies: dict[int, FlushCacheReqOutput] = {}
+        self.ranks = ranks
+        self.done: asyncio.Future[FlushCacheReqOutput] = asyncio.get_running_loop().create_future()
+
+    def add(self, reply: FlushCacheReqOutput) -> None:
+        self.replies[reply.dp_rank] = reply
+        if len(self.replies) == self.ranks:
+            failed = [r for r in self.replies.values() if not r.success]
+            self.done.set_result(FlushCacheReqOutput(
+                id=reply.id, success=not failed, message=failed[0].message if failed else "",
+                flushed_tokens=sum(r.flushed_tokens for r in self.replies.values())))

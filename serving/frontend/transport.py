@@ -1,5 +1,6 @@
-"""The TokenizerManager's sockets: one PUSH to the Scheduler, two PULLs (from the
-Detokenizer and the Scheduler), behind the small interface the TM needs.
+"""The TokenizerManager's sockets: one PUSH per Scheduler rank, a PULL for its outputs and,
+alone, a PULL for the children's control messages; as one of several tokenizer workers,
+a PUSH to the hub instead (which owns the control socket and relays what a worker needs).
 
 The TM takes any `EngineTransport`, so its admission, abort, stale-drop and finish
 logic can be driven without processes (tests/unit); `ZmqTransport` is the real one.
@@ -23,24 +24,37 @@ class EngineTransport(Protocol):
     def start(self, on_message: Callable[[Message], None]) -> None:
         """Call `on_message` for every decoded message from the children, on the event loop."""
 
-    def send(self, msg: Message) -> None:
-        """To the Scheduler; never blocks the event loop."""
+    def send(self, msg: Message, dp_rank: int = 0) -> None:
+        """To Scheduler rank `dp_rank`; never blocks the event loop."""
+
+    def to_hub(self, msg: Message) -> None:
+        """To the hub (a tokenizer worker's only)."""
 
     def reconnect(self) -> None:
-        """A new Scheduler: drop what was queued for the old one."""
+        """New Schedulers: drop what was queued for the old ones."""
 
     async def close(self) -> None: ...
 
 
 class ZmqTransport:
-    def __init__(self, endpoints: Endpoints) -> None:
+    def __init__(self, endpoints: Endpoints, dp_size: int = 1, worker: int | None = None) -> None:
+        """`worker`: this process's id as one of several tokenizer workers; None when it is the only one."""
         self.endpoints = endpoints
+        self.dp_size = dp_size
         self.ctx = zmq.asyncio.Context()
         self.codec = Codec("tokenizer_manager")
-        self.to_scheduler = make_socket(self.ctx, zmq.PUSH, endpoints.scheduler_in, do_bind=False)
-        self.pulls = [make_socket(self.ctx, zmq.PULL, endpoints.tm_from_detokenizer, do_bind=True),
-                      make_socket(self.ctx, zmq.PULL, endpoints.tm_from_scheduler, do_bind=True)]
+        self.to_scheduler = self._connect()
+        self.pulls = [make_socket(self.ctx, zmq.PULL, endpoints.worker_in(worker or 0), do_bind=True)]
+        self.hub = None
+        if worker is None:
+            self.pulls.append(make_socket(self.ctx, zmq.PULL, endpoints.control, do_bind=True))
+        else:
+            self.hub = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
         self._tasks: list[asyncio.Task] = []
+
+    def _connect(self) -> list[zmq.asyncio.Socket]:
+        return [make_socket(self.ctx, zmq.PUSH, self.endpoints.scheduler_in(r), do_bind=False)
+                for r in range(self.dp_size)]
 
     def start(self, on_message: Callable[[Message], None]) -> None:
         self._tasks = [asyncio.create_task(self._recv_loop(s, on_message)) for s in self.pulls]
@@ -51,12 +65,16 @@ class ZmqTransport:
             if msg is not None:
                 on_message(msg)
 
-    def send(self, msg: Message) -> None:
-        self.to_scheduler.send(self.codec.encode(msg))
+    def send(self, msg: Message, dp_rank: int = 0) -> None:
+        self.to_scheduler[dp_rank].send(self.codec.encode(msg))
+
+    def to_hub(self, msg: Message) -> None:
+        self.hub.send(self.codec.encode(msg))
 
     def reconnect(self) -> None:
-        self.to_scheduler.close(linger=0)
-        self.to_scheduler = make_socket(self.ctx, zmq.PUSH, self.endpoints.scheduler_in, do_bind=False)
+        for sock in self.to_scheduler:
+            sock.close(linger=0)
+        self.to_scheduler = self._connect()
 
     async def close(self) -> None:
         for t in self._tasks:

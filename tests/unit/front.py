@@ -42,14 +42,20 @@ class MemoryTransport:
     def __init__(self) -> None:
         self.codec = Codec("tokenizer_manager")
         self.sent: list[Message] = []
+        self.ranks: list[int] = []  # the Scheduler rank each of `sent` went to
+        self.to_hub_sent: list[Message] = []
         self.on_message: Callable[[Message], None] | None = None
         self.reconnects = 0
 
     def start(self, on_message: Callable[[Message], None]) -> None:
         self.on_message = on_message
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: Message, dp_rank: int = 0) -> None:
         self.sent.append(self.codec.decode(self.codec.encode(msg)))
+        self.ranks.append(dp_rank)
+
+    def to_hub(self, msg: Message) -> None:
+        self.to_hub_sent.append(self.codec.decode(self.codec.encode(msg)))
 
     def reconnect(self) -> None:
         self.reconnects += 1
@@ -125,7 +131,7 @@ def make_front(**flags) -> Front:
     metrics = Metrics("tiny-random")
     tel = RequestTelemetry(Tracing("main", enabled=False, sink=timeline.add_span), metrics, timeline, "tiny-random",
                            False)
-    monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats)
+    monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats, dp_size=args.dp_size)
     transport = MemoryTransport()
     tm = TokenizerManager(args, transport, tokenizer(), monitor, tel)
     tm.start()

@@ -168,3 +168,35 @@ def test_every_metric_the_assets_use_is_in_the_catalogue():
     unknown = {m for m in ours if m not in BY_NAME and re.sub(r"_(bucket|count|sum)$", "", m) not in BY_NAME}
     assert unknown == set()
     assert used - ours <= {"up", "ALERTS"} | {m for m in used if ":" in m}
+
+
+def test_overview_has_a_row_per_worker_and_rank():
+    """--dp-size ranks (dp_rank), --tokenizer-worker-num workers (worker) and processes (role)."""
+    board = boards()["sightline-overview"]
+    rows = [p["title"] for p in board["panels"] if p["type"] == "row"]
+    assert rows[-1] == "Workers and ranks"
+    row = board["panels"][[p.get("title") for p in board["panels"]].index("Workers and ranks") + 1:]
+    panels = {p["title"]: p for p in row}
+    by = {title: [(t["expr"], t["legendFormat"]) for t in p["targets"]] for title, p in panels.items()}
+    m = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
+    assert by["Running and waiting by rank"] == [
+        (f"sum by (dp_rank) (sightline_num_requests_running{{{m}}})", "running rank {{dp_rank}}"),
+        (f"sum by (dp_rank) (sightline_num_requests_waiting{{{m}}})", "waiting rank {{dp_rank}}")]
+    assert by["KV usage ratio by rank"] == [(f"max by (dp_rank) (sightline_kv_usage_ratio{{{m}}})",
+                                             "rank {{dp_rank}}")]
+    assert by["Generated tokens/s by rank"] == [
+        (f"sum by (dp_rank) (rate(sightline_scheduler_generated_tokens_total{{{m}}}[$__rate_interval]))",
+         "rank {{dp_rank}}")]
+    [(ratio, _)] = by["Prefix cache hit ratio by rank"]  # numerator and denominator match one-to-one per rank
+    assert ratio == HIT_RATIO.replace("sum(rate(", "sum by (dp_rank) (rate(")
+    [(in_flight, legend), (conns, _)] = by["In flight and open connections by worker"]
+    assert in_flight.startswith("sum by (worker) (sightline_requests_in_flight{")
+    assert legend == "in flight worker {{worker}}"
+    assert conns.startswith("sum by (worker) (sightline_http_connections_open{")
+    assert by["CPU by process"] == [('sum by (role) (rate(sightline_process_cpu_seconds_total{job=~"$job", '
+                                     'instance=~"$instance"}[$__rate_interval]))', "{{role}}")]
+    [(up, _), (failures, _)] = by["Tokenizer workers up and worker failures"]
+    assert up == 'sum(sightline_tokenizer_workers{job=~"$job", instance=~"$instance"})'
+    # with one worker the failures counter has no series: the panel reads 0, not "no data"
+    assert failures == ('sum(increase(sightline_worker_failures_total{job=~"$job", instance=~"$instance"}'
+                        f'[$__rate_interval]))\nor 0 * {up}')

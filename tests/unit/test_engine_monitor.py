@@ -65,10 +65,10 @@ def test_engine_numbers_reach_metrics_from_the_stats_as_they_arrived():
     f.detok_stats(handling_errors=5, stale_drops=[DropCount("detokenizer", "BatchTokenIDOutput", "abort", 1)])
     f.exposition()
     m = {"model_name": "tiny-random"}
-    assert f.sample("sightline_num_requests_running", **m) == 3
-    assert f.sample("sightline_kv_usage_ratio", **m) == 0.25  # 16 of 64
+    assert f.sample("sightline_num_requests_running", dp_rank="0", **m) == 3
+    assert f.sample("sightline_kv_usage_ratio", dp_rank="0", **m) == 0.25  # 16 of 64
     assert 100 < f.sample("sightline_generation_throughput_tokens_per_second", **m) < 400  # 60 tokens in ~0.2 s
-    assert f.sample("sightline_scheduler_generated_tokens_total", **m) == 160
+    assert f.sample("sightline_scheduler_generated_tokens_total", dp_rank="0", **m) == 160
     assert f.sample("sightline_message_handling_errors_total", component="detokenizer") == 5
     assert f.sample("sightline_stale_messages_dropped_total", component="detokenizer",
                     message_type="BatchTokenIDOutput", reason="abort") == 1
@@ -84,20 +84,20 @@ def test_before_any_stats_the_engine_numbers_read_zero():
     f = make_front()
     text = f.exposition()  # every family renders, the histograms with no series yet
     assert "sightline_engine_step_phase_seconds" in text and "sightline_engine_info" in text
-    assert f.sample("sightline_num_requests_running", model_name="tiny-random") == 0
-    assert f.sample("sightline_kv_slots_capacity", model_name="tiny-random") == 0
-    assert f.sample("sightline_engine_step_phase_seconds_count", model_name="tiny-random", phase="forward") is None
+    assert f.sample("sightline_num_requests_running", dp_rank="0", model_name="tiny-random") == 0
+    assert f.sample("sightline_kv_slots_capacity", dp_rank="0", model_name="tiny-random") == 0
+    assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", model_name="tiny-random", phase="forward") is None
 
 
 def test_step_phases_and_engine_info_come_from_the_scheduler():
     f = ready_front()
     f.scheduler_stats(step_phases=[PhaseHistogram("forward", [0.01, 0.1], [2, 3, 1], 0.9)])
     m = {"model_name": "tiny-random", "phase": "forward"}
-    assert f.sample("sightline_engine_step_phase_seconds_bucket", le="0.01", **m) == 2
-    assert f.sample("sightline_engine_step_phase_seconds_bucket", le="0.1", **m) == 5  # cumulative
-    assert f.sample("sightline_engine_step_phase_seconds_count", **m) == 6
-    assert f.sample("sightline_engine_step_phase_seconds_sum", **m) == 0.9
-    assert f.sample("sightline_engine_info", model_name="tiny-random", dtype="", quantization="") == 1
+    assert f.sample("sightline_engine_step_phase_seconds_bucket", dp_rank="0", le="0.01", **m) == 2
+    assert f.sample("sightline_engine_step_phase_seconds_bucket", dp_rank="0", le="0.1", **m) == 5  # cumulative
+    assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", **m) == 6
+    assert f.sample("sightline_engine_step_phase_seconds_sum", dp_rank="0", **m) == 0.9
+    assert f.sample("sightline_engine_info", dp_rank="0", model_name="tiny-random", dtype="", quantization="") == 1
     f.monitor.reset()  # an engine restart: no stats, no info, and /metrics still renders
     assert "sightline_engine_step_phase_seconds_count" not in f.exposition()
 
@@ -117,6 +117,6 @@ def test_reset_forgets_everything_the_old_children_said():
         f = ready_front()
         f.scheduler_stats(num_running=2)
         f.monitor.reset()
-        assert not f.monitor.ready and f.monitor.scheduler_stats is None and not f.monitor.last_heartbeat
+        assert not f.monitor.ready and not f.monitor.scheduler_stats and not f.monitor.last_heartbeat
         assert not f.monitor.all_ready.is_set() and f.monitor.missing() == ["scheduler", "detokenizer"]
     asyncio.run(body())

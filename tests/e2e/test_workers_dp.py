@@ -1,0 +1,216 @@
+"""Two tokenizer workers × two Scheduler ranks, for real: a hub, 2 HTTP workers on one port,
+2 engine ranks and the Detokenizer, over real ZMQ and HTTP.
+
+Under 200 concurrent mixed requests every answer is complete and right, and one scrape of
+/metrics (whichever worker answers it) counts exactly what the client saw, with exemplars;
+a worker killed with -9 ends only its own streams, is replaced, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+from tests.server_util import ServerProc, chat_text, completion_text, scrape, sse_events, value, wait_until
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
+           "In 1969, astronauts", "Water boils at", "My favourite colour is", "To be or not to be"]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    srv = ServerProc("--tokenizer-worker-num", "2", "--dp-size", "2", "--max-queued-requests", "512",
+                     tmpdir=tmp_path_factory.mktemp("workers-dp"))
+    yield srv
+    srv.stop()
+
+
+def _body(kind: str, i: int, stream: bool) -> tuple[str, dict]:
+    prompt = f"{PROMPTS[i % len(PROMPTS)]} (case {i})"
+    common = {"max_tokens": 12, "temperature": 0, "stream": stream}
+    if kind == "chat":
+        return "/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}], **common}
+    return "/v1/completions", {"prompt": prompt, **common}
+
+
+async def _one(client: httpx.AsyncClient, kind: str, i: int, stream: bool) -> tuple[str, int, int, str]:
+    """(text, prompt_tokens, completion_tokens, finish_reason) of one request."""
+    path, body = _body(kind, i, stream)
+    if not stream:
+        r = await client.post(path, json=body)
+        assert r.status_code == 200, r.text
+        d = r.json()
+        choice = d["choices"][0]
+        text = choice["message"]["content"] if kind == "chat" else choice["text"]
+        return text, d["usage"]["prompt_tokens"], d["usage"]["completion_tokens"], choice["finish_reason"]
+    body["stream_options"] = {"include_usage": True}
+    async with client.stream("POST", path, json=body) as r:
+        assert r.status_code == 200
+        events = sse_events([line async for line in r.aiter_lines()])
+    assert events[-1] == "[DONE]", events[-3:]
+    usage = next(e["usage"] for e in events if isinstance(e, dict) and e.get("usage"))
+    finish = next(e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict) and e["choices"]
+                  and e["choices"][0].get("finish_reason"))
+    text = chat_text(events) if kind == "chat" else completion_text(events)
+    return text, usage["prompt_tokens"], usage["completion_tokens"], finish
+
+
+def test_200_concurrent_mixed_requests_are_complete_right_and_counted_exactly(fleet):
+    before = scrape(fleet)
+    cases = [(kind, i, stream) for i in range(50) for kind in ("chat", "completion") for stream in (True, False)]
+
+    async def main():
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=180,
+                                     limits=httpx.Limits(max_connections=200)) as client:
+            return await asyncio.gather(*(_one(client, *c) for c in cases))
+
+    results = dict(zip(cases, asyncio.run(main())))
+    for kind, i, _ in cases[::2]:  # greedy: the streamed text is the non-streamed text
+        streamed, whole = results[(kind, i, True)], results[(kind, i, False)]
+        assert streamed == whole and whole[2] == 12 and whole[3] == "length", (kind, i, streamed, whole)
+    # one scrape, whichever worker answers, counts exactly what the client saw
+    after = scrape(fleet)
+
+    def delta(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("sightline_requests_total", finish_reason="length", status="200") == 200
+    assert delta("sightline_generation_tokens_total") == sum(r[2] for r in results.values()) == 200 * 12
+    assert delta("sightline_prompt_tokens_total") == sum(r[1] for r in results.values())
+    assert delta("sightline_time_to_first_token_seconds_count") == 200
+    assert delta("sightline_http_requests_total", route="/v1/chat/completions", status="200") == 100
+    # both ranks computed, both workers served (each has its own in-flight gauge)
+    assert delta("sightline_scheduler_generated_tokens_total", dp_rank="0") > 0
+    assert delta("sightline_scheduler_generated_tokens_total", dp_rank="1") > 0
+    assert {"1", "2"} <= {s.split('worker="')[1].split('"')[0] for s in after.splitlines()
+                          if s.startswith("sightline_requests_in_flight{")}
+    # no series twice: the text parses as one family each (the parser would raise on a duplicate TYPE)
+    assert after.count("# TYPE sightline_requests_total counter") == 1
+    om = scrape(fleet, openmetrics=True)
+    exemplars = [line for line in om.splitlines()
+                 if line.startswith("sightline_time_to_first_token_seconds_bucket") and "trace_id=" in line]
+    assert exemplars, "the merged OpenMetrics exposition lost the exemplars"
+
+
+def test_any_worker_finds_any_rid_with_one_trace_across_processes(fleet):
+    rids = [fleet.post("/generate", {"text": f"{p} again", "sampling_params": {"max_new_tokens": 4}}).json()
+            ["meta_info"]["id"] for p in PROMPTS]
+    workers, ranks = set(), set()
+    for rid in rids:  # each lookup lands on some worker; the hub asks them all
+        def entry():
+            r = httpx.get(f"{fleet.url}/debug/requests/{rid}", timeout=10)
+            e = r.json() if r.status_code == 200 else None
+            return e if e and {"main", "scheduler", "detokenizer"} <= {s["role"] for s in e["spans"]} else None
+
+        e = wait_until(entry, 10, f"the spans of {rid} from every process")
+        assert {s["trace_id"] for s in e["spans"]} == {e["trace_id"]}
+        workers |= {s["attributes"]["sightline.worker"] for s in e["spans"] if s["role"] == "main"}
+        ranks |= {s["attributes"]["sightline.dp_rank"] for s in e["spans"] if s["role"] == "scheduler"}
+    assert workers == {1, 2} and ranks <= {0, 1}
+    r = httpx.get(f"{fleet.url}/debug/requests/no-such-rid", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["param"] == "rid"
+
+
+def test_flush_cache_reaches_every_rank(fleet):
+    r = fleet.post("/flush_cache", {})
+    assert r.status_code == 200, r.text
+    state = fleet.debug()
+    assert [s["prefix_cached_tokens"] for s in state["schedulers"]] == [0, 0]
+
+
+def test_kill_9_one_worker_ends_only_its_streams_and_leaves_nothing_behind(fleet):
+    """Runs last in this module: it replaces one of the fixture's workers."""
+    done: dict[int, tuple[str, float, int]] = {}
+    killed_at: list[float] = []
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        body = {"prompt": f"count {i}", "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        n = 0
+        try:
+            async with client.stream("POST", "/v1/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if '"usage": {' in line or '"usage":{' in line:
+                        n = sse_events([line])[0]["usage"]["completion_tokens"]
+                    if line == "data: [DONE]":
+                        done[i] = ("done", time.monotonic(), n)
+                        return
+            done[i] = ("closed", time.monotonic(), n)
+        except httpx.HTTPError:
+            done[i] = ("error", time.monotonic(), n)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=20, max_keepalive_connections=0)) as c:
+            tasks = [asyncio.create_task(one(c, i)) for i in range(20)]
+            for _ in range(200):  # every stream admitted, on both workers
+                await asyncio.sleep(0.05)
+                st = httpx.get(f"{fleet.url}/debug/state", timeout=10).json()  # not through the streams' pool
+                if st["in_flight"] == 20 and all(w["in_flight"] for w in st["workers"].values()):
+                    break
+            else:
+                raise AssertionError(f"the 20 streams never ran on both workers at once: {st['workers']}")
+            victim = next(iter(st["workers"].values()))
+            killed_at.append(time.monotonic())
+            os.kill(victim["pid"], signal.SIGKILL)
+            await asyncio.gather(*tasks)
+            return st, victim
+
+    st, victim = asyncio.run(main())
+    ended = [d for d in done.values() if d[0] != "done"]
+    finished = [d for d in done.values() if d[0] == "done"]
+    assert len(ended) == victim["in_flight"] and len(finished) == 20 - victim["in_flight"], (done, st["workers"])
+    assert all(t - killed_at[0] < 2.0 for _, t, _ in ended)
+    assert all(n == 300 for _, _, n in finished)  # nothing lost on the other worker
+
+    def settled():
+        s = fleet.debug()
+        ups = [w for w in s["workers"].values() if w["up"]]
+        return s if (len(ups) == 2 and str(victim["pid"]) not in {str(w["pid"]) for w in ups}
+                     and s["in_flight"] == 0 and s["scheduler"]["num_running"] == 0
+                     and s["detokenizer"]["active_rids"] == 0
+                     and s["scheduler"]["kv_used"] == s["scheduler"]["prefix_cached_tokens"]) else None
+
+    s = wait_until(settled, 15, "a replacement worker, and no request, KV or decode state left")
+    assert s["scheduler"]["kv_reserved"] == 0
+    text = scrape(fleet)
+    assert value(text, "sightline_worker_failures_total", cause="exited") == 1
+    assert value(text, "sightline_tokenizer_workers") == 2
+    # the survivors and the newcomer serve on
+    assert fleet.post("/v1/completions", {"prompt": "still there?", "max_tokens": 3}).status_code == 200
+
+
+def test_an_engine_rank_that_dies_fails_every_workers_requests_explicitly_then_serves_again(fleet):
+    """A Scheduler rank killed: both ranks and the Detokenizer are replaced (their per-rid state only makes
+    sense together) and every worker ends its in-flight streams with the error event."""
+
+    async def one(client: httpx.AsyncClient, i: int) -> list:
+        body = {"prompt": f"long {i}", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as r:
+            return sse_events([line async for line in r.aiter_lines()])
+
+    async def main():
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=12, max_keepalive_connections=0)) as c:
+            tasks = [asyncio.create_task(one(c, i)) for i in range(12)]
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                st = httpx.get(f"{fleet.url}/debug/state", timeout=10).json()
+                if st["in_flight"] == 12 and all(w["in_flight"] for w in st["workers"].values()):
+                    break
+            else:
+                raise AssertionError(f"the 12 streams never ran on both workers at once: {st['workers']}")
+            os.kill(st["pids"]["scheduler_dp1"], signal.SIGKILL)
+            return await asyncio.gather(*tasks), st
+
+    results, st = asyncio.run(main())
+    for events in results:
+        assert events[-1] == "[DONE]" and "engine failed" in events[-2]["error"]["message"], events[-3:]
+    fleet.wait_healthy(60)
+    assert value(scrape(fleet), "sightline_engine_failures_total", role="scheduler_dp1", cause="exited") == 1
+    assert fleet.post("/v1/completions", {"prompt": "back?", "max_tokens": 3}).status_code == 200
