@@ -4,8 +4,9 @@
 
 (capacity) `--tokenizer-workers A,B` (default 1,2) front-end processes, `--capacity-model`
 (tiny-random: the engine costs little, the front end is what is measured), `--dp-size 1`.
-A client in a process of its own (`--client-procs` of them) keeps `--capacity-concurrency`
-non-streaming `/v1/completions` requests in flight, each a prompt of a few words and
+A client in a process of its own (`--client-procs` of them; raw keep-alive HTTP/1.1, not httpx,
+so it stays light) keeps `--capacity-concurrency` non-streaming `/v1/completions` requests in
+flight, each on its own connection, each a prompt of a few words and
 `max_tokens: 1` (EOS ignored), for `--warmup` seconds and then `--duration` seconds more.
 Over that window: requests/s = requests completed in it ÷ its length; latency p50/p99 of
 those requests (sent → whole response read); errors (non-200 answers, transport errors).
@@ -47,7 +48,6 @@ import types
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -196,10 +196,43 @@ def capacity_body(prompt: str) -> dict:
     return {**body, "stream": False}
 
 
+class RawHTTP:
+    """One keep-alive HTTP/1.1 connection, bytes in and out: a few tens of µs of client CPU per
+    request where httpx spends milliseconds, so that on 2 cores the server, not the load
+    generator, is what runs out (the front end answers JSON with a content-length)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.split("//", 1)[1].split(":")
+        self.host, self.port = host, int(port)
+        self.auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers().items())
+        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.conn is None:
+            self.conn = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.conn
+        writer.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+                     f"content-length: {len(body)}\r\n{self.auth}\r\n".encode() + body)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head.split(b" ", 2)[1])
+            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            return status, await reader.readexactly(length)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn[1].close()
+            self.conn = None
+
+
 async def drive(url: str, concurrency: int, first: int, start_at: float, end_at: float) -> dict:
-    """`concurrency` loops, each sending the next request as soon as its last one is answered,
-    until `end_at` (time.time()); what completed in [start_at, end_at), and this process's CPU
-    seconds (getrusage) over that window."""
+    """`concurrency` loops, each on its own keep-alive connection sending the next request as soon
+    as its last one is answered, until `end_at` (time.time()); what completed in [start_at, end_at),
+    and this process's CPU seconds (getrusage) over that window."""
     prompts = capacity_prompts(4 * concurrency)
     lat: list[float] = []
     errors: Counter = Counter()
@@ -211,27 +244,26 @@ async def drive(url: str, concurrency: int, first: int, start_at: float, end_at:
         await asyncio.sleep(max(0.0, end_at - time.time()))
         cpu.append(own_cpu_seconds())
 
-    async with httpx.AsyncClient(base_url=url, timeout=120, headers=auth_headers(),
-                                 limits=httpx.Limits(max_connections=concurrency,
-                                                     max_keepalive_connections=concurrency)) as client:
-        async def loop(k: int) -> None:
-            i = k
-            while time.time() < end_at:
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post("/v1/completions", json=capacity_body(prompts[i % len(prompts)]))
-                    error = None if r.status_code == 200 and r.json().get("choices") else f"HTTP {r.status_code}"
-                except (httpx.HTTPError, ValueError) as exc:
-                    error = type(exc).__name__
-                t1, now = time.perf_counter(), time.time()
-                if start_at <= now < end_at:
-                    if error is None:
-                        lat.append(t1 - t0)
-                    else:
-                        errors[error] += 1
-                i += concurrency
+    async def loop(k: int) -> None:
+        i, conn = k, RawHTTP(url)
+        while time.time() < end_at:
+            body = json.dumps(capacity_body(prompts[i % len(prompts)])).encode()
+            t0 = time.perf_counter()
+            try:
+                status, data = await conn.post("/v1/completions", body)
+                error = None if status == 200 and b'"choices"' in data else f"HTTP {status}"
+            except (OSError, ValueError, StopIteration, asyncio.IncompleteReadError) as exc:
+                error = type(exc).__name__
+            t1, now = time.perf_counter(), time.time()
+            if start_at <= now < end_at:
+                if error is None:
+                    lat.append(t1 - t0)
+                else:
+                    errors[error] += 1
+            i += concurrency
+        conn.close()
 
-        await asyncio.gather(meter(), *(loop(first + k) for k in range(concurrency)))
+    await asyncio.gather(meter(), *(loop(first + k) for k in range(concurrency)))
     return {"latency_s": lat, "errors": dict(errors), "cpu_s": cpu[1] - cpu[0]}
 
 
