@@ -175,8 +175,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_process_cpu_seconds_total", "counter", "CPU time of each sightline process.", ("role",),
          source="all", read="cpu"),
     Spec("sightline_worker_failures_total", "counter", "Tokenizer workers that died and were replaced (several "
-         "workers only).", ("cause",), definition="cause: exited. Its streams ended with it (their connections "
-         "closed); its requests were aborted in the engine.", attr="worker_failures", hub=True),
+         "workers only).", ("cause",), definition="cause: exited | stalled (up but no heartbeat for --watchdog-timeout: killed). Its "
+         "streams ended with it (their connections closed); its requests were aborted in the engine.", attr="worker_failures", hub=True),
     Spec("sightline_tokenizer_workers", "gauge", "Tokenizer workers up (HTTP server + TokenizerManager processes).",
          attr="workers_up", hub=True),
     Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info", hub=True),
@@ -314,7 +314,8 @@ class Metrics:
         for role in roles:
             for cause in ("exited", "stalled", "startup_timeout"):
                 self.engine_failures.labels(role, cause)
-        self.worker_failures.labels("exited")
+        for cause in ("exited", "stalled"):
+            self.worker_failures.labels(cause)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.build_info.labels(model_name, version).set(1)
 

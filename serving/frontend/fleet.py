@@ -1,7 +1,8 @@
 """The hub's tokenizer workers: spawn them, hear their heartbeats, replace the dead.
 
 A worker that exits (crash, kill -9) takes its client connections with it: those
-clients see the connection close at once.  The hub then tells every Scheduler rank and
+clients see the connection close at once.  One that is up but sends no heartbeat for
+`--watchdog-timeout` (a hung event loop) is killed and handled the same way.  The hub then tells every Scheduler rank and
 the Detokenizer (`WorkerGone`) to drop that worker's rids (KV freed, decode state
 dropped, nothing sent to a socket no one reads), keeps its counters (`Retired`), and
 starts a replacement with a new id, so a late message for the old one can never reach
@@ -37,6 +38,8 @@ class Worker:
     sock: zmq.asyncio.Socket  # hub → worker
     started: float = field(default_factory=time.monotonic)
     stats: WorkerStats | None = None  # its latest heartbeat; None until it is up
+    heard_at: float = 0.0  # monotonic time of that heartbeat
+    cause: str = "exited"  # why it is gone: exited, or stalled (killed for its silence)
     metrics: list[MetricFamily] = field(default_factory=list)  # its latest metrics snapshot
 
 
@@ -72,10 +75,24 @@ class WorkerFleet:
         log.info("tokenizer worker %d started (pid %d)", wid, proc.pid)
         return w
 
+    def kill_stalled(self, now: float) -> list[int]:
+        """SIGKILL every worker up but silent for --watchdog-timeout (a hung event loop serves no one);
+        `reap` then replaces it like any dead worker."""
+        stalled = [w for w in self.workers.values() if w.stats is not None and w.cause != "stalled"
+                   and now - w.heard_at > self.args.watchdog_timeout and w.proc.is_alive()]
+        for w in stalled:
+            log.error("tokenizer worker %d sent no heartbeat for %.1f s; killing it", w.id, now - w.heard_at,
+                      extra={"worker": w.id})
+            w.cause = "stalled"
+            w.proc.kill()
+        return [w.id for w in stalled]
+
     def reap(self) -> list[int]:
         """Replace every worker that exited (one that lived under RESPAWN_BACKOFF s: after that long, so a
         crash loop is paced); the ids of those that exited."""
         now = time.monotonic()
+        if not self.stopping:
+            self.kill_stalled(now)
         dead = [w for w in self.workers.values() if not w.proc.is_alive()]
         for w in dead:
             self._gone(w)
@@ -101,7 +118,7 @@ class WorkerFleet:
         if not self.stopping:
             log.error("tokenizer worker %d exited with code %s; its requests were aborted; replacing it",
                       w.id, w.proc.exitcode, extra={"worker": w.id})
-            self.on_failure("exited")
+            self.on_failure(w.cause)
 
     def stop(self, force: bool = False) -> None:
         self.stopping = True
@@ -111,7 +128,7 @@ class WorkerFleet:
     def heard(self, msg: WorkerStats) -> None:
         w = self.workers.get(msg.worker)
         if w is not None:
-            w.stats = msg
+            w.stats, w.heard_at = msg, time.monotonic()
 
     def up(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.stats is not None and w.proc.is_alive()]

@@ -91,3 +91,36 @@ def test_a_worker_validates_against_the_hubs_status_and_ends_its_requests_on_a_n
     assert failures == ["scheduler exited"]  # once per generation
     link.handle(SnapshotReq(id="q", kind="metrics"))
     assert sent[-1].worker == 3 and any(f.name == "sightline_requests" for f in sent[-1].families)
+
+
+def test_a_silent_worker_is_killed_once_and_counted_as_stalled(tmp_path):
+    import time
+
+    import zmq
+    import zmq.asyncio
+
+    from protocol.io_struct import WorkerStats
+    from serving.args import ServerArgs
+    from serving.frontend.fleet import Worker, WorkerFleet
+    from serving.ipc import Codec, Endpoints, make_socket
+
+    class Proc:  # a worker process whose event loop hung: alive, silent
+        pid, exitcode, alive, kills = 4242, None, True, 0
+
+        def is_alive(self) -> bool:
+            return self.alive
+
+        def kill(self) -> None:
+            self.kills += 1
+
+    ctx, endpoints = zmq.asyncio.Context(), Endpoints(str(tmp_path))
+    fleet = WorkerFleet(ServerArgs(model="tiny-random", watchdog_timeout=0.2), endpoints, "", ctx, Codec("t"))
+    proc = Proc()
+    fleet.workers[1] = Worker(1, proc, make_socket(ctx, zmq.PUSH, endpoints.worker_in(1), do_bind=False))
+    assert fleet.kill_stalled(time.monotonic() + 10) == []  # not up yet: starting is not stalling
+    fleet.heard(WorkerStats(worker=1, pid=4242, in_flight=3))
+    assert fleet.kill_stalled(time.monotonic()) == [] and fleet.has_in_flight()
+    assert fleet.kill_stalled(time.monotonic() + 1) == [1] and proc.kills == 1
+    assert fleet.kill_stalled(time.monotonic() + 2) == [] and proc.kills == 1  # once
+    assert fleet.workers[1].cause == "stalled"
+    ctx.destroy(linger=0)
