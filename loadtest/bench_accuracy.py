@@ -66,7 +66,7 @@ def all_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     """float32 logits of every position of `ids` (teacher forcing), in one prefill."""
     row = runner.pool.admit(len(ids))
     try:
-        fb = build_batch([], [Work(row, 0, ids, True)], runner.pool)
+        fb = build_batch([], [Work(row, 0, ids, True)], runner.pool, runner.window)
         fb.logits_rows = None  # every position, not only the last
         with torch.inference_mode():
             return runner.model.forward(fb, runner.pool.kv).float()

@@ -4,7 +4,14 @@ A workload says what one request looks like (endpoint, prompt and output lengths
 prefix shared by all its requests, `ignore_eos`); a scenario mixes workloads under an arrival mode (closed-loop users or
 open-loop Poisson arrivals) and a load shape (constant, steps, sweep).  The `Plan` is a
 scenario resolved against the server (model name, context window) and handed to the
-Locust process as JSON, so the locustfile never reads YAML or guesses.
+Locust process as JSON, so the locustfile never reads YAML or guesses.  Under plain
+`locust -f loadtest/locustfile.py` there is no plan file: the locustfile builds a Plan
+from its own command-line arguments and this config.
+
+Per-request goodput thresholds (`ttft_ms`, `tpot_ms`) and the objective (the fraction of
+requests that must meet them) default to the TTFT and TPOT SLOs of
+`dashboards/slo.yaml`, the spec the alerts are generated from, so a load test judges
+what production pages on; `goodput:` in the config (or a scenario) overrides them.
 """
 
 from __future__ import annotations
@@ -17,12 +24,45 @@ from typing import Any
 import yaml
 
 DEFAULT_CONFIG = Path(__file__).with_name("workloads.yaml")
+SLO_SPEC = Path(__file__).resolve().parent.parent / "dashboards" / "slo.yaml"
+FALLBACK_OBJECTIVE = 0.99  # only when the SLO spec is absent (an image without dashboards/)
 CONTEXT_MARGIN = 8  # "near the context": context − max_tokens − this many tokens
 Range = tuple[int, int]
 
 
 class ConfigError(ValueError):
     """A config or command-line value that makes no sense; the CLI exits 2."""
+
+
+def slo_spec_goodput(path: Path = SLO_SPEC) -> tuple[dict[str, float], float | None]:
+    """({ttft_ms, tpot_ms, e2e_ms present in the spec}, the strictest of their objectives) from the
+    latency SLOs of dashboards/slo.yaml; ({}, None) when the file is absent.  The strictest
+    objective, because a request counts as good only if it meets every threshold at once."""
+    if not Path(path).is_file():
+        return {}, None
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    thresholds: dict[str, float] = {}
+    objectives: list[float] = []
+    for name, slo in (raw.get("slos") or {}).items():
+        lat = (slo.get("sli") or {}).get("latency")
+        if lat and lat.get("family") in ("ttft", "tpot", "e2e"):
+            thresholds[f"{lat['family']}_ms"] = float(lat["threshold"]) * 1000.0
+            objectives.append(float(slo["objective"]))
+    return thresholds, max(objectives, default=None)
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """`chat` or `chat=3,fixed=1` → {workload: weight} (a bare name weighs 1)."""
+    mix: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, weight = part.partition("=")
+        try:
+            mix[name.strip()] = float(weight) if sep else 1.0
+        except ValueError:
+            raise ConfigError(f"mix {text!r}: want NAME or NAME=WEIGHT,..., e.g. chat=3,fixed=1") from None
+    if not mix:
+        raise ConfigError("the mix names no workload")
+    return mix
 
 
 def _range(value: Any, what: str) -> Range:
@@ -109,6 +149,38 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class Search:
+    """A goodput search: the highest load (requests/s for Poisson arrivals, users for a closed
+    loop) at which at least `objective` of the requests meet every goodput threshold.  Each step
+    holds one level for `step_seconds`; the levels go start, start × factor, ... until a step
+    fails or reaches `max_level`, then bisect between the last pass and the first failure until
+    the gap is ≤ `precision` × the failing level (one user for a closed loop), `max_steps` in all."""
+
+    objective: float
+    start: float = 1.0
+    factor: float = 2.0
+    max_level: float = 256.0
+    max_steps: int = 8
+    step_seconds: float = 20.0
+    precision: float = 0.1
+
+    @classmethod
+    def from_dict(cls, d: dict, objective: float, arrival: str) -> "Search":
+        d = {"objective": objective, **d}
+        try:
+            s = cls(**{k: (int(v) if k == "max_steps" else float(v)) for k, v in d.items()})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"search {d}: {exc}") from None
+        if not (0 < s.objective <= 1 and 0 < s.start <= s.max_level and s.factor > 1 and s.max_steps >= 1
+                and s.step_seconds > 0 and 0 < s.precision < 1):
+            raise ConfigError(f"search {d}: want 0 < objective ≤ 1, 0 < start ≤ max_level, factor > 1, "
+                              "max_steps ≥ 1, step_seconds > 0, 0 < precision < 1")
+        if arrival == "closed" and (s.start != int(s.start) or s.max_level != int(s.max_level)):
+            raise ConfigError(f"search {d}: closed-loop levels are user counts, whole numbers")
+        return s
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     mix: dict[str, float]  # workload name → weight
@@ -116,6 +188,7 @@ class Scenario:
     shape: Shape
     slo: dict[str, float] = field(default_factory=dict)  # gate thresholds (see loadtest/gate.py)
     goodput: dict[str, float] = field(default_factory=dict)  # per-request SLOs: ttft_ms, tpot_ms, e2e_ms
+    search: Search | None = None  # a goodput search instead of the shape's stages (loadtest/search.py)
 
 
 @dataclass
@@ -123,13 +196,19 @@ class Config:
     workloads: dict[str, Workload]
     scenarios: dict[str, dict]
     slo: dict[str, float]
-    goodput: dict[str, float]
+    goodput: dict[str, float]  # slo.yaml's thresholds, then the config's `goodput:` over them
+    objective: float = FALLBACK_OBJECTIVE  # slo.yaml's, unless `goodput: {objective: ...}`
+    slo_spec_found: bool = True
 
     @classmethod
-    def load(cls, path: Path = DEFAULT_CONFIG) -> "Config":
+    def load(cls, path: Path = DEFAULT_CONFIG, slo_spec: Path = SLO_SPEC) -> "Config":
         raw = yaml.safe_load(Path(path).read_text()) or {}
         workloads = {n: Workload.from_dict(n, d or {}) for n, d in (raw.get("workloads") or {}).items()}
-        return cls(workloads, raw.get("scenarios") or {}, dict(raw.get("slo") or {}), dict(raw.get("goodput") or {}))
+        thresholds, objective = slo_spec_goodput(slo_spec)
+        goodput = {**thresholds, **(raw.get("goodput") or {})}
+        objective = float(goodput.pop("objective", objective or FALLBACK_OBJECTIVE))
+        return cls(workloads, raw.get("scenarios") or {}, dict(raw.get("slo") or {}),
+                   {k: float(v) for k, v in goodput.items()}, objective, Path(slo_spec).is_file())
 
     def scenario(self, name: str, **overrides: Any) -> Scenario:
         """The named scenario with command-line overrides (None means: keep the config's)."""
@@ -145,8 +224,16 @@ class Config:
         shape = d["shape"] if isinstance(d.get("shape"), Shape) else Shape.from_dict(d.get("shape") or {})
         if d.get("arrival", "closed") == "closed" and any(lv != int(lv) for lv in shape.levels):
             raise ConfigError(f"scenario {name}: closed-loop levels are user counts, whole numbers")
+        goodput = {**self.goodput, **(d.get("goodput") or {})}
+        objective = float(goodput.pop("objective", self.objective))
+        if set(goodput) - {"ttft_ms", "tpot_ms", "e2e_ms"}:
+            raise ConfigError(f"scenario {name}: goodput keys are ttft_ms, tpot_ms, e2e_ms, objective; "
+                              f"not {', '.join(sorted(set(goodput) - {'ttft_ms', 'tpot_ms', 'e2e_ms'}))}")
+        search = d.get("search")
+        if search is not None and not isinstance(search, Search):
+            search = Search.from_dict(search or {}, objective, d.get("arrival", "closed"))
         return Scenario(name, mix, d.get("arrival", "closed"), shape, {**self.slo, **(d.get("slo") or {})},
-                        {**self.goodput, **(d.get("goodput") or {})})
+                        {k: float(v) for k, v in goodput.items()}, search)
 
 
 @dataclass
@@ -171,6 +258,7 @@ class Plan:
         d = json.loads(text)
         sc = d.pop("scenario")
         sc["shape"] = Shape(tuple(sc["shape"]["levels"]), sc["shape"]["stage_seconds"])
+        sc["search"] = Search(**sc["search"]) if sc.get("search") else None
         wls = [Workload(**{**w, "max_tokens": tuple(w["max_tokens"]), "prompts": tuple(w["prompts"]),
                            "prompt_tokens": tuple(w["prompt_tokens"]) if w["prompt_tokens"] else None})
                for w in d.pop("workloads")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from loadtest.gate import Check
 from loadtest.reconcile import Reconciliation
@@ -71,8 +72,11 @@ def gate_lines(checks: list[Check]) -> list[str]:
 
 
 def write_summary(path: Path, run: dict, s: Summary, r: Reconciliation, checks: list[Check],
-                  plots: list[Path]) -> None:
+                  plots: list[Path], search: Any = None) -> None:
+    """`search`: a goodput search's SearchResult (its knee and steps under `goodput_search`)."""
     doc = {"run": run, **asdict(s), "reconciliation": {**asdict(r), "ok": r.ok},
            "slo_gate": {"passed": all(c.passed for c in checks), "checks": [asdict(c) for c in checks]},
            "plots": [p.name for p in plots]}
+    if search is not None:
+        doc["goodput_search"] = asdict(search)
     path.write_text(json.dumps(doc, indent=1))

@@ -227,6 +227,8 @@ class Ready(_Msg, kw_only=True):
     pid: int
     dp_rank: int = 0  # the Scheduler's data-parallel rank
     model_name: str = ""
+    architecture: str = ""  # the registered architecture served, e.g. Qwen3ForCausalLM
+    sliding_window: int = 0  # 0: full attention
     context_len: int = 0
     vocab_size: int = 0
     dtype: str = ""  # what the Scheduler computes in (float32 | bfloat16)

@@ -51,6 +51,7 @@ class ServerArgs:
     max_prompt_chars: int | None = _opt(None, "Most characters in a prompt (or all chat messages together), refused before tokenizing (default: 16 per token of the context window).")
     max_messages: int | None = _opt(None, "Most messages in one chat request (default: context window / 4, since each message costs at least 4 template tokens).")
     allowed_hosts: str | None = _opt(None, "Host header names accepted, comma-separated; '*' accepts any (default: loopback names when --host is a loopback address, any otherwise). Guards against DNS rebinding.")
+    allowed_origins: str | None = _opt(None, "Browser origins that may call the API from their pages (CORS), comma-separated, e.g. 'http://localhost:3000'; '*' allows any. Default: none (no CORS headers, preflights refused).")
     # -- reliability and security ----------------------------------------------------
     watchdog_timeout: float = _opt(60.0, "Seconds without a heartbeat from a child, while requests are in flight, before it counts as stalled (one engine step must fit in it, even on an overloaded CPU).")
     stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this many seconds.")
@@ -74,11 +75,11 @@ class ServerArgs:
     # -- telemetry ----------------------------------------------------------------
     enable_metrics: bool = _opt(True, "Observe per-request Prometheus metrics (served at /metrics).")
     histogram_buckets: str | None = _opt(None, "Override histogram buckets per family, e.g. 'ttft=0.05,0.1,0.2;itl=0.01,0.05' (families: ttft, itl, tpot, e2e, stage, tokens).")
-    enable_tracing: bool = _opt(True, "Build OpenTelemetry spans for sampled requests (kept for /debug/requests; exported per --otel-traces-exporter).")
-    otel_traces_exporter: str | None = _opt(None, "Span exporters, comma-separated: otlp, console, none (default: $OTEL_TRACES_EXPORTER or none).")
+    enable_tracing: bool = _opt(True, "Build OpenTelemetry spans for sampled requests (kept for /debug/requests; exported per --otel-traces-exporter). Off with OTEL_SDK_DISABLED=true unless a flag asks for an export.")
+    otel_traces_exporter: str | None = _opt(None, "Span exporters, comma-separated: otlp, console, none (default: $OTEL_TRACES_EXPORTER, else otlp when an OTLP endpoint is set by flag or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else none).")
     otel_exporter_otlp_protocol: str | None = _opt(None, "OTLP protocol: http/protobuf or grpc (default: $OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL or http/protobuf).")
     otel_exporter_otlp_endpoint: str | None = _opt(None, "OTLP base endpoint, e.g. http://127.0.0.1:4318 (default: the OTEL_EXPORTER_OTLP_* variables).")
-    otel_sampling_ratio: float | None = _opt(None, "Parent-based trace-id ratio for new traces (default: $OTEL_TRACES_SAMPLER_ARG or 1.0).")
+    otel_sampling_ratio: float | None = _opt(None, "Parent-based trace-id ratio for new traces (default: $OTEL_TRACES_SAMPLER / $OTEL_TRACES_SAMPLER_ARG, else 1.0).")
     log_format: str = _opt("json", "Log format: json (one object per line, with rid/trace_id/span_id) or text.")
     log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
@@ -128,6 +129,10 @@ class ServerArgs:
             raise ValueError("--max-queued-requests >= 1, --max-request-bytes >= 1024, --shutdown-grace >= 0")
         if self.api_key is None:
             self.api_key = os.environ.get("SIGHTLINE_API_KEY") or None
+        for origin in (self.allowed_origins or "").split(","):
+            origin = origin.strip().rstrip("/")
+            if origin and origin != "*" and (not origin.startswith(("http://", "https://")) or "/" in origin[8:]):
+                raise ValueError(f"--allowed-origins: {origin!r} is not an origin like http://host:port (or '*')")
         if self.log_format not in ("json", "text"):
             raise ValueError("--log-format must be json or text")
         if self.otel_sampling_ratio is not None and not 0.0 <= self.otel_sampling_ratio <= 1.0:

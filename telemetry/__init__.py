@@ -1,1 +1,1 @@
-"""Telemetry for sightline: clocks now; metrics, tracing and logs as the issues land."""
+"""Telemetry for sightline, shared by every process: clocks, metrics, tracing, per-request telemetry, logs."""

@@ -13,7 +13,7 @@ rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, product
 from operator import attrgetter
 from typing import Callable
 
@@ -75,11 +75,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_requests_total", "counter", "Generation requests that ended, by finish reason and HTTP status.",
          M + ("finish_reason", "status"),
          definition="finish_reason: stop | length | abort | error. status: the HTTP status the request ended with "
-         "(200; 400 for a rejected request; 499 client gone; 500 engine failure; 503 unavailable).", attr="requests"),
+         "(200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; 500 engine failure; "
+         "503 unavailable; 504 timeout).", attr="requests"),
     Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M, attr="prompt_tokens_total"),
     Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M, attr="generation_tokens_total"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
-         M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | stop_string ...", attr="aborts"),
+         M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | engine_failure | "
+         "internal_error.", attr="aborts"),
     Spec("sightline_requests_shed_total", "counter", "Requests refused with 429 because the server was full.",
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
          "(--max-inflight-tokens).", attr="shed"),
@@ -112,7 +114,8 @@ SPECS: tuple[Spec, ...] = (
          "Messages dropped because their rid was no longer known where they arrived.",
          ("component", "message_type", "reason"), source="all",
          definition="component: tokenizer_manager | detokenizer | scheduler. reason: what ended the rid there "
-         "(client_disconnect, stop, length, abort, ...) or unknown_rid.", read="stale_drops"),
+         "(a finish reason: stop, length, abort, error; an abort reason: client_disconnect, timeout, ...; "
+         "worker_gone) or unknown_rid.", read="stale_drops"),
     Spec("sightline_undecodable_messages_total", "counter", "ZMQ frames that were not one of our message types.",
          ("component",), source="all", read="undecodable"),
     Spec("sightline_message_handling_errors_total", "counter",
@@ -165,7 +168,9 @@ SPECS: tuple[Spec, ...] = (
          "histogram in the Scheduler and sent whole in its stats.", source="scheduler",
          read="scheduler.step_phases"),
     Spec("sightline_engine_info", "gauge", "Always 1 while the engine is up; labels say how it computes.",
-         R + ("dtype", "quantization"), definition="dtype: float32 | bfloat16 (what the weights, activations and KV "
+         R + ("architecture", "dtype", "quantization"), definition="architecture: the registered model class served "
+         "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM); dtype: float32 | bfloat16 "
+         "(what the weights, activations and KV "
          "cache are computed in); quantization: none | int8 (weight-only int8 in every linear layer).",
          source="scheduler", read="engine_info"),
     Spec("sightline_heartbeat_age_seconds", "gauge", "Seconds since each child's last stats message.", ("role",),
@@ -182,6 +187,67 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info", hub=True),
 )
 BY_NAME = {s.name: s for s in SPECS}
+
+# -- series that exist from the start --------------------------------------------------
+# A counter whose series appears only at its first event hides that event from increase()
+# and rate() (and from alert rules built on them): every counter whose label values are
+# known in advance is exported at 0 from the first scrape. The server fills in
+# SERVER_LABELS (its model name, engine roles, Scheduler ranks); ZERO_SERIES lists the rest.
+# A counter with another label is in ZERO_SERIES or LAZY_SERIES, with why
+# (tests/unit/test_counters_from_zero.py checks it).
+SERVER_LABELS = ("model_name", "dp_rank", "role")
+FINISH_REASONS = ("stop", "length", "abort", "error")
+ABORT_REASONS = ("client_disconnect", "shutdown", "timeout", "engine_failure", "internal_error")
+COMPONENTS = ("tokenizer_manager", "scheduler", "detokenizer")
+
+
+def _each(**values: tuple[str, ...]) -> tuple[dict[str, str], ...]:
+    """Every combination of the given label values."""
+    return tuple(dict(zip(values, combo)) for combo in product(*values.values()))
+
+
+ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
+    "sightline_requests_total": _each(finish_reason=("stop", "length"), status=("200",))
+    + _each(finish_reason=("abort",), status=("499", "500", "503", "504"))
+    + _each(finish_reason=("error",), status=("400", "408", "413", "429", "500", "503")),
+    "sightline_request_aborts_total": _each(reason=ABORT_REASONS),
+    "sightline_requests_shed_total": _each(reason=("queue_full", "tokens_full")),
+    "sightline_engine_failures_total": _each(cause=("exited", "stalled", "startup_timeout")),
+    "sightline_http_stream_stalls_total": _each(cause=("stalled", "deadline")),
+    "sightline_health_checks_total": _each(healthy=("true", "false")),
+    # what each component receives about a rid and may drop, by what ended the rid there
+    "sightline_stale_messages_dropped_total":
+        _each(component=("tokenizer_manager",), message_type=("BatchStrOutput",),
+              reason=("unknown_rid",) + FINISH_REASONS + ABORT_REASONS)
+        + _each(component=("tokenizer_manager",), message_type=("FlushCacheReqOutput",), reason=("unknown_rid",))
+        + _each(component=("scheduler",), message_type=("AbortReq",),
+                reason=("unknown_rid",) + FINISH_REASONS + ("worker_gone",))
+        + _each(component=("detokenizer",), message_type=("BatchTokenIDOutput",),
+                reason=("unknown_rid",) + FINISH_REASONS),
+    "sightline_undecodable_messages_total": _each(component=COMPONENTS),
+    "sightline_message_handling_errors_total": _each(component=COMPONENTS),
+    "sightline_prefix_cache_flushes_total": _each(result=("ok", "refused", "error")),
+    "sightline_worker_failures_total": _each(cause=("exited", "stalled")),
+}
+LAZY_SERIES: dict[str, str] = {
+    "sightline_http_requests_total": "route x method x status is bounded but large (thousands of combinations, "
+                                     "most of which never happen)",
+    "sightline_process_cpu_seconds_total": "measured, not counted: each live process's series is there at every "
+                                           "scrape, and a 0 for one would be false",
+}
+
+
+def zero_series(spec: Spec, model_name: str, roles: tuple[str, ...] = (), ranks: tuple[int, ...] = (0,)
+                ) -> list[dict[str, str]]:
+    """The label sets `spec` is exported with at 0 from the start (none for a lazy counter)."""
+    if spec.kind != "counter" or spec.name in LAZY_SERIES:
+        return []
+    listed = ZERO_SERIES.get(spec.name, ({},))
+    if any(label not in SERVER_LABELS for label in spec.labels) and spec.name not in ZERO_SERIES:
+        return []
+    filled = {"model_name": (model_name,), "role": roles, "dp_rank": tuple(str(r) for r in ranks)}
+    server = _each(**{label: filled[label] for label in spec.labels if label in SERVER_LABELS})
+    return [{**s, **values} for s in server for values in listed]
 
 
 def _name(spec: Spec) -> str:
@@ -221,12 +287,20 @@ class EngineCollector(Collector):
         for spec in self.specs:
             cls = {"counter": CounterMetricFamily, "histogram": HistogramMetricFamily}.get(spec.kind, GaugeMetricFamily)
             fam = cls(_name(spec), spec.help, labels=list(spec.labels))
-            if spec.read.startswith("scheduler."):  # one series per rank
+            if spec.read.startswith("scheduler."):  # one series per rank (every rank's, zeros until it reports)
                 for rank in view.schedulers:
                     self._add(fam, spec, self._value(rank, spec.read[len("scheduler."):]), rank)
             else:
                 self._add(fam, spec, self._value(view, spec.read))
+                self._add_zeros(fam, spec)
             yield fam
+
+    def _add_zeros(self, fam, spec: Spec) -> None:
+        """The counter's known series that nothing has counted yet, at 0."""
+        seen = {tuple(sorted(s.labels.items())) for s in fam.samples}
+        for labels in zero_series(spec, self.model_name):
+            if tuple(sorted(labels.items())) not in seen:
+                fam.add_metric([labels[label] for label in spec.labels], 0)
 
     def _add(self, fam, spec: Spec, value, rank: SchedulerStats | None = None) -> None:
         if isinstance(value, dict):
@@ -301,21 +375,11 @@ class Metrics:
             else:
                 metric = Gauge(_name(spec), spec.help, **kw)
             setattr(self, spec.attr, metric)
-        # Event counters exist at 0 from the start, so increase() sees their first event.
-        if not hub:
-            for reason in ("queue_full", "tokens_full"):
-                self.shed.labels(model_name, reason)
-            for reason in ("client_disconnect", "timeout", "shutdown", "engine_failure"):
-                self.aborts.labels(model_name, reason)
-            for result in ("ok", "refused", "error"):
-                self.cache_flushes.labels(model_name, result)
-            for cause in ("stalled", "deadline"):
-                self.stream_stalls.labels(cause)
-        for role in roles:
-            for cause in ("exited", "stalled", "startup_timeout"):
-                self.engine_failures.labels(role, cause)
-        for cause in ("exited", "stalled"):
-            self.worker_failures.labels(cause)
+        for spec in SPECS:  # counters exist at 0 from the start, so increase() sees their first event
+            metric = getattr(self, spec.attr, None) if spec.attr else None
+            if metric is not None and spec.labels:
+                for labels in zero_series(spec, model_name, roles):
+                    metric.labels(**labels)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.build_info.labels(model_name, version).set(1)
 

@@ -41,6 +41,11 @@ port, whichever worker answers it, is complete.
   `DetokenizerStats`, `protocol/io_struct.py`) and one `Spec(..., read="scheduler.field")`
   line: the `EngineMonitor` keeps each child's latest stats and `EngineCollector` reads the
   path at scrape time. Two files.
+- **A counter with labels**: every series whose label values are known in advance is
+  exported at 0 from the first scrape, so `increase()` and alert rules see its first
+  event. The server fills in `model_name`, `role` and `dp_rank`; list the other labels'
+  values in `ZERO_SERIES`, or say in `LAZY_SERIES` why the counter stays lazy (a unit
+  test fails on a labelled counter in neither).
 
 ## TTFT, ITL, TPOT — plainly
 - **TTFT**: HTTP handler entered → the TokenizerManager received the first output token.

@@ -1,11 +1,14 @@
 """Tracing helpers, one `Tracing` per process: provider, sampler, exporters, carriers.
 
-* Resource: `service.name=sightline`, `service.instance.id` (one per server, shared by
-  its processes), `sightline.process.role`, `process.pid`, and `sightline.dp_rank` (a
-  Scheduler rank) or `sightline.worker` (a tokenizer worker) where there are several.
+* Resource: `service.name=sightline` (or `OTEL_SERVICE_NAME`), `service.instance.id` (one
+  per server, shared by its processes), `sightline.process.role`, `process.pid`, and
+  `sightline.dp_rank` (a Scheduler rank) or `sightline.worker` (a tokenizer worker) where
+  there are several.
 * Propagators `tracecontext,baggage` (or `OTEL_PROPAGATORS`); parent-based ratio sampling.
-* Exporters from flags, else the standard `OTEL_*` variables: `otlp` (http/protobuf or
-  grpc), `console`, `none`; several may be given comma-separated.
+* Exporters from flags, else the standard `OTEL_*` variables, read as the OpenTelemetry
+  SDKs read them (docs/tracing.md lists each): `otlp` (http/protobuf or grpc), `console`,
+  `none`, several comma-separated; an OTLP endpoint with no exporter chosen means `otlp`;
+  `OTEL_SDK_DISABLED=true` turns tracing off unless the flags ask for an export.
 * Stage spans are mostly recorded after the fact from the monotonic stamps the messages
   carry (`record`), converted to wall time with one `WallAnchor` per process.
 * Every finished span is also turned into a `SpanRecord`: the main process keeps them
@@ -15,9 +18,11 @@ An unsampled request carries its context, but no span is built for it anywhere.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import deque
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
+from urllib.parse import unquote
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -34,6 +39,7 @@ from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from protocol.io_struct import SpanRecord
 from telemetry.clock import WallAnchor, now_ns
 
+log = logging.getLogger("sightline.tracing")
 Carrier = dict[str, str]
 PRODUCER_KEY = "sightline-producer"  # traceparent of the latest PRODUCER span, for the CONSUMER's link
 
@@ -47,25 +53,96 @@ def is_sampled(carrier: Carrier) -> bool:
         return False
 
 
-def resolve_exporters(flag: str | None) -> list[str]:
-    names = [x.strip().lower() for x in (flag or os.environ.get("OTEL_TRACES_EXPORTER", "none")).split(",")]
+def _env(name: str, env: Mapping[str, str] | None = None) -> str:
+    """A variable as the SDKs read it: unset and empty are the same."""
+    return (os.environ if env is None else env).get(name, "").strip()
+
+
+def otlp_endpoint_configured(flag: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether an OTLP endpoint is given: the flag, or either standard variable."""
+    return bool(flag or _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env) or _env("OTEL_EXPORTER_OTLP_ENDPOINT", env))
+
+
+def resolve_exporters(flag: str | None, endpoint: str | None = None, env: Mapping[str, str] | None = None) -> list[str]:
+    """The span exporters: the flag, else $OTEL_TRACES_EXPORTER, else `otlp` when an OTLP endpoint is
+    configured (`endpoint`, the flag's, or the variables), else none.
+
+    The SDKs' default exporter is `otlp`, so a deployment that only sets an endpoint expects spans
+    there; with no endpoint at all we export nothing rather than retry a localhost collector that
+    is usually not there."""
+    chosen = flag or _env("OTEL_TRACES_EXPORTER", env)
+    if not chosen:
+        chosen = "otlp" if otlp_endpoint_configured(endpoint, env) else "none"
+    names = [x.strip().lower() for x in chosen.split(",") if x.strip()]
     bad = [n for n in names if n not in ("otlp", "console", "none")]
     if bad:
         raise ValueError(f"unknown traces exporter {bad[0]!r}: use otlp, console or none")
-    return [n for n in names if n != "none"]
+    return list(dict.fromkeys(n for n in names if n != "none"))
 
 
-def resolve_ratio(flag: float | None) -> float:
+def sdk_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """OTEL_SDK_DISABLED=true (any case), as the SDKs read it."""
+    return _env("OTEL_SDK_DISABLED", env).lower() == "true"
+
+
+def tracing_enabled(args, env: Mapping[str, str] | None = None) -> bool:
+    """--enable-tracing, unless OTEL_SDK_DISABLED=true; flags that ask for an export
+    (--otel-traces-exporter otlp|console, or an --otel-exporter-otlp-endpoint) are explicit and
+    win over that variable, as every flag wins over the environment."""
+    if not args.enable_tracing:
+        return False
+    flags_export = resolve_exporters(args.otel_traces_exporter, args.otel_exporter_otlp_endpoint, env={})
+    return not sdk_disabled(env) or bool(flags_export)
+
+
+_ALWAYS = {"always_on": 1.0, "parentbased_always_on": 1.0, "always_off": 0.0, "parentbased_always_off": 0.0}
+
+
+def resolve_ratio(flag: float | None, env: Mapping[str, str] | None = None) -> float:
+    """The trace-id ratio for new traces: the flag, else $OTEL_TRACES_SAMPLER (`[parentbased_]always_on`,
+    `[parentbased_]always_off`, `[parentbased_]traceidratio` with $OTEL_TRACES_SAMPLER_ARG), else 1.0.
+
+    Sampling stays parent-based whatever the variable names: a request that arrives sampled is
+    traced. A sampler we do not implement or a bad argument falls back to 1.0 with a warning, as
+    the SDKs do, rather than refusing to start."""
     if flag is not None:
         return flag
-    if os.environ.get("OTEL_TRACES_SAMPLER", "").endswith("traceidratio"):
-        return float(os.environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0"))
+    sampler = _env("OTEL_TRACES_SAMPLER", env).lower()
+    if not sampler:
+        return 1.0
+    if sampler in _ALWAYS:
+        return _ALWAYS[sampler]
+    if sampler in ("traceidratio", "parentbased_traceidratio"):
+        arg = _env("OTEL_TRACES_SAMPLER_ARG", env) or "1.0"
+        try:
+            ratio = float(arg)
+        except ValueError:
+            ratio = -1.0
+        if 0.0 <= ratio <= 1.0:
+            return ratio
+        log.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in [0, 1]; sampling every trace", arg)
+        return 1.0
+    log.warning("OTEL_TRACES_SAMPLER=%r is not supported (use [parentbased_]always_on, always_off or traceidratio); "
+                "sampling every trace", sampler)
     return 1.0
 
 
+def service_name(env: Mapping[str, str] | None = None) -> str:
+    """`sightline`, unless OTEL_SERVICE_NAME (or service.name in OTEL_RESOURCE_ATTRIBUTES) names it:
+    several servers told apart in one backend."""
+    named = _env("OTEL_SERVICE_NAME", env)
+    if named:
+        return named
+    for item in _env("OTEL_RESOURCE_ATTRIBUTES", env).split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "service.name" and value.strip():
+            return unquote(value.strip())
+    return "sightline"
+
+
 def _otlp_exporter(protocol: str | None, endpoint: str | None):
-    protocol = (protocol or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf")
+    protocol = (protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf")
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -134,9 +211,11 @@ class Tracing:
         if not enabled:
             self.tracer = trace.NoOpTracer()
             return
-        resource = Resource.create({"service.name": "sightline", "service.instance.id": instance_id,
+        resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
                                     "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})})
         self.provider = TracerProvider(resource=resource, sampler=ParentBased(_LinkedOrRatio(ratio)))
+        # The SDK reads OTEL_SDK_DISABLED itself; `enabled` already weighed it against the flags.
+        self.provider._disabled = False
         self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append, dict(where or {})))
         for name in exporters:
             exp = ConsoleSpanExporter() if name == "console" else _otlp_exporter(protocol, endpoint)
@@ -145,7 +224,9 @@ class Tracing:
 
     @classmethod
     def from_args(cls, role: str, args, instance_id: str, sink=None, where: dict[str, int] | None = None) -> "Tracing":
-        return cls(role, enabled=args.enable_tracing, exporters=resolve_exporters(args.otel_traces_exporter),
+        """The process's tracer as the flags and the standard OTEL_* variables configure it (flags win)."""
+        return cls(role, enabled=tracing_enabled(args),
+                   exporters=resolve_exporters(args.otel_traces_exporter, args.otel_exporter_otlp_endpoint),
                    ratio=resolve_ratio(args.otel_sampling_ratio), protocol=args.otel_exporter_otlp_protocol,
                    endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink, where=where)
 

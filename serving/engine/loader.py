@@ -14,6 +14,8 @@ from typing import Any
 
 from serving.model_files import BUNDLED_MODEL, ModelLoadError, model_name, one_line, prepare_model_dir
 
+LOAD_REPORT = ("missing_keys", "unexpected_keys", "mismatched_keys")
+
 
 @dataclass
 class LoadedModel:
@@ -21,6 +23,7 @@ class LoadedModel:
     hf_model: Any  # a transformers *ForCausalLM, fp32, eval mode
     tokenizer: Any
     path: Path  # the HF directory the weights were read from
+    architecture: str  # the registered architecture served, e.g. LlamaForCausalLM
     load_seconds: float
     converted: bool  # True when this load had to convert (cold start)
 
@@ -30,17 +33,34 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from serving.models.registry import resolve  # lazily, like torch: importing this module stays light
+    from serving.models.registry import architecture, resolve  # lazily, like torch: importing this stays light
 
     t0 = time.perf_counter()
     path, converted = prepare_model_dir(spec, cache_dir)
     try:
-        resolve(AutoConfig.from_pretrained(path))  # before the weights: an unsupported model fails fast
+        config = AutoConfig.from_pretrained(path)
+        resolve(config)  # before the weights: an unsupported model or config fails fast
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model, report = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
-    return LoadedModel(model_name(spec, path, served_name), model, tokenizer, path, time.perf_counter() - t0, converted)
+    _check_weights(path, report)
+    return LoadedModel(model_name(spec, path, served_name), model.eval(), tokenizer, path, architecture(config),
+                       time.perf_counter() - t0, converted)
+
+
+def _check_weights(path: Path, report: dict[str, Any]) -> None:
+    """Refuse weights that do not match the architecture exactly.
+
+    transformers fills a missing tensor with random values (and only warns), and skips an
+    unexpected one: either would be served as a silently wrong model.
+    """
+    for kind in LOAD_REPORT:
+        names = sorted(str(n) for n in report.get(kind) or ())
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            raise ModelLoadError(f"weights in {path} do not match the architecture: {kind.replace('_', ' ')} "
+                                 f"{', '.join(names[:3])}{more}")
 

@@ -35,6 +35,9 @@ class ModelRunner:
         self.decode_attention, why = select_decode_attention(args.attention_backend)
         log.info("decode attention: %s", why)
         dims = self.model.dims
+        self.window = dims.sliding_window
+        if self.window:
+            log.info("sliding-window attention: each token attends to its last %d positions", self.window)
         ctx = args.context_length or dims.max_positions
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
@@ -55,7 +58,7 @@ class ModelRunner:
         The K/V written for those positions stay in slots now free again: harmless, since a
         position counts only once the caller marks it computed.
         """
-        fb = build_batch(decodes, extends, self.pool)
+        fb = build_batch(decodes, extends, self.pool, self.window)
         fb.decode_attention = self.decode_attention
         try:
             with torch.inference_mode():

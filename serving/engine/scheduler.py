@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 import zmq
 
@@ -27,6 +28,7 @@ from protocol.io_struct import (
     AbortReq, BatchTokenIDOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Ready, ReqMeta, SchedulerStats,
     TokenizedGenerateReqInput, TokenOut, WorkerGone,
 )
+from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.process import keep_running, setup_child
 from serving.ratelog import RateLimitedLog
@@ -48,6 +50,7 @@ class Scheduler:
         self.spans = SchedulerSpans(self.tracing)
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
+        self.architecture = loaded.architecture
         self.core = SchedulerCore(loaded, args)
         self.ctx = zmq.Context()
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
@@ -264,7 +267,8 @@ class Scheduler:
     def event_loop(self, parent: int) -> None:
         self.to_tm.send(self.codec.encode(Ready(
             role=scheduler_role(self.dp_rank, self.args.dp_size), pid=os.getpid(), dp_rank=self.dp_rank,
-            model_name=self.model_name,
+            model_name=self.model_name, architecture=self.architecture,
+            sliding_window=self.core.runner.window or 0,
             context_len=self.core.context_len, vocab_size=self.core.vocab_size, kv_total=self.core.pool.capacity,
             dtype=self.core.runner.precision.dtype, quantization=self.core.runner.precision.quantization,
         )))
@@ -293,6 +297,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: s
     try:
         sched = Scheduler(args, endpoints, instance_id, dp_rank)
         sched.event_loop(parent)
+    except ModelLoadError as exc:  # one line for the operator, not a traceback; the supervisor reports the exit
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_MODEL_LOAD) from None
     except KeyboardInterrupt:
         pass
     finally:

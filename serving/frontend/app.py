@@ -7,6 +7,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -15,7 +16,7 @@ from serving.frontend import ops
 from serving.frontend.auth import AuthMiddleware
 from serving.frontend.errors import APIError, error_response
 from serving.frontend.generation import chat_completions, completions, generate
-from serving.frontend.guard import GuardMiddleware, allowed_hosts
+from serving.frontend.guard import GuardMiddleware, allowed_hosts, allowed_origins
 from serving.frontend.server_state import ServerState
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,22 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Runs outside the middleware stack (Starlette's ServerErrorMiddleware), so the response ids
+    are added here."""
     log.exception("unhandled error on %s", request.url.path)
-    return error_response(APIError(500, "internal server error", type="internal_error"))
+    return error_response(APIError(500, "internal server error", type="internal_error"),
+                          headers={k.decode(): v.decode() for k, v in ops.response_ids(request.scope)})
+
+
+def _cors(args) -> list[Middleware]:
+    """CORS only where `--allowed-origins` opts in. Outside auth: a preflight carries no key, and a
+    page must be able to read a 401. Private-network preflights (a public page calling a loopback
+    or LAN server) are approved for the same origins: naming them is the opt-in."""
+    origins = allowed_origins(args.allowed_origins)
+    if not origins:
+        return []
+    return [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=("GET", "POST"), allow_headers=("*",),
+                       expose_headers=("x-request-id", "traceparent", "retry-after"), allow_private_network=True)]
 
 
 def build_app(state: ServerState) -> Starlette:
@@ -55,6 +70,8 @@ def build_app(state: ServerState) -> Starlette:
         routes=ROUTES,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
         middleware=[Middleware(ops.HTTPMetricsMiddleware, state=state, routes=ROUTES),
+                    Middleware(ops.ResponseIdsMiddleware),
+                    *_cors(state.args),
                     Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
                     Middleware(AuthMiddleware, args=state.args)],
     )

@@ -13,6 +13,7 @@ import os
 
 from serving.args import ServerArgs
 from serving.ipc import Endpoints, scheduler_role
+from serving.process import set_title
 
 log = logging.getLogger("sightline.supervisor")
 CHILD_STOP_TIMEOUT = 5.0
@@ -22,9 +23,10 @@ def engine_roles(dp_size: int) -> list[str]:
     return [scheduler_role(r, dp_size) for r in range(dp_size)] + ["detokenizer"]
 
 
-def run_child(kind: str, *args) -> None:
+def run_child(kind: str, role: str, *args) -> None:
     """Spawn target of a child process: its module is imported in the child only, so the main
-    process never loads torch or the engine."""
+    process never loads torch or the engine. Titled first, so ps names it while torch loads."""
+    set_title(role)
     if kind == "scheduler":
         # read by the OpenMP runtime when torch loads it, so before the engine is imported
         os.environ["OMP_WAIT_POLICY"] = args[0].thread_wait_policy.upper()
@@ -37,7 +39,8 @@ def run_child(kind: str, *args) -> None:
 
 
 def _start(name: str, kind: str, *args) -> mp.process.BaseProcess:
-    p = mp.get_context("spawn").Process(target=run_child, args=(kind, *args), name=f"sightline-{name}", daemon=True)
+    p = mp.get_context("spawn").Process(target=run_child, args=(kind, name, *args), name=f"sightline-{name}",
+                                        daemon=True)
     p.start()
     return p
 

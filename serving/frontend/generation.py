@@ -21,8 +21,8 @@ from starlette.responses import JSONResponse, Response
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.openai_api import (
-    ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, decode_body,
-    include_usage,
+    ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, continuous_usage,
+    decode_body, include_usage,
 )
 from serving.frontend.req_state import Collected, GenerateReqInput, ReqState
 from serving.frontend.server_state import ServerState
@@ -140,7 +140,8 @@ async def generation(request: Request, kind: Kind) -> Response:
     if kind.route == "/generate":
         events, full = _generate_events(state, req), generate_body
     else:
-        shape = ResponseShape(kind.operation == "chat", req.rid, state.model_name, include_usage(body))
+        shape = ResponseShape(kind.operation == "chat", req.rid, state.model_name, include_usage(body),
+                              continuous_usage(body))
         events, full = _openai_events(state, req, shape), shape.full_result
     if obj.stream:
         def on_close() -> None:
@@ -162,14 +163,15 @@ async def generation(request: Request, kind: Kind) -> Response:
 
 async def _openai_events(state: ServerState, req: ReqState, shape: ResponseShape) -> AsyncIterator[bytes]:
     if shape.chat:
-        yield sse(shape.role_chunk())
+        yield sse(shape.role_chunk(shape.running_usage(req.prompt_tokens, 0, req.cached_tokens)))
     async for out in state.tm.stream(req):
         if (err := result_error(out.finish_reason, out.error, req.status)) is not None:
             yield sse(err.body())
             yield SSE_DONE
             return
         if out.text or out.finish_reason is not None:
-            yield sse(shape.delta_chunk(out.text, out.finish_reason))
+            running = shape.running_usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens)
+            yield sse(shape.delta_chunk(out.text, out.finish_reason, running))
     if shape.with_usage:
         chunk = shape.usage_chunk(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
         chunk["sightline"] = req.breakdown

@@ -8,7 +8,8 @@
   (probes and scrapers in a cluster address pods by IP).
 * **JSON only** on POSTs that carry a body: a cross-site form or `fetch` with
   `text/plain` skips the CORS preflight; requiring `application/json` (or `+json`)
-  makes the browser ask first, and we never answer a preflight.  Body-less POSTs pass.
+  makes the browser ask first, and only an origin named in `--allowed-origins` gets a
+  yes (by default none: no page elsewhere can read an answer).  Body-less POSTs pass.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def allowed_hosts(bind_host: str, configured: str | None) -> frozenset[str] | No
     if _is_loopback(bind_host):
         return frozenset(LOOPBACK_NAMES)
     return None
+
+
+def allowed_origins(configured: str | None) -> list[str]:
+    """`--allowed-origins` as CORSMiddleware takes it; a trailing slash is dropped, since
+    browsers send origins without one."""
+    return [o.strip().rstrip("/") for o in (configured or "").split(",") if o.strip()]
 
 
 def host_name(header: str) -> str:

@@ -32,8 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import resource
+import secrets
 import time
+import uuid
 from typing import Any, Awaitable, Callable
 
 import h2.errors
@@ -60,8 +63,31 @@ SHUTDOWN_CLOSE = 3.0  # once shutdown starts (after the request drain), seconds 
 ACCEPT_ERRORS = ("socket.accept() out of system resource", "Exception in callback BaseSelectorEventLoop._start_serving")
 REFUSAL = b'{"error": {"message": "too many open connections; retry later", "type": "server_unavailable", ' \
           b'"param": null, "code": "too_many_connections"}}'
-REFUSAL_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
-                    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(REFUSAL), REFUSAL))
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def fresh_traceparent(incoming: str = "") -> str:
+    """A valid W3C traceparent for a response no recorded span stands behind: the client's
+    trace id when it sent a valid traceparent (its trace still finds the response), else a
+    new one; a new span id; flags 00 (nothing of it was sampled or recorded here)."""
+    incoming = incoming.strip().lower()
+    m = _TRACEPARENT.fullmatch(incoming[:55]) if not incoming.startswith("ff") else None
+    trace_id = m.group(1) if m and m.group(1).strip("0") else secrets.token_hex(16)
+    return f"00-{trace_id}-{secrets.token_hex(8)}-00"
+
+
+def id_headers(incoming_traceparent: str = "") -> list[tuple[bytes, bytes]]:
+    """`x-request-id` and `traceparent` for a response that reached no generation: a fresh id
+    (the format of a rid) and `fresh_traceparent`."""
+    return [(b"x-request-id", uuid.uuid4().hex.encode()),
+            (b"traceparent", fresh_traceparent(incoming_traceparent).encode())]
+
+
+def refusal_response() -> bytes:
+    """The 503 for a connection over the limit, written before any request is read."""
+    ids = b"".join(b"%s: %s\r\n" % pair for pair in id_headers())
+    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n%s"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (ids, len(REFUSAL), REFUSAL))
 
 
 def default_max_connections(soft_limit: int | None = None) -> int:
@@ -245,7 +271,7 @@ class HTTPServer:
         refusal_log.warning("refusing a connection: %d open (--max-connections %d)", len(self.connections),
                             self.limit)
         with contextlib.suppress(Exception):
-            writer.write(REFUSAL_RESPONSE)
+            writer.write(refusal_response())
             writer.close()
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

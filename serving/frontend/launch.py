@@ -26,6 +26,7 @@ from serving.model_files import ModelLoadError, load_tokenizer, model_name
 from serving.frontend.app import build_app
 from serving.frontend.http_server import HTTPServer
 from serving.ipc import Endpoints, runtime_parent
+from serving.process import set_title
 from serving.frontend.server_state import ServerState
 from serving.frontend.children import engine_roles, stop_children
 from serving.frontend.engine_monitor import EngineMonitor
@@ -105,6 +106,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
 
 
 def run_server(args: ServerArgs) -> int:
+    set_title("hub" if args.tokenizer_worker_num > 1 else "main")
     setup_logging("main", args.log_level, args.log_format)
     try:
         tokenizer, path = load_tokenizer(args.model, args.cache_dir_path)  # converts the model once, here

@@ -1,5 +1,6 @@
 """Operational endpoints and HTTP accounting: /v1/models, /health, /metrics, /debug/*,
-/flush_cache (their routes are in the app's one route table, `serving.frontend.app.ROUTES`).
+/flush_cache (their routes are in the app's one route table, `serving.frontend.app.ROUTES`);
+the response counter and the `x-request-id`/`traceparent` every response carries.
 
 `/metrics` speaks OpenMetrics (with exemplars: trace ids on per-request histograms)
 when the scraper asks for it, else the classic text format.
@@ -18,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
 from serving.frontend.errors import APIError, bad_request, error_response
+from serving.frontend.http_server import id_headers
 from serving.frontend.server_state import ServerState
 
 # Label values come from bounded sets: anything else a client sends counts as "other".
@@ -27,8 +29,10 @@ KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPT
 def _engine_facts(state: ServerState) -> dict:
     """What the running engine computes with (null while it starts)."""
     ready = state.monitor.engine_ready
-    return {"max_model_len": ready.context_len if ready else None, "dtype": ready.dtype if ready else None,
-            "quantization": ready.quantization if ready else None}
+    return {"architecture": ready.architecture if ready else None,
+            "max_model_len": ready.context_len if ready else None, "dtype": ready.dtype if ready else None,
+            "quantization": ready.quantization if ready else None,
+            "sliding_window": (ready.sliding_window or None) if ready else None}
 
 
 async def models(request: Request) -> Response:
@@ -158,3 +162,43 @@ class HTTPMetricsMiddleware:
             await send(message)
 
         await self.app(scope, receive, counting_send)
+
+
+# -- x-request-id and traceparent on every response -------------------------------------
+IDS_SCOPE_KEY = "sightline.response_ids"  # scope: this HTTP request's fallback (x-request-id, traceparent)
+
+
+def response_ids(scope) -> list[tuple[bytes, bytes]]:
+    """This HTTP request's own x-request-id and traceparent, made on first use and kept in the
+    scope (the 500 handler, which runs outside the middleware stack, finds them there)."""
+    ids = scope.get(IDS_SCOPE_KEY)
+    if ids is None:
+        incoming = next((v for k, v in scope["headers"] if k == b"traceparent"), b"")
+        ids = scope[IDS_SCOPE_KEY] = id_headers(incoming.decode("latin-1"))
+    return ids
+
+
+class ResponseIdsMiddleware:
+    """Every response carries `x-request-id` and `traceparent`, including those no handler
+    made (401, 415, 404, 405, CORS preflights): a client can always quote one in a report.
+    A generation handler sets its own (the rid; the server span's context when one was
+    sampled); whichever of the two a response lacks gets this HTTP request's own."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_ids(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = message.get("headers", ())
+                have = {name.lower() for name, _ in headers}
+                if b"x-request-id" not in have or b"traceparent" not in have:
+                    message = {**message, "headers": [*headers, *((k, v) for k, v in response_ids(scope)
+                                                                  if k not in have)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_ids)

@@ -30,6 +30,7 @@ from serving.args import ServerArgs
 from serving.frontend.children import spawn, stop_children
 from serving.frontend.engine_monitor import EngineMonitor
 from serving.ipc import Endpoints
+from serving.model_files import EXIT_MODEL_LOAD
 from telemetry.metrics import Metrics
 
 log = logging.getLogger("sightline.supervisor")
@@ -79,6 +80,8 @@ class EngineSupervisor:
                 return None
             for role, p in mon.procs.items():
                 if not p.is_alive():
+                    if p.exitcode == EXIT_MODEL_LOAD:
+                        return role, "exited", "could not load the model (see the error line above)"
                     return role, "exited", f"exited with code {p.exitcode} before it was ready"
             if loop.time() > deadline:
                 return mon.missing()[0], "startup_timeout", f"was not ready within {self.args.startup_timeout:g} s"

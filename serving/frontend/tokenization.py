@@ -75,6 +75,10 @@ class PromptTokenizer:
 
     def encode_sync(self, obj: Any, vocab_size: int) -> list[int]:
         if obj.messages is not None:
+            if not getattr(self.tokenizer, "chat_template", None):  # base models ship none
+                raise bad_request("this model's tokenizer has no chat template, so messages cannot be rendered; "
+                                  "send a prompt to /v1/completions instead", param="messages",
+                                  code="chat_template_missing")
             try:
                 text = self.tokenizer.apply_chat_template(obj.messages, tokenize=False, add_generation_prompt=True)
             except Exception as exc:  # noqa: BLE001 - a template that rejects these messages

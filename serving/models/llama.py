@@ -1,13 +1,17 @@
-"""The Llama family: pre-norm decoder layers of grouped-query attention and a SwiGLU MLP.
+"""The Llama-shaped decoder: pre-norm layers of grouped-query attention and a SwiGLU MLP.
 
-Built from `serving.models.layers` with the weights of a transformers `LlamaForCausalLM`;
-the logits must equal transformers' on the same weights (tests/unit/test_model_equivalence.py).
+Built from `serving.models.layers` with the weights of a transformers `LlamaForCausalLM`,
+and of the families that differ from it only in what the shared layers already take from
+the config or the weights: Qwen2 (Q/K/V biases, which `FusedLinear` carries), Mistral (a
+sliding window, which the engine's batch metadata applies), Llama-3 RoPE scaling (in
+transformers' rotary tables).  Qwen3 adds per-head Q/K norms (`serving.models.qwen3`).
+The logits must equal transformers' on the same weights (tests/unit/test_model_families.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -30,12 +34,16 @@ class LlamaLayer:
     mlp: GatedMLP
 
     @classmethod
-    def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float, p: Precision) -> "LlamaLayer":
+    def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float, p: Precision,
+                qk_norm: bool = False) -> "LlamaLayer":
         a, m, dt = layer.self_attn, layer.mlp, p.torch_dtype
+        norms = (RMSNorm(a.q_norm.weight.detach().to(dt), eps), RMSNorm(a.k_norm.weight.detach().to(dt), eps)) \
+            if qk_norm else (None, None)
         return cls(
             RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps),
             SelfAttention(i, FusedLinear.of(a.q_proj, a.k_proj, a.v_proj, precision=p),
-                          FusedLinear.of(a.o_proj, precision=p), dims.num_heads, dims.num_kv_heads, dims.head_dim),
+                          FusedLinear.of(a.o_proj, precision=p), dims.num_heads, dims.num_kv_heads, dims.head_dim,
+                          *norms),
             RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps),
             GatedMLP(FusedLinear.of(m.gate_proj, m.up_proj, precision=p), FusedLinear.of(m.down_proj, precision=p)),
         )
@@ -54,12 +62,15 @@ class LlamaForward:
     final_norm: RMSNorm
     lm_head: FusedLinear
     rotary: RotaryTables
+    QK_NORM: ClassVar[bool] = False  # per-head RMSNorm on Q and K before RoPE (Qwen3)
 
     @classmethod
     def from_hf(cls, hf_model: Any, precision: Precision = Precision()) -> "LlamaForward":
+        """Take a loaded transformers model's weights (shared, not copied, where the dtype already matches)."""
         cfg, m, dt = hf_model.config, hf_model.model, precision.torch_dtype
         dims = ModelDims.from_hf_config(cfg)
-        layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps, precision) for i, layer in enumerate(m.layers)]
+        layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
+                  for i, layer in enumerate(m.layers)]
         return cls(dims, m.embed_tokens.weight.detach().to(dt), layers,
                    RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps),
                    FusedLinear.of(hf_model.lm_head, precision=precision),

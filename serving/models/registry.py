@@ -1,21 +1,42 @@
 """Which model families are served: the HF config's architecture name -> our implementation.
 
-Adding a family is one entry in ARCHITECTURES plus its own file built from
-`serving.models.layers`.  The loader checks a model here before reading its weights, and
-the ModelRunner builds the forward from the class found here.
+Adding a family is one `Family` entry in FAMILIES plus, where the shared Llama-shaped
+decoder does not already compute it, its own small file built from `serving.models.layers`
+(docs/engine.md, "Adding a model family").  The loader resolves a model here, config
+checks included, before reading its weights; the ModelRunner builds the forward from the
+class found here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from serving.model_files import ModelLoadError
-from serving.models.base import CausalLM
+from serving.models.base import CausalLM, check_config
 from serving.models.llama import LlamaForward
+from serving.models.qwen3 import Qwen3Forward
 
-ARCHITECTURES: dict[str, type[CausalLM]] = {
-    "LlamaForCausalLM": LlamaForward,
-}
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    architectures: tuple[str, ...]  # transformers' class names in config.json's `architectures`
+    impl: type[CausalLM]
+    honours: str  # what of the family's configs the engine computes, for `sightline models` and docs
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("llama", ("LlamaForCausalLM",), LlamaForward,
+           "Llama 2/3.x, SmolLM2; RoPE default/linear/llama3/yarn; optional attention and MLP biases"),
+    Family("qwen2", ("Qwen2ForCausalLM",), LlamaForward,
+           "Qwen2/Qwen2.5; Q/K/V biases; sliding window only when every layer uses it"),
+    Family("qwen3", ("Qwen3ForCausalLM",), Qwen3Forward,
+           "Qwen3 dense; per-head Q/K RMSNorm; head_dim independent of hidden size"),
+    Family("mistral", ("MistralForCausalLM",), LlamaForward,
+           "Mistral; sliding-window attention (sliding_window) or full attention when null"),
+)
+ARCHITECTURES: dict[str, type[CausalLM]] = {a: f.impl for f in FAMILIES for a in f.architectures}
 
 
 class UnsupportedArchitecture(ModelLoadError):
@@ -37,11 +58,22 @@ def architectures_of(hf_config: Any) -> list[str]:
     return names
 
 
-def resolve(hf_config: Any) -> type[CausalLM]:
-    """The implementation for a transformers config; raises UnsupportedArchitecture naming it and the supported ones."""
+def architecture(hf_config: Any) -> str:
+    """The served architecture's name (the first one registered); raises UnsupportedArchitecture."""
     names = architectures_of(hf_config)
     for name in names:
         if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
+            return name
     found = ", ".join(repr(n) for n in names) or f"of model_type {getattr(hf_config, 'model_type', None)!r}"
     raise UnsupportedArchitecture(f"unsupported architecture {found}; supported: {', '.join(sorted(ARCHITECTURES))}")
+
+
+def resolve(hf_config: Any) -> type[CausalLM]:
+    """The implementation for a transformers config.
+
+    Raises UnsupportedArchitecture naming it and the supported ones, or UnsupportedConfig
+    naming the field the engine cannot honour.
+    """
+    impl = ARCHITECTURES[architecture(hf_config)]
+    check_config(hf_config)
+    return impl

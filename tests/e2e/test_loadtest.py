@@ -8,7 +8,9 @@ with an impossible and a loose threshold.  The test scrapes /metrics itself too,
 reconciliation is checked against numbers the tool did not compute.  A second short run
 on the same server (~8 s, 3 users) of a shared-prefix chat workload (one ~1,000-token
 system prompt) checks the prefix cache from the client: hit ratio ≥ 0.9, and the usage
-chunks' cached_tokens equal to the increase of the server's hits counter.
+chunks' cached_tokens equal to the increase of the server's hits counter.  A goodput search
+(~25 s: four steps of 2 s, each its own Locust run) on the same server checks the found rate,
+the per-step goodput, slo.yaml's thresholds as its defaults, and the knee the plot drew.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 import httpx
 import matplotlib.image
 import pytest
+import yaml
+from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server_util import ServerProc
@@ -39,7 +43,7 @@ scenarios:
     arrival: closed
     shape: {kind: sweep, levels: [2, 4], stage_seconds: 8}
     slo: {ttft_p99_ms: 120000, error_rate: 0.6}
-goodput: {ttft_ms: 60000}
+goodput: {ttft_ms: 60000, tpot_ms: 60000}
 """
 
 
@@ -106,6 +110,8 @@ def test_csv_holds_the_custom_rows(run):
         assert int(rows["ITL", workload]["Request Count"]) == sum(len(r["chunk_times"]) - 1 for r in ok)
         ttft, e2e = (float(rows[kind, workload]["Median Response Time"]) for kind in ("TTFT", "E2E"))
         assert 0 < ttft < e2e < 60_000
+        goodput = rows["GOODPUT", workload]  # every success, none out of the loose goodput SLO
+        assert (int(goodput["Request Count"]), int(goodput["Failure Count"])) == (len(ok), 0)
     fixed = rows["TOKENS", "fixed"]  # ignore_eos pins the output length
     assert float(fixed["Min Response Time"]) == float(fixed["Max Response Time"]) == 8
     assert rows["E2E", "oversize"]["Failure Count"] == rows["E2E", "oversize"]["Request Count"] != "0"
@@ -207,3 +213,65 @@ def test_shared_prefix_run_hits_the_cache_and_reconciles_cached_tokens(server, t
     assert "prefix cache hit ratio:" in proc.stdout
     rows = {(row["Type"], row["Name"]): row for row in csv.DictReader(open(out / "locust_stats.csv"))}
     assert int(rows["CACHED", "shared"]["Request Count"]) == len(recs)
+
+
+SEARCH_CONFIG = """
+workloads:
+  small: {endpoint: completions, prompt_tokens: [16, 32], max_tokens: 8, ignore_eos: true}
+scenarios:
+  knee:
+    mix: {small: 1}
+    arrival: poisson
+    search: {start: 2, factor: 4, max_level: 512, max_steps: 4, step_seconds: 2, precision: 0.25}
+"""
+
+
+def slo_yaml_goodput() -> tuple[dict[str, float], float]:
+    """The TTFT/TPOT thresholds (ms) and objective of dashboards/slo.yaml, read here independently."""
+    slos = yaml.safe_load((REPO / "dashboards" / "slo.yaml").read_text())["slos"]
+    return ({f"{n}_ms": slos[n]["sli"]["latency"]["threshold"] * 1000 for n in ("ttft", "tpot")},
+            max(slos[n]["objective"] for n in ("ttft", "tpot")))
+
+
+def test_goodput_search_finds_the_knee_with_slo_yaml_thresholds(server, tmp_path):
+    (tmp_path / "cfg.yaml").write_text(SEARCH_CONFIG)
+    out = tmp_path / "out"
+    proc = loadtest("--url", server.url, "--config", str(tmp_path / "cfg.yaml"), "--scenario", "knee",
+                    "--out", str(out), "--require-reconcile", timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    s = json.loads((out / "summary.json").read_text())
+    g = s["goodput_search"]
+    thresholds, objective = slo_yaml_goodput()
+    assert g["goodput_slo"] == thresholds and g["objective"] == objective and g["unit"] == "requests/s"
+    steps = g["steps"]
+    assert 2 <= len(steps) <= 4 and [st["index"] for st in steps] == list(range(len(steps)))
+    assert steps[0]["level"] == 2 and steps[0]["phase"] == "ramp"
+    recs = records(out)
+    for st in steps:  # per-step goodput, recomputed from the step's own records
+        mine = [r for r in recs if r["stage"] == st["index"]]
+        good = sum(r["error"] is None and r["ttft"] * 1000 <= thresholds["ttft_ms"]
+                   and (r["completion_tokens"] < 2 or (r["e2e"] - r["ttft"]) / (r["completion_tokens"] - 1) * 1000
+                        <= thresholds["tpot_ms"]) for r in mine)
+        assert (st["requests"], st["good"]) == (len(mine), good), st
+        assert st["goodput_per_s"] == pytest.approx(good / 2)
+        assert st["passed"] == (bool(mine) and good / len(mine) >= objective)
+        assert all(r["level"] == st["level"] for r in mine)
+    failing = [st["level"] for st in steps if not st["passed"]]
+    passing = [st["level"] for st in steps if st["passed"] and st["level"] < min(failing, default=float("inf"))]
+    assert passing, "2 requests/s of 8-token completions should meet slo.yaml's SLO on tiny-random"
+    assert g["knee"] == max(passing) and steps[g["knee_step"]]["level"] == g["knee"]
+    assert g["capped"] == (not failing and g["knee"] == 512)
+    assert f"knee: {g['knee']:g} requests/s" in proc.stdout
+    assert {c["name"] for c in s["slo_gate"]["checks"]} == {"goodput_knee_min", "reconciliation"}
+    assert s["reconciliation"]["ok"] and s["requests"] == len(recs) > 0
+    assert [st["level"] for st in s["stages"]] == [st["level"] for st in steps]  # stages are the steps
+    assert sorted(s["plots"]) == ["goodput_search.png", "latency_cdf.png", "load_vs_latency.png"]
+    png = Image.open(out / "goodput_search.png")
+    assert png.size[0] > 200 and float(png.text["sightline:knee"]) == g["knee"]  # the line the plot drew
+    drawn = json.loads(png.text["sightline:steps"])
+    assert sorted((d["level"], d["passed"]) for d in drawn) == sorted((st["level"], st["passed"]) for st in steps)
+    for i in range(len(steps)):
+        assert (out / "steps" / f"{i:02d}" / "locust.html").stat().st_size > 0
+    # judged again from the folder alone; an unreachable knee fails the gate
+    again = loadtest("--gate-only", str(out), "--slo", "goodput_knee_min=100000")
+    assert again.returncode == 1 and "FAIL  goodput_knee_min" in again.stdout, again.stdout + again.stderr

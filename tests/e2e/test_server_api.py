@@ -136,7 +136,8 @@ def test_engine_info_and_step_phases_reach_metrics(tiny_server):
         text = scrape(tiny_server)
         return text if value(text, "sightline_engine_step_phase_seconds_count", phase="output") >= 4 else None
     text = wait_until(phases_counted, 10, "step phases in the Scheduler's stats")
-    assert value(text, "sightline_engine_info", dtype="float32", quantization="none", model_name="tiny-random") == 1
+    assert value(text, "sightline_engine_info", dtype="float32", quantization="none", model_name="tiny-random",
+                 architecture="LlamaForCausalLM") == 1
     for phase in ("schedule", "forward", "sample", "output"):
         count = value(text, "sightline_engine_step_phase_seconds_count", phase=phase)
         total = value(text, "sightline_engine_step_phase_seconds_sum", phase=phase)

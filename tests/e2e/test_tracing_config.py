@@ -25,7 +25,7 @@ def test_grpc_and_console_from_env_with_ratio_zero(tmp_path, grpc_otlp):
     srv = ServerProc(tmpdir=tmp_path, env=env)
     try:
         plain = srv.post("/v1/completions", {"prompt": "not sampled", "max_tokens": 3})
-        assert plain.status_code == 200 and "traceparent" not in plain.headers
+        assert plain.status_code == 200 and plain.headers["traceparent"].endswith("-00")  # valid, not sampled
         assert "trace_id" not in plain.json()["sightline"]
         traced = srv.post("/v1/completions", {"prompt": "sampled upstream", "max_tokens": 3},
                           headers={"traceparent": INCOMING})
@@ -40,3 +40,23 @@ def test_grpc_and_console_from_env_with_ratio_zero(tmp_path, grpc_otlp):
     finally:
         srv.stop()
     assert f'"trace_id": "0x{trace_id}"' in srv.log(), "the console exporter printed no span"
+
+
+def test_an_otlp_endpoint_alone_in_the_environment_exports_otlp(tmp_path, monkeypatch):
+    """No exporter chosen by flag or OTEL_TRACES_EXPORTER: the SDKs' default, otlp, to that endpoint."""
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    receiver = OTLPReceiver()
+    srv = ServerProc(tmpdir=tmp_path, env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                                           "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    try:
+        r = srv.post("/v1/completions", {"prompt": "to the collector", "max_tokens": 3})
+        trace_id = r.json()["sightline"]["trace_id"]
+        spans = receiver.wait_for(lambda s: s["trace_id"] == trace_id and s["name"] == "decode", timeout=15)
+        assert spans and spans[0]["resource"]["service.name"] == "sightline"
+        server = receiver.wait_for(lambda s: s["trace_id"] == trace_id and s["kind"] == "SERVER")
+        assert server and server[0]["resource"]["sightline.process.role"] == "main"
+    finally:
+        srv.stop()
+        receiver.close()

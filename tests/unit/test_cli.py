@@ -48,3 +48,21 @@ def test_generate_errors_are_one_line():
     assert r.returncode == 1 and r.stderr.strip().splitlines() == ["error: model file not found: /nope/x.gguf"]
     r = _sightline("generate", "--model", "tiny-random", "--prompt", "hi", "--max-running-requests", "0")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_models_lists_every_registered_family_and_the_bundled_models(capsys):
+    import json
+
+    from serving.cli import main
+    from serving.models.registry import FAMILIES
+
+    assert main(["models", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [f["family"] for f in out["families"]] == [f.name for f in FAMILIES] == ["llama", "qwen2", "qwen3",
+                                                                                     "mistral"]
+    assert {a for f in out["families"] for a in f["architectures"]} >= {"Qwen3ForCausalLM", "MistralForCausalLM"}
+    assert all(f["quantization"] == ["none", "int8"] and f["prefix_cache"] for f in out["families"])
+    assert [b["name"] for b in out["bundled"]] == ["smollm2-135m", "tiny-random"]
+    assert main(["models"]) == 0
+    table = capsys.readouterr().out
+    assert "Qwen2ForCausalLM" in table and "smollm2-135m" in table and "tiny-random" in table

@@ -97,7 +97,8 @@ def test_step_phases_and_engine_info_come_from_the_scheduler():
     assert f.sample("sightline_engine_step_phase_seconds_bucket", dp_rank="0", le="0.1", **m) == 5  # cumulative
     assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", **m) == 6
     assert f.sample("sightline_engine_step_phase_seconds_sum", dp_rank="0", **m) == 0.9
-    assert f.sample("sightline_engine_info", dp_rank="0", model_name="tiny-random", dtype="", quantization="") == 1
+    assert f.sample("sightline_engine_info", dp_rank="0", model_name="tiny-random", architecture="", dtype="",
+                    quantization="") == 1
     f.monitor.reset()  # an engine restart: no stats, no info, and /metrics still renders
     assert "sightline_engine_step_phase_seconds_count" not in f.exposition()
 

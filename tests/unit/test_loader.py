@@ -29,18 +29,17 @@ def test_cached_model_is_reused(smollm):
     assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
 
 
-def test_fresh_conversion_matches_direct_gguf_load(tmp_path, smollm):
-    """Convert into an empty cache: the cached weights give the GGUF model's logits exactly."""
+def test_cached_conversion_matches_direct_gguf_load(smollm):
+    """The conversion `make setup` cached (the same code a first `--model x.gguf` runs) gives the
+    GGUF model's logits exactly; fresh conversions are tests/unit/test_gguf_families.py's."""
     from transformers import AutoModelForCausalLM
 
-    fresh = load_model(BUNDLED_MODEL, cache_dir=tmp_path)
-    assert fresh.converted
+    assert (smollm.path / "sightline.json").is_file() and not smollm.converted
     gguf = bundled_gguf_path()
     direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     x = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
     with torch.inference_mode():
-        torch.testing.assert_close(fresh.hf_model(x).logits, direct(x).logits, atol=0, rtol=0)
-    assert load_model(BUNDLED_MODEL, cache_dir=tmp_path).converted is False
+        torch.testing.assert_close(smollm.hf_model(x).logits, direct(x).logits, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("spec,match", [
@@ -67,9 +66,9 @@ def _cli(*args, cache):
 def test_corrupt_gguf_gives_one_line_not_a_traceback(tmp_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a model at all" * 100)
-    r = _cli(str(junk), cache=tmp_path / "c")
-    assert r.returncode == 1
-    assert r.stderr.strip().splitlines() == [f"error: not a GGUF file (bad magic bytes): {junk}"]
+    with pytest.raises(ModelLoadError) as err:
+        prepare_model_dir(str(junk), tmp_path / "c")
+    assert str(err.value) == f"not a GGUF file (bad magic bytes): {junk}"
 
     truncated = tmp_path / "truncated.gguf"
     with bundled_gguf_path().open("rb") as src:

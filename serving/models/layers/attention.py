@@ -4,6 +4,8 @@ Each fed token's K/V is written into its slot first; then decode tokens attend a
 batch (`decode_attention`: the native kernel or padded SDPA, as the ForwardBatch says) and
 each extend chunk attends on its own, causally, over its prefix's slots plus its own.  Heads
 are grouped (`enable_gqa=True` / in the kernel), so K/V heads are never repeated in memory.
+A sliding window (Mistral) lives in the ForwardBatch: each token's slots and mask reach back
+only as far as the window, so nothing here depends on it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from serving.models.layers.decode_attention import gather, sdpa_decode
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear
+from serving.models.layers.norm import RMSNorm
 from serving.models.layers.rope import apply_rotary
 
 
@@ -43,7 +46,10 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCac
 
 @dataclass
 class SelfAttention:
-    """One layer's attention block: fused QKV projection, RoPE on Q and K, paged attention, output projection."""
+    """One layer's attention block: fused QKV projection, RoPE on Q and K, paged attention, output projection.
+
+    With `q_norm`/`k_norm` (Qwen3), each head's Q and K are RMS-normalised before RoPE.
+    """
 
     layer: int  # index of this layer's K/V in the cache
     qkv: FusedLinear  # Q rows, then K, then V
@@ -51,6 +57,8 @@ class SelfAttention:
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    q_norm: RMSNorm | None = None
+    k_norm: RMSNorm | None = None
 
     def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
                  fb: ForwardBatch) -> torch.Tensor:
@@ -58,8 +66,11 @@ class SelfAttention:
         q_end = self.num_heads * d
         k_end = q_end + self.num_kv_heads * d
         qkv = self.qkv(x)
-        q = apply_rotary(qkv[:, :q_end].view(t, self.num_heads, d), *rope)
-        k = apply_rotary(qkv[:, q_end:k_end].view(t, self.num_kv_heads, d), *rope)
+        q = qkv[:, :q_end].view(t, self.num_heads, d)
+        k = qkv[:, q_end:k_end].view(t, self.num_kv_heads, d)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         v = qkv[:, k_end:].view(t, self.num_kv_heads, d)
         attn = paged_attention(q, k, v, kv, self.layer, fb)
         return self.o(attn.reshape(t, q_end))

@@ -17,8 +17,8 @@ import torch
 class ExtendSeg:
     start: int  # first flat token index of the chunk
     length: int  # tokens in the chunk
-    kv_idx: torch.Tensor  # slots of positions [0, prefix + length)
-    mask: torch.Tensor | None  # [length, prefix+length] bool, None when prefix == 0 (plain causal)
+    kv_idx: torch.Tensor  # slots of positions [first, prefix + length); first > 0 only under a sliding window
+    mask: torch.Tensor | None  # [length, len(kv_idx)] bool; None for plain causal attention from position 0
 
 
 @dataclass
@@ -27,7 +27,7 @@ class ForwardBatch:
     positions: torch.Tensor  # [T]
     out_slots: torch.Tensor  # [T] where each token's K/V is written
     num_decode: int  # tokens [0, num_decode) are decode tokens
-    decode_kv_idx: torch.Tensor | None  # [B, Lmax] slots, padded with PAD_SLOT
+    decode_kv_idx: torch.Tensor | None  # [B, Lmax] slots (the window's, under a sliding window), padded with PAD_SLOT
     decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] True where attended
     decode_lens: torch.Tensor | None = None  # [B] each decode request's attended length
     extends: list[ExtendSeg] = field(default_factory=list)

@@ -1,0 +1,111 @@
+"""Small seeded models of every registered family, built from the real configs in
+tests/fixtures/families/ with the dimensions shrunk, saved as Hugging Face directories.
+
+The families' own tokenizers are not reachable offline: every model uses the bundled
+SmolLM2 tokenizer (and so its ChatML chat template).  Built once per cache directory and
+reused; the directory name carries the seed and a hash of the config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from serving.model_files import BUNDLED_MODEL, default_cache_dir, prepare_model_dir
+
+CONFIGS = Path(__file__).resolve().parent / "fixtures" / "families"
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+SEED = 4321
+SHRINK = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+# head_dim kept where the real config sets one that differs from hidden/heads (Qwen3's 128 vs 64):
+# 64 keeps Llama-3's RoPE scaling with frequencies in its smoothed band.
+HEAD_DIM = {"llama": 64, "qwen3": 48}
+SLIDING_WINDOW = {"mistral": 16}  # shorter than the test prompts, so the window is exercised
+
+
+def real_config(family: str) -> dict:
+    return json.loads((CONFIGS / f"{family}.json").read_text())
+
+
+def shrunk_config(family: str, tokenizer) -> dict:
+    cfg = {**real_config(family), **SHRINK}
+    if family in HEAD_DIM:
+        cfg["head_dim"] = HEAD_DIM[family]
+    if family in SLIDING_WINDOW:
+        cfg["sliding_window"] = SLIDING_WINDOW[family]
+    cfg.update(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               initializer_range=0.3, torch_dtype="float32")  # peaked logits: no greedy ties
+    return cfg
+
+
+def _randomise(model: torch.nn.Module) -> None:
+    """Norm weights and biases are 1 and 0 at init: make them random too, so they are exercised."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.5 * torch.randn_like(p))
+
+
+def build(family: str, cache_dir: Path | None = None) -> Path:
+    """The family's shrunk seeded model as an HF directory (safetensors + the bundled tokenizer)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tok_dir, _ = prepare_model_dir(BUNDLED_MODEL)
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    cfg = shrunk_config(family, tok)
+    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
+    out = (cache_dir or default_cache_dir()) / "families" / f"{family}-s{SEED}-{digest}"
+    if (out / "config.json").is_file():
+        return out
+    config = AutoConfig.for_model(**cfg)
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    _randomise(model)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.rename(out)
+    return out
+
+
+def gguf(family: str, cache_dir: Path | None = None) -> Path:
+    """The family's model as an F32 GGUF file written as llama.cpp writes one, beside its HF
+    directory and written once: every test that serves it shares one conversion (~10 s)."""
+    from tests.gguf_writer import write_gguf
+
+    hf_dir = build(family, cache_dir)
+    out = hf_dir.with_name(hf_dir.name + ".gguf")
+    if not out.is_file():
+        tmp = out.with_name(out.name + ".tmp")
+        write_gguf(hf_dir, tmp)
+        tmp.rename(out)
+    return out
+
+
+def main() -> int:
+    """`python -m tests.family_models`: build every family's model, its GGUF file and that file's
+    conversion into the default cache (what `make setup` runs, so the tests find them ready)."""
+    import time
+
+    for family in FAMILIES:
+        t0 = time.perf_counter()
+        path, converted = prepare_model_dir(str(gguf(family)))
+        print(f"{family}: {'converted' if converted else 'cached'} at {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
