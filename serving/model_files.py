@@ -138,7 +138,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     with gguf.open("rb") as fh:
         if fh.read(4) != b"GGUF":
             raise ModelLoadError(f"not a GGUF file (bad magic bytes): {gguf}")
-    print(f"sightline: converting {gguf.name} to fp32 safetensors (once, ~10 s)", file=sys.stderr, flush=True)
+    print(f"sightline: converting {gguf.name} to fp32 safetensors (once, 10–30 s)", file=sys.stderr, flush=True)
     try:
         with _one_parse(gguf):
             # transformers' reader drops RoPE scaling, Mistral's window and Qwen3's head_dim from
