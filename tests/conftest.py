@@ -73,3 +73,15 @@ def tiny_server(tmp_path_factory):
     srv = ServerProc(tmpdir=tmp_path_factory.mktemp("tiny-server"))
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A tiny-random server of the module's own, for tests whose counts must not see other modules' traffic."""
+    from tests.server_util import ServerProc
+
+    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("server"))
+    try:
+        yield srv
+    finally:
+        srv.stop()

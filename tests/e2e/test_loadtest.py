@@ -29,7 +29,6 @@ import yaml
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server_util import ServerProc
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """
@@ -59,15 +58,6 @@ def requests_by_finish_reason(exposition: str, model: str) -> Counter:
             if s.name == "sightline_requests_total" and s.labels["model_name"] == model:
                 out[s.labels["finish_reason"]] += int(s.value)
     return out
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("server"))
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

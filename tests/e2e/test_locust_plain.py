@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from loadtest.server import free_port
-from tests.server_util import ServerProc, wait_until
+from tests.server_util import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 LOCUSTFILE = REPO / "loadtest" / "locustfile.py"
@@ -39,15 +39,6 @@ def locust_cmd() -> list[str]:
 
 def plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("SIGHTLINE_LOADTEST_PLAN", "PYTHONPATH")}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("server"))
-    try:
-        yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture
