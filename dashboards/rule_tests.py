@@ -10,8 +10,10 @@ hand (see the comments), not read back from the rules, so a wrong factor, window
 from __future__ import annotations
 
 from dashboards.promql import has_model_label
-from dashboards.rules import BUDGET_REMAINING, burn_alerts, render, symptom_alerts
+from dashboards.rules import (BUDGET_REMAINING, CPU_PER_TOKEN_BY_ROLE, CPU_PER_TOKEN_TOTAL, burn_alerts, render,
+                              symptom_alerts)
 from dashboards.slo import SLO, Spec
+from telemetry.buckets import DEFAULT_BUCKETS
 
 RATE = 1000  # requests per minute in every scenario
 BASE = {"job": "sightline", "instance": "sightline:8000", "model_name": "m"}
@@ -117,6 +119,14 @@ def _s(name: str, values: str, **labels: str) -> dict:
     return {"series": name + "{" + ",".join(f'{k}="{v}"' for k, v in all_labels.items()) + "}", "values": values}
 
 
+def _lag(per_minute: dict[str, float], minutes: int = 30, **labels: str) -> list[dict]:
+    """Event-loop lag histogram series: `per_minute` maps each bucket bound to the samples per
+    minute at most that late (cumulative, as Prometheus buckets are); +Inf is the count."""
+    name = "sightline_event_loop_lag_seconds"
+    out = [_s(f"{name}_bucket", f"0+{n:g}x{minutes}", le=le, **labels) for le, n in per_minute.items()]
+    return out + [_s(f"{name}_count", f"0+{per_minute['+Inf']:g}x{minutes}", **labels)]
+
+
 def symptom_tests(spec: Spec) -> dict:
     """(alert, scenario, input series, minutes, expected labels of the firing alerts or [])."""
     sym = spec.symptoms
@@ -129,6 +139,12 @@ def symptom_tests(spec: Spec) -> dict:
     died = {**inst, "role": "detokenizer", "cause": "exited"}
     stalled = {**inst, "role": "scheduler", "cause": "stalled"}
     fails = "sightline_engine_failures_total"
+    # 1200 lag samples a minute (one per 50 ms); the threshold is a bucket bound of the histogram
+    lag = float(sym["SightlineEventLoopBlocked"]["threshold"])
+    above = next(b for b in DEFAULT_BUCKETS["stage"] if b > lag)  # the next bucket up
+    healthy_loop = {"0.01": 1200, f"{lag:g}": 1200, f"{above:g}": 1200, "+Inf": 1200}
+    blocked_loop = {"0.01": 1000, f"{lag:g}": 1140, f"{above:g}": 1200, "+Inf": 1200}  # 5 % above the threshold
+    loop = "sightline_event_loop_lag_seconds"
     shed, aborts = "sightline_requests_shed_total", "sightline_request_aborts_total"
     cases = [
         ("SightlineDown", "scrape fails", [_s("up", "1 1 0x20")], 15, [inst]),
@@ -197,6 +213,18 @@ def symptom_tests(spec: Spec) -> dict:
          [_s(aborts, f"0+{timeouts * 30:g}x40", reason="timeout")], 30, []),
         ("SightlineRequestTimeouts", "many disconnects, no timeouts",
          [_s(aborts, f"0+{timeouts * 600:g}x40", reason="client_disconnect")], 30, []),
+        ("SightlineEventLoopBlocked", "5 % of the samples late by more than the threshold",
+         _lag(blocked_loop, role="main"), 15, [{**inst, "role": "main"}]),
+        ("SightlineEventLoopBlocked", "a healthy loop", _lag(healthy_loop, role="main"), 15, []),
+        # one 10 s stall (a GC pause, one huge body) is 1 sample of 6000 in 5 m: below p99
+        ("SightlineEventLoopBlocked", "a single long stall",
+         _lag(healthy_loop, role="main")[:-2]  # its finite buckets; +Inf and the count hold the stall
+         + [_s(f"{loop}_{suffix}", "0+1200x9 10801+1200x20", role="main", **le)
+            for suffix, le in (("bucket", {"le": "+Inf"}), ("count", {}))],
+         15, []),
+        ("SightlineEventLoopBlocked", "two workers, one blocked",
+         _lag(healthy_loop, role="worker-1") + _lag(blocked_loop, role="worker-2"), 15,
+         [{**inst, "role": "worker-2"}]),
     ]
     rules = {r["alert"]: r for r in symptom_alerts(spec)}
     tests = []
@@ -210,5 +238,26 @@ def symptom_tests(spec: Spec) -> dict:
     return {"rule_files": ["../rules/symptoms.yml"], "evaluation_interval": "1m", "tests": tests}
 
 
+def cost_tests(spec: Spec) -> dict:
+    """CPU seconds per output token: 0.25 + 0.75 cores for 2 output tokens/s is 0.5 CPU-s a token."""
+    cpu, tokens = "sightline_process_cpu_seconds_total", "sightline_generation_tokens_total"
+    series = [_s(cpu, "0+15x30", role="main"), _s(cpu, "0+45x30", role="scheduler"), _s(tokens, "0+120x30")]
+    job = {"job": BASE["job"]}
+    checks = [(CPU_PER_TOKEN_BY_ROLE, {**job, "role": "main"}, 0.125),
+              (CPU_PER_TOKEN_BY_ROLE, {**job, "role": "scheduler"}, 0.375),
+              (CPU_PER_TOKEN_TOTAL, job, 0.5)]
+    tests = [{"name": "CPU seconds per output token, per role and in total", "interval": "1m",
+              "input_series": series,
+              "promql_expr_test": [{"expr": f"{record}{_series_labels(labels)}", "eval_time": "20m",
+                                    "exp_samples": [{"labels": record + _series_labels(labels), "value": value}]}
+                                   for record, labels, value in checks]},
+             # no output tokens: no series, not +Inf
+             {"name": "CPU seconds per output token, nothing generated", "interval": "1m",
+              "input_series": [series[0], _s(tokens, "0x30")],
+              "promql_expr_test": [{"expr": f"{record}", "eval_time": "20m", "exp_samples": []}
+                                   for record in (CPU_PER_TOKEN_BY_ROLE, CPU_PER_TOKEN_TOTAL)]}]
+    return {"rule_files": ["../rules/cost.yml"], "evaluation_interval": "1m", "tests": tests}
+
+
 def test_files(spec: Spec) -> dict[str, dict]:
-    return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec)}
+    return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec), "cost_test.yml": cost_tests(spec)}

@@ -1,4 +1,5 @@
-"""Prometheus rules from the SLO spec: SLI recording rules, burn-rate alerts, symptom alerts.
+"""Prometheus rules from the SLO spec: SLI recording rules, burn-rate alerts, symptom alerts,
+and the CPU-cost recording rules (CPU seconds per output token).
 
 Recording rules follow `level:metric:operations` (level `job_model_name`: what `sum by`
 keeps).  Each SLI aggregates numerator and denominator separately, then divides; an
@@ -96,8 +97,9 @@ def new_failures_expr(job: str, window: str) -> str:
 
 
 def symptom_alerts(spec: Spec) -> list[dict]:
-    """Alerts on causes the SLOs only see later (down, stalled, backlog, KV, drops, bad frames) and
-    on the reliability machinery at work (engine restarts, load shedding, deadlines).
+    """Alerts on causes the SLOs only see later (down, stalled, backlog, KV, drops, bad frames, a
+    late event loop) and on the reliability machinery at work (engine restarts, load shedding,
+    deadlines).
 
     Engine gauges carry `dp_rank` (one series per Scheduler rank, also with one rank) and the
     TokenizerManager's in-flight gauge a `worker` label with several tokenizer workers: the
@@ -114,6 +116,7 @@ def symptom_alerts(spec: Spec) -> list[dict]:
     restart_w = p("SightlineEngineRestarting", "window")
     shed, shed_w, shed_for = (p("SightlineLoadShedding", f) for f in ("threshold", "window", "for"))
     slow, slow_w, slow_for = (p("SightlineRequestTimeouts", f) for f in ("threshold", "window", "for"))
+    lag, lag_w, lag_for = (p("SightlineEventLoopBlocked", f) for f in ("threshold", "window", "for"))
     # (alert, severity, expr, summary, description)
     defs = [
         ("SightlineDown", "page", f"up{{{job}}} == 0",
@@ -169,6 +172,14 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          f"For {slow_for} more than {slow} request/s (over {slow_w}) ended with 504 because a deadline passed: "
          "--request-timeout or the client's x-request-timeout header, or --max-queue-time in the "
          "Scheduler's queue."),
+        ("SightlineEventLoopBlocked", "ticket",
+         f"histogram_quantile(0.99,\n  sum by (job, instance, role, le) (\n"
+         f"    rate(sightline_event_loop_lag_seconds_bucket{{{job}}}[{lag_w}])\n  )\n) > {lag}",
+         "{{ $labels.instance }} {{ $labels.role }}: the TokenizerManager event loop runs late",
+         f"For {lag_for} the p99 event-loop lag of front-end process {{{{ $labels.role }}}} (main, or worker-N "
+         f"with --tokenizer-worker-num) has been above {lag} s over {lag_w}: something holds its event loop "
+         "(tokenizing a huge prompt inline, parsing a huge JSON body, a blocking call, GC pauses) and every "
+         "request that process serves waits as long — ITL and TTFT spikes the engine does not explain."),
     ]
     alerts = []
     for name, severity, expr, summary, description in defs:
@@ -182,12 +193,36 @@ def symptom_alerts(spec: Spec) -> list[dict]:
     return alerts
 
 
+COST_WINDOW = "5m"
+CPU_PER_TOKEN = "sightline_cpu_seconds_per_output_token"
+CPU_PER_TOKEN_BY_ROLE = f"job_role:{CPU_PER_TOKEN}:rate{COST_WINDOW}"
+CPU_PER_TOKEN_TOTAL = f"job:{CPU_PER_TOKEN}:rate{COST_WINDOW}"
+
+
+def cost_rules(spec: Spec) -> list[dict]:
+    """CPU seconds per output token, per process role and in total (docs/runbook.md prices it).
+
+    CPU (`sightline_process_cpu_seconds_total{role}`) has no model label: with one model per
+    server, every output token of the job is the denominator.  No series while nothing is
+    generated (the denominator is kept only above 0), rather than +Inf."""
+    job, w = f'job="{spec.job}"', COST_WINDOW
+    tokens = f"(\n  sum by (job) (rate(sightline_generation_tokens_total{{{job}}}[{w}])) > 0\n)"
+    return [
+        {"record": CPU_PER_TOKEN_BY_ROLE,
+         "expr": f"sum by (job, role) (rate(sightline_process_cpu_seconds_total{{{job}}}[{w}]))\n"
+                 f"/ on (job) group_left ()\n{tokens}"},
+        # the group runs in order: this reads the per-role series of this evaluation
+        {"record": CPU_PER_TOKEN_TOTAL, "expr": f"sum by (job) ({CPU_PER_TOKEN_BY_ROLE})"},
+    ]
+
+
 def rule_files(spec: Spec) -> dict[str, dict]:
     """File name (under prometheus/rules/) → rule file content."""
     return {
         # one group: its rules run in order, so the alerts read this evaluation's ratios
         "slo.yml": {"groups": [{"name": "sightline-slo", "rules": recording_rules(spec) + burn_alerts(spec)}]},
         "symptoms.yml": {"groups": [{"name": "sightline-symptoms", "rules": symptom_alerts(spec)}]},
+        "cost.yml": {"groups": [{"name": "sightline-cost", "rules": cost_rules(spec)}]},
     }
 
 

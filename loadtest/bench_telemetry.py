@@ -6,6 +6,8 @@
        this script, metrics observed, /metrics scraped every second, one JSON log line
        per request.
 "off": --no-enable-tracing --no-enable-metrics --no-log-requests.
+"head-0.01" / "tail-0.01": as "on" with head sampling at 1 %, tail sampling off / on (the
+       cost of recording every request for the tail decision; `--modes head-0.01,tail-0.01`).
 Each round starts a fresh server per mode and measures (1) p50 TTFT of sequential
 single requests and (2) output tokens/s of `--concurrency` concurrent streams.
 On a shared 2-core machine those end-to-end numbers move ±10 % run to run, more than
@@ -39,6 +41,10 @@ MODES = {
     "on": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
                         "--otel-sampling-ratio", "1.0", "--log-requests"],
     "off": lambda sink: ["--no-enable-tracing", "--no-enable-metrics", "--no-log-requests"],
+    "head-0.01": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
+                               "--otel-sampling-ratio", "0.01", "--log-requests", "--no-otel-tail-sampling"],
+    "tail-0.01": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
+                               "--otel-sampling-ratio", "0.01", "--log-requests"],
 }
 
 
@@ -72,7 +78,7 @@ async def scraper(url: str, stop: asyncio.Event) -> None:
 
 async def measure(url: str, mode: str, seq: list[list[int]], conc: list[list[int]], gen_len: int) -> dict:
     stop = asyncio.Event()
-    task = asyncio.create_task(scraper(url, stop)) if mode == "on" else None
+    task = asyncio.create_task(scraper(url, stop)) if mode != "off" else None
     p50 = await ttft_p50(url, seq)
     tput = (await http_run(url, conc, gen_len))["tok_s"]
     stop.set()
@@ -88,13 +94,17 @@ def micro(requests: int = 300, tokens: int = 64) -> None:
     from telemetry.clock import now_ns
     from telemetry.metrics import Metrics
     from telemetry.request_telemetry import RequestTelemetry
+    from telemetry.tail_sampling import TailSampler
     from telemetry.timeline import Timeline
     from telemetry.tracing import Tracing
 
-    def run(enabled: bool) -> float:
+    def run(enabled: bool, ratio: float = 1.0, tail: bool = False) -> float:
         timeline = Timeline(500)
-        tel = RequestTelemetry(Tracing("main", enabled=enabled, sink=timeline.add_span),
+        sampler = TailSampler([], {}, 4096) if tail else None
+        sink = (lambda rec: (timeline.add_span(rec), sampler.add(rec))) if tail else timeline.add_span
+        tel = RequestTelemetry(Tracing("main", enabled=enabled, sink=sink, ratio=ratio, tail=tail),
                                Metrics("m") if enabled else None, timeline, "m", False)
+        tel.tail = sampler
         t0 = time.perf_counter()
         for i in range(requests):
             rt = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns(), rid=f"r{i}",
@@ -120,6 +130,9 @@ def micro(requests: int = 300, tokens: int = 64) -> None:
     on, off = run(True), run(False)
     print(f"main-process telemetry, per request of {tokens} tokens: on {on:.0f} µs, off {off:.0f} µs "
           f"→ {on - off:.0f} µs per request, {(on - off) / tokens:.1f} µs per token")
+    head, tail = run(True, 0.01), run(True, 0.01, tail=True)
+    print(f"with head sampling at 1 %: tail sampling off {head:.0f} µs, on {tail:.0f} µs per request "
+          f"(every request recorded and decided: +{tail - head:.0f} µs)")
 
 
 def main() -> None:
@@ -131,6 +144,7 @@ def main() -> None:
     ap.add_argument("--ttft-requests", type=int, default=20)
     ap.add_argument("--port", type=int, default=8392)
     ap.add_argument("--micro", action="store_true", help="only time the telemetry code itself (no server)")
+    ap.add_argument("--modes", default="on,off", help=f"two of {','.join(MODES)}, compared")
     a = ap.parse_args()
     if a.micro:
         micro()
@@ -145,9 +159,11 @@ def main() -> None:
 
     seq = make_prompts(_M, a.ttft_requests, 64)
     conc = make_prompts(_M, a.concurrency, 128)
-    results: dict[str, list[dict]] = {"on": [], "off": []}
+    modes = tuple(a.modes.split(","))
+    assert len(modes) == 2 and all(m in MODES for m in modes), f"--modes: two of {list(MODES)}"
+    results: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(a.rounds):
-        for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
             with tempfile.TemporaryDirectory() as tmp:
                 server = LocalServer(a.model, a.port, Path(tmp) / "server.log",
                                      ["--log-level", "warning", *MODES[mode](sink_url)])
@@ -161,10 +177,11 @@ def main() -> None:
     print("| telemetry | p50 TTFT ms (sequential, 64-token prompts) | output tok/s "
           f"({a.concurrency} streams × {a.gen_len}) |\n|---|---:|---:|")
     med = {m: {k: statistics.median(x[k] for x in v) for k in v[0]} for m, v in results.items()}
-    for m in ("off", "on"):
+    base, other = modes[::-1] if modes[0] == "on" else modes  # "on,off" reads as on over off
+    for m in (base, other):
         print(f"| {m} | {med[m]['ttft_p50_ms']:.2f} | {med[m]['tok_s']:.1f} |")
-    print(f"| overhead | {med['on']['ttft_p50_ms'] - med['off']['ttft_p50_ms']:+.2f} ms | "
-          f"{100 * (med['on']['tok_s'] / med['off']['tok_s'] - 1):+.1f}% |")
+    print(f"| {other} − {base} | {med[other]['ttft_p50_ms'] - med[base]['ttft_p50_ms']:+.2f} ms | "
+          f"{100 * (med[other]['tok_s'] / med[base]['tok_s'] - 1):+.1f}% |")
 
 
 if __name__ == "__main__":

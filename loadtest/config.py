@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
+from telemetry.slo_spec import SLO_SPEC, slo_spec_goodput
+
 DEFAULT_CONFIG = Path(__file__).with_name("workloads.yaml")
-SLO_SPEC = Path(__file__).resolve().parent.parent / "dashboards" / "slo.yaml"
 FALLBACK_OBJECTIVE = 0.99  # only when the SLO spec is absent (an image without dashboards/)
 CONTEXT_MARGIN = 8  # "near the context": context − max_tokens − this many tokens
 Range = tuple[int, int]
@@ -32,23 +33,6 @@ Range = tuple[int, int]
 
 class ConfigError(ValueError):
     """A config or command-line value that makes no sense; the CLI exits 2."""
-
-
-def slo_spec_goodput(path: Path = SLO_SPEC) -> tuple[dict[str, float], float | None]:
-    """({ttft_ms, tpot_ms, e2e_ms present in the spec}, the strictest of their objectives) from the
-    latency SLOs of dashboards/slo.yaml; ({}, None) when the file is absent.  The strictest
-    objective, because a request counts as good only if it meets every threshold at once."""
-    if not Path(path).is_file():
-        return {}, None
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    thresholds: dict[str, float] = {}
-    objectives: list[float] = []
-    for name, slo in (raw.get("slos") or {}).items():
-        lat = (slo.get("sli") or {}).get("latency")
-        if lat and lat.get("family") in ("ttft", "tpot", "e2e"):
-            thresholds[f"{lat['family']}_ms"] = float(lat["threshold"]) * 1000.0
-            objectives.append(float(slo["objective"]))
-    return thresholds, max(objectives, default=None)
 
 
 def parse_mix(text: str) -> dict[str, float]:

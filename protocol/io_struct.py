@@ -134,7 +134,8 @@ class BatchStrOutput(_Msg):
 
 
 class SpanRecord(msgspec.Struct, kw_only=True):
-    """A finished span, forwarded to the main process for /debug/requests (OTLP export is separate)."""
+    """A finished span, forwarded to the main process for /debug/requests and tail sampling (the
+    head-sampled ones are exported by their own process)."""
 
     name: str
     trace_id: str  # 32 hex
@@ -148,6 +149,9 @@ class SpanRecord(msgspec.Struct, kw_only=True):
     status: str = "UNSET"  # UNSET | OK | ERROR
     attributes: dict[str, str | int | float | bool | list[str]] = {}
     links: int = 0
+    sampled: bool = True  # False: recorded for tail sampling only (exported if the request's end keeps it)
+    link_ids: list[str] = []  # "<trace_id>-<span_id>" of each link (a kept trace is exported with them)
+    status_message: str = ""
 
 
 class DropCount(msgspec.Struct, array_like=True):
@@ -264,6 +268,8 @@ class WorkerStats(_Msg):
     stale_drops: list[DropCount] = []  # the TokenizerManager's, cumulative
     undecodable: int = 0
     handling_errors: int = 0
+    tail_kept: list[str] = []  # trace ids whose tail-sampling decision since the last one was: export
+    tail_dropped: list[str] = []  # ... and: drop (the hub holds their engine spans)
 
 
 class Exemplar(msgspec.Struct, array_like=True):

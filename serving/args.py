@@ -80,6 +80,14 @@ class ServerArgs:
     otel_exporter_otlp_protocol: str | None = _opt(None, "OTLP protocol: http/protobuf or grpc (default: $OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL or http/protobuf).")
     otel_exporter_otlp_endpoint: str | None = _opt(None, "OTLP base endpoint, e.g. http://127.0.0.1:4318 (default: the OTEL_EXPORTER_OTLP_* variables).")
     otel_sampling_ratio: float | None = _opt(None, "Parent-based trace-id ratio for new traces (default: $OTEL_TRACES_SAMPLER / $OTEL_TRACES_SAMPLER_ARG, else 1.0).")
+    otel_tail_sampling: bool = _opt(True, "Tail sampling: record the requests head sampling left out and export, when each ends, the traces of those that errored, were aborted or shed, or breached the TTFT/TPOT thresholds (spans from every process).")
+    tail_sampling_ttft_ms: float | None = _opt(None, "Tail sampling keeps a request whose TTFT exceeded this (default: the TTFT SLO threshold of dashboards/slo.yaml, else 1000; 0: never for TTFT).")
+    tail_sampling_tpot_ms: float | None = _opt(None, "Tail sampling keeps a request whose TPOT exceeded this (default: the TPOT SLO threshold of dashboards/slo.yaml, else 100; 0: never for TPOT).")
+    tail_sampling_buffer_traces: int = _opt(4096, "Undecided traces tail sampling holds; past it the oldest is dropped and counted (reason buffer_full).")
+    tail_sampling_overrides_parent: bool = _opt(False, "Tail sampling also records a request whose caller sent a traceparent with sampled=0 (by default that choice is respected: nothing is recorded).")
+    otel_metrics_exporter: str | None = _opt(None, "OpenTelemetry GenAI metrics (gen_ai.server.*, gen_ai.client.token.usage) pushed beside /metrics; exporters, comma-separated: otlp, console, none (default: $OTEL_METRICS_EXPORTER, else otlp when a metrics endpoint is set by --otel-exporter-otlp-metrics-endpoint or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else none; the shared OTLP endpoint alone does not turn them on).")
+    otel_exporter_otlp_metrics_endpoint: str | None = _opt(None, "Full URL OTLP metrics are sent to, e.g. http://127.0.0.1:4318/v1/metrics (default: $OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else --otel-exporter-otlp-endpoint or $OTEL_EXPORTER_OTLP_ENDPOINT with /v1/metrics). The protocol is --otel-exporter-otlp-protocol's (or $OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL).")
+    otel_metric_export_interval: int | None = _opt(None, "Milliseconds between OTLP metric exports; what is left is exported at shutdown (default: $OTEL_METRIC_EXPORT_INTERVAL, else 60000).")
     log_format: str = _opt("json", "Log format: json (one object per line, with rid/trace_id/span_id) or text.")
     log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
@@ -137,6 +145,11 @@ class ServerArgs:
             raise ValueError("--log-format must be json or text")
         if self.otel_sampling_ratio is not None and not 0.0 <= self.otel_sampling_ratio <= 1.0:
             raise ValueError("--otel-sampling-ratio must be in [0, 1]")
+        if self.tail_sampling_buffer_traces < 1:
+            raise ValueError("--tail-sampling-buffer-traces must be >= 1")
+        for name in ("tail_sampling_ttft_ms", "tail_sampling_tpot_ms"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
         for name in ("max_prompt_chars", "max_messages"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
@@ -147,6 +160,11 @@ class ServerArgs:
 
         parse_bucket_overrides(self.histogram_buckets)
         resolve_exporters(self.otel_traces_exporter)
+        from telemetry.genai_metrics import resolve_metrics_exporters
+
+        resolve_metrics_exporters(self.otel_metrics_exporter)
+        if self.otel_metric_export_interval is not None and self.otel_metric_export_interval < 1:
+            raise ValueError("--otel-metric-export-interval must be >= 1 (milliseconds)")
         if self.heartbeat_interval <= 0 or self.startup_timeout <= 0:
             raise ValueError("--heartbeat-interval and --startup-timeout must be > 0")
 

@@ -22,6 +22,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from telemetry.buckets import DEFAULT_BUCKETS
+from telemetry.outcomes import OUTCOMES
+from telemetry.tail_sampling import DROP_REASONS, KEEP_REASONS
 from protocol.io_struct import SchedulerStats
 from telemetry.stats import EngineView
 
@@ -72,11 +74,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", M, "tokens", attr="prompt_tokens"),
     Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens", attr="generation_tokens"),
     # counters observed in the main process
-    Spec("sightline_requests_total", "counter", "Generation requests that ended, by finish reason and HTTP status.",
-         M + ("finish_reason", "status"),
+    Spec("sightline_requests_total", "counter",
+         "Generation requests that ended, by finish reason, HTTP status and outcome (exactly one per request).",
+         M + ("finish_reason", "status", "outcome"),
          definition="finish_reason: stop | length | abort | error. status: the HTTP status the request ended with "
          "(200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; 500 engine failure; "
-         "503 unavailable; 504 timeout).", attr="requests"),
+         "503 unavailable; 504 timeout). outcome: " + " | ".join(OUTCOMES) + " (telemetry/outcomes.py): "
+         "`sum by (outcome)` adds up to the requests that reached a generation route.", attr="requests"),
     Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M, attr="prompt_tokens_total"),
     Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M, attr="generation_tokens_total"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
@@ -96,10 +100,19 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
          ("route", "method", "status"), definition="route: a route template or `unmatched`; method: GET, HEAD, POST, "
          "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set).", attr="http_requests"),
-    Spec("sightline_event_loop_lag_seconds", "histogram", "How late the main process's event loop runs a timer.",
-         (), "stage", "Sampled continuously: a task asks to wake every 50 ms and observes how much later than asked "
-         "it ran. Everything the main process does (HTTP, SSE, tokenizing inline, output dispatch) waits that long; "
-         "a high tail means streams stall in the front end, not in the engine.", attr="loop_lag"),
+    Spec("sightline_event_loop_lag_seconds", "histogram", "How late a front-end process's event loop runs a timer.",
+         ("role",), "stage", "Sampled continuously: a task asks to wake every 50 ms and observes how much later than "
+         "asked it ran. Everything that process does (HTTP, SSE, tokenizing inline, output dispatch) waits that long; "
+         "a high tail means streams stall in the front end, not in the engine. role: the process, as in "
+         "sightline_process_cpu_seconds_total: main (one tokenizer worker) or worker-1, worker-2... (each worker's "
+         "series stays apart when the hub merges the workers' registries).", attr="loop_lag"),
+    Spec("sightline_tail_sampling_traces_total", "counter",
+         "Traces of requests head sampling left out, by what tail sampling decided at the request's end.",
+         ("decision", "reason"), definition="decision=kept, reason: error | aborted | shed | ttft | tpot (the request "
+         "failed; was aborted, timed out or ended by shutdown; was refused with 429; breached the TTFT or TPOT "
+         "threshold) — its trace is exported from every process. decision=dropped, reason: not_selected (none of "
+         "those) | buffer_full (evicted undecided past --tail-sampling-buffer-traces). Head-sampled traces are not "
+         "counted here.", attr="tail_traces", hub=True),
     Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections).", attr="connections_open"),
     Spec("sightline_http_connections_refused_total", "counter",
          "Connections answered 503 and closed at accept because --max-connections were open.", attr="connections_refused"),
@@ -207,14 +220,20 @@ def _each(**values: tuple[str, ...]) -> tuple[dict[str, str], ...]:
 
 
 ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
-    "sightline_requests_total": _each(finish_reason=("stop", "length"), status=("200",))
-    + _each(finish_reason=("abort",), status=("499", "500", "503", "504"))
-    + _each(finish_reason=("error",), status=("400", "408", "413", "429", "500", "503")),
+    # the (finish_reason, status, outcome) triples requests end with
+    "sightline_requests_total": tuple({"finish_reason": f, "status": s, "outcome": o} for f, s, o in (
+        ("stop", "200", "stop"), ("length", "200", "length"), ("abort", "499", "client_disconnect"),
+        ("abort", "504", "timeout"), ("abort", "503", "engine_failure"), ("abort", "503", "shutdown"),
+        ("abort", "500", "error"), ("error", "500", "error"), ("error", "400", "rejected"), ("error", "408", "rejected"),
+        ("error", "413", "rejected"), ("error", "429", "shed"), ("error", "503", "unavailable"),
+        ("error", "503", "shutdown"))),
     "sightline_request_aborts_total": _each(reason=ABORT_REASONS),
     "sightline_requests_shed_total": _each(reason=("queue_full", "tokens_full")),
     "sightline_engine_failures_total": _each(cause=("exited", "stalled", "startup_timeout")),
     "sightline_http_stream_stalls_total": _each(cause=("stalled", "deadline")),
     "sightline_health_checks_total": _each(healthy=("true", "false")),
+    "sightline_tail_sampling_traces_total": _each(decision=("kept",), reason=KEEP_REASONS)
+    + _each(decision=("dropped",), reason=DROP_REASONS),
     # what each component receives about a rid and may drop, by what ended the rid there
     "sightline_stale_messages_dropped_total":
         _each(component=("tokenizer_manager",), message_type=("BatchStrOutput",),
@@ -356,6 +375,7 @@ class Metrics:
     build_info: Gauge
     worker_failures: Counter
     workers_up: Gauge
+    tail_traces: Counter
 
     def __init__(self, model_name: str, bucket_overrides: dict[str, tuple[float, ...]] | None = None,
                  version: str = "0", hub: bool = False, roles: tuple[str, ...] = ("scheduler", "detokenizer")) -> None:
@@ -382,6 +402,10 @@ class Metrics:
                     metric.labels(**labels)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.build_info.labels(model_name, version).set(1)
+
+    def count_tail(self, decision: str, reason: str) -> None:
+        """One trace decided (or evicted undecided) by tail sampling."""
+        self.tail_traces.labels(decision, reason).inc()
 
     def watch(self, view: Callable[[], EngineView] | None, in_flight: Callable[[], int] | None) -> None:
         """Read the engine's numbers (the process that supervises the engine) and the TM's in-flight

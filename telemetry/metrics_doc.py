@@ -81,7 +81,62 @@ def render() -> str:
     out.append("\nThe main process (the hub, with several workers) also exports prometheus_client's standard "
                "`process_*` metrics (its own CPU, memory, file descriptors); every process's CPU and memory are "
                "`sightline_process_*{role}`.\n")
+    out.append(_genai_section())
     return "".join(out)
+
+
+GENAI_INTRO = """
+## OpenTelemetry GenAI metrics (OTLP)
+Beside `/metrics`, the main process (each tokenizer worker, with several) can push the model-server
+instruments of the OpenTelemetry GenAI semantic conventions (status Development) over OTLP
+(`telemetry/genai_metrics.py`). They are off unless asked for:
+
+```bash
+sightline serve --otel-metrics-exporter otlp --otel-exporter-otlp-metrics-endpoint http://127.0.0.1:4318/v1/metrics
+OTEL_METRICS_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 sightline serve   # the same
+```
+
+| flag | variable | default |
+|---|---|---|
+| `--otel-metrics-exporter otlp,console,none` | `OTEL_METRICS_EXPORTER` | `otlp` when a metrics endpoint is set, else `none` |
+| `--otel-exporter-otlp-metrics-endpoint URL` (full URL) | `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`; else `--otel-exporter-otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/metrics` | the SDK's (`http://localhost:4318/v1/metrics`, grpc `:4317`) |
+| `--otel-exporter-otlp-protocol http/protobuf\\|grpc` | `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, `OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` |
+| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |
+
+A flag wins over a variable. A metrics endpoint alone (the flag or
+`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) means `otlp`, as an endpoint does for spans; the shared
+OTLP endpoint alone (which turns spans on) does not turn metrics on: `/metrics` already serves
+these numbers, and a traces-only backend would refuse every push. `OTEL_SDK_DISABLED=true` turns
+them off unless a metrics flag asks for an export. `--no-enable-metrics` (Prometheus) does not
+touch them. Points are cumulative (the SDK's default), exported every interval and once more at
+shutdown, so a short-lived server's last numbers arrive. The resource is the spans'
+(`service.name`, `service.instance.id`, `sightline.process.role=main`, `process.pid`,
+`sightline.worker` for a tokenizer worker); the scope is `sightline`.
+
+Every point carries `gen_ai.operation.name` (`chat`, `text_completion`, `generate` for
+`/generate`), `gen_ai.provider.name=sightline`, and `gen_ai.request.model` and
+`gen_ai.response.model` (the served model name). A failed request's duration carries
+`error.type`, the value its span carries: the abort reason (`client_disconnect`, `timeout`,
+`shutdown`, `engine_failure`, ...), `engine_error`, or for a request refused before the engine
+its API error code (`invalid_json`, ...). Token usage carries `gen_ai.token.type` (`input`: the
+prompt tokens, `output`: the completion tokens, as in the response's `usage`). `server.address`
+and `server.port` are not set. The conventions define no model-server token instrument, so
+token usage goes on their one token-usage histogram, `gen_ai.client.token.usage`.
+
+| instrument | unit | bucket boundaries (the conventions') | recorded for | Prometheus counterpart |
+|---|---|---|---|---|
+"""
+
+
+def _genai_section() -> str:
+    from telemetry.genai_metrics import INSTRUMENTS
+
+    rows = [f"| `{i.name}` | `{i.unit}` | {', '.join(f'{b:.10g}' for b in i.buckets)} | {i.recorded} | "
+            + " / ".join(f"`{n.strip()}`" for n in i.prometheus.split("/")) + " |\n" for i in INSTRUMENTS]
+    return GENAI_INTRO + "".join(rows) + (
+        "\nThe Prometheus histograms observe every request that reached the engine (aborted and failed "
+        "ones too) and none refused before it; TTFT, TPOT and token usage here count successful "
+        "requests only, the duration every request.\n")
 
 
 def main(argv: list[str]) -> int:

@@ -21,9 +21,14 @@ from prometheus_client import Counter, Histogram
 from protocol.io_struct import BatchStrOutput, ReqMeta, StrOut
 from telemetry.clock import now_ns
 from telemetry.logs import log_request
+from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
+from telemetry.outcomes import finished_outcome, refused_outcome
 from telemetry.timeline import Timeline
-from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, set_error, trace_id_of, traceparent_of
+from telemetry.tail_sampling import TailPolicy, TailSampler
+from telemetry.tracing import (
+    PRODUCER_KEY, Tracing, hop_attributes, set_error, tail_trace_id_of, trace_id_of, traceparent_of,
+)
 
 PROVIDER = "sightline"
 
@@ -48,6 +53,7 @@ class TracedRequest(Protocol):
     span: Span | None
     ctx: Context | None
     trace_id: str | None
+    tail_id: str | None
     ended: bool
     completion_tokens: int
 
@@ -60,12 +66,24 @@ def _ms(start: int | None, end: int | None) -> float | None:
 
 class RequestTelemetry:
     def __init__(self, tracing: Tracing, metrics: Metrics | None, timeline: Timeline, model_name: str,
-                 log_requests: bool) -> None:
+                 log_requests: bool, loop_lag: LoopLagMonitor | None = None) -> None:
         self.tracing = tracing
         self.m = metrics  # None with --no-enable-metrics
         self.timeline = timeline
         self.model = model_name
         self.log_requests = log_requests
+        self.genai = None  # a telemetry.genai_metrics.GenAIMetrics when OTLP GenAI metrics are exported
+        self.loop_lag = loop_lag  # this process's event-loop monitor: stalls during a request go on its span
+        self.tail: TailSampler | None = None  # tail sampling: every span of this front end and of the engine
+        self.tail_policy = TailPolicy()
+
+    def shutdown(self) -> None:
+        """Export what is left: spans, kept traces, OTLP metrics."""
+        self.tracing.shutdown()
+        if self.tail is not None:
+            self.tail.shutdown()
+        if self.genai is not None:
+            self.genai.shutdown()
 
     def _obs(self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None,
              *labels: str) -> None:
@@ -86,10 +104,11 @@ class RequestTelemetry:
                                               "url.path": rt.route, "gen_ai.operation.name": rt.operation,
                                               "gen_ai.provider.name": PROVIDER, "gen_ai.request.model": self.model,
                                               **attributes})
-        rt.span, rt.ctx, rt.trace_id = span, set_span_in_context(span), trace_id_of(span)
+        rt.span, rt.trace_id, rt.tail_id = span, trace_id_of(span), tail_trace_id_of(span)
+        rt.ctx = set_span_in_context(span) if span.is_recording() else None
 
     def response_headers(self, rt: TracedRequest) -> dict[str, str]:
-        tp = traceparent_of(rt.span) if rt.trace_id else None
+        tp = traceparent_of(rt.span) if rt.trace_id or rt.tail_id else None
         return {"traceparent": tp} if tp else {}
 
     def shed(self, reason: str) -> None:
@@ -98,11 +117,15 @@ class RequestTelemetry:
     def rejected(self, rt: TracedRequest, status: int, error_type: str, message: str, client_gone: bool) -> None:
         """A request refused before reaching the engine (400, 503...), or whose client left
         before it was read (`client_gone`: a client abort, like one that leaves mid-generation)."""
-        self._inc(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status))
+        outcome = refused_outcome(status, error_type)
+        self._inc(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status), outcome)
+        self._tail_decide(rt, outcome, None, None)
         if client_gone:
             self._inc(self.m and self.m.aborts, self.model, "client_disconnect")
         if rt.span is not None:
             set_error(rt.span, error_type, message)
+        if self.genai is not None:
+            self.genai.record(rt.operation, (now_ns() - rt.arrival) / 1e9, error_type=error_type)
         self.end(rt, status)
 
     def end(self, rt: TracedRequest, status: int | None = None) -> None:
@@ -128,7 +151,7 @@ class RequestTelemetry:
 
     def producer(self, rt: TracedRequest) -> tuple[dict[str, str], Span | None]:
         """The carrier for the request message, and the PRODUCER span around its send."""
-        carrier = self.tracing.carrier(rt.span) if rt.trace_id else {}
+        carrier = self.tracing.carrier(rt.span) if rt.trace_id or rt.tail_id else {}
         if not carrier:
             return carrier, None
         span = self.tracing.start("send scheduler", rt.ctx, kind=SpanKind.PRODUCER, attributes={
@@ -142,6 +165,8 @@ class RequestTelemetry:
             self._obs(self.m and self.m.ipc_hop, (recv - msg.sent_at) / 1e9, None, "scheduler_stats")
         for rec in msg.spans:
             self.timeline.add_span(rec)
+            if self.tail is not None:
+                self.tail.add(rec)
 
     def on_batch(self, batch: BatchStrOutput, recv: int) -> None:
         if batch.outputs:
@@ -183,9 +208,11 @@ class RequestTelemetry:
         completion_tokens = rt.completion_tokens
         ttft = (rt.first_recv - rt.arrival) / 1e9 if rt.first_recv else None
         e2e = (end - rt.arrival) / 1e9
+        tpot = (e2e - ttft) / (completion_tokens - 1) if ttft is not None and completion_tokens >= 2 else None
+        outcome = finished_outcome(finish_reason, abort_reason)
+        self._tail_decide(rt, outcome, ttft, tpot)  # first: a kept trace is the exemplar of what follows
         self._obs(m and m.e2e, e2e, rt)
-        if ttft is not None and completion_tokens >= 2:
-            self._obs(m and m.tpot, (e2e - ttft) / (completion_tokens - 1), rt)
+        self._obs(m and m.tpot, tpot, rt)
         for metric, a, b in ((m and m.queue_time, st.sched_recv, st.scheduled),
                              (m and m.prefill_time, st.scheduled, st.first_token),
                              (m and m.decode_time, st.first_token, st.finished)):
@@ -196,7 +223,7 @@ class RequestTelemetry:
             self._obs(m and m.detokenize_time, rt.detok_busy_ns / 1e9, rt)
         self._obs(m and m.prompt_tokens, rt.prompt_tokens, rt)
         self._obs(m and m.generation_tokens, completion_tokens, rt)
-        self._inc(m and m.requests, self.model, finish_reason, str(rt.status))
+        self._inc(m and m.requests, self.model, finish_reason, str(rt.status), outcome)
         self._inc(m and m.prompt_tokens_total, self.model, amount=rt.prompt_tokens)
         self._inc(m and m.generation_tokens_total, self.model, amount=completion_tokens)
         if abort_reason:
@@ -209,19 +236,34 @@ class RequestTelemetry:
         }
         if rt.trace_id:
             rt.breakdown["trace_id"] = rt.trace_id
+        if self.genai is not None:  # error.type as on the span
+            self.genai.record(rt.operation, e2e, ttft=ttft, input_tokens=rt.prompt_tokens,
+                              output_tokens=completion_tokens,
+                              error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st)
         summary = {"rid": rt.rid, "route": rt.route, "finish_reason": finish_reason, "status": rt.status,
                    "prompt_tokens": rt.prompt_tokens, "completion_tokens": completion_tokens, **rt.breakdown}
         if abort_reason:
             summary["abort_reason"] = abort_reason
-        self.timeline.finish(rt.trace_id or f"rid:{rt.rid}", summary)
+        self.timeline.finish(rt.trace_id or rt.tail_id or f"rid:{rt.rid}", summary)
         if self.log_requests:
             log_request({**summary, "trace_id": rt.trace_id,
                          "span_id": f"{rt.span.get_span_context().span_id:016x}" if rt.trace_id else None})
         return rt.breakdown
 
+    def _tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None) -> None:
+        """Tail sampling: the request ended; export its whole trace if it went wrong, else drop it."""
+        if self.tail is None or rt.tail_id is None:
+            return
+        reason = self.tail_policy.keep_reason(outcome, ttft, tpot)
+        self.tail.decide(rt.tail_id, reason)
+        if reason is not None:
+            rt.trace_id = rt.tail_id  # exported: exemplars, the breakdown and the log line name it
+            if rt.span is not None:
+                rt.span.set_attribute("sightline.tail_sampling.reason", reason)
+
     def _annotate_span(self, rt, finish_reason, completion_tokens, abort_reason, error, ttft, st) -> None:
-        if rt.span is None or not rt.trace_id:
+        if rt.span is None or not (rt.trace_id or rt.tail_id):
             return
         attrs = {"gen_ai.response.finish_reasons": [finish_reason], "gen_ai.usage.output_tokens": completion_tokens,
                  "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens}
@@ -229,6 +271,9 @@ class RequestTelemetry:
             attrs["sightline.ttft_seconds"] = ttft
         if st.sched_recv and st.scheduled:
             attrs["sightline.queue_seconds"] = (st.scheduled - st.sched_recv) / 1e9
+        stall = self.loop_lag.worst_between(rt.arrival, now_ns()) if self.loop_lag is not None else None
+        if stall is not None:  # the event loop stalled longer than the monitor's `slow` while this request ran
+            attrs["sightline.event_loop.lag_max_seconds"] = stall
         rt.span.set_attributes(attrs)
         if finish_reason == "error":
             set_error(rt.span, abort_reason or "engine_error", error)

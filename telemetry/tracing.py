@@ -4,7 +4,10 @@
   per server, shared by its processes), `sightline.process.role`, `process.pid`, and
   `sightline.dp_rank` (a Scheduler rank) or `sightline.worker` (a tokenizer worker) where
   there are several.
-* Propagators `tracecontext,baggage` (or `OTEL_PROPAGATORS`); parent-based ratio sampling.
+* Propagators `tracecontext,baggage` (or `OTEL_PROPAGATORS`); parent-based ratio sampling at
+  the head, and tail sampling (`telemetry.tail_sampling`): with it on, a request the head
+  did not sample is still recorded in every process (RECORD_ONLY; the carrier says so with
+  `TAIL_KEY`) and its end decides whether its trace is exported.
 * Exporters from flags, else the standard `OTEL_*` variables, read as the OpenTelemetry
   SDKs read them (docs/tracing.md lists each): `otlp` (http/protobuf or grpc), `console`,
   `none`, several comma-separated; an OTLP endpoint with no exporter chosen means `otlp`;
@@ -13,7 +16,8 @@
   carry (`record`), converted to wall time with one `WallAnchor` per process.
 * Every finished span is also turned into a `SpanRecord`: the main process keeps them
   for /debug/requests, children forward them in their stats messages.
-An unsampled request carries its context, but no span is built for it anywhere.
+With tail sampling off, an unsampled request carries its context, but no span is built for
+it anywhere.
 """
 
 from __future__ import annotations
@@ -31,17 +35,19 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-from opentelemetry.sdk.trace.sampling import Decision, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, TraceIdRatioBased
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 
 from protocol.io_struct import SpanRecord
 from telemetry.clock import WallAnchor, now_ns
+from telemetry.tail_sampling import TailSampler
 
 log = logging.getLogger("sightline.tracing")
 Carrier = dict[str, str]
 PRODUCER_KEY = "sightline-producer"  # traceparent of the latest PRODUCER span, for the CONSUMER's link
+TAIL_KEY = "sightline-tail"  # "1": the request is recorded, unsampled, for tail sampling: record its spans too
 
 
 def is_sampled(carrier: Carrier) -> bool:
@@ -158,20 +164,41 @@ def _attr(v):
     return [str(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
-class _LinkedOrRatio(Sampler):
-    """Root spans: sampled when they link to a sampled span (a batch `forward` over sampled
-    requests), else by the trace-id ratio."""
+class _Sampler(Sampler):
+    """Parent-based, with the tail-sampling cases.
 
-    def __init__(self, ratio: float) -> None:
+    * A sampled parent: sampled.  An unsampled local parent: recorded only if the parent is
+      (a request kept for the tail decision), else dropped.  An unsampled remote parent:
+      recorded only with `record_remote_unsampled` (the engine processes, whose carriers
+      are gated by `TAIL_KEY`; the front end only with --tail-sampling-overrides-parent).
+    * A root: sampled when it links to a sampled span (a batch `forward` over sampled
+      requests) or by the trace-id ratio; otherwise recorded only with `record_roots`."""
+
+    def __init__(self, ratio: float, record_roots: bool = False, record_remote_unsampled: bool = False) -> None:
         self.ratio = TraceIdRatioBased(ratio)
+        self.record_roots = record_roots
+        self.record_remote_unsampled = record_remote_unsampled
 
     def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        parent_span = trace.get_current_span(parent_context)
+        parent = parent_span.get_span_context()
+        if parent.is_valid:
+            if parent.trace_flags.sampled:
+                decision = Decision.RECORD_AND_SAMPLE
+            elif parent.is_remote:
+                decision = Decision.RECORD_ONLY if self.record_remote_unsampled else Decision.DROP
+            else:
+                decision = Decision.RECORD_ONLY if parent_span.is_recording() else Decision.DROP
+            return SamplingResult(decision, attributes if decision != Decision.DROP else None, parent.trace_state)
         if links and any(link.context.trace_flags.sampled for link in links):
             return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
-        return self.ratio.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        result = self.ratio.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        if result.decision == Decision.DROP and self.record_roots:
+            return SamplingResult(Decision.RECORD_ONLY, attributes)
+        return result
 
     def get_description(self) -> str:
-        return f"LinkedOrRatio{{{self.ratio.rate}}}"
+        return f"SightlineSampler{{{self.ratio.rate},tail={self.record_roots}}}"
 
 
 class _RecordProcessor(SpanProcessor):
@@ -188,7 +215,9 @@ class _RecordProcessor(SpanProcessor):
             start_ns=span.start_time or 0, end_ns=span.end_time or 0, kind=span.kind.name, role=self.role,
             pid=self.pid, status=span.status.status_code.name,
             attributes={**self.extra, **{k: _attr(v) for k, v in (span.attributes or {}).items()}},
-            links=len(span.links),
+            links=len(span.links), sampled=ctx.trace_flags.sampled,
+            link_ids=[f"{lk.context.trace_id:032x}-{lk.context.span_id:016x}" for lk in span.links],
+            status_message=span.status.description or "",
         ))
 
 
@@ -198,11 +227,15 @@ class Tracing:
     def __init__(self, role: str, *, enabled: bool = True, exporters: Sequence[str] = (), ratio: float = 1.0,
                  protocol: str | None = None, endpoint: str | None = None, instance_id: str = "",
                  sink: Callable[[SpanRecord], None] | None = None, forward_limit: int = 20000,
-                 where: dict[str, int] | None = None) -> None:
+                 where: dict[str, int] | None = None, tail: bool = False, tail_overrides_parent: bool = False) -> None:
         """`where`: which instance of its role this process is (`sightline.dp_rank`, `sightline.worker`),
-        a resource attribute of its spans and an attribute of their records."""
+        a resource attribute of its spans and an attribute of their records. `tail`: record the
+        requests head sampling left out (the front end: every one; the engine processes: those
+        whose carrier has `TAIL_KEY`)."""
         self.role = role
         self.enabled = enabled
+        self.tail = enabled and tail
+        self.exporters, self.protocol, self.endpoint = list(exporters), protocol, endpoint
         self.anchor = WallAnchor.take()
         self.forwarded: deque[SpanRecord] = deque(maxlen=forward_limit)
         self.propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]) \
@@ -211,16 +244,31 @@ class Tracing:
         if not enabled:
             self.tracer = trace.NoOpTracer()
             return
-        resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
-                                    "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})})
-        self.provider = TracerProvider(resource=resource, sampler=ParentBased(_LinkedOrRatio(ratio)))
+        self.base_resource = {"service.name": service_name(), "service.instance.id": instance_id}
+        resource = Resource.create({**self.base_resource, "sightline.process.role": role, "process.pid": os.getpid(),
+                                    **(where or {})})
+        front = role == "main"
+        sampler = _Sampler(ratio, record_roots=self.tail and front,
+                           record_remote_unsampled=self.tail and (tail_overrides_parent or not front))
+        self.provider = TracerProvider(resource=resource, sampler=sampler)
         # The SDK reads OTEL_SDK_DISABLED itself; `enabled` already weighed it against the flags.
         self.provider._disabled = False
         self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append, dict(where or {})))
         for name in exporters:
-            exp = ConsoleSpanExporter() if name == "console" else _otlp_exporter(protocol, endpoint)
-            self.provider.add_span_processor(BatchSpanProcessor(exp))
+            self.provider.add_span_processor(BatchSpanProcessor(self.new_exporter(name)))
         self.tracer = self.provider.get_tracer("sightline")
+
+    def tail_sampler(self, max_traces: int, count=None) -> TailSampler | None:
+        """The front end's tail sampler (None when tail sampling is off): it exports kept traces with
+        exporters of its own, configured like this process's."""
+        if not self.tail:
+            return None
+        return TailSampler.exporting([self.new_exporter(n) for n in self.exporters], self.base_resource, max_traces,
+                                     count)
+
+    def new_exporter(self, name: str):
+        """A fresh span exporter of the configured kind (`console` or `otlp`)."""
+        return ConsoleSpanExporter() if name == "console" else _otlp_exporter(self.protocol, self.endpoint)
 
     @classmethod
     def from_args(cls, role: str, args, instance_id: str, sink=None, where: dict[str, int] | None = None) -> "Tracing":
@@ -228,12 +276,14 @@ class Tracing:
         return cls(role, enabled=tracing_enabled(args),
                    exporters=resolve_exporters(args.otel_traces_exporter, args.otel_exporter_otlp_endpoint),
                    ratio=resolve_ratio(args.otel_sampling_ratio), protocol=args.otel_exporter_otlp_protocol,
-                   endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink, where=where)
+                   endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink, where=where,
+                   tail=args.otel_tail_sampling, tail_overrides_parent=args.tail_sampling_overrides_parent)
 
     # -- carriers -------------------------------------------------------------------
     def extract(self, carrier: Carrier | None) -> Context | None:
-        """The context a carrier names, or None when it names no sampled span (build nothing)."""
-        if not self.enabled or not carrier or not is_sampled(carrier):
+        """The context a carrier names, or None when it names neither a sampled span nor one
+        recorded for tail sampling (build nothing)."""
+        if not self.enabled or not carrier or not (is_sampled(carrier) or (self.tail and carrier.get(TAIL_KEY))):
             return None
         ctx = self.propagator.extract(carrier)
         return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
@@ -248,8 +298,11 @@ class Tracing:
 
     def carrier(self, span: Span) -> Carrier:
         out: Carrier = {}
-        if span.get_span_context().is_valid:
+        sc = span.get_span_context()
+        if sc.is_valid:
             self.propagator.inject(out, context=trace.set_span_in_context(span))
+            if not sc.trace_flags.sampled and span.is_recording():
+                out[TAIL_KEY] = "1"
         return out
 
     def link_of(self, carrier: Carrier) -> list[Link]:
@@ -307,7 +360,15 @@ def set_error(span: Span, error_type: str, message: str | None = None) -> None:
 
 def trace_id_of(span: Span | None) -> str | None:
     """Hex trace id of a sampled span (for exemplars, logs, headers), else None."""
-    if span is None or isinstance(span, NonRecordingSpan) or not span.is_recording():
+    if span is None or isinstance(span, NonRecordingSpan) or not span.is_recording() \
+            or not span.get_span_context().trace_flags.sampled:
+        return None
+    return f"{span.get_span_context().trace_id:032x}"
+
+
+def tail_trace_id_of(span: Span | None) -> str | None:
+    """Hex trace id of a span recorded for tail sampling only (recording, not sampled), else None."""
+    if span is None or not span.is_recording() or span.get_span_context().trace_flags.sampled:
         return None
     return f"{span.get_span_context().trace_id:032x}"
 

@@ -1,4 +1,5 @@
-"""A real OTLP/HTTP trace receiver for tests: decodes ExportTraceServiceRequest protobufs."""
+"""A real OTLP receiver for tests: decodes ExportTraceServiceRequest protobufs (spans) and, on
+`/v1/metrics` (or the gRPC MetricsService), ExportMetricsServiceRequest protobufs (metric points)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 )
@@ -29,6 +33,7 @@ class OTLPReceiver:
 
     def __init__(self, grpc: bool = False) -> None:
         self.spans: list[dict] = []
+        self.points: list[dict] = []  # every metric data point received, in arrival order
         self.lock = threading.Lock()
         self.grpc_server = self._start_grpc() if grpc else None
         receiver = self
@@ -36,10 +41,14 @@ class OTLPReceiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
-                req = ExportTraceServiceRequest()
-                req.ParseFromString(body)
-                receiver._add(req)
-                out = ExportTraceServiceResponse().SerializeToString()
+                if self.path.rstrip("/").endswith("/v1/metrics"):
+                    req, out = ExportMetricsServiceRequest(), ExportMetricsServiceResponse().SerializeToString()
+                    req.ParseFromString(body)
+                    receiver._add_metrics(req)
+                else:
+                    req, out = ExportTraceServiceRequest(), ExportTraceServiceResponse().SerializeToString()
+                    req.ParseFromString(body)
+                    receiver._add(req)
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(out)))
@@ -57,6 +66,7 @@ class OTLPReceiver:
         from concurrent import futures
 
         import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
         receiver = self
@@ -66,8 +76,14 @@ class OTLPReceiver:
                 receiver._add(request)
                 return ExportTraceServiceResponse()
 
+        class MetricsServicer(metrics_service_pb2_grpc.MetricsServiceServicer):
+            def Export(self, request, context):  # noqa: N802
+                receiver._add_metrics(request)
+                return ExportMetricsServiceResponse()
+
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Servicer(), server)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsServicer(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         self.grpc_endpoint = f"http://127.0.0.1:{port}"
@@ -88,6 +104,42 @@ class OTLPReceiver:
                     })
         with self.lock:
             self.spans.extend(out)
+
+    def _add_metrics(self, req: ExportMetricsServiceRequest) -> None:
+        out = []
+        for rm in req.resource_metrics:
+            resource = _attrs(rm.resource.attributes)
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    kind = m.WhichOneof("data")
+                    data = getattr(m, kind)
+                    for dp in data.data_points:
+                        point = {"name": m.name, "unit": m.unit, "description": m.description, "kind": kind,
+                                 "scope": sm.scope.name, "resource": resource, "attributes": _attrs(dp.attributes),
+                                 "start_ns": dp.start_time_unix_nano, "time_ns": dp.time_unix_nano,
+                                 "temporality": getattr(data, "aggregation_temporality", None)}
+                        if kind == "histogram":
+                            point.update(count=dp.count, sum=dp.sum, bounds=list(dp.explicit_bounds),
+                                         bucket_counts=list(dp.bucket_counts))
+                        elif kind in ("sum", "gauge"):
+                            point["value"] = getattr(dp, dp.WhichOneof("value"))
+                        out.append(point)
+        with self.lock:
+            self.points.extend(out)
+
+    def latest_points(self, name: str) -> list[dict]:
+        """The newest point of each series (resource + attributes) of metric `name`: with cumulative
+        temporality (the SDKs' default) each holds the series' totals."""
+        latest: dict = {}
+        with self.lock:
+            for p in self.points:
+                if p["name"] != name:
+                    continue
+                key = (tuple(sorted((k, str(v)) for k, v in p["resource"].items())),
+                       tuple(sorted((k, str(v)) for k, v in p["attributes"].items())))
+                if key not in latest or p["time_ns"] >= latest[key]["time_ns"]:
+                    latest[key] = p
+        return list(latest.values())
 
     def trace(self, trace_id: str) -> list[dict]:
         with self.lock:

@@ -14,6 +14,25 @@ WORKER_FAILURES = (f"{q.rate('sightline_worker_failures_total', fn='increase')}\
                    f"or 0 * {q.gauge('sightline_tokenizer_workers')}")
 
 
+CPU = "sightline_process_cpu_seconds_total"
+# Output tokens per second, no series while nothing is generated (no division by 0).
+OUTPUT_TOKENS = f"({q.rate('sightline_generation_tokens_total')} > 0)"
+
+
+def cpu_per_token() -> object:
+    """CPU seconds each process spends per output token: the cost of a token in core-seconds."""
+    return timeseries_panel(
+        "CPU seconds per output token",
+        "CPU seconds each sightline process used per output token generated (rate of "
+        "sightline_process_cpu_seconds_total by role ÷ rate of sightline_generation_tokens_total), and all "
+        "processes together. Price a token: core-hour price × CPU seconds per token ÷ 3600 (docs/runbook.md, "
+        "Cost per output token; recording rules job_role: and job:sightline_cpu_seconds_per_output_token:rate5m). "
+        "Rising at a steady token rate: each token costs more CPU (smaller batches, longer prompts, a front end "
+        "doing more per token); no data while nothing is generated.", "s",
+        [(f"{q.rate(CPU, by=('role',))}\n/ on () group_left ()\n{OUTPUT_TOKENS}", "{{role}}"),
+         (f"{q.rate(CPU)}\n/\n{OUTPUT_TOKENS}", "all processes")], width=24)
+
+
 def workers_and_ranks() -> list:
     """One series per Scheduler rank (`--dp-size`, label dp_rank), per tokenizer worker
     (`--tokenizer-worker-num`, label worker) and per process (role): an uneven spread is a
@@ -77,11 +96,13 @@ def board() -> Board:
               "Traffic, errors, latency and load of a sightline server at a glance.")
     b.row(
         "Traffic",
-        timeseries_panel("Requests by status and finish reason",
-                         "Generation requests ending per second, by HTTP status and finish reason (stop, length, "
-                         "abort, error). 499 = the client went away; 5xx count against the availability SLO.",
-                         "reqps", [(q.rate(REQ, by=("status", "finish_reason")), "{{status}} {{finish_reason}}")],
-                         stack=True),
+        timeseries_panel("Requests by outcome",
+                         "Generation requests ending per second, by outcome (exactly one per request, so the "
+                         "stack is the request rate): stop, length; rejected (4xx before admission), shed (429), "
+                         "unavailable (503 while the engine starts or restarts); client_disconnect, timeout; "
+                         "error, engine_failure, shutdown, aborted_by_operator. The 5xx among them count against "
+                         "the availability SLO.",
+                         "reqps", [(q.rate(REQ, by=("outcome",)), "{{outcome}}")], stack=True),
         timeseries_panel("Error ratio (5xx)",
                          "Share of ended generation requests answered with a 5xx: the availability SLI.",
                          "percentunit", [(q.ratio(REQ, ERRORS), "5xx ratio")], width=6),
@@ -125,6 +146,7 @@ def board() -> Board:
                          "Tokens the engine samples per second, as the Scheduler measures it.",
                          "suffix: tokens/s",
                          [(q.gauge("sightline_generation_throughput_tokens_per_second"), "generation")]),
+        cpu_per_token(),
     )
     b.row("Workers and ranks", *workers_and_ranks())
     return b

@@ -2,8 +2,8 @@
 
 The first row follows the troubleshooting table of SGLang's TokenizerManager (symptoms of
 lost, slow or stale outputs), the second the reliability machinery (watchdog restarts,
-load shedding, deadlines), the third the prefix cache: each panel's title is the question
-a symptom raises and its description says how to read the answer.
+load shedding, deadlines), the third the front-end event loops, the fourth the prefix cache:
+each panel's title is the question a symptom raises and its description says how to read the answer.
 """
 
 from __future__ import annotations
@@ -13,6 +13,40 @@ from dashboards.boards.engine import PREFIX_HIT_RATIO
 from dashboards.panels import Board, timeseries_panel
 
 GENERATE = 'route=~"/v1/completions|/v1/chat/completions|/generate"'
+# The processes that run a TokenizerManager's event loop: `main` with one tokenizer worker,
+# `worker-N` with several (there `main` is the hub, which serves no requests but merges /metrics).
+FRONT_END = 'role=~"main|worker-.*"'
+LOOP_LAG = "sightline_event_loop_lag_seconds"
+
+
+def event_loop() -> list:
+    """Loop lag per front-end process beside that process's CPU: a late loop with a busy core is
+    the loop's own work (tokenizing, JSON); a late loop with an idle core is something else
+    holding it (a blocking call, GC, a starved host)."""
+    role = ("role",)
+    return [
+        timeseries_panel(
+            "How late does each front-end event loop run?",
+            "Event-loop lag per front-end process (label role: main, or worker-1, worker-2... with "
+            "--tokenizer-worker-num): how much later than asked a 50 ms timer fires. p99 over the samples, and max "
+            "(the upper bound of the highest bucket with a sample). Every request that process serves waits that "
+            "long: p99 above 100 ms (alert SightlineEventLoopBlocked) shows as ITL and TTFT spikes that the engine "
+            "panels do not explain. Right axis: the share of time the loop ran late (sum of lags ÷ time), which "
+            "counts one long stall by its length where p99 counts it once. Slow requests carry "
+            "sightline.event_loop.lag_max_seconds on their span.", "s",
+            [(q.quantile(0.99, LOOP_LAG, by=role), "p99 {{role}}"),
+             (q.quantile(1.0, LOOP_LAG, by=role), "max {{role}}"),
+             (q.rate(f"{LOOP_LAG}_sum", by=role), "late share {{role}}")],
+            right={"C": "percentunit"}),
+        timeseries_panel(
+            "Is the TokenizerManager CPU-bound?",
+            "CPU used per front-end process, in cores (rate of its CPU seconds: 1 = one core saturated; Python "
+            "runs one loop on one core). Near 1 with a late loop (left panel): tokenization, JSON and HTTP "
+            "saturate that TokenizerManager — run more front-end workers (--tokenizer-worker-num). Far below 1 "
+            "with a late loop: the loop waits on something blocking (a synchronous call, a GC pause, a starved "
+            "host) — take a stack with py-spy dump.", "percentunit",
+            [(q.rate("sightline_process_cpu_seconds_total", FRONT_END, by=role), "{{role}}")]),
+    ]
 
 
 def board() -> Board:
@@ -40,12 +74,6 @@ def board() -> Board:
             [(q.rate("sightline_stale_messages_dropped_total", by=("component", "reason")),
               "dropped at {{component}} ({{reason}})"),
              (q.rate("sightline_request_aborts_total", by=("reason",)), "aborted ({{reason}})")]),
-        timeseries_panel(
-            "Is the TokenizerManager CPU-bound?",
-            "CPU used per process, in cores (1 = one core busy). The main process (one worker) or a "
-            "worker-N near 1: tokenization and HTTP saturate that TokenizerManager's event loop — run more "
-            "front-end workers (--tokenizer-worker-num).", "percentunit",
-            [(q.rate("sightline_process_cpu_seconds_total", by=("role",)), "{{role}}")]),
         timeseries_panel(
             "Is memory growing because requests pile up?",
             "Resident memory per process (left) and requests in flight in the TokenizerManager (right). RSS "
@@ -82,12 +110,15 @@ def board() -> Board:
             [(q.rate("sightline_requests_shed_total", by=("reason",)), "{{reason}}")]),
         timeseries_panel(
             "How do failed requests end: 429, 499, 503 or 504?",
-            "Generation requests that did not end with 200, per second by HTTP status and finish reason. 400: "
-            "invalid request; 429: shed (overload); 499: the client went away; 500: the engine failed the "
-            "request; 503: engine failure, shutdown or not ready; 504: a deadline passed (--request-timeout, "
-            "x-request-timeout, --max-queue-time). 5xx count against the availability SLO.", "reqps",
-            [(q.rate("sightline_requests_total", 'status!="200"', by=("status", "finish_reason")),
-              "{{status}} {{finish_reason}}")], stack=True),
+            "Generation requests that did not end with 200, per second by outcome and HTTP status. rejected "
+            "(4xx): invalid request; shed (429): overload; client_disconnect (499): the client went away; error "
+            "(500): the engine failed the request; engine_failure, shutdown, unavailable (503): the engine died, "
+            "the server stopped, or the engine was not ready; timeout (504): a deadline passed "
+            "(--request-timeout, x-request-timeout, --max-queue-time). 5xx count against the availability SLO. "
+            "Tail sampling exported the trace of each one but the rejected (sightline_tail_sampling_traces_total).",
+            "reqps",
+            [(q.rate("sightline_requests_total", 'status!="200"', by=("outcome", "status")),
+              "{{outcome}} {{status}}")], stack=True),
         timeseries_panel(
             "Do requests time out because they wait?",
             "Requests aborted by a deadline per second (504, left) next to p99 queue time and p99 time to first "
@@ -100,6 +131,7 @@ def board() -> Board:
              (q.quantile(0.99, "sightline_time_to_first_token_seconds"), "TTFT p99")],
             right={"B": "s", "C": "s"}),
     )
+    b.row("Is the TokenizerManager loop blocked?", *event_loop())
     b.row(
         "Prefix cache",
         timeseries_panel(

@@ -17,6 +17,8 @@ from serving.frontend.auth import AuthMiddleware
 from serving.frontend.errors import APIError, error_response
 from serving.frontend.generation import chat_completions, completions, generate
 from serving.frontend.guard import GuardMiddleware, allowed_hosts, allowed_origins
+from serving.frontend.inspector import debug_ui
+from serving.frontend.profiling import debug_profile
 from serving.frontend.server_state import ServerState
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,8 @@ ROUTES = [
     Route("/debug/state", ops.debug_state, methods=["GET"]),
     Route("/debug/requests", ops.debug_requests, methods=["GET"]),
     Route("/debug/requests/{rid}", ops.debug_request, methods=["GET"]),
+    Route("/debug/profile", debug_profile, methods=["POST"]),
+    Route("/debug/ui", debug_ui, methods=["GET"]),
     Route("/flush_cache", ops.flush_cache, methods=["POST"]),
 ]
 

@@ -1,5 +1,7 @@
 """Optional API key: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
-and on /debug/* and /metrics when configured.  /health is never protected (probes).
+and on /debug/* and /metrics when configured.  /health is never protected (probes), nor is the
+static page of /debug/ui (no data in it: a browser opening it cannot send a header; every fetch
+the page makes sends the key).
 
 The comparison is constant-time over fixed-size SHA-256 digests, so neither how much of
 a wrong key matches nor its length changes how long the check takes.  The key is never
@@ -37,7 +39,7 @@ def protected(path: str, args: ServerArgs) -> bool:
     if path.startswith("/v1/") or path in ("/generate", "/flush_cache"):
         return True
     if path.startswith("/debug"):
-        return args.auth_debug
+        return args.auth_debug and path != "/debug/ui"
     return path == "/metrics" and args.auth_metrics
 
 

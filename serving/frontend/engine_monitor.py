@@ -21,7 +21,7 @@ import msgspec
 import psutil
 
 from protocol.io_struct import DetokenizerStats, DropCount, Ready, SchedulerStats
-from serving.frontend.errors import APIError
+from serving.frontend.errors import APIError, unavailable
 from serving.ipc import scheduler_role
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
@@ -227,7 +227,7 @@ class EngineMonitor:
     def check_available(self, oldest_arrival: int | None) -> None:
         ok, reason = self.health(oldest_arrival)
         if not ok:
-            raise APIError(503, f"server unavailable: {reason}", type="server_unavailable")
+            raise unavailable(reason)
 
     def seconds_without_token(self, oldest_arrival: int | None) -> float:
         """With requests in flight: seconds since the later of the last token and the oldest arrival."""

@@ -34,6 +34,12 @@ def error_response(err: APIError, headers: dict[str, str] | None = None) -> Resp
 
 
 
+def unavailable(reason: str) -> APIError:
+    """The 503 for a request refused because the server cannot take it now (its `health` reason)."""
+    return APIError(503, f"server unavailable: {reason}", type="server_unavailable",
+                    code="shutting_down" if reason == "shutting down" else "engine_unavailable")
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 

@@ -11,6 +11,7 @@ must see every worker at once:
   whichever worker takes it, returns complete numbers, exemplars kept;
 * `/debug/requests/{rid}`: asks every worker for the rid's entry and adds the engine's
   spans, which reach the hub in the children's stats;
+* `/debug/requests` (recent, or `in_flight=1`): every worker's list, merged;
 * `/debug/state`: the engine's state, every worker's, and the dispatch counters.
 
 SIGTERM/SIGINT: every worker drains (`--shutdown-grace`), then the engine stops.
@@ -43,6 +44,7 @@ from telemetry.clock import now_ns
 from telemetry.metrics import Metrics
 from telemetry.registry_merge import merge, registry_of, snapshot
 from telemetry.timeline import Timeline
+from telemetry.tracing import Tracing
 
 log = logging.getLogger("sightline.hub")
 STATUS_INTERVAL = 0.1  # seconds between EngineStatus broadcasts (and worker checks)
@@ -57,8 +59,12 @@ class Hub:
         self.args, self.endpoints, self.name = args, endpoints, name
         self.instance_id = uuid.uuid4().hex
         self.timeline = Timeline(args.request_timeline_size)  # the engine's spans, for /debug/requests
+        # the engine's spans of requests tail sampling recorded; the workers decide, the hub exports
+        self.tracing = Tracing.from_args("hub", args, self.instance_id)
         self.metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__, hub=True,
                                roles=tuple(engine_roles(args.dp_size))) if args.enable_metrics else None
+        self.tail = self.tracing.tail_sampler(args.tail_sampling_buffer_traces,
+                                              self.metrics.count_tail if self.metrics else None)
         self.monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=self._on_stats,
                                      dp_size=args.dp_size)
         self.ctx = zmq.asyncio.Context()
@@ -83,6 +89,15 @@ class Hub:
     def _on_stats(self, msg, recv) -> None:
         for span in msg.spans:
             self.timeline.add_span(span)
+            if self.tail is not None:
+                self.tail.add(span)
+
+    def _tail_decisions(self, msg: WorkerStats) -> None:
+        if self.tail is not None:
+            for trace_id in msg.tail_kept:
+                self.tail.decide(trace_id, "kept", counted=False)
+            for trace_id in msg.tail_dropped:
+                self.tail.decide(trace_id, None, counted=False)
 
     def _worker_failed(self, cause: str) -> None:
         if self.metrics is not None:
@@ -100,6 +115,7 @@ class Hub:
             try:
                 if isinstance(msg, WorkerStats):
                     self.fleet.heard(msg)
+                    self._tail_decisions(msg)
                 elif isinstance(msg, Snapshot):
                     self._snapshot(msg)
                 elif isinstance(msg, HubQuery):
@@ -161,7 +177,7 @@ class Hub:
     async def answer(self, q: HubQuery) -> None:
         try:
             reply = await {"metrics": self._metrics, "debug_state": self._debug_state,
-                           "request": self._request}[q.kind](q.arg)
+                           "request": self._request, "requests": self._requests}[q.kind](q.arg)
         except Exception:  # noqa: BLE001
             log.exception("failed to answer a %s query", q.kind)
             reply = _error(500, "internal error in the hub", "internal_error")
@@ -198,6 +214,18 @@ class Hub:
                 entry["spans"].sort(key=lambda s: (s["start_ns"], s["end_ns"]))
                 return HubReply(id="", body=json.dumps(entry).encode())
         return _error(404, f"no finished request {rid!r} in the timeline buffer", "not_found_error", "rid")
+
+    async def _requests(self, arg: str) -> HubReply:
+        """Every worker's recent (or in-flight) requests: newest finished first (oldest in flight first)."""
+        q = json.loads(arg)
+        found = [r for snap in (await self.gather("requests", arg)).values() for r in json.loads(snap.entry or b"[]")]
+        if q["in_flight"]:
+            found.sort(key=lambda r: -r["age_ms"])
+        else:
+            for r in found:  # the engine's spans of the request are the hub's
+                r["spans"] += len(self.timeline.spans_of(r["trace_id"]))
+            found.sort(key=lambda r: -r.get("finished_at", 0.0))
+        return HubReply(id="", body=json.dumps({"requests": found[:q["limit"]]}).encode())
 
     # -- shutdown -------------------------------------------------------------------------
     async def stop_workers(self) -> None:
@@ -242,4 +270,7 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
         await asyncio.gather(*tasks, return_exceptions=True)
         hub.fleet.stop(force=True)
         stop_children(hub.monitor.procs)
+        if hub.tail is not None:
+            hub.tail.shutdown()  # the kept traces' engine spans still queued
+        hub.tracing.shutdown()
         hub.ctx.destroy(linger=0)

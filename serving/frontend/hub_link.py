@@ -3,9 +3,9 @@
 The hub supervises the engine and relays what a worker needs in `EngineStatus` (Ready
 facts, health, throughput, a failure), so the TokenizerManager validates and admits
 exactly as with one worker: `HubLink` answers it with the `EngineMonitor`'s interface.
-It also answers the hub's `SnapshotReq` (this worker's metrics, or a rid's timeline
-entry) and sends `HubQuery`s for the answers only the hub can give over every worker
-(`/metrics`, `/debug/state`, `/debug/requests/{rid}`).
+It also answers the hub's `SnapshotReq` (this worker's metrics, a rid's timeline entry,
+or its recent or in-flight requests) and sends `HubQuery`s for the answers only the hub
+can give over every worker (`/metrics`, `/debug/state`, `/debug/requests[/{rid}]`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any, Callable
 
 from protocol.io_struct import EngineStatus, HubQuery, HubReply, Ready, Snapshot, SnapshotReq, WorkerStats
 from serving.frontend.engine_monitor import FrontCounts
-from serving.frontend.errors import APIError
+from serving.frontend.errors import APIError, unavailable
 from telemetry.metrics import Metrics
 from telemetry.registry_merge import snapshot
+from telemetry.tail_sampling import TailSampler
 from telemetry.timeline import Timeline
 
 log = logging.getLogger("sightline.worker")
@@ -37,8 +38,12 @@ class _Rate:
 
 
 class HubLink:
-    def __init__(self, worker: int, send: Callable[[Any], None], metrics: Metrics | None, timeline: Timeline) -> None:
+    def __init__(self, worker: int, send: Callable[[Any], None], metrics: Metrics | None, timeline: Timeline,
+                 tail: TailSampler | None = None) -> None:
         self.worker = worker
+        self.tail = tail  # its decisions go to the hub, which holds the engine's spans of this worker's requests
+        if tail is not None:
+            tail.outbox = ([], [])
         self.send = send  # to the hub
         self.metrics = metrics
         self.timeline = timeline
@@ -48,6 +53,7 @@ class HubLink:
         self.shutting_down = False
         self.procs: dict = {}  # the engine's processes are the hub's
         self.on_failure: Callable[[str], None] = lambda message: None  # the TM's engine_failed
+        self.in_flight: Callable[[int], list[dict]] = lambda limit: []  # ServerState.in_flight_requests
         self._queries: dict[str, asyncio.Future[HubReply]] = {}
         self._finished = 0  # the TM's finished-request count at the last metrics push
 
@@ -75,6 +81,10 @@ class HubLink:
     def _snapshot(self, req: SnapshotReq) -> Snapshot:
         if req.kind == "metrics":
             return Snapshot(id=req.id, worker=self.worker, families=snapshot(self.metrics.registry) if self.metrics else [])
+        if req.kind == "requests":  # arg: {"limit": n, "in_flight": bool}
+            q = json.loads(req.arg)
+            found = self.in_flight(q["limit"]) if q["in_flight"] else self.timeline.recent(q["limit"])
+            return Snapshot(id=req.id, worker=self.worker, entry=json.dumps(found).encode())
         entry = self.timeline.get(req.arg) if req.kind == "request" else None
         return Snapshot(id=req.id, worker=self.worker, entry=json.dumps(entry).encode() if entry else b"")
 
@@ -85,9 +95,11 @@ class HubLink:
         if finished != self._finished and self.metrics is not None:
             self._finished = finished
             self.send(Snapshot(id="", worker=self.worker, families=snapshot(self.metrics.registry)))
+        kept, dropped = self.tail.take_outbox() if self.tail is not None else ([], [])
         self.send(WorkerStats(worker=self.worker, pid=os.getpid(), in_flight=in_flight,
                               oldest_arrival=front.oldest_arrival, stale_drops=front.stale_drops,
-                              undecodable=front.undecodable, handling_errors=front.handling_errors))
+                              undecodable=front.undecodable, handling_errors=front.handling_errors,
+                              tail_kept=kept, tail_dropped=dropped))
 
     async def query(self, kind: str, arg: str = "") -> HubReply:
         qid = uuid.uuid4().hex
@@ -136,4 +148,4 @@ class HubLink:
     def check_available(self, oldest_arrival: int | None) -> None:
         ok, reason = self.health(oldest_arrival)
         if not ok:
-            raise APIError(503, f"server unavailable: {reason}", type="server_unavailable")
+            raise unavailable(reason)

@@ -34,9 +34,12 @@ from serving.frontend.supervisor import EngineSupervisor, Supervised
 from serving.frontend.tokenizer_manager import TokenizerManager
 from serving.frontend.transport import ZmqTransport
 from telemetry.logs import setup_logging
+from telemetry.loop_lag import LoopLagMonitor
 from telemetry.buckets import parse_bucket_overrides
+from telemetry.genai_metrics import GenAIMetrics
 from telemetry.metrics import Metrics
 from telemetry.request_telemetry import RequestTelemetry
+from telemetry.tail_sampling import slo_policy
 from telemetry.timeline import Timeline
 from telemetry.tracing import Tracing
 
@@ -44,15 +47,24 @@ __version__ = "0.1.0"
 log = logging.getLogger("sightline")
 
 
-def front_telemetry(args: ServerArgs, name: str, instance_id: str,
-                    where: dict[str, int] | None = None) -> tuple[RequestTelemetry, Timeline, Metrics | None]:
-    """A TokenizerManager's telemetry: tracer, metrics registry, timeline (one per tokenizer worker)."""
+def front_telemetry(args: ServerArgs, name: str, instance_id: str, where: dict[str, int] | None = None,
+                    role: str = "main") -> tuple[RequestTelemetry, Timeline, Metrics | None]:
+    """A TokenizerManager's telemetry: tracer, metrics registry, timeline, event-loop monitor
+    (`tel.loop_lag`, observed as `sightline_event_loop_lag_seconds{role}`), one per tokenizer worker."""
     timeline = Timeline(args.request_timeline_size)
-    tracing = Tracing.from_args("main", args, instance_id, sink=timeline.add_span, where=where)
+    sinks = [timeline.add_span]  # and the tail sampler's, when it is on
+    tracing = Tracing.from_args("main", args, instance_id, sink=lambda rec: [f(rec) for f in sinks], where=where)
     metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__,
                       roles=tuple(engine_roles(args.dp_size))) \
         if args.enable_metrics else None
-    return RequestTelemetry(tracing, metrics, timeline, name, args.log_requests), timeline, metrics
+    loop_lag = LoopLagMonitor(metrics.loop_lag.labels(role).observe if metrics is not None else None)
+    tel = RequestTelemetry(tracing, metrics, timeline, name, args.log_requests, loop_lag)
+    tel.genai = GenAIMetrics.from_args(args, name, instance_id, where=where)  # None unless exported
+    tel.tail = tracing.tail_sampler(args.tail_sampling_buffer_traces, metrics.count_tail if metrics else None)
+    tel.tail_policy = slo_policy(args.tail_sampling_ttft_ms, args.tail_sampling_tpot_ms)
+    if tel.tail is not None:
+        sinks.append(tel.tail.add)
+    return tel, timeline, metrics
 
 
 async def drain(state: ServerState) -> None:
@@ -76,11 +88,10 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
     tm = TokenizerManager(args, ZmqTransport(endpoints, args.dp_size), tokenizer, monitor, tel)
     tm.start()
     state = ServerState(args=args, tm=tm, monitor=monitor, tel=tel, timeline=timeline, metrics=metrics,
-                        model_name=name, endpoints=endpoints)
+                        model_name=name, endpoints=endpoints, loop_lag=tel.loop_lag)
     if metrics is not None:
         metrics.watch(lambda: monitor.view(tm.counts()), lambda: len(tm.rid_to_state))
         metrics.workers_up.set(1)
-        state.loop_lag.observe = metrics.loop_lag.observe
     state.loop_lag.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -102,7 +113,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
         stop_children(monitor.procs)
         await state.loop_lag.stop()
         await tm.close()
-        tel.tracing.shutdown()
+        tel.shutdown()
 
 
 def run_server(args: ServerArgs) -> int:

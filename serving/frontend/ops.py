@@ -73,9 +73,13 @@ async def debug_state(request: Request) -> Response:
 
 
 async def debug_requests(request: Request) -> Response:
+    """Recent finished requests, newest first; with `in_flight=1` the requests in flight, oldest first."""
     state: ServerState = request.app.state.server
     limit = int(request.query_params.get("limit", "100")) if request.query_params.get("limit", "").isdigit() else 100
-    return JSONResponse({"requests": state.timeline.recent(limit)})
+    in_flight = request.query_params.get("in_flight", "").lower() in ("1", "true", "yes")
+    if state.hub is not None:  # each worker holds its own requests: the hub asks them all
+        return _hub_json(await state.hub.query("requests", json.dumps({"limit": limit, "in_flight": in_flight})))
+    return JSONResponse({"requests": state.in_flight_requests(limit) if in_flight else state.timeline.recent(limit)})
 
 
 async def debug_request(request: Request) -> Response:

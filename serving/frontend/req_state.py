@@ -70,7 +70,8 @@ class ReqState:
     # -- tracing --
     span: Span | None = None
     ctx: Context | None = None
-    trace_id: str | None = None
+    trace_id: str | None = None  # of a sampled trace (head-sampled, or kept by tail sampling at the end)
+    tail_id: str | None = None  # of a trace recorded for tail sampling, until its end decides
     ended: bool = False  # the server span is closed
 
     def exemplar(self) -> dict[str, str] | None:

@@ -11,6 +11,7 @@ from serving.frontend.engine_monitor import EngineMonitor
 from serving.frontend.hub_link import HubLink
 from serving.frontend.tokenizer_manager import TokenizerManager
 from serving.ipc import Endpoints
+from telemetry.clock import now_ns
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
 from telemetry.request_telemetry import RequestTelemetry
@@ -31,11 +32,25 @@ class ServerState:
     loop_lag: LoopLagMonitor = field(default_factory=lambda: LoopLagMonitor(None))
     hub: HubLink | None = None  # one of several tokenizer workers: /metrics and /debug/* ask the hub
 
+    def __post_init__(self) -> None:
+        if self.hub is not None:  # the hub's `/debug/requests?in_flight=1` asks this worker's HubLink
+            self.hub.in_flight = self.in_flight_requests
+
     def health(self) -> tuple[bool, str]:
         return self.monitor.health(self.tm.oldest_arrival())
 
     def check_available(self) -> None:
         self.monitor.check_available(self.tm.oldest_arrival())
+
+    def in_flight_requests(self, limit: int = 100) -> list[dict]:
+        """The requests this front end holds now (`rid_to_state`), oldest first: `/debug/requests?in_flight=1`."""
+        now = now_ns()
+        states = sorted(self.tm.rid_to_state.values(), key=lambda s: s.arrival)[:limit]
+        worker = {"worker": self.hub.worker} if self.hub is not None else {}
+        return [{"rid": s.rid, "route": s.route, "state": "running" if s.started else "queued",
+                 "age_ms": round((now - s.arrival) / 1e6, 3), "stream": s.stream, "prompt_tokens": s.prompt_tokens,
+                 "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens, "dp_rank": s.dp_rank,
+                 "trace_id": s.trace_id, **worker} for s in states]
 
     def debug_state(self) -> dict:
         return {"in_flight": len(self.tm.rid_to_state), **self.monitor.debug_state(self.tm.counts()),

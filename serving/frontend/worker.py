@@ -33,17 +33,17 @@ HEARTBEAT = 0.25  # seconds between WorkerStats
 async def _serve(args: ServerArgs, endpoints: Endpoints, instance_id: str, worker: int, parent: int) -> None:
     tokenizer, path = load_tokenizer(args.model, args.cache_dir_path)
     name = model_name(args.model, path, args.served_model_name)
-    tel, timeline, metrics = front_telemetry(args, name, instance_id, where={"sightline.worker": worker})
+    tel, timeline, metrics = front_telemetry(args, name, instance_id, where={"sightline.worker": worker},
+                                             role=f"worker-{worker}")
     transport = ZmqTransport(endpoints, args.dp_size, worker=worker)
-    link = HubLink(worker, transport.to_hub, metrics, timeline)
+    link = HubLink(worker, transport.to_hub, metrics, timeline, tel.tail)
     tm = TokenizerManager(args, transport, tokenizer, link, tel, worker=worker)
     link.on_failure = tm.engine_failed
     tm.start()
     state = ServerState(args=args, tm=tm, monitor=link, tel=tel, timeline=timeline, metrics=metrics,
-                        model_name=name, endpoints=endpoints, hub=link)
+                        model_name=name, endpoints=endpoints, hub=link, loop_lag=tel.loop_lag)
     if metrics is not None:
         metrics.watch(None, lambda: len(tm.rid_to_state))
-        state.loop_lag.observe = metrics.loop_lag.observe
     state.loop_lag.start()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -67,7 +67,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, instance_id: str, worke
         await asyncio.gather(beat, return_exceptions=True)
         await state.loop_lag.stop()
         await tm.close()
-        tel.tracing.shutdown()
+        tel.shutdown()
 
 
 def run_worker_process(args: ServerArgs, endpoints: Endpoints, instance_id: str, worker: int) -> None:

@@ -16,16 +16,29 @@ import time
 import httpx
 import pytest
 
+from tests.otlp_receiver import OTLPReceiver
 from tests.server_util import ServerProc, chat_text, completion_text, scrape, sse_events, value, wait_until
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
            "In 1969, astronauts", "Water boils at", "My favourite colour is", "To be or not to be"]
 
 
+FAULT_SEED = 4242
+
+
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def otlp():
+    r = OTLPReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, otlp):
     srv = ServerProc("--tokenizer-worker-num", "2", "--dp-size", "2", "--max-queued-requests", "512",
-                     tmpdir=tmp_path_factory.mktemp("workers-dp"))
+                     "--otel-exporter-otlp-endpoint", otlp.endpoint, "--tail-sampling-overrides-parent",
+                     tmpdir=tmp_path_factory.mktemp("workers-dp"),
+                     env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "200"})
     yield srv
     srv.stop()
 
@@ -114,6 +127,27 @@ def test_any_worker_finds_any_rid_with_one_trace_across_processes(fleet):
     assert workers == {1, 2} and ranks <= {0, 1}
     r = httpx.get(f"{fleet.url}/debug/requests/no-such-rid", timeout=10)
     assert r.status_code == 404 and r.json()["error"]["param"] == "rid"
+
+
+def test_tail_sampling_exports_a_failed_requests_trace_from_its_worker_and_the_hub(fleet, otlp):
+    """Callers' sampled=0 with --tail-sampling-overrides-parent: recorded, decided at the end. The
+    worker decides and exports its own spans; the hub exports the engine's."""
+    failed, fine = "5e" * 16, "5f" * 16
+    r = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
+                   headers={"traceparent": f"00-{failed}-{'ab' * 8}-00"})
+    assert r.status_code == 500 and r.headers["traceparent"].split("-")[1] == failed
+    ok = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4}, headers={"traceparent": f"00-{fine}-{'ab' * 8}-00"})
+    assert ok.status_code == 200 and "trace_id" not in ok.json()["sightline"]
+
+    def origins():
+        got = {(s["resource"]["sightline.process.role"], s["resource"].get("sightline.worker")) for s in otlp.trace(failed)}
+        return got if {"main", "scheduler", "detokenizer"} <= {role for role, _ in got} else None
+
+    got = wait_until(origins, 20, "the failed request's trace from its worker and the engine")
+    assert {w for role, w in got if role == "main"} <= {1, 2} and None not in {w for role, w in got if role == "main"}
+    server = next(s for s in otlp.trace(failed) if s["kind"] == "SERVER")
+    assert server["attributes"]["sightline.tail_sampling.reason"] == "error" and server["parent_span_id"] == "ab" * 8
+    assert otlp.trace(fine) == []
 
 
 def test_flush_cache_reaches_every_rank(fleet):

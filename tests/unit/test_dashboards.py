@@ -88,7 +88,7 @@ def test_overview_covers_the_issue_list():
         for q in ("0.5", "0.9", "0.99"):
             assert f"histogram_quantile({q}, sum by (le) (rate(sightline_{metric}_seconds_bucket" in text
         assert f"rate(sightline_{metric}_seconds_sum" in text  # the mean
-    for needle in ('by (status, finish_reason)', 'status=~"5.."', "sightline_prompt_tokens_total",
+    for needle in ('sum by (outcome) (rate(sightline_requests_total', 'status=~"5.."', "sightline_prompt_tokens_total",
                    "sightline_generation_tokens_total", "sightline_num_requests_running",
                    "sightline_num_requests_waiting", "sightline_requests_in_flight", "sightline_kv_usage_ratio"):
         assert needle in text, needle
@@ -125,7 +125,7 @@ def test_slo_and_troubleshooting_boards():
     for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
         assert f"sightline_slo_errors:ratio_rate{window}{{" in slo_text, window
     trouble = lint.panels(boards()["sightline-troubleshooting"])
-    assert len(trouble) == 11 and all(p["title"].endswith("?") for p in trouble)
+    assert len(trouble) == 12 and all(p["title"].endswith("?") for p in trouble)
     text = "\n".join(exprs(boards()["sightline-troubleshooting"]))
     for needle in ("sum by (role, cause) (increase(sightline_engine_failures_total",
                    "increase(sightline_engine_restarts_total", "sum by (reason) (rate(sightline_requests_shed_total",
@@ -200,3 +200,41 @@ def test_overview_has_a_row_per_worker_and_rank():
     # with one worker the failures counter has no series: the panel reads 0, not "no data"
     assert failures == ('sum(increase(sightline_worker_failures_total{job=~"$job", instance=~"$instance"}'
                         f'[$__rate_interval]))\nor 0 * {up}')
+
+
+def test_event_loop_row_shows_lag_beside_cpu_per_front_end_process():
+    """Loop lag p99 / max per process (role: main, worker-N) beside that process's CPU."""
+    board = boards()["sightline-troubleshooting"]
+    top = board["panels"]
+    i = [p.get("title") for p in top].index("Is the TokenizerManager loop blocked?")
+    assert top[i]["type"] == "row"
+    lag, cpu = top[i + 1], top[i + 2]
+    sel = 'job=~"$job", instance=~"$instance"'
+    bucket = f"sum by (le, role) (rate(sightline_event_loop_lag_seconds_bucket{{{sel}}}[$__rate_interval]))"
+    assert [(t["expr"], t["legendFormat"]) for t in lag["targets"]] == [
+        (f"histogram_quantile(0.99, {bucket})", "p99 {{role}}"),
+        (f"histogram_quantile(1.0, {bucket})", "max {{role}}"),
+        (f"sum by (role) (rate(sightline_event_loop_lag_seconds_sum{{{sel}}}[$__rate_interval]))",
+         "late share {{role}}")]
+    assert [(t["expr"], t["legendFormat"]) for t in cpu["targets"]] == [
+        (f'sum by (role) (rate(sightline_process_cpu_seconds_total{{{sel}, role=~"main|worker-.*"}}'
+         '[$__rate_interval]))', "{{role}}")]
+    assert cpu["title"] == "Is the TokenizerManager CPU-bound?" and cpu["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert lag["gridPos"]["y"] == cpu["gridPos"]["y"]  # side by side
+    # the lag histogram is kept per front-end process, the label the CPU counter has
+    assert BY_NAME["sightline_event_loop_lag_seconds"].labels == BY_NAME["sightline_process_cpu_seconds_total"].labels
+
+
+def test_overview_prices_a_token_in_cpu_seconds():
+    panels = {p["title"]: p for p in lint.panels(boards()["sightline-overview"])}
+    targets = panels["CPU seconds per output token"]["targets"]
+    by_role, total = (t["expr"] for t in targets)
+    tokens = ('(sum(rate(sightline_generation_tokens_total{job=~"$job", instance=~"$instance", '
+              'model_name=~"$model_name"}[$__rate_interval])) > 0)')
+    cpu = 'rate(sightline_process_cpu_seconds_total{job=~"$job", instance=~"$instance"}[$__rate_interval])'
+    assert by_role == f"sum by (role) ({cpu})\n/ on () group_left ()\n{tokens}"
+    assert total == f"sum({cpu})\n/\n{tokens}"
+    rules = {r["record"]: r["expr"] for r in yaml.safe_load(
+        (REPO / "dashboards/prometheus/rules/cost.yml").read_text())["groups"][0]["rules"]}
+    assert set(rules) == {"job_role:sightline_cpu_seconds_per_output_token:rate5m",
+                          "job:sightline_cpu_seconds_per_output_token:rate5m"}

@@ -19,7 +19,8 @@ from telemetry.tracing import (Tracing, resolve_exporters, resolve_ratio, sdk_di
 REPO = Path(__file__).resolve().parents[2]
 OTEL_VARS = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
              "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
-             "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
+             "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_METRICS_EXPORTER",
+             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRIC_EXPORT_INTERVAL")
 ENDPOINT = "http://collector:4318"
 
 
@@ -156,3 +157,86 @@ def test_the_docs_table_names_every_variable_the_code_reads():
                   for p in Path(root).rglob("*.py"))
     invented = {name for name in documented - read_here if name not in sdk}
     assert not invented, f"documented but read by neither sightline nor the SDK: {invented}"
+
+
+# -- OpenTelemetry GenAI metrics (telemetry/genai_metrics.py) -------------------------------------
+@pytest.mark.parametrize("env, expected", [
+    ({}, []),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),  # the shared endpoint (spans) alone: /metrics is enough
+    ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ENDPOINT + "/v1/metrics"}, ["otlp"]),  # asked for metrics there
+    ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": " "}, []),  # empty is unset
+    ({"OTEL_METRICS_EXPORTER": "otlp"}, ["otlp"]),
+    ({"OTEL_METRICS_EXPORTER": "Console, otlp,console"}, ["console", "otlp"]),
+    ({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ENDPOINT}, []),
+])
+def test_metrics_exporters_from_the_environment(env, expected):
+    from telemetry.genai_metrics import resolve_metrics_exporters
+
+    assert resolve_metrics_exporters(None, env=env) == expected
+
+
+def test_metrics_flags_win_over_the_environment():
+    from telemetry.genai_metrics import resolve_metrics_exporters
+
+    assert resolve_metrics_exporters("none", env={"OTEL_METRICS_EXPORTER": "otlp"}) == []
+    assert resolve_metrics_exporters("console", env={"OTEL_METRICS_EXPORTER": "otlp"}) == ["console"]
+    assert resolve_metrics_exporters(None, "http://127.0.0.1:4318/v1/metrics", env={}) == ["otlp"]
+    assert resolve_metrics_exporters(None, "http://x/v1/metrics", env={"OTEL_METRICS_EXPORTER": "none"}) == []
+
+
+def test_an_unknown_metrics_exporter_or_interval_is_refused_at_startup(monkeypatch):
+    with pytest.raises(ValueError, match="prometheus"):
+        ServerArgs(model="tiny-random", otel_metrics_exporter="prometheus")
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "zipkin")
+    with pytest.raises(ValueError, match="zipkin"):
+        ServerArgs(model="tiny-random")
+    monkeypatch.delenv("OTEL_METRICS_EXPORTER")
+    with pytest.raises(ValueError, match="export-interval"):
+        ServerArgs(model="tiny-random", otel_metric_export_interval=0)
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    ({}, {}, []),  # off by default
+    ({}, {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),  # env against env: disabled
+    ({"otel_metrics_exporter": "console"}, {"OTEL_SDK_DISABLED": "true"}, ["console"]),  # a flag wins
+    ({"otel_exporter_otlp_metrics_endpoint": ENDPOINT}, {"OTEL_SDK_DISABLED": "TRUE"}, ["otlp"]),
+    ({"otel_exporter_otlp_endpoint": ENDPOINT}, {}, []),  # the shared endpoint flag is the spans'
+])
+def test_metrics_exporters_and_sdk_disabled(flags, env, expected):
+    from telemetry.genai_metrics import metrics_exporters
+
+    assert metrics_exporters(ServerArgs(model="tiny-random", **flags), env) == expected
+
+
+@pytest.mark.parametrize("flag, env, ms", [
+    (None, {}, 60000), (250, {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, 250),
+    (None, {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, 1000), (None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, 60000),
+    (None, {"OTEL_METRIC_EXPORT_INTERVAL": "-5"}, 60000),
+])
+def test_metric_export_interval(flag, env, ms):
+    from telemetry.genai_metrics import resolve_interval
+
+    assert resolve_interval(flag, env) == ms
+
+
+def test_genai_metrics_built_only_when_exported(monkeypatch):
+    from telemetry.genai_metrics import GenAIMetrics
+
+    assert GenAIMetrics.from_args(ServerArgs(model="tiny-random"), "m", "i") is None
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # the SDK's MeterProvider reads it too: the flag must win there
+    genai = GenAIMetrics.from_args(ServerArgs(model="tiny-random", otel_metrics_exporter="none,otlp",
+                                              otel_exporter_otlp_endpoint="http://127.0.0.1:9",
+                                              otel_metric_export_interval=600000), "m", "inst")
+    try:
+        assert genai is not None and not genai.provider._disabled
+        assert genai.provider._sdk_config.resource.attributes["service.instance.id"] == "inst"
+        assert genai.base == {"gen_ai.provider.name": "sightline", "gen_ai.request.model": "m",
+                              "gen_ai.response.model": "m"}
+    finally:
+        genai.provider.shutdown(timeout_millis=1)  # nothing recorded: nothing to send
+
+
+def test_the_docs_table_names_every_metrics_variable_the_code_reads():
+    code = (REPO / "telemetry" / "genai_metrics.py").read_text()
+    read_here = set(re.findall(r'"(OTEL_[A-Z_]+)"', code))
+    assert read_here and read_here <= _doc_table_vars(), read_here - _doc_table_vars()

@@ -103,7 +103,7 @@ def test_outputs_stream_in_order_and_finishing_releases_everything():
         assert (f.tm.admission.num_queued, f.tm.admission.inflight_tokens) == (0, 0)
         assert state.breakdown["ttft_ms"] is not None and state.completion_tokens == 3
         assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="length",
-                        status="200") == 1
+                        status="200", outcome="length") == 1
         assert f.sample("sightline_time_to_first_token_seconds_count", model_name="tiny-random") == 1
         assert f.sample("sightline_inter_token_latency_seconds_count", model_name="tiny-random") == 1
         assert not any(isinstance(m, AbortReq) for m in f.transport.sent)
@@ -192,6 +192,19 @@ def test_engine_failure_ends_every_request_with_an_error_and_forgets_the_engine(
         with pytest.raises(APIError) as err:
             await f.submit()
         assert err.value.status == 503
+    run(body())
+
+
+def test_shutdown_ends_in_flight_requests_with_the_shutdown_outcome():
+    async def body():
+        f = ready_front()
+        states = [await f.submit() for _ in range(2)]
+        f.tm.abort_all("shutdown", "the server is shutting down")
+        assert all(s.status == 503 for s in states)
+        assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="abort", status="503",
+                        outcome="shutdown") == 2
+        assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="abort", status="503",
+                        outcome="engine_failure") == 0
     run(body())
 
 

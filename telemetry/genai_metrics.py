@@ -1,0 +1,194 @@
+"""OpenTelemetry GenAI semantic-convention metrics, pushed over OTLP beside Prometheus's /metrics.
+
+One `GenAIMetrics` per front-end process (the single main process, or each tokenizer worker)
+owns an opentelemetry-sdk `MeterProvider` with one `PeriodicExportingMetricReader` per exporter
+and records, per request, the model-server instruments of the GenAI conventions (status
+Development) with their names, units and advisory bucket boundaries (`INSTRUMENTS`).
+`RequestTelemetry.finish` / `.rejected` call `record`; `shutdown` exports what is left.
+
+Switching on (flags win over the standard variables, read as telemetry/tracing.py reads them):
+the exporters are --otel-metrics-exporter, else $OTEL_METRICS_EXPORTER, else `otlp` when a
+*metrics* endpoint is given (--otel-exporter-otlp-metrics-endpoint or
+$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT), else none. The shared OTLP endpoint alone (flag or
+$OTEL_EXPORTER_OTLP_ENDPOINT, which turns spans on) does not turn metrics on: /metrics already
+serves them, and a traces-only collector would refuse every push. `OTEL_SDK_DISABLED=true` turns
+them off unless a flag asks for an export, as for spans.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from telemetry.tracing import _env, sdk_disabled, service_name
+
+log = logging.getLogger("sightline.genai_metrics")
+DEFAULT_INTERVAL_MS = 60000  # the SDKs' OTEL_METRIC_EXPORT_INTERVAL default
+
+
+@dataclass(frozen=True)
+class Instrument:
+    name: str
+    unit: str
+    description: str
+    buckets: tuple[float, ...]
+    prometheus: str  # our closest Prometheus metric (docs/metrics.md)
+    recorded: str  # when a request is recorded (docs/metrics.md)
+
+
+TTFT = Instrument(
+    "gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
+    (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+    "sightline_time_to_first_token_seconds", "successful requests that produced a token")
+TPOT = Instrument(
+    "gen_ai.server.time_per_output_token", "s",
+    "Time per output token generated after the first token for successful responses.",
+    (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
+    "sightline_time_per_output_token_seconds", "successful requests of n >= 2 output tokens: (e2e − TTFT) / (n − 1)")
+DURATION = Instrument(
+    "gen_ai.server.request.duration", "s",
+    "Generative AI server request duration such as time-to-last byte or last output token.",
+    (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92),
+    "sightline_e2e_request_latency_seconds",
+    "every request: finished, failed or aborted (`error.type`), or refused before the engine (`error.type`)")
+TOKENS = Instrument(
+    "gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
+    tuple(float(4 ** i) for i in range(14)),
+    "sightline_request_prompt_tokens / sightline_request_generation_tokens",
+    "successful requests, twice: `gen_ai.token.type` input (prompt tokens) and output (completion tokens), "
+    "as in the response's `usage`")
+INSTRUMENTS = (TTFT, TPOT, DURATION, TOKENS)
+_EXPORTERS = ("otlp", "console", "none")
+
+
+def metrics_endpoint_configured(flag: str | None = None, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a metrics-specific OTLP endpoint is given: the flag or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT."""
+    return bool(flag or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", env))
+
+
+def resolve_metrics_exporters(flag: str | None, endpoint: str | None = None,
+                              env: Mapping[str, str] | None = None) -> list[str]:
+    """The metric exporters: the flag, else $OTEL_METRICS_EXPORTER, else `otlp` when a metrics
+    endpoint is configured (`endpoint`, the flag's, or the variable), else none."""
+    chosen = flag or _env("OTEL_METRICS_EXPORTER", env)
+    if not chosen:
+        chosen = "otlp" if metrics_endpoint_configured(endpoint, env) else "none"
+    names = [x.strip().lower() for x in chosen.split(",") if x.strip()]
+    bad = [n for n in names if n not in _EXPORTERS]
+    if bad:
+        raise ValueError(f"unknown metrics exporter {bad[0]!r}: use otlp, console or none")
+    return list(dict.fromkeys(n for n in names if n != "none"))
+
+
+def metrics_exporters(args, env: Mapping[str, str] | None = None) -> list[str]:
+    """The exporters for this server: none under OTEL_SDK_DISABLED=true unless the flags ask for an export."""
+    flag, endpoint = args.otel_metrics_exporter, args.otel_exporter_otlp_metrics_endpoint
+    if sdk_disabled(env) and not resolve_metrics_exporters(flag, endpoint, env={}):
+        return []
+    return resolve_metrics_exporters(flag, endpoint, env)
+
+
+def resolve_interval(flag: int | None, env: Mapping[str, str] | None = None) -> int:
+    """Milliseconds between exports: the flag, else $OTEL_METRIC_EXPORT_INTERVAL, else 60000 (a bad value
+    logs a warning and falls back to 60000, as the SDK does)."""
+    if flag is not None:
+        return flag
+    raw = _env("OTEL_METRIC_EXPORT_INTERVAL", env)
+    if not raw:
+        return DEFAULT_INTERVAL_MS
+    try:
+        value = int(float(raw))
+    except ValueError:
+        value = 0
+    if value > 0:
+        return value
+    log.warning("OTEL_METRIC_EXPORT_INTERVAL=%r is not a positive number of milliseconds; using %d",
+                raw, DEFAULT_INTERVAL_MS)
+    return DEFAULT_INTERVAL_MS
+
+
+def _otlp_exporter(protocol: str | None, endpoint: str | None, base: str | None):
+    """`endpoint`: the full metrics URL (used as is); `base`: the shared base URL (`/v1/metrics` appended
+    for http/protobuf); neither: the exporter reads the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables."""
+    protocol = (protocol or _env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        url = endpoint or base
+        return OTLPMetricExporter(endpoint=url, insecure=True) if url else OTLPMetricExporter()
+    if protocol != "http/protobuf":
+        raise ValueError(f"unknown OTLP protocol {protocol!r}: use http/protobuf or grpc")
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPExporter
+
+    url = endpoint or (base.rstrip("/") + "/v1/metrics" if base else None)
+    return HTTPExporter(endpoint=url) if url else HTTPExporter()
+
+
+class GenAIMetrics:
+    """The GenAI instruments of one front-end process and the provider that exports them."""
+
+    def __init__(self, exporters: Sequence[str], model: str, *, protocol: str | None = None,
+                 endpoint: str | None = None, base_endpoint: str | None = None,
+                 interval_ms: int = DEFAULT_INTERVAL_MS, instance_id: str = "",
+                 where: dict[str, int] | None = None) -> None:
+        # imported here: ServerArgs validates the flags with this module, in processes that export nothing
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        from telemetry.request_telemetry import PROVIDER
+
+        resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
+                                    "sightline.process.role": "main", "process.pid": os.getpid(), **(where or {})})
+        readers = [PeriodicExportingMetricReader(
+            ConsoleMetricExporter() if name == "console" else _otlp_exporter(protocol, endpoint, base_endpoint),
+            export_interval_millis=interval_ms) for name in exporters]
+        self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+        # The SDK reads OTEL_SDK_DISABLED itself; `metrics_exporters` already weighed it against the flags.
+        self.provider._disabled = False
+        meter = self.provider.get_meter("sightline")
+        self.ttft, self.tpot, self.duration, self.tokens = (
+            meter.create_histogram(i.name, unit=i.unit, description=i.description,
+                                   explicit_bucket_boundaries_advisory=list(i.buckets)) for i in INSTRUMENTS)
+        self.base = {"gen_ai.provider.name": PROVIDER, "gen_ai.request.model": model,
+                     "gen_ai.response.model": model}
+        self._closed = False
+
+    @classmethod
+    def from_args(cls, args, model: str, instance_id: str, where: dict[str, int] | None = None,
+                  env: Mapping[str, str] | None = None) -> "GenAIMetrics | None":
+        """The process's GenAI metrics as the flags and the OTEL_* variables configure them; None when off."""
+        exporters = metrics_exporters(args, env)
+        if not exporters:
+            return None
+        return cls(exporters, model, protocol=args.otel_exporter_otlp_protocol,
+                   endpoint=args.otel_exporter_otlp_metrics_endpoint, base_endpoint=args.otel_exporter_otlp_endpoint,
+                   interval_ms=resolve_interval(args.otel_metric_export_interval, env), instance_id=instance_id,
+                   where=where)
+
+    def record(self, operation: str, duration: float, *, ttft: float | None = None, input_tokens: int | None = None,
+               output_tokens: int | None = None, error_type: str | None = None) -> None:
+        """One request that ended: `error_type` set for a failed, aborted or refused one (then only the
+        duration is recorded, as the conventions record TTFT, TPOT and usage for successful responses)."""
+        attrs = {"gen_ai.operation.name": operation, **self.base}
+        if error_type:
+            self.duration.record(max(duration, 0.0), {**attrs, "error.type": error_type})
+            return
+        self.duration.record(max(duration, 0.0), attrs)
+        if ttft is not None:
+            self.ttft.record(max(ttft, 0.0), attrs)
+            if output_tokens is not None and output_tokens >= 2:
+                self.tpot.record(max(duration - ttft, 0.0) / (output_tokens - 1), attrs)
+        if input_tokens is not None:
+            self.tokens.record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
+        if output_tokens is not None:
+            self.tokens.record(output_tokens, {**attrs, "gen_ai.token.type": "output"})
+
+    def shutdown(self, timeout_ms: int = 5000) -> None:
+        """Export what was recorded since the last export (a short-lived server's numbers), then stop."""
+        if not self._closed:
+            self._closed = True
+            self.provider.shutdown(timeout_millis=timeout_ms)

@@ -1,0 +1,165 @@
+"""One outcome per request, and tail sampling, on one real server with head sampling at 0.
+
+Each outcome is driven for real (a stop string, max_tokens, a bad body, an injected engine
+error, a 429 while a long stream holds the token budget, a request queued behind it past
+the TTFT threshold, a client that leaves, a deadline, a killed Scheduler and a request
+arriving while the engine restarts). Then `sightline_requests_total` summed by outcome
+equals the requests sent exactly, and the OTLP receiver holds the complete trace (spans
+of every process) of each request tail sampling kept, and nothing of the ones it dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.otlp_receiver import OTLPReceiver
+from tests.server_util import ServerProc, value, wait_until
+
+FAULT_SEED = 4242
+LONG = 1500  # tokens of the long streams: seconds of decoding on tiny-random
+TTFT_MS = 500
+
+
+@pytest.fixture(scope="module")
+def otlp():
+    r = OTLPReceiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture(scope="module")
+def srv(otlp, tmp_path_factory):
+    s = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
+                   "--otel-sampling-ratio", "0", "--tail-sampling-ttft-ms", str(TTFT_MS), "--tail-sampling-tpot-ms", "0",
+                   "--max-running-requests", "1", "--max-inflight-tokens", str(LONG + 1000),
+                   "--startup-timeout", "120", tmpdir=tmp_path_factory.mktemp("outcomes"),
+                   env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    yield s
+    s.stop()
+
+
+def trace_of(resp: httpx.Response) -> str:
+    return resp.headers["traceparent"].split("-")[1]
+
+
+class LongStream(threading.Thread):
+    """A streamed completion of LONG tokens; `close()` leaves mid-stream (a client disconnect)."""
+
+    def __init__(self, srv: ServerProc, **extra) -> None:
+        super().__init__(daemon=True)
+        self.srv, self.extra = srv, extra
+        self.started, self.leave, self.done = threading.Event(), threading.Event(), threading.Event()
+        self.trace = self.status = self.error_event = None
+
+    def run(self) -> None:
+        body = {"prompt": "long", "max_tokens": LONG, "ignore_eos": True, "stream": True, **self.extra}
+        with httpx.stream("POST", self.srv.url + "/v1/completions", json=body, timeout=120) as r:
+            self.trace, self.status = trace_of(r), r.status_code
+            for line in r.iter_lines():
+                self.started.set()
+                if '"error"' in line:
+                    self.error_event = line
+                if self.leave.is_set():
+                    break
+        self.done.set()
+
+
+def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv, otlp):
+    post = lambda body, **kw: srv.post("/v1/completions", {"prompt": "hello there", **body}, **kw)  # noqa: E731
+    sent, traces = 0, {}
+
+    r = post({"max_tokens": 8, "temperature": 0})  # length
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    text, traces["length"] = r.json()["choices"][0]["text"], trace_of(r)
+    stop = text[len(text) // 2:][:3] or text
+    r = post({"max_tokens": 8, "temperature": 0, "stop": [stop]})  # stop
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop", r.text
+    traces["stop"] = trace_of(r)
+    r = post({"max_tokens": -1})  # rejected
+    assert r.status_code == 400
+    traces["rejected"] = trace_of(r)
+    r = post({"max_tokens": 8, "seed": FAULT_SEED})  # error
+    assert r.status_code == 500, r.text
+    traces["error"] = trace_of(r)
+    sent += 4
+
+    long = LongStream(srv)
+    long.start()
+    assert long.started.wait(30)
+    r = post({"max_tokens": 1200})  # shed: its budget does not fit beside the long stream's
+    assert r.status_code == 429, r.text
+    traces["shed"] = trace_of(r)
+    queued: dict = {}
+    waiter = threading.Thread(target=lambda: queued.setdefault("r", post({"max_tokens": 4})), daemon=True)
+    waiter.start()  # admitted, but --max-running-requests 1: it waits for the long stream
+    time.sleep(TTFT_MS / 1000 * 2)
+    long.leave.set()  # client_disconnect
+    waiter.join(60)
+    assert long.done.wait(30) and queued["r"].status_code == 200
+    traces["client_disconnect"], traces["ttft"] = long.trace, trace_of(queued["r"])
+    assert queued["r"].json()["sightline"]["ttft_ms"] > TTFT_MS
+    r = post({"max_tokens": LONG, "ignore_eos": True}, headers={"x-request-timeout": "0.3"})  # timeout
+    assert r.status_code == 504, r.text
+    traces["timeout"] = trace_of(r)
+    sent += 4
+
+    doomed = LongStream(srv)
+    doomed.start()
+    assert doomed.started.wait(30)
+    os.kill(srv.debug()["pids"]["scheduler"], signal.SIGKILL)  # engine_failure
+    assert doomed.done.wait(30) and doomed.error_event and "server_unavailable" in doomed.error_event
+    traces["engine_failure"] = doomed.trace
+    r = post({"max_tokens": 4})  # unavailable: the engine is restarting
+    assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable", r.text
+    traces["unavailable"] = trace_of(r)
+    sent += 2
+    wait_until(lambda: httpx.get(srv.url + "/health", timeout=5).status_code == 200, 120, "the engine restarted")
+
+    text = httpx.get(srv.url + "/metrics", timeout=10).text
+    by_outcome = {o: value(text, "sightline_requests_total", outcome=o) for o in (
+        "stop", "length", "rejected", "shed", "unavailable", "client_disconnect", "timeout", "error",
+        "engine_failure", "shutdown", "aborted_by_operator")}
+    assert by_outcome == {"stop": 1, "length": 2, "rejected": 1, "shed": 1, "unavailable": 1, "client_disconnect": 1,
+                          "timeout": 1, "error": 1, "engine_failure": 1, "shutdown": 0, "aborted_by_operator": 0}
+    assert value(text, "sightline_requests_total") == sent == 10  # exactly one outcome each
+
+    kept = {r: value(text, "sightline_tail_sampling_traces_total", decision="kept", reason=r)
+            for r in ("error", "aborted", "shed", "ttft", "tpot")}
+    assert kept == {"error": 3, "aborted": 2, "shed": 1, "ttft": 1, "tpot": 0}  # error + engine_failure + unavailable
+    assert value(text, "sightline_tail_sampling_traces_total", decision="dropped", reason="not_selected") == 3
+    assert value(text, "sightline_tail_sampling_traces_total", decision="dropped", reason="buffer_full") == 0
+
+    def roles(trace_id: str) -> set[str]:
+        return {s["resource"]["sightline.process.role"] for s in otlp.trace(trace_id)}
+
+    everywhere = {"main", "scheduler", "detokenizer"}
+    for outcome in ("error", "client_disconnect", "ttft", "timeout"):  # reached the engine: spans of every process
+        wait_until(lambda: roles(traces[outcome]) == everywhere, 20, f"the {outcome} request's trace from every process")
+    for outcome in ("shed", "unavailable", "engine_failure"):  # the front end's spans (the killed Scheduler's are lost)
+        wait_until(lambda: "main" in roles(traces[outcome]), 20, f"the {outcome} request's trace")
+    server_span = next(s for s in otlp.trace(traces["ttft"]) if s["kind"] == "SERVER")
+    assert server_span["attributes"]["sightline.tail_sampling.reason"] == "ttft"
+    assert server_span["resource"]["service.name"] == "sightline"
+    error_span = next(s for s in otlp.trace(traces["error"]) if s["kind"] == "SERVER")
+    assert error_span["status"] == 2 and error_span["attributes"]["error.type"]  # STATUS_CODE_ERROR
+    time.sleep(0.5)  # anything still queued for the dropped ones would have arrived with the kept ones
+    for outcome in ("length", "stop", "rejected"):
+        assert otlp.trace(traces[outcome]) == [], f"the {outcome} request's trace was exported"
+
+
+def test_a_callers_unsampled_choice_is_respected(srv, otlp):
+    """sampled=0 from the caller: nothing is recorded, so even a failure exports nothing."""
+    trace_id = "ab" * 16
+    before = value(httpx.get(srv.url + "/metrics", timeout=10).text, "sightline_tail_sampling_traces_total")
+    r = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
+                 headers={"traceparent": f"00-{trace_id}-{'cd' * 8}-00"})
+    assert r.status_code == 500
+    time.sleep(1.0)
+    assert otlp.trace(trace_id) == []
+    assert value(httpx.get(srv.url + "/metrics", timeout=10).text, "sightline_tail_sampling_traces_total") == before
