@@ -127,6 +127,11 @@ def dashboard_problems(dashboard: dict, prometheus_uid: str = "prometheus") -> l
             out.append(f"{where}: no queries")
         for t in p.get("targets", []):
             out += [f"{where} [{t.get('refId')}]: {problem}" for problem in expr_problems(t["expr"], dashboard=True)]
+    for a in dashboard.get("annotations", {}).get("list", []):
+        where = f"{dashboard['uid']} / annotation {a.get('name')}"
+        if a.get("datasource", {}).get("uid") != prometheus_uid or not a.get("expr"):
+            out.append(f"{where}: not a query on uid {prometheus_uid!r}")
+        out += [f"{where}: {problem}" for problem in expr_problems(a.get("expr", ""), dashboard=True)]
     names = {v["name"] for v in dashboard.get("templating", {}).get("list", [])}
     out += [f"{dashboard['uid']}: no ${v} variable" for v in ("job", "instance", "model_name") if v not in names]
     return out

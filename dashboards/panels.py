@@ -84,17 +84,45 @@ def latency_panel(title: str, description: str, histogram: str, *matchers: str, 
     return timeseries_panel(title, description, "s", targets, exemplar="C", width=width)
 
 
+class _PromAnnotation(dm.AnnotationQuery):
+    """A Prometheus annotation query: the SDK's model lacks the Prometheus fields (title and text
+    templates, tag labels), so they are added to its JSON here."""
+
+    def __init__(self, title_format: str, text_format: str, tag_keys: str, **kw) -> None:
+        super().__init__(**kw)
+        self.title_format, self.text_format, self.tag_keys = title_format, text_format, tag_keys
+
+    def build(self) -> "_PromAnnotation":  # what the dashboard builder takes
+        return self
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "titleFormat": self.title_format, "textFormat": self.text_format,
+                "tagKeys": self.tag_keys, "useValueForTime": False}
+
+
+def annotation(name: str, expr: str, title: str, text: str, tag_keys: tuple[str, ...], color: str) -> dm.AnnotationQuery:
+    """An annotation from a Prometheus query: a mark wherever `expr` has a sample, labelled by `title`
+    (`{{label}}` templates) and tagged with the values of `tag_keys`."""
+    return _PromAnnotation(title, text, ",".join(tag_keys), name=name, datasource=PROM, enable=True, hide=False,
+                           icon_color=color, expr=expr)
+
+
 @dataclass
 class Board:
-    """One dashboard: rows of panels, numbered in order."""
+    """One dashboard: rows of panels, numbered in order, and its annotation queries."""
 
     uid: str
     title: str
     description: str
     rows: list[tuple[str, list]] = field(default_factory=list)
+    annotations: list[dm.AnnotationQuery] = field(default_factory=list)
 
     def row(self, title: str, *panels) -> "Board":
         self.rows.append((title, list(panels)))
+        return self
+
+    def annotate(self, *queries: dm.AnnotationQuery) -> "Board":
+        self.annotations.extend(queries)
         return self
 
     def build(self) -> dm.Dashboard:
@@ -105,6 +133,8 @@ class Board:
                    .as_dropdown(True).include_vars(True).keep_time(True)))
         for name, label, query in VARIABLES:
             b = b.with_variable(_variable(name, label, query))
+        for query in self.annotations:
+            b = b.annotation(query)
         next_id = 1
         for title, panels in self.rows:
             b = b.with_row(db.Row(title).id(next_id))

@@ -5,13 +5,17 @@
     python -m loadtest --model tiny-random --levels 1,8,32 --stage-seconds 30
     python -m loadtest --gate-only results/loadtest/default-... --slo itl_p99_ms=100
     python -m loadtest --url http://127.0.0.1:8000 --scenario goodput_search --search step_seconds=10
+    python -m loadtest --replay DUMP_DIR --url http://127.0.0.1:8000 --speed 2   # a --dump-requests dump
 
 Writes one results folder: Locust's CSV and HTML, records.jsonl, plan.json, the
 /metrics scrapes, summary.json, report.txt and PNG plots.  A goodput search (a scenario
 with `search:`, or any scenario given --search) finds the highest load at which the
 goodput SLO (dashboards/slo.yaml's TTFT/TPOT, or --goodput) holds for the objective's
-share of requests.  Exit code: 0 the SLO gate passed, 1 it failed, 2 bad arguments or
-config, 3 the run itself failed.
+share of requests.  `--replay DIR` sends the requests of a flight-recorder dump
+(`sightline serve --dump-requests DIR`) at their recorded arrival offsets ÷ `--speed` and
+reports recorded vs replayed latencies (loadtest/replay.py).  Exit code: 0 the SLO gate
+passed (a replay: every request was sent), 1 it failed, 2 bad arguments or config, 3 the
+run itself failed.
 """
 
 from __future__ import annotations
@@ -30,16 +34,17 @@ from loadtest.gate import check_keys, parse_pairs, parse_slo_args
 from loadtest.reconcile import scrape, scrape_settled
 from loadtest.run import analyse, run_locust, save_scrape, stamp, warm_up
 from loadtest.search import run_search
-from loadtest.server import REPO, LocalServer, facts, wait_healthy
+from loadtest.server import REPO, facts, target
 
 EXIT_PASS, EXIT_GATE, EXIT_USAGE, EXIT_RUN = 0, 1, 2, 3
+DEFAULT_MODEL = "smollm2-135m"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m loadtest", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="test this running server instead of starting one")
-    ap.add_argument("--model", default="smollm2-135m", help="model of the local server [smollm2-135m]")
+    ap.add_argument("--model", help="model of the local server [smollm2-135m; a replay: the dump's]")
     ap.add_argument("--port", type=int, default=0, help="port of the local server [a free one]")
     ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
                     help="extra flag for the local server, e.g. --server-arg=--max-running-requests=32")
@@ -66,6 +71,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="results folder [results/loadtest/<scenario>-<time>]")
     ap.add_argument("--gate-only", type=Path, metavar="DIR",
                     help="judge a finished run's folder again with these --slo values; sends nothing")
+    rp = ap.add_argument_group("replay a recorded dump (loadtest/replay.py)")
+    rp.add_argument("--replay", type=Path, metavar="DIR",
+                    help="send the requests of a --dump-requests directory (or one requests-*.jsonl) at their "
+                         "recorded arrival offsets; the scenario options do not apply")
+    rp.add_argument("--speed", type=float, default=1.0, help="replay: divide the recorded offsets by this [1]")
+    rp.add_argument("--replay-max-tokens", choices=("exact", "recorded"), default="exact",
+                    help="replay: exact = the recorded completion_tokens with ignore_eos (same output lengths); "
+                         "recorded = the recorded max_new_tokens, ignore_eos and stop strings [exact]")
+    rp.add_argument("--include-refused", action="store_true",
+                    help="replay: also send the requests the server shed (429) or refused as unavailable (503)")
+    rp.add_argument("--replay-users", type=int, default=0,
+                    help="replay: Locust users [enough for the recorded overlap, see loadtest/replay.py]")
+    rp.add_argument("--tokenizer", help="replay: tokenizer for synthetic prompts, a model spec [the served model]")
+    rp.add_argument("--request-timeout", type=float, default=300.0, help="replay: seconds per request [300]")
     return ap.parse_args(argv)
 
 
@@ -102,13 +121,7 @@ def run(a: argparse.Namespace, config: Config, scenario: Scenario, slo: dict[str
     out.mkdir(parents=True, exist_ok=True)
     server = None
     try:
-        if a.url:
-            url = a.url.rstrip("/")
-            wait_healthy(url, 30)
-        else:
-            print(f"starting {a.model} (log: {out / 'server.log'}) ...", flush=True)
-            server = LocalServer(a.model, a.port, out / "server.log", a.server_arg)
-            url = server.url
+        url, server = target(a.url, a.model or DEFAULT_MODEL, a.port, out / "server.log", a.server_arg)
         f = facts(url)
         plan = Plan(url, f.model, scenario, [config.workloads[w].resolve(f.max_model_len) for w in scenario.mix],
                     str(out / "records.jsonl"), a.seed, a.max_in_flight, a.failure_backoff)
@@ -153,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.gate_only:
             return gate_only(a)
+        if a.replay:
+            from loadtest.replay import run_replay
+
+            return run_replay(a)
         config = Config.load(a.config)
         if not config.slo_spec_found:
             print("note: dashboards/slo.yaml not found: no default goodput thresholds (set goodput: or --goodput)",

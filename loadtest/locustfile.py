@@ -25,9 +25,11 @@ named after the workload.  Every request asks for the usage chunk
 plain Locust only with `--records FILE`.  One more row, GOODPUT, has one event per
 successful request, a failure when it missed a goodput threshold ("ttft > 1000 ms"): its
 failure ratio is the share of requests out of the SLO.
-Arrival modes: `ClosedLoopUser` (N users, one request at a time each) and
+Arrival modes: `ClosedLoopUser` (N users, one request at a time each),
 `PoissonArrivals` (one user spawning requests at exponential intervals: open loop; plan
-runs only).  `StageShape` holds each load level for `stage_seconds` (plan runs only).
+runs only) and `ReplayUser` (a recorded dump's requests at their recorded offsets:
+`python -m loadtest --replay DIR`, loadtest/replay.py).  `StageShape` holds each load
+level for `stage_seconds` (plan runs only; a replay: until every request has ended).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import IO
 
 import gevent
+import gevent.event
 import httpx
 import requests
 from gevent import GreenletExit
@@ -53,9 +56,11 @@ from locust.stats import CSV_STATS_INTERVAL_SEC
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadtest.config import (DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape,  # noqa: E402
+from loadtest.config import (DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, Workload,  # noqa: E402
                              parse_mix)
 from loadtest.records import RequestRecord  # noqa: E402
+from loadtest.replay import SCHEDULE_FILE, SENT_FILE, ReplayItem, ReplayQueue  # noqa: E402
+from loadtest.replay_readers import reader_class, sent_line  # noqa: E402
 from loadtest.server import auth_headers, facts  # noqa: E402
 from loadtest.sse import StreamReader  # noqa: E402
 from loadtest.stats import GOODPUT_KEYS, meets  # noqa: E402
@@ -71,6 +76,9 @@ PLAN: Plan | None = None
 PLAN_MODE = False  # True when python -m loadtest passed a plan file
 _records: IO[str] | None = None
 _slo = Counter()  # plain Locust: requests, good (within every goodput threshold)
+_replay: ReplayQueue | None = None  # a replay: its schedule (replay_schedule.jsonl beside the plan)
+_replay_sent: IO[str] | None = None  # ... and what was sent (replay_sent.jsonl)
+_replay_started = gevent.event.Event()
 _user_ids = itertools.count()
 
 
@@ -111,7 +119,9 @@ def _init(environment: Environment, **_kw) -> None:
     PLAN_MODE = bool(o and o.plan)
     if PLAN_MODE:
         PLAN = Plan.from_json(Path(o.plan).read_text())
-        keep = ClosedLoopUser if PLAN.scenario.arrival == "closed" else PoissonArrivals
+        keep = {"closed": ClosedLoopUser, "replay": ReplayUser}.get(PLAN.scenario.arrival, PoissonArrivals)
+        if PLAN.scenario.arrival == "replay":
+            _open_replay(Path(o.plan).parent)
         environment.stop_timeout = environment.stop_timeout or max(w.timeout_s for w in PLAN.workloads) + 10
     else:
         try:
@@ -125,6 +135,20 @@ def _init(environment: Environment, **_kw) -> None:
     if environment.available_user_classes:
         for name in [n for n in environment.available_user_classes if n != keep.__name__]:
             environment.available_user_classes.pop(name)
+
+
+def _open_replay(folder: Path) -> None:
+    global _replay, _replay_sent
+    _replay = ReplayQueue.load(folder / SCHEDULE_FILE)
+    _replay_sent = open(folder / SENT_FILE, "a", buffering=1)
+
+
+@events.spawning_complete.add_listener
+def _spawned(user_count: int, **_kw) -> None:
+    """A replay's clock starts once every user is there, so the first requests find a free one."""
+    if _replay is not None:
+        _replay.start(time.perf_counter())
+        _replay_started.set()
 
 
 def _check_plain_options(o) -> None:
@@ -197,6 +221,9 @@ class StageShape(LoadTestShape):
     def tick(self) -> tuple[int, float] | None:
         if self.get_run_time() >= PLAN.scenario.shape.duration:
             return None
+        if PLAN.scenario.arrival == "replay":  # one level (the users), until every request has ended
+            users = int(PLAN.scenario.shape.levels[0])
+            return None if _replay is None or _replay.finished else (users, float(max(100, users)))
         users = int(PLAN.scenario.shape.levels[self.stage_index()]) if PLAN.scenario.arrival == "closed" else 1
         return users, 100.0  # spawn a stage's users within a fraction of a second
 
@@ -228,6 +255,8 @@ def _http_reason(resp: requests.Response) -> str:
 def _read(session: requests.Session, url: str, body: dict, reader: StreamReader) -> None:
     with session.post(url, json=body, stream=True, timeout=(10, None)) as resp:
         reader.rec.status = resp.status_code
+        if on_response := getattr(reader, "on_response", None):  # a replay keeps the x-request-id
+            on_response(resp)
         if resp.status_code != 200:
             reader.rec.error, reader.rec.finish_reason = _http_reason(resp), "error"
             return
@@ -237,16 +266,22 @@ def _read(session: requests.Session, url: str, body: dict, reader: StreamReader)
 
 def run_request(env: Environment, session: requests.Session, rng: random.Random) -> RequestRecord:
     """Send one request of a workload drawn from the mix, read its stream, report it."""
-    plan = PLAN
-    w = pick_workload(plan, rng)
-    path, body = build_request(w, plan, rng)
+    w = pick_workload(PLAN, rng)
+    path, body = build_request(w, PLAN, rng)
+    return send(env, session, w, path, body).rec
+
+
+def send(env: Environment, session: requests.Session, w: Workload, path: str, body: dict,
+         reader_cls: type = StreamReader):
+    """Send one request, read its response with a `reader_cls` (a stream by default), report it;
+    returns the reader (its `rec` is the RequestRecord)."""
     stage, level = stage_and_level(env)
     rec = RequestRecord(w.name, w.endpoint, stage, level, time.time(), 0.0)
-    reader = StreamReader(rec, time.perf_counter())
+    reader = reader_cls(rec, time.perf_counter())
     timer = gevent.Timeout(w.timeout_s)
     timer.start()
     try:
-        _read(session, plan.url + path, body, reader)
+        _read(session, PLAN.url + path, body, reader)
     except gevent.Timeout as exc:
         if exc is not timer:
             raise
@@ -262,7 +297,7 @@ def run_request(env: Environment, session: requests.Session, rng: random.Random)
     finally:
         timer.close()
     report(env, reader.finish(time.perf_counter()))
-    return rec
+    return reader
 
 
 def _fire(env: Environment, kind: str, rec: RequestRecord, value: float, length: int = 0,
@@ -290,7 +325,8 @@ def report(env: Environment, rec: RequestRecord, to_locust: bool = True) -> None
     else:
         n = rec.output_tokens
         _fire(env, "E2E", rec, rec.e2e * 1000, length=n)
-        _fire(env, "TTFT", rec, rec.ttft * 1000)
+        if rec.ttft is not None:  # None: a non-streaming response (a replay's)
+            _fire(env, "TTFT", rec, rec.ttft * 1000)
         if rec.tpot is not None:
             _fire(env, "TPOT", rec, rec.tpot * 1000)
         for gap in rec.itl:
@@ -322,9 +358,12 @@ def _quitting(environment: Environment, **_kw) -> None:
     that finished in the final second (in a closed loop, often all the last ones) would be
     missing from the CSV: give it one more turn.  Plain Locust: print the SLO verdict and turn
     it into the exit code, since Locust would fail the run on a single GOODPUT miss."""
-    global _records
+    global _records, _replay_sent
     if _records is not None:  # users that Locust cuts after this (a SIGTERM mid-run) write no record
         f, _records = _records, None
+        f.close()
+    if _replay_sent is not None:
+        f, _replay_sent = _replay_sent, None
         f.close()
     o = environment.parsed_options
     if not PLAN_MODE and (verdict := slo_verdict(environment)):
@@ -381,3 +420,37 @@ class PoissonArrivals(User):
     def on_stop(self) -> None:
         if hasattr(self, "pool"):
             self.pool.join()  # let open requests finish (Locust's --stop-timeout bounds this)
+
+
+class ReplayUser(User):
+    """A recorded dump replayed open loop (`python -m loadtest --replay DIR`): the users share one
+    schedule; each takes the next request, sleeps until it is due (its recorded offset ÷ speed after
+    the start), sends it as recorded and reads it to the end.  There are enough users that one is
+    free whenever a request is due (loadtest/replay.py's `users_needed`); how late each was sent is
+    written to replay_sent.jsonl with what came back."""
+
+    wait_time = constant(0)
+
+    def on_start(self) -> None:
+        _wait_for_plan()
+        self.session = _session(1)
+        self.workloads = {w.endpoint: w for w in PLAN.workloads}
+        if not _replay_started.wait(10):  # spawning_complete did not come: start anyway
+            _replay.start(time.perf_counter())
+            _replay_started.set()
+
+    @task
+    def replay_next(self) -> None:
+        item: ReplayItem | None = _replay.take()
+        if item is None:
+            gevent.sleep(0.2)  # StageShape stops the run once every request has ended
+            return
+        try:
+            gevent.sleep(max(0.0, _replay.t0 + item.due - time.perf_counter()))
+            sent = time.perf_counter() - _replay.t0
+            reader = send(self.environment, self.session, self.workloads[item.endpoint], item.path, item.body,
+                          reader_class(item))
+            if _replay_sent is not None:
+                _replay_sent.write(sent_line(item, sent, reader) + "\n")
+        finally:
+            _replay.ended += 1

@@ -104,3 +104,15 @@ class LocalServer:
             return self.proc.wait()
         finally:
             self._log.close()
+
+
+def target(url: str | None, model: str, port: int, log_path: Path, extra: list[str]) -> tuple[str, LocalServer | None]:
+    """The server a load-test run drives: `url` once it is healthy, else a fresh LocalServer of
+    `model` (returned too, for the caller to stop)."""
+    if url:
+        url = url.rstrip("/")
+        wait_healthy(url, 30)
+        return url, None
+    print(f"starting {model} (log: {log_path}) ...", flush=True)
+    server = LocalServer(model, port, log_path, extra)
+    return server.url, server

@@ -11,7 +11,8 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
 
 Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
 have their own receiving socket):
-  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq
+  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq,
+                                        PauseReq, ContinueReq, SetLogLevelReq (operator controls)
   Scheduler → Detokenizer               BatchTokenIDOutput
   Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`)
   Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
@@ -82,6 +83,23 @@ class FlushCacheReq(_Msg):
     id: str  # matches the reply
     force: bool = False
     worker: int = 0  # who asked: the reply goes back there
+
+
+class PauseReq(_Msg):
+    """Stop stepping (POST /pause_generation mode in_place): the running and waiting requests keep
+    their place and their KV; the loop goes on receiving messages and sending heartbeats."""
+
+    epoch: int  # the Scheduler's stats echo it in `paused` once the pause is in effect
+
+
+class ContinueReq(_Msg):
+    """Step again (POST /continue_generation, or a pause mode other than in_place)."""
+
+
+class SetLogLevelReq(_Msg):
+    """Change the process's root log level (POST /control/log_level)."""
+
+    level: str  # debug | info | warning | error
 
 
 class AbortReq(_Msg):
@@ -208,6 +226,7 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_queries_tokens_total: int = 0  # cumulative: prompt tokens of admitted requests
     prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
     prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
+    paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping
 
     @property
     def kv_usage_ratio(self) -> float:
@@ -325,7 +344,7 @@ class HubReply(_Msg):
 
 
 Message = Union[
-    TokenizedGenerateReqInput, AbortReq, FlushCacheReq, BatchTokenIDOutput, BatchStrOutput,
+    TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput, BatchStrOutput,
     DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
     SnapshotReq, Snapshot, HubQuery, HubReply,
 ]

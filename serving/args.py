@@ -66,6 +66,7 @@ class ServerArgs:
     api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on /v1/* and /generate (default: $SIGHTLINE_API_KEY; prefer the variable: flags show in ps).")
     auth_debug: bool = _opt(True, "With an API key, also require it on /debug/*.")
     auth_metrics: bool = _opt(False, "With an API key, also require it on /metrics.")
+    control_from_anywhere: bool = _opt(False, "Without an API key, also accept the control endpoints (/pause_generation, /continue_generation, /control/*) from clients that are not on a loopback address (by default they answer those 403). With a key they always need it.")
     max_request_bytes: int = _opt(4 * 1024 * 1024, "Largest request body accepted (413 beyond).")
     max_connections: int | None = _opt(None, "Most open HTTP connections; one more is answered 503 and closed at once (default: the open-files limit less max(64, 1/8 of it), kept for the server's own files).")
     keep_alive_timeout: float = _opt(5.0, "Seconds a connection may sit idle between requests, or take to send complete request headers, before it is closed.")
@@ -91,6 +92,13 @@ class ServerArgs:
     log_format: str = _opt("json", "Log format: json (one object per line, with rid/trace_id/span_id) or text.")
     log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
+    # -- flight recorder and crash dumps (telemetry/flight_recorder.py, serving/frontend/crash_dump.py) --
+    dump_requests: str | None = _opt(None, "Directory to record every generation request in, one JSON line each (telemetry/request_record.py: arrival, route, sampling parameters, token counts, outcome, latency breakdown, prompt/output lengths and SHA-256), in rotating requests-*.jsonl files; crash dumps go there too. Written by a background thread: a write error is counted, never a failed request.")
+    dump_content: bool = _opt(False, "With --dump-requests, also record the prompt (or chat messages), stop strings and output text (by default only their lengths and SHA-256).")
+    dump_requests_max_file_mb: float = _opt(64.0, "With --dump-requests, MiB after which a new requests-*.jsonl file is started.")
+    dump_requests_max_files: int = _opt(10, "With --dump-requests, most requests-*.jsonl files kept in the directory (every tokenizer worker's together); the oldest are deleted.")
+    crash_dump_dir: str | None = _opt(None, "Directory for crash dumps (crash-<UTC time>/: the last requests, engine stats, in-flight requests, the failure, live processes' Python stacks), written when an engine process dies or stalls (default: the --dump-requests directory; none without either).")
+    crash_dump_requests: int = _opt(200, "Most recent request records a crash dump holds (kept in memory while --dump-requests or --crash-dump-dir is set).")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -153,6 +161,9 @@ class ServerArgs:
         for name in ("max_prompt_chars", "max_messages"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.dump_requests_max_file_mb <= 0 or self.dump_requests_max_files < 1 or self.crash_dump_requests < 0:
+            raise ValueError("--dump-requests-max-file-mb must be > 0, --dump-requests-max-files >= 1, "
+                             "--crash-dump-requests >= 0")
         if self.request_timeline_size < 0:
             raise ValueError("--request-timeline-size must be >= 0")
         from telemetry.buckets import parse_bucket_overrides

@@ -9,6 +9,7 @@ when the main process is killed with -9.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import signal
 import sys
@@ -53,6 +54,27 @@ def setup_child(role: str, args) -> int:
         raise SystemExit(0)
     setup_logging(role, args.log_level, args.log_format)
     return parent
+
+
+STACK_SIGNAL = signal.SIGUSR2  # unused otherwise; faulthandler answers it in the engine's children
+_stack_file = None
+
+
+def stack_file(runtime_dir: str, pid: int) -> str:
+    return os.path.join(runtime_dir, "stacks", f"{pid}.txt")
+
+
+def enable_stack_dumps(runtime_dir: str) -> None:
+    """On STACK_SIGNAL, write every thread's Python stack to `stack_file(runtime_dir, pid)`
+    (faulthandler, in C: it answers even while the interpreter is stuck); crash dumps read it."""
+    global _stack_file
+    try:
+        path = stack_file(runtime_dir, os.getpid())
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        _stack_file = open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w")
+        faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True)
+    except (OSError, RuntimeError, ValueError):  # no stacks in crash dumps is no reason not to serve
+        _stack_file = None
 
 
 def keep_running(parent: int) -> bool:

@@ -85,7 +85,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M, attr="generation_tokens_total"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | engine_failure | "
-         "internal_error.", attr="aborts"),
+         "internal_error | operator (POST /pause_generation mode abort).", attr="aborts"),
     Spec("sightline_requests_shed_total", "counter", "Requests refused with 429 because the server was full.",
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
          "(--max-inflight-tokens).", attr="shed"),
@@ -113,6 +113,18 @@ SPECS: tuple[Spec, ...] = (
          "threshold) — its trace is exported from every process. decision=dropped, reason: not_selected (none of "
          "those) | buffer_full (evicted undecided past --tail-sampling-buffer-traces). Head-sampled traces are not "
          "counted here.", attr="tail_traces", hub=True),
+    Spec("sightline_request_dump_records_total", "counter",
+         "Request records the flight recorder wrote to --dump-requests DIR (one per request that reached a "
+         "generation route).", attr="request_dump_records"),
+    Spec("sightline_request_dump_errors_total", "counter",
+         "Request records the flight recorder lost; the requests themselves were not affected.", ("reason",),
+         definition="reason: write_error (the file could not be opened or written: a full disk, the directory "
+         "gone or unwritable; logged at most once per 10 s) | queue_full (the writer thread fell behind by more "
+         "than 4096 records).", attr="request_dump_errors"),
+    Spec("sightline_crash_dumps_total", "counter",
+         "Crash dumps written on an engine failure (--dump-requests DIR or --crash-dump-dir), by result.",
+         ("result",), definition="result: written | failed (an error while writing it, logged; the restart went "
+         "on).", attr="crash_dumps", hub=True),
     Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections).", attr="connections_open"),
     Spec("sightline_http_connections_refused_total", "counter",
          "Connections answered 503 and closed at accept because --max-connections were open.", attr="connections_refused"),
@@ -120,6 +132,15 @@ SPECS: tuple[Spec, ...] = (
          ("cause",), definition="cause: stalled (a send made no progress for --send-stall-timeout) | deadline (an SSE "
          "send still blocked 1 s after its request's deadline). HTTP/2 gets RST_STREAM, HTTP/1.1 a closed "
          "connection; a request still running is aborted as client_disconnect.", attr="stream_stalls"),
+    Spec("sightline_control_actions_total", "counter", "Operator control actions, by action and result.",
+         ("action", "result"), definition="action: pause_abort | pause_in_place | pause_drain (POST "
+         "/pause_generation, by mode) | continue (POST /continue_generation) | tracing (POST /control/tracing) | "
+         "log_level (POST /control/log_level). result: ok | rejected (an invalid body, or not possible now: 4xx or "
+         "501) | error (the engine did not confirm). Refused by auth (401, 403), nothing is counted.",
+         attr="control_actions"),
+    Spec("sightline_paused", "gauge", "1 for the pause mode in effect (POST /pause_generation), 0 for the others.",
+         ("mode",), definition="mode: abort | in_place | drain. All 0 while generation runs; new generation "
+         "requests get 503 `paused` while any is 1.", attr="paused"),
     Spec("sightline_health_checks_total", "counter", "/health answers, by result.", ("healthy",), attr="health_checks"),
     Spec("sightline_requests_in_flight", "gauge", "Requests the TokenizerManager holds (rid_to_state size).", M, attr="in_flight"),
     # from the children's stats messages, exposed at scrape time
@@ -210,7 +231,9 @@ BY_NAME = {s.name: s for s in SPECS}
 # (tests/unit/test_counters_from_zero.py checks it).
 SERVER_LABELS = ("model_name", "dp_rank", "role")
 FINISH_REASONS = ("stop", "length", "abort", "error")
-ABORT_REASONS = ("client_disconnect", "shutdown", "timeout", "engine_failure", "internal_error")
+ABORT_REASONS = ("client_disconnect", "shutdown", "timeout", "engine_failure", "internal_error", "operator")
+PAUSE_MODES = ("abort", "in_place", "drain")
+CONTROL_ACTIONS = tuple(f"pause_{m}" for m in PAUSE_MODES) + ("continue", "tracing", "log_level")
 COMPONENTS = ("tokenizer_manager", "scheduler", "detokenizer")
 
 
@@ -224,7 +247,7 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_requests_total": tuple({"finish_reason": f, "status": s, "outcome": o} for f, s, o in (
         ("stop", "200", "stop"), ("length", "200", "length"), ("abort", "499", "client_disconnect"),
         ("abort", "504", "timeout"), ("abort", "503", "engine_failure"), ("abort", "503", "shutdown"),
-        ("abort", "500", "error"), ("error", "500", "error"), ("error", "400", "rejected"), ("error", "408", "rejected"),
+        ("abort", "500", "error"), ("abort", "503", "aborted_by_operator"), ("error", "500", "error"), ("error", "400", "rejected"), ("error", "408", "rejected"),
         ("error", "413", "rejected"), ("error", "429", "shed"), ("error", "503", "unavailable"),
         ("error", "503", "shutdown"))),
     "sightline_request_aborts_total": _each(reason=ABORT_REASONS),
@@ -247,6 +270,9 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_message_handling_errors_total": _each(component=COMPONENTS),
     "sightline_prefix_cache_flushes_total": _each(result=("ok", "refused", "error")),
     "sightline_worker_failures_total": _each(cause=("exited", "stalled")),
+    "sightline_request_dump_errors_total": _each(reason=("write_error", "queue_full")),
+    "sightline_crash_dumps_total": _each(result=("written", "failed")),
+    "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 LAZY_SERIES: dict[str, str] = {
     "sightline_http_requests_total": "route x method x status is bounded but large (thousands of combinations, "
@@ -369,6 +395,8 @@ class Metrics:
     stream_stalls: Counter
     health_checks: Counter
     cache_flushes: Counter
+    control_actions: Counter
+    paused: Gauge
     restart_budget_exhausted: Gauge
     connections_open: Gauge
     in_flight: Gauge
@@ -376,6 +404,9 @@ class Metrics:
     worker_failures: Counter
     workers_up: Gauge
     tail_traces: Counter
+    request_dump_records: Counter
+    request_dump_errors: Counter
+    crash_dumps: Counter
 
     def __init__(self, model_name: str, bucket_overrides: dict[str, tuple[float, ...]] | None = None,
                  version: str = "0", hub: bool = False, roles: tuple[str, ...] = ("scheduler", "detokenizer")) -> None:
@@ -400,6 +431,9 @@ class Metrics:
             if metric is not None and spec.labels:
                 for labels in zero_series(spec, model_name, roles):
                     metric.labels(**labels)
+        if not hub:  # every pause mode's series from the start: 0 while generation runs
+            for mode in PAUSE_MODES:
+                self.paused.labels(mode).set(0)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.build_info.labels(model_name, version).set(1)
 

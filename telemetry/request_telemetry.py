@@ -20,6 +20,7 @@ from prometheus_client import Counter, Histogram
 
 from protocol.io_struct import BatchStrOutput, ReqMeta, StrOut
 from telemetry.clock import now_ns
+from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
@@ -76,10 +77,13 @@ class RequestTelemetry:
         self.loop_lag = loop_lag  # this process's event-loop monitor: stalls during a request go on its span
         self.tail: TailSampler | None = None  # tail sampling: every span of this front end and of the engine
         self.tail_policy = TailPolicy()
+        self.recorder: FlightRecorder | None = None  # --dump-requests: one record per request, at its end
 
     def shutdown(self) -> None:
-        """Export what is left: spans, kept traces, OTLP metrics."""
+        """Export what is left: spans, kept traces, OTLP metrics, request records."""
         self.tracing.shutdown()
+        if self.recorder is not None:
+            self.recorder.close()
         if self.tail is not None:
             self.tail.shutdown()
         if self.genai is not None:
@@ -127,6 +131,8 @@ class RequestTelemetry:
         if self.genai is not None:
             self.genai.record(rt.operation, (now_ns() - rt.arrival) / 1e9, error_type=error_type)
         self.end(rt, status)
+        if self.recorder is not None:
+            self.recorder.record(rt, outcome, "abort" if client_gone else "error", status)
 
     def end(self, rt: TracedRequest, status: int | None = None) -> None:
         """The HTTP response is complete (or the client is gone): close the server span."""
@@ -178,6 +184,8 @@ class RequestTelemetry:
 
     def on_output(self, rt: TracedRequest, out: StrOut, recv: int) -> None:
         """One output of the request (its `meta` is already the request's latest)."""
+        if self.recorder is not None:
+            self.recorder.on_output(rt, out.text)
         st = out.meta.stamps
         if st.detok_recv and st.detok_done:
             rt.detok_busy_ns += st.detok_done - st.detok_recv
@@ -249,6 +257,8 @@ class RequestTelemetry:
         if self.log_requests:
             log_request({**summary, "trace_id": rt.trace_id,
                          "span_id": f"{rt.span.get_span_context().span_id:016x}" if rt.trace_id else None})
+        if self.recorder is not None:
+            self.recorder.record(rt, outcome, finish_reason, rt.status)
         return rt.breakdown
 
     def _tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None) -> None:

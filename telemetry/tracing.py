@@ -172,12 +172,19 @@ class _Sampler(Sampler):
       recorded only with `record_remote_unsampled` (the engine processes, whose carriers
       are gated by `TAIL_KEY`; the front end only with --tail-sampling-overrides-parent).
     * A root: sampled when it links to a sampled span (a batch `forward` over sampled
-      requests) or by the trace-id ratio; otherwise recorded only with `record_roots`."""
+      requests) or by the trace-id ratio; otherwise recorded only with `record_roots`.
+
+    The ratio can be changed at runtime (`set_ratio`, POST /control/tracing): roots started
+    after the change use the new one."""
 
     def __init__(self, ratio: float, record_roots: bool = False, record_remote_unsampled: bool = False) -> None:
         self.ratio = TraceIdRatioBased(ratio)
         self.record_roots = record_roots
         self.record_remote_unsampled = record_remote_unsampled
+
+    def set_ratio(self, ratio: float) -> None:
+        """Replace the head-sampling ratio of new roots (one attribute swap: no lock needed)."""
+        self.ratio = TraceIdRatioBased(ratio)
 
     def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
         parent_span = trace.get_current_span(parent_context)
@@ -241,6 +248,7 @@ class Tracing:
         self.propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]) \
             if "OTEL_PROPAGATORS" not in os.environ else get_global_textmap()
         self.provider: TracerProvider | None = None
+        self.sampler: _Sampler | None = None  # None when tracing is off
         if not enabled:
             self.tracer = trace.NoOpTracer()
             return
@@ -250,6 +258,7 @@ class Tracing:
         front = role == "main"
         sampler = _Sampler(ratio, record_roots=self.tail and front,
                            record_remote_unsampled=self.tail and (tail_overrides_parent or not front))
+        self.sampler = sampler
         self.provider = TracerProvider(resource=resource, sampler=sampler)
         # The SDK reads OTEL_SDK_DISABLED itself; `enabled` already weighed it against the flags.
         self.provider._disabled = False
@@ -347,6 +356,11 @@ class Tracing:
         out = list(self.forwarded)
         self.forwarded.clear()
         return out
+
+    @property
+    def sampling_ratio(self) -> float | None:
+        """The head-sampling ratio of new roots (None when tracing is off)."""
+        return self.sampler.ratio.rate if self.sampler is not None else None
 
     def shutdown(self) -> None:
         if self.provider is not None:

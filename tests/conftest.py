@@ -9,6 +9,7 @@ from serving.args import ServerArgs
 from serving.engine.loader import LoadedModel, load_model
 from protocol.sampling_params import SamplingParams
 from serving.engine.scheduler_core import SchedulerCore
+from tests.otlp_receiver import OTLPReceiver
 
 PROMPTS = [
     "The capital of France is",
@@ -85,3 +86,11 @@ def server(tmp_path_factory):
         yield srv
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def otlp():
+    """A real OTLP receiver (HTTP), one per test module."""
+    r = OTLPReceiver()
+    yield r
+    r.close()

@@ -34,6 +34,7 @@ class OTLPReceiver:
     def __init__(self, grpc: bool = False) -> None:
         self.spans: list[dict] = []
         self.points: list[dict] = []  # every metric data point received, in arrival order
+        self.trace_requests: list[ExportTraceServiceRequest] = []  # as received over HTTP, in arrival order
         self.lock = threading.Lock()
         self.grpc_server = self._start_grpc() if grpc else None
         receiver = self
@@ -49,6 +50,8 @@ class OTLPReceiver:
                     req, out = ExportTraceServiceRequest(), ExportTraceServiceResponse().SerializeToString()
                     req.ParseFromString(body)
                     receiver._add(req)
+                    with receiver.lock:
+                        receiver.trace_requests.append(req)
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", str(len(out)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dashboards import promql as q
-from dashboards.panels import Board, latency_panel, stat_panel, timeseries_panel
+from dashboards.panels import Board, annotation, latency_panel, stat_panel, timeseries_panel
 
 REQ = "sightline_requests_total"
 ERRORS = 'status=~"5.."'
@@ -12,6 +12,33 @@ RANK, WORKER = ("dp_rank",), ("worker",)
 # worker the panel reads 0, not "no data" (0 × the workers-up gauge, which is always there).
 WORKER_FAILURES = (f"{q.rate('sightline_worker_failures_total', fn='increase')}\n"
                    f"or 0 * {q.gauge('sightline_tokenizer_workers')}")
+
+
+CONTROL = "sightline_control_actions_total"
+PAUSED = "sightline_paused"
+
+
+def control_annotations() -> list:
+    """Marks on every time series: each operator control action, and the time generation was paused."""
+    return [
+        annotation("Control actions", f"{q.rate(CONTROL, by=('action', 'result'), fn='increase')} > 0",
+                   "{{action}} ({{result}})", "operator control action (POST /pause_generation, "
+                   "/continue_generation, /control/*); the server logs who and what", ("action", "result"), "blue"),
+        annotation("Generation paused", f"{q.gauge(PAUSED, by=('mode',), agg='max')} > 0", "paused ({{mode}})",
+                   "generation paused by an operator: new requests get 503 paused (docs/runbook.md, Pause for "
+                   "maintenance)", ("mode",), "orange"),
+    ]
+
+
+def pause_panel() -> object:
+    return timeseries_panel(
+        "Pauses and control actions",
+        "1 while generation is paused in that mode (sightline_paused{mode}: abort, in_place, drain; POST "
+        "/pause_generation until /continue_generation), and operator control actions per rate interval by action "
+        "and result (sightline_control_actions_total). The same show as annotations on every panel. While "
+        "paused, /health and new generation requests answer 503 paused.", "short",
+        [(q.gauge(PAUSED, by=("mode",), agg="max"), "paused {{mode}}"),
+         (q.rate(CONTROL, by=("action", "result"), fn="increase"), "{{action}} {{result}}")], width=24)
 
 
 CPU = "sightline_process_cpu_seconds_total"
@@ -120,6 +147,7 @@ def board() -> Board:
                          [(q.gauge("sightline_num_requests_running"), "running"),
                           (q.gauge("sightline_num_requests_waiting"), "waiting"),
                           (q.gauge("sightline_requests_in_flight"), "in flight")]),
+        pause_panel(),
     )
     b.row(
         "Latency",
@@ -149,4 +177,5 @@ def board() -> Board:
         cpu_per_token(),
     )
     b.row("Workers and ranks", *workers_and_ranks())
+    b.annotate(*control_annotations())
     return b

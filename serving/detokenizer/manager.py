@@ -34,7 +34,7 @@ from serving.detokenizer.incremental import DecodeState
 from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut, \
     WorkerGone
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
-from serving.process import keep_running, setup_child
+from serving.process import enable_stack_dumps, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 from telemetry.engine_spans import DetokSpans
@@ -156,6 +156,7 @@ def _by_worker(outs: list[StrOut]) -> dict[int, list[StrOut]]:
 def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
     """Entry point of the spawned Detokenizer process."""
     parent = setup_child("detokenizer", args)
+    enable_stack_dumps(endpoints.runtime_dir)  # crash dumps: SIGUSR2 writes this process's Python stacks
     ctx = zmq.Context()
     mgr = None
     try:

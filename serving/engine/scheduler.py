@@ -7,6 +7,11 @@
 It never awaits: the forward pass owns the CPU.  Per-rid `ReqMeta` (trace carrier and
 timestamps) arrives with the request and leaves, updated, with every output.
 
+Paused (`PauseReq`, POST /pause_generation mode in_place) it runs no step: its requests
+keep their place and their KV, while it still receives messages (aborts free KV as
+usual), expires the queue and heartbeats every --heartbeat-interval; `ContinueReq` steps
+again from exactly where it stopped.
+
 Nothing one message carries may stop the loop: a request the engine cannot take or
 serve ends alone with an explicit error; a message whose handling raises is dropped,
 counted (`SchedulerStats.handling_errors`) and logged at most once a second.
@@ -25,12 +30,12 @@ from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore, TokenEvent
 from protocol.io_struct import (
-    AbortReq, BatchTokenIDOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Ready, ReqMeta, SchedulerStats,
-    TokenizedGenerateReqInput, TokenOut, WorkerGone,
+    AbortReq, BatchTokenIDOutput, ContinueReq, DetokParams, FlushCacheReq, FlushCacheReqOutput, PauseReq, Ready,
+    ReqMeta, SchedulerStats, SetLogLevelReq, TokenizedGenerateReqInput, TokenOut, WorkerGone,
 )
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
-from serving.process import keep_running, setup_child
+from serving.process import enable_stack_dumps, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
@@ -68,6 +73,7 @@ class Scheduler:
         self.prefill_tokens_total = 0
         self.last_token_at: int | None = None
         self._last_stats = 0
+        self.paused = 0  # the epoch of the PauseReq in effect: no step runs while it is set
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.phases = PhaseTimes(("schedule", "forward", "sample", "output"), stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
@@ -92,6 +98,8 @@ class Scheduler:
                     self._flush_cache(msg)
                 elif isinstance(msg, WorkerGone):
                     self._worker_gone(msg.worker)
+                elif isinstance(msg, (PauseReq, ContinueReq, SetLogLevelReq)):
+                    self._control(msg)
                 elif msg is not None:
                     self.codec.undecodable += 1
                     log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
@@ -138,6 +146,17 @@ class Scheduler:
             self.worker_of.pop(rid, None)
             self.drops.forget(rid, "worker_gone")
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
+
+    def _control(self, msg: PauseReq | ContinueReq | SetLogLevelReq) -> None:
+        if isinstance(msg, SetLogLevelReq):
+            logging.getLogger().setLevel(msg.level.upper())
+            log.info("log level set to %s", msg.level)
+            return
+        was, self.paused = self.paused, msg.epoch if isinstance(msg, PauseReq) else 0
+        if bool(was) != bool(self.paused):
+            log.info("%s with %d running and %d waiting requests", "paused" if self.paused else "resumed",
+                     self.core.num_running, self.core.num_waiting)
+        self.send_stats(force=True)  # the front end waits for this to say the pause is in effect
 
     def _flush_cache(self, msg: FlushCacheReq) -> None:
         before = self.core.prefix_cached_tokens
@@ -208,6 +227,7 @@ class Scheduler:
             handling_errors=self.errors.count, step_phases=self.phases.snapshot(),
             prefix_cached_tokens=core.prefix_cached_tokens, prefix_queries_tokens_total=core.prefix_queries_tokens,
             prefix_hits_tokens_total=core.prefix_hits_tokens, prefix_evicted_tokens_total=core.prefix_evicted_tokens,
+            paused=self.paused,
         )))
 
     # -- the loop ---------------------------------------------------------------------
@@ -274,11 +294,11 @@ class Scheduler:
         )))
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):
-            busy = self.core.has_work
+            busy = self.core.has_work and not self.paused  # paused: wait for messages as when idle
             try:
                 self.recv_requests(0 if busy else idle_ms)
                 self.expire_queue()
-                if self.core.has_work:
+                if self.core.has_work and not self.paused:
                     self.step()
                 self.flush()
                 self.send_stats(force=busy)
@@ -293,6 +313,7 @@ class Scheduler:
 def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "", dp_rank: int = 0) -> None:
     """Entry point of the spawned Scheduler process (rank `dp_rank` of `--dp-size`)."""
     parent = setup_child(scheduler_role(dp_rank, args.dp_size), args)
+    enable_stack_dumps(endpoints.runtime_dir)  # crash dumps: SIGUSR2 writes this process's Python stacks
     sched = None
     try:
         sched = Scheduler(args, endpoints, instance_id, dp_rank)

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serving.frontend import ops
+from serving.frontend import control, ops
 from serving.frontend.auth import AuthMiddleware
 from serving.frontend.errors import APIError, error_response
 from serving.frontend.generation import chat_completions, completions, generate
@@ -36,6 +36,11 @@ ROUTES = [
     Route("/debug/profile", debug_profile, methods=["POST"]),
     Route("/debug/ui", debug_ui, methods=["GET"]),
     Route("/flush_cache", ops.flush_cache, methods=["POST"]),
+    Route("/pause_generation", control.pause_generation, methods=["POST"]),
+    Route("/continue_generation", control.continue_generation, methods=["POST"]),
+    Route("/control/tracing", control.set_tracing, methods=["POST"]),
+    Route("/control/log_level", control.set_log_level, methods=["POST"]),
+    Route("/control/config", control.config, methods=["GET"]),
 ]
 
 

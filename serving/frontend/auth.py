@@ -1,7 +1,12 @@
 """Optional API key: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
-and on /debug/* and /metrics when configured.  /health is never protected (probes), nor is the
+the control endpoints, and on /debug/* and /metrics when configured.  /health is never protected (probes), nor is the
 static page of /debug/ui (no data in it: a browser opening it cannot send a header; every fetch
 the page makes sends the key).
+
+The control endpoints (`/pause_generation`, `/continue_generation`, `/control/*`: they
+change what the server does for everyone) need the key when one is set; without a key
+they answer only loopback clients (403 `control_forbidden` to any other) unless
+`--control-from-anywhere`.
 
 The comparison is constant-time over fixed-size SHA-256 digests, so neither how much of
 a wrong key matches nor its length changes how long the check takes.  The key is never
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 
 import msgspec
 
@@ -35,8 +41,36 @@ def presented_key(headers: dict[bytes, bytes]) -> str | None:
     return key.decode("latin-1") if key is not None else None
 
 
+_FORBIDDEN = msgspec.json.encode({"error": {
+    "message": "The control endpoints answer only loopback clients when no API key is set (set SIGHTLINE_API_KEY, "
+               "or start the server with --control-from-anywhere).",
+    "type": "permission_error", "param": None, "code": "control_forbidden"}})
+CONTROL_PATHS = ("/pause_generation", "/continue_generation")
+
+
+def is_control(path: str) -> bool:
+    return path in CONTROL_PATHS or path.startswith("/control/")
+
+
+def is_loopback_client(scope) -> bool:
+    client = scope.get("client")
+    if not client:
+        return False
+    try:
+        return ipaddress.ip_address(client[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def control_decision(scope, args: ServerArgs, has_key: bool) -> str:
+    """For a control endpoint: `key` (the API key decides), `allow`, or `forbid` (no key, not loopback)."""
+    if has_key:
+        return "key"
+    return "allow" if args.control_from_anywhere or is_loopback_client(scope) else "forbid"
+
+
 def protected(path: str, args: ServerArgs) -> bool:
-    if path.startswith("/v1/") or path in ("/generate", "/flush_cache"):
+    if path.startswith("/v1/") or path in ("/generate", "/flush_cache") or is_control(path):
         return True
     if path.startswith("/debug"):
         return args.auth_debug and path != "/debug/ui"
@@ -52,6 +86,12 @@ class AuthMiddleware:
         self.digest = hashlib.sha256(args.api_key.encode()).digest() if args.api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and is_control(scope["path"]) \
+                and control_decision(scope, self.args, self.digest is not None) == "forbid":
+            await send({"type": "http.response.start", "status": 403, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(_FORBIDDEN)).encode())]})
+            await send({"type": "http.response.body", "body": _FORBIDDEN})
+            return
         if self.digest is None or scope["type"] != "http" or not protected(scope["path"], self.args):
             await self.app(scope, receive, send)
             return

@@ -21,7 +21,7 @@ import msgspec
 import psutil
 
 from protocol.io_struct import DetokenizerStats, DropCount, Ready, SchedulerStats
-from serving.frontend.errors import APIError, unavailable
+from serving.frontend.errors import APIError, paused_error, unavailable
 from serving.ipc import scheduler_role
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
@@ -103,6 +103,9 @@ class EngineMonitor:
         self.failure: str | None = None  # set while the supervisor recovers from it
         self.restart_status: str | None = None  # which restart attempt is under way
         self.down: str | None = None  # set for good once the restart budget is spent
+        self.paused: str | None = None  # the pause mode an operator set (POST /pause_generation), None when serving
+        self.pause_epoch = 0  # of the latest in_place pause sent to the Scheduler ranks
+        self.resumed_at = 0  # monotonic ns of the latest in_place pause's end: the stall clock restarts there
         self._ps: dict[int, psutil.Process] = {}
         self._dispatch: dict[type, Callable[[Any], bool]] = {
             SchedulerStats: self._on_scheduler_stats, DetokenizerStats: self._on_detok_stats, Ready: self._on_ready,
@@ -167,6 +170,11 @@ class EngineMonitor:
         self.scheduler_stats, self.detok_stats = {}, None
         self.last_heartbeat.clear()
 
+    def ranks_paused(self, epoch: int) -> bool:
+        """Every Scheduler rank's latest stats say pause `epoch` is in effect (no step runs)."""
+        return all(self.scheduler_stats.get(r) is not None and self.scheduler_stats[r].paused == epoch
+                   for r in range(self.dp_size))
+
     def missing(self) -> list[str]:
         return [r for r in self.roles if r not in self.ready]
 
@@ -219,6 +227,8 @@ class EngineMonitor:
                 return False, f"{role} process exited (code {proc.exitcode})"
         if not self.all_ready.is_set():
             return False, "starting: waiting for " + ", ".join(self.missing())
+        if self.paused:
+            return False, "paused"
         stuck = self.seconds_without_token(oldest_arrival)
         if stuck > self.stall_timeout:
             return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
@@ -227,13 +237,14 @@ class EngineMonitor:
     def check_available(self, oldest_arrival: int | None) -> None:
         ok, reason = self.health(oldest_arrival)
         if not ok:
-            raise unavailable(reason)
+            raise paused_error(self.paused) if reason == "paused" else unavailable(reason)
 
     def seconds_without_token(self, oldest_arrival: int | None) -> float:
-        """With requests in flight: seconds since the later of the last token and the oldest arrival."""
-        if oldest_arrival is None:
+        """With requests in flight: seconds since the later of the last token, the oldest arrival and the
+        end of the latest in_place pause; 0 while paused in place (no token is due)."""
+        if oldest_arrival is None or self.paused == "in_place":
             return 0.0
-        last = max(oldest_arrival, self.last_token_at or 0)
+        last = max(oldest_arrival, self.last_token_at or 0, self.resumed_at)
         return (now_ns() - last) / 1e9
 
     # -- reading it all -------------------------------------------------------------------
@@ -284,6 +295,7 @@ class EngineMonitor:
             "undecodable": self._per_component(front.undecodable, "undecodable"),
             "pids": {role: p.pid for role, p in {**self.procs, **self.workers}.items()},
             "ready_rejected": dict(self.ready_rejected),
+            "paused": self.paused,
         }
 
     def _resources(self) -> tuple[dict[str, float], dict[str, float]]:

@@ -40,6 +40,15 @@ def unavailable(reason: str) -> APIError:
                     code="shutting_down" if reason == "shutting down" else "engine_unavailable")
 
 
+PAUSED_RETRY_AFTER = 5  # seconds: the Retry-After of a request refused while generation is paused
+
+
+def paused_error(mode: str | None) -> APIError:
+    """The 503 for a generation request arriving while an operator paused generation."""
+    return APIError(503, f"server unavailable: generation is paused by an operator (mode {mode}); retry later",
+                    type="server_unavailable", code="paused", headers={"Retry-After": str(PAUSED_RETRY_AFTER)})
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
 
@@ -56,7 +65,7 @@ def from_decode_error(exc: Exception) -> APIError:
 
 # -- which HTTP status a request ends with --------------------------------------------
 ABORT_STATUS = {"client_disconnect": 499, "shutdown": 503, "timeout": 504, "engine_failure": 503,
-                "internal_error": 500}
+                "internal_error": 500, "operator": 503}
 CLIENT_GONE = ABORT_STATUS["client_disconnect"]
 _ERROR_TYPES = {503: "server_unavailable", 504: "timeout", 500: "internal_error"}
 

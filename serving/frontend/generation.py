@@ -124,6 +124,8 @@ async def generation(request: Request, kind: Kind) -> Response:
     try:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
+        if tel.recorder is not None:  # the flight recorder: prompt and sampling as run, read when it ends
+            req.dump_input = obj
         obj.timeout = request_timeout(request, state.args.request_timeout)
         req.stream = obj.stream
         if req.span is not None:

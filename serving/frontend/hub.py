@@ -35,6 +35,7 @@ from protocol.io_struct import FlushCacheReqOutput, HubQuery, HubReply, MetricFa
     WorkerStats
 from serving.args import ServerArgs
 from serving.frontend.children import engine_roles, stop_children
+from serving.frontend.crash_dump import CrashDumper
 from serving.frontend.engine_monitor import EngineMonitor
 from serving.frontend.fleet import WorkerFleet
 from serving.frontend.supervisor import EngineSupervisor, Supervised
@@ -227,6 +228,11 @@ class Hub:
             found.sort(key=lambda r: -r.get("finished_at", 0.0))
         return HubReply(id="", body=json.dumps({"requests": found[:q["limit"]]}).encode())
 
+    async def in_flight(self) -> list[dict]:
+        """Every worker's requests in flight (for a crash dump)."""
+        arg = json.dumps({"limit": 1 << 20, "in_flight": True})
+        return [r for snap in (await self.gather("requests", arg)).values() for r in json.loads(snap.entry or b"[]")]
+
     # -- shutdown -------------------------------------------------------------------------
     async def stop_workers(self) -> None:
         """SIGTERM every worker (each drains), wait for them, kill what is left."""
@@ -253,7 +259,9 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    supervisor = EngineSupervisor(Supervised(args, hub.monitor, hub, hub.metrics, endpoints, name),
+    crash = CrashDumper.from_args(args, hub.monitor, endpoints.runtime_dir, hub.metrics, role="hub",
+                                  in_flight_async=hub.in_flight, records_dir=args.dump_requests)
+    supervisor = EngineSupervisor(Supervised(args, hub.monitor, hub, hub.metrics, endpoints, name, crash),
                                   hub.instance_id, stop)
     hub.fleet.start(args.tokenizer_worker_num)
     log.info("hub: %d tokenizer workers, %d Scheduler ranks, serving on http://%s:%d", args.tokenizer_worker_num,
@@ -270,6 +278,8 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
         await asyncio.gather(*tasks, return_exceptions=True)
         hub.fleet.stop(force=True)
         stop_children(hub.monitor.procs)
+        if crash is not None:
+            crash.join()
         if hub.tail is not None:
             hub.tail.shutdown()  # the kept traces' engine spans still queued
         hub.tracing.shutdown()

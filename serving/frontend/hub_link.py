@@ -51,6 +51,7 @@ class HubLink:
         self.generation: int | None = None
         self.throughput = _Rate()
         self.shutting_down = False
+        self.paused: str | None = None  # operator pauses are refused with several workers (control.py)
         self.procs: dict = {}  # the engine's processes are the hub's
         self.on_failure: Callable[[str], None] = lambda message: None  # the TM's engine_failed
         self.in_flight: Callable[[int], list[dict]] = lambda limit: []  # ServerState.in_flight_requests

@@ -29,6 +29,7 @@ from serving.ipc import Endpoints, runtime_parent
 from serving.process import set_title
 from serving.frontend.server_state import ServerState
 from serving.frontend.children import engine_roles, stop_children
+from serving.frontend.crash_dump import CrashDumper
 from serving.frontend.engine_monitor import EngineMonitor
 from serving.frontend.supervisor import EngineSupervisor, Supervised
 from serving.frontend.tokenizer_manager import TokenizerManager
@@ -36,6 +37,7 @@ from serving.frontend.transport import ZmqTransport
 from telemetry.logs import setup_logging
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.buckets import parse_bucket_overrides
+from telemetry.flight_recorder import FlightRecorder
 from telemetry.genai_metrics import GenAIMetrics
 from telemetry.metrics import Metrics
 from telemetry.request_telemetry import RequestTelemetry
@@ -64,6 +66,12 @@ def front_telemetry(args: ServerArgs, name: str, instance_id: str, where: dict[s
     tel.tail_policy = slo_policy(args.tail_sampling_ttft_ms, args.tail_sampling_tpot_ms)
     if tel.tail is not None:
         sinks.append(tel.tail.add)
+    if args.dump_requests or args.crash_dump_dir:  # the flight recorder (with only a crash dir: its ring alone)
+        tel.recorder = FlightRecorder(args.dump_requests, name, content=args.dump_content,
+                                      max_file_mb=args.dump_requests_max_file_mb,
+                                      max_files=args.dump_requests_max_files, ring=args.crash_dump_requests,
+                                      prefix="requests-" if role == "main" else f"requests-w{role.rsplit('-', 1)[-1]}-",
+                                      metrics=metrics)
     return tel, timeline, metrics
 
 
@@ -102,7 +110,9 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
         await stop.wait()
         await drain(state)
 
-    supervisor = EngineSupervisor(Supervised(args, monitor, tm, metrics, endpoints, name), instance_id, stop)
+    crash = CrashDumper.from_args(args, monitor, endpoints.runtime_dir, metrics, recorder=tel.recorder,
+                                  in_flight=lambda: state.in_flight_requests(1 << 20))
+    supervisor = EngineSupervisor(Supervised(args, monitor, tm, metrics, endpoints, name, crash), instance_id, stop)
     watcher = asyncio.create_task(supervisor.run())
     try:
         await HTTPServer(build_app(state), args, metrics).serve(shutdown_trigger)
@@ -111,6 +121,8 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
         stop_children(monitor.procs)
+        if crash is not None:
+            crash.join()
         await state.loop_lag.stop()
         await tm.close()
         tel.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
@@ -73,6 +74,9 @@ class ReqState:
     trace_id: str | None = None  # of a sampled trace (head-sampled, or kept by tail sampling at the end)
     tail_id: str | None = None  # of a trace recorded for tail sampling, until its end decides
     ended: bool = False  # the server span is closed
+    # -- flight recorder (--dump-requests / --crash-dump-dir; None when it is off) --
+    dump_input: GenerateReqInput | None = None  # the request as built: prompt or messages, sampling as run
+    dump_output: Any = None  # telemetry.flight_recorder.OutputDigest: the output's length, SHA-256 (text)
 
     def exemplar(self) -> dict[str, str] | None:
         return {"trace_id": self.trace_id} if self.trace_id else None

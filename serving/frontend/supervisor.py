@@ -15,6 +15,10 @@ exponential backoff, within a budget of `--max-engine-restarts` attempts per
 (a crash loop): the server then stays up answering 503 with the reason, so probes and
 clients see why, instead of exiting into an outside restart loop.  A failure of the
 very first start still exits 1: that server never worked, and its operator must see it.
+
+With `--dump-requests` or `--crash-dump-dir`, each failure also leaves a crash dump
+(`serving.frontend.crash_dump`): the state is taken before the requests are failed, the
+live children's stacks before they are killed.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Protocol
 
 from serving.args import ServerArgs
 from serving.frontend.children import spawn, stop_children
+from serving.frontend.crash_dump import CrashDumper
 from serving.frontend.engine_monitor import EngineMonitor
 from serving.ipc import Endpoints
 from serving.model_files import EXIT_MODEL_LOAD
@@ -56,6 +61,7 @@ class Supervised:
     metrics: Metrics | None
     endpoints: Endpoints
     model_name: str
+    crash: CrashDumper | None = None  # --dump-requests / --crash-dump-dir: a dump of each failure
 
 
 class EngineSupervisor:
@@ -122,7 +128,11 @@ class EngineSupervisor:
         mon, args = self.monitor, self.args
         t0 = time.monotonic()
         while True:
+            crash = self.state.crash
+            pending = await crash.begin(role, cause, detail) if crash is not None else None  # before it is erased
             self._failed(role, cause, detail)
+            if crash is not None:  # the live children's stacks, before they are killed; written in a thread
+                await crash.finish(pending)
             await asyncio.to_thread(stop_children, mon.procs, True)
             if args.on_engine_failure == "exit" or self.stop.is_set():
                 self.exit_code = 1 if args.on_engine_failure == "exit" else self.exit_code

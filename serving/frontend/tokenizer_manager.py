@@ -29,7 +29,7 @@ from serving.args import ServerArgs
 from serving.frontend.admission import Admission
 from serving.frontend.dispatch import DataParallelDispatcher
 from serving.frontend.engine_monitor import EngineMonitor, FrontCounts
-from serving.frontend.errors import bad_request, http_status
+from serving.frontend.errors import bad_request, http_status, paused_error
 from serving.frontend.req_state import Collected, GenerateReqInput, ReqState
 from serving.frontend.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
 from serving.frontend.transport import EngineTransport
@@ -194,6 +194,8 @@ class TokenizerManager:
         ids = await self.prompts.encode(obj, self.monitor.vocab_size)
         t1 = now_ns()
         self.monitor.check_ready()  # the engine may have been replaced while this request was tokenized
+        if self.monitor.paused:  # an operator paused generation while this request was tokenized
+            raise paused_error(self.monitor.paused)
         self._validate(obj, ids)
         self.admission.check_queue()  # others may have been admitted meanwhile
         budget = len(ids) + obj.sampling.max_new_tokens
@@ -259,6 +261,11 @@ class TokenizerManager:
         finally:
             del self._flushes[fid]
 
+    def broadcast(self, msg: Message) -> None:
+        """One control message (pause, continue, log level) to every Scheduler rank."""
+        for rank in range(self.args.dp_size):
+            self.transport.send(msg, rank)
+
     def abort(self, rid: str, reason: str, error: str | None = None) -> None:
         """Forget the rid here and tell the Scheduler to free it; the reader gets `error` if given."""
         state = self.rid_to_state.get(rid)
@@ -273,7 +280,8 @@ class TokenizerManager:
         self._send_abort(state, reason)
 
     def abort_all(self, reason: str, message: str) -> None:
-        """End every in-flight request with an explicit error (shutdown, engine failure)."""
+        """End every in-flight request with an explicit error (shutdown, engine failure, an operator's
+        pause in mode abort)."""
         for rid in list(self.rid_to_state):
             self.abort(rid, reason, error=message)
 

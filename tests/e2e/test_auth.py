@@ -31,6 +31,11 @@ def test_missing_or_wrong_key_is_401(server, headers):
         assert r.json()["error"]["code"] == "invalid_api_key" and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
     assert httpx.get(server.url + "/debug/state", headers=headers).status_code == 401
+    for path, body in (("/pause_generation", {"mode": "drain"}), ("/continue_generation", {}),
+                       ("/control/tracing", {"sampling_ratio": 0.5}), ("/control/log_level", {"level": "debug"})):
+        assert server.post(path, body, headers=headers).status_code == 401, path  # from loopback too
+    assert httpx.get(server.url + "/control/config", headers=headers).status_code == 401
+    assert httpx.get(server.url + "/health").json()["reason"] != "paused"
 
 
 def test_right_key_works_and_probes_stay_open(server):
@@ -39,6 +44,13 @@ def test_right_key_works_and_probes_stay_open(server):
         assert r.status_code == 200, r.text
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200  # --auth-metrics is off by default
+    auth = {"authorization": f"Bearer {KEY}"}
+    config = httpx.get(server.url + "/control/config", headers=auth)
+    assert config.status_code == 200 and KEY not in config.text  # the effective configuration, secrets hidden
+    assert server.post("/pause_generation", {"mode": "drain"}, headers=auth).status_code == 200
+    assert httpx.get(server.url + "/health").json()["reason"] == "paused"
+    assert server.post("/continue_generation", {}, headers=auth).status_code == 200
+    assert httpx.get(server.url + "/health").status_code == 200
     assert KEY not in server.log()
 
 

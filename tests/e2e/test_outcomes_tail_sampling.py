@@ -18,19 +18,11 @@ import time
 import httpx
 import pytest
 
-from tests.otlp_receiver import OTLPReceiver
 from tests.server_util import ServerProc, value, wait_until
 
 FAULT_SEED = 4242
 LONG = 1500  # tokens of the long streams: seconds of decoding on tiny-random
 TTFT_MS = 500
-
-
-@pytest.fixture(scope="module")
-def otlp():
-    r = OTLPReceiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

@@ -38,9 +38,13 @@ def _stream_in_thread(url: str, body: dict, events: list, started: threading.Eve
 def test_stop_leaves_no_child_and_no_socket_and_ends_streams(tmp_path, how):
     srv = ServerProc("--shutdown-grace", "0", tmpdir=tmp_path)
     assert srv.runtime_dir.is_dir() and oct(srv.runtime_dir.stat().st_mode & 0o777) == "0o700"
-    socks = sorted(p.name for p in srv.runtime_dir.iterdir())
+    socks = sorted(p.name for p in srv.runtime_dir.iterdir() if p.name != "stacks")
     assert socks == ["detokenizer", "scheduler", "tm-detok", "tm-sched"]
-    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in srv.runtime_dir.iterdir())
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in srv.runtime_dir.iterdir() if p.name != "stacks")
+    stacks = srv.runtime_dir / "stacks"  # each child's faulthandler file, for crash dumps
+    assert oct(stacks.stat().st_mode & 0o777) == "0o700"
+    assert sorted(int(p.stem) for p in stacks.iterdir()) == sorted(srv.pids[r] for r in ("scheduler", "detokenizer"))
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in stacks.iterdir())
     children = [psutil.Process(pid) for pid in srv.pids.values()]
     events: list = []
     started = threading.Event()

@@ -13,20 +13,12 @@ import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
-from tests.otlp_receiver import OTLPReceiver
 from tests.server_util import ServerProc, scrape, sse_events, value
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
 STAGES = {"tokenize", "send scheduler", "receive scheduler", "queue", "prefill", "decode", "send detokenizer",
           "receive detokenizer", "detokenize", "send tokenizer_manager", "receive tokenizer_manager", "stream"}
-
-
-@pytest.fixture(scope="module")
-def otlp():
-    r = OTLPReceiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

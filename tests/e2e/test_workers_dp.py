@@ -16,7 +16,6 @@ import time
 import httpx
 import pytest
 
-from tests.otlp_receiver import OTLPReceiver
 from tests.server_util import ServerProc, chat_text, completion_text, scrape, sse_events, value, wait_until
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
@@ -24,13 +23,6 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", 
 
 
 FAULT_SEED = 4242
-
-
-@pytest.fixture(scope="module")
-def otlp():
-    r = OTLPReceiver()
-    yield r
-    r.close()
 
 
 @pytest.fixture(scope="module")

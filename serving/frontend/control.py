@@ -1,0 +1,256 @@
+"""Operator controls: pause and resume generation, runtime tracing and log settings, the effective
+configuration.
+
+    POST /pause_generation     {"mode": "abort" | "in_place" | "drain"}  (default abort, as SGLang's)
+    POST /continue_generation  resume whatever the pause stopped
+    POST /control/tracing      {"sampling_ratio": 0.1}   head-sampling ratio of new traces
+    POST /control/log_level    {"level": "debug"}        the main process's and every Scheduler rank's
+    GET  /control/config       ServerArgs (secrets hidden), the OTEL_*/SIGHTLINE_* environment, runtime state
+
+Pause modes (while any is in effect, /health and every new generation request answer 503
+`paused`, the latter with Retry-After):
+
+* `abort`: every request in flight ends at once with an explicit error (503; SSE: an error
+  event and [DONE]), counted with outcome `aborted_by_operator`; its KV is freed.
+* `in_place`: every Scheduler rank stops stepping; its requests keep their place and their
+  KV, their streams stay open and get nothing until /continue_generation, after which they
+  go on exactly where they were (a greedy request's tokens are those of an unpaused run).
+  The call returns once every rank confirmed (its stats say so).
+* `drain`: admission stops; requests in flight run to their end normally.
+
+Pausing again while paused switches mode (drain → abort ends what is still running;
+in_place → drain or abort lets the Scheduler step again first or aborts in place).
+Deadlines keep running while paused (--request-timeout, --max-queue-time).
+
+Each POST is logged (one INFO line: client, action, result), counted
+(`sightline_control_actions_total{action, result}`) and the pause mode in effect is the
+gauge `sightline_paused{mode}`; the Overview dashboard shows both as annotations.  Who may
+call them is decided in `auth.py` (the API key, else loopback clients only).
+
+With several tokenizer workers (`--tokenizer-worker-num` > 1) the POST endpoints answer
+501: each worker holds its own requests and tracer, and nothing relays these actions to all
+of them.  `GET /control/config` works there too (the worker's own view).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import dataclasses
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from protocol.io_struct import ContinueReq, PauseReq, SetLogLevelReq
+from serving.frontend.errors import APIError, bad_request, error_response
+from serving.frontend.server_state import ServerState
+from telemetry.clock import now_ns
+from telemetry.metrics import PAUSE_MODES
+
+log = logging.getLogger("sightline.control")
+DEFAULT_MODE = "abort"  # SGLang's default
+CONFIRM_TIMEOUT = 5.0  # seconds every Scheduler rank has to confirm a pause or a resume
+LOG_LEVELS = ("debug", "info", "warning", "error")
+ABORT_MESSAGE = "the request was aborted by an operator (POST /pause_generation, mode abort)"
+# names of settings whose values are never shown (the API key, OTLP headers carrying tokens...)
+SECRET_NAME = re.compile(r"(^|_)(api_?key|key|secret|password|passwd|token|credentials?|headers?|authorization)$",
+                         re.IGNORECASE)
+URL_USERINFO = re.compile(r"(?<=//)[^/@\s]+@")
+HIDDEN = "***"
+
+
+# -- the endpoints ----------------------------------------------------------------------
+async def pause_generation(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    action = "pause"
+    try:
+        _single_worker(state)
+        mode = _body(await request.body()).get("mode", DEFAULT_MODE)
+        if mode not in PAUSE_MODES:
+            raise bad_request(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
+        action = f"pause_{mode}"
+        result = await pause(state, mode)
+    except APIError as err:
+        return _refused(request, state, action, err)
+    _done(request, state, action, "ok", result)
+    return JSONResponse({"status": "ok", **result})
+
+
+async def continue_generation(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        _single_worker(state)
+        result = await resume(state)
+    except APIError as err:
+        return _refused(request, state, "continue", err)
+    _done(request, state, "continue", "ok", result)
+    return JSONResponse({"status": "ok", **result})
+
+
+async def set_tracing(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        _single_worker(state)
+        ratio = _body(await request.body()).get("sampling_ratio")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+            raise bad_request("sampling_ratio must be a number in [0, 1]", param="sampling_ratio")
+        tracing = state.tel.tracing
+        if tracing.sampler is None:
+            raise APIError(409, "tracing is off in this server (--no-enable-tracing or OTEL_SDK_DISABLED)",
+                           code="tracing_disabled")
+        previous = tracing.sampling_ratio
+        tracing.sampler.set_ratio(float(ratio))
+    except APIError as err:
+        return _refused(request, state, "tracing", err)
+    result = {"sampling_ratio": float(ratio), "previous": previous}
+    _done(request, state, "tracing", "ok", result)
+    return JSONResponse({"status": "ok", **result})
+
+
+async def set_log_level(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        _single_worker(state)
+        level = _body(await request.body()).get("level")
+        if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
+            raise bad_request(f"level must be one of {', '.join(LOG_LEVELS)}", param="level")
+        level = level.lower()
+        previous = logging.getLevelName(logging.getLogger().level).lower()
+        logging.getLogger().setLevel(level.upper())
+        state.tm.broadcast(SetLogLevelReq(level=level))
+    except APIError as err:
+        return _refused(request, state, "log_level", err)
+    result = {"level": level, "previous": previous, "processes": ["main"] + [
+        f"scheduler_dp{r}" if state.args.dp_size > 1 else "scheduler" for r in range(state.args.dp_size)]}
+    _done(request, state, "log_level", "ok", result)
+    return JSONResponse({"status": "ok", **result})
+
+
+async def config(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    return JSONResponse(effective_config(state))
+
+
+# -- what the actions do -------------------------------------------------------------------
+async def pause(state: ServerState, mode: str) -> dict:
+    """Put the server in pause `mode` (see the module docstring); what it did, for the response."""
+    mon, tm = state.monitor, state.tm
+    previous = mon.paused
+    if mode == "in_place":
+        mon.check_ready()  # 503 while no engine runs: nothing to pause in place
+    mon.paused = mode  # from here new generation requests get 503 paused
+    _show(state)
+    aborted = 0
+    if mode == "abort":
+        aborted = len(tm.rid_to_state)
+        tm.abort_all("operator", ABORT_MESSAGE)
+    if mode == "in_place" and previous != "in_place":
+        mon.pause_epoch += 1
+        tm.broadcast(PauseReq(epoch=mon.pause_epoch))
+        await _confirm(lambda: mon.ranks_paused(mon.pause_epoch), "pause")
+    elif mode != "in_place" and previous == "in_place":  # what is left steps again (or was aborted above)
+        await _step_again(state)
+    return {"mode": mode, "previous": previous, "aborted": aborted, "in_flight": len(tm.rid_to_state)}
+
+
+async def resume(state: ServerState) -> dict:
+    mon = state.monitor
+    previous = mon.paused
+    if previous == "in_place":
+        await _step_again(state)
+    mon.paused = None
+    _show(state)
+    return {"resumed": previous, "in_flight": len(state.tm.rid_to_state)}
+
+
+async def _step_again(state: ServerState) -> None:
+    mon = state.monitor
+    mon.resumed_at = now_ns()  # the stall clock starts again from here, not from the last token
+    state.tm.broadcast(ContinueReq())
+    await _confirm(lambda: mon.ranks_paused(0), "resume")
+
+
+async def _confirm(done, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CONFIRM_TIMEOUT
+    while not done():
+        if loop.time() > deadline:
+            raise APIError(503, f"the engine did not confirm the {what} within {CONFIRM_TIMEOUT:g} s; "
+                                "admission stays as requested, retry to confirm", type="server_unavailable",
+                           code="control_unconfirmed")
+        await asyncio.sleep(0.02)
+
+
+def _show(state: ServerState) -> None:
+    if state.metrics is not None:
+        for mode in PAUSE_MODES:
+            state.metrics.paused.labels(mode).set(1 if state.monitor.paused == mode else 0)
+
+
+# -- configuration view ---------------------------------------------------------------------
+def hide(name: str, value):
+    """A setting's value as shown: secrets hidden by name, credentials in URLs hidden."""
+    if value is None:
+        return None
+    if SECRET_NAME.search(name):
+        return HIDDEN
+    if isinstance(value, str):
+        return URL_USERINFO.sub(HIDDEN + "@", value)
+    return value
+
+
+def effective_config(state: ServerState) -> dict:
+    args = {f.name: hide(f.name, getattr(state.args, f.name)) for f in dataclasses.fields(state.args)}
+    env = {k: hide(k, v) for k, v in sorted(os.environ.items()) if k.startswith(("SIGHTLINE_", "OTEL_"))}
+    return {"args": args, "environment": env, "runtime": {
+        "paused": getattr(state.monitor, "paused", None),
+        "sampling_ratio": state.tel.tracing.sampling_ratio,
+        "log_level": logging.getLevelName(logging.getLogger().level).lower(),
+        "tokenizer_worker": state.hub.worker if state.hub is not None else None,
+    }}
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _single_worker(state: ServerState) -> None:
+    if state.hub is not None:
+        raise APIError(501, "control actions are not available with --tokenizer-worker-num > 1: each worker holds "
+                            "its own requests and tracer and nothing relays the action to all of them",
+                       type="not_implemented", code="not_implemented")
+
+
+def _body(raw: bytes) -> dict:
+    if not raw.strip():
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise bad_request("the body must be a JSON object", code="invalid_json") from None
+    if not isinstance(obj, dict):
+        raise bad_request("the body must be a JSON object", code="invalid_json")
+    return obj
+
+
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _count(state: ServerState, action: str, result: str) -> None:
+    if state.metrics is not None and action != "pause":  # "pause": no valid mode was named (logged only)
+        state.metrics.control_actions.labels(action, result).inc()
+
+
+def _done(request: Request, state: ServerState, action: str, result: str, detail: dict) -> None:
+    _count(state, action, result)
+    log.info("control %s by %s: %s %s", action, _client(request), result, json.dumps(detail, sort_keys=True),
+             extra={"client": _client(request), "action": action, "result": result})
+
+
+def _refused(request: Request, state: ServerState, action: str, err: APIError) -> Response:
+    result = "error" if err.status >= 500 and err.status != 501 else "rejected"
+    _count(state, action, result)
+    log.info("control %s by %s: %s (%d %s)", action, _client(request), result, err.status, err.message,
+             extra={"client": _client(request), "action": action, "result": result})
+    return error_response(err)
