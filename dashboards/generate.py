@@ -14,6 +14,7 @@ import filecmp
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -79,20 +80,28 @@ def differences(files: dict[str, str], root: Path = ROOT) -> list[str]:
     return sorted(bad + stale)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT, help="directory to write into (default: dashboards/)")
+def generator_main(prog: str, doc: str, default_out: Path, outputs: Callable[[], dict[str, str]],
+                   write: Callable[[Path, dict[str, str]], list[Path]],
+                   differences: Callable[[dict[str, str], Path], list[str]], argv: list[str] | None = None) -> int:
+    """The command line of a generator of committed files: write them, or `--check` that the
+    committed ones are what it writes (exit 1 naming each that is not)."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=default_out, help=f"directory to write into (default: {default_out})")
     ap.add_argument("--check", action="store_true", help="only compare with the files under --out")
     args = ap.parse_args(argv)
     files = outputs()
     if args.check:
         diff = differences(files, args.out)
         for rel in diff:
-            print(f"out of date: {args.out / rel}", file=sys.stderr)
+            print(f"out of date: {args.out / rel} (run `{prog}`)", file=sys.stderr)
         return 1 if diff else 0
     for path in write(args.out, files):
         print(path)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generator_main("python -m dashboards.generate", __doc__, ROOT, outputs, write, differences, argv)
 
 
 if __name__ == "__main__":

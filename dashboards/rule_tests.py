@@ -57,9 +57,22 @@ def _counter(phases: list[tuple[int, float]], per_minute) -> str:
     return " ".join(parts)
 
 
-def _burn_series(slo: SLO, phases: list[tuple[int, float]]) -> list[dict]:
+# Several instances (replicas) of one service, each serving RATE: (instance → phases, severities).
+# The SLIs sum the instances before dividing, so the alert reads the service's burn rate and
+# fires once, with no `instance` label.
+MULTI_INSTANCE_SCENARIOS: dict[str, tuple[dict[str, list[tuple[int, float]]], list[str]]] = {
+    # burn 10 and 20 on two instances: the service burns 15 > 14.4 on 1h & 5m — one page (and
+    # one ticket twin), where per-instance rules would page twice
+    "two instances, each with errors": ({"a:8000": [(60, 10)], "b:8000": [(60, 20)]}, ["page", "ticket"]),
+    # one instance of three burns 15 for 20 min (> 14.4: it alone would page), the others are
+    # clean: the service burns 5 — under both page factors (14.4, 6), over the ticket's 3
+    "one bad instance of three": ({"a:8000": [(20, 15)], "b:8000": [(20, 0)], "c:8000": [(20, 0)]}, ["ticket"]),
+}
+
+
+def _burn_series(slo: SLO, phases: list[tuple[int, float]], instance: str = BASE["instance"]) -> list[dict]:
     bad = lambda burn: RATE * slo.budget * burn  # noqa: E731
-    labels = ",".join(f'{k}="{v}"' for k, v in BASE.items())
+    labels = ",".join(f'{k}="{v}"' for k, v in {**BASE, "instance": instance}.items())
     if slo.kind == "errors":
         good_s = f'{slo.metric}{{{labels},finish_reason="stop",status="200"}}'
         bad_s = f'{slo.metric}{{{labels},finish_reason="error",status="500"}}'
@@ -103,6 +116,14 @@ def slo_tests(spec: Spec) -> dict:
                     "eval_time": f"{end}m",
                     "exp_samples": [{"labels": _series_labels({**level, "slo": slo.name}), "value": 1}]}]
             tests.append(test)
+        for scenario, (instances, severities) in MULTI_INSTANCE_SCENARIOS.items():
+            end = max(sum(m for m, _ in phases) for phases in instances.values())
+            series = [s for inst, phases in instances.items() for s in _burn_series(slo, phases, inst)]
+            # exp_labels are the whole label set: an `instance` label, or one alert per instance, fails
+            tests.append({"name": f"{slo.name}: {scenario}", "interval": "1m", "input_series": series,
+                          "alert_rule_test": [{"eval_time": f"{end}m", "alertname": slo.alert,
+                                               "exp_alerts": _expected(alerts, slo.alert, {**level, "slo": slo.name},
+                                                                       severities)}]})
     # every eval_time is a multiple of 5 min; rates still read the 1-minute samples
     return {"rule_files": ["../rules/slo.yml"], "evaluation_interval": "5m", "tests": tests}
 
@@ -135,6 +156,7 @@ def symptom_tests(spec: Spec) -> dict:
     timeouts = float(sym["SightlineRequestTimeouts"]["threshold"])
     inst = {k: BASE[k] for k in ("job", "instance")}
     model = {**inst, "model_name": BASE["model_name"]}
+    service = {k: BASE[k] for k in ("job", "model_name")}  # service-level alerts: no instance
     rank0, rank1 = {**model, "dp_rank": "0"}, {**model, "dp_rank": "1"}  # engine gauges: one series per rank
     died = {**inst, "role": "detokenizer", "cause": "exited"}
     stalled = {**inst, "role": "scheduler", "cause": "stalled"}
@@ -149,6 +171,10 @@ def symptom_tests(spec: Spec) -> dict:
     cases = [
         ("SightlineDown", "scrape fails", [_s("up", "1 1 0x20")], 15, [inst]),
         ("SightlineDown", "scrapes fine", [_s("up", "1x20")], 15, []),
+        # three replicas, one down: the alert names that instance, once
+        ("SightlineDown", "one replica of three down",
+         [_s("up", "1x20", instance="a:8000"), _s("up", "1 1 0x20", instance="b:8000"),
+          _s("up", "1x20", instance="c:8000")], 15, [{**inst, "instance": "b:8000"}]),
         ("SightlineEngineStalled", "requests in flight, no token",
          [_s("sightline_requests_in_flight", "2x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
          10, [model]),
@@ -201,16 +227,24 @@ def symptom_tests(spec: Spec) -> dict:
         ("SightlineEngineRestarting", "failures long ago, none since",
          [_s(fails, "2x40", role="scheduler", cause="stalled")], 30, []),
         ("SightlineLoadShedding", "shedding for 20 minutes",
-         [_s(shed, "0+30x40", reason="queue_full")], 30, [{**model, "reason": "queue_full"}]),
+         [_s(shed, "0+30x40", reason="queue_full")], 30, [{**service, "reason": "queue_full"}]),
+        # a service-level alert: two replicas shedding make one alert, without an instance label
+        ("SightlineLoadShedding", "two replicas shedding",
+         [_s(shed, "0+30x40", reason="queue_full", instance="a:8000"),
+          _s(shed, "0+10x40", reason="queue_full", instance="b:8000")], 30, [{**service, "reason": "queue_full"}]),
         # 2 min of 429s, checked 4 min later: the rate window still sees them, `for:` not yet met
         ("SightlineLoadShedding", "a short burst of 429s",
          [_s(shed, "0x5 0+20x2 40x30", reason="tokens_full")], 11, []),
         ("SightlineLoadShedding", "no shedding for a while",
          [_s(shed, "0+30x10 300x40", reason="queue_full")], 40, []),
         ("SightlineRequestTimeouts", "timeouts at 10x the threshold",
-         [_s(aborts, f"0+{timeouts * 600:g}x40", reason="timeout")], 30, [model]),
+         [_s(aborts, f"0+{timeouts * 600:g}x40", reason="timeout")], 30, [service]),
         ("SightlineRequestTimeouts", "timeouts at half the threshold",
          [_s(aborts, f"0+{timeouts * 30:g}x40", reason="timeout")], 30, []),
+        # 0.6 of the threshold on each of two replicas: the service's 1.2x fires, once
+        ("SightlineRequestTimeouts", "two replicas, each under the threshold, the service over it",
+         [_s(aborts, f"0+{timeouts * 36:g}x40", reason="timeout", instance="a:8000"),
+          _s(aborts, f"0+{timeouts * 36:g}x40", reason="timeout", instance="b:8000")], 30, [service]),
         ("SightlineRequestTimeouts", "many disconnects, no timeouts",
          [_s(aborts, f"0+{timeouts * 600:g}x40", reason="client_disconnect")], 30, []),
         ("SightlineEventLoopBlocked", "5 % of the samples late by more than the threshold",

@@ -6,6 +6,15 @@ keeps).  Each SLI aggregates numerator and denominator separately, then divides;
 errors SLI with no error series yet reads 0, not "no data".  Burn-rate alerts are the
 SRE Workbook's multi-window pairs with no `for:`; page and ticket share an alert name
 and differ by `severity`, so Alertmanager can inhibit the ticket twin of a page.
+
+Every rule aggregates on purpose, at one of two scopes (`SCOPE` says which for each alert):
+
+- service (`job, model_name`): the SLIs, the burn-rate alerts, load shedding and deadlines sum
+  the counters of every instance (replica) first, so N replicas behind a load balancer make
+  one alert for the service, with no `instance` label — what clients of the service see;
+- instance (`job, instance`, plus the rank, process or component it concerns): an alert about
+  one server — down, stalled, queue and KV of a rank, a late event loop, dropped or undecodable
+  messages, engine restarts — fires per instance and names it in its summary.
 """
 
 from __future__ import annotations
@@ -14,7 +23,9 @@ import re
 
 from dashboards.slo import SLO, SLO_LEVEL, Spec
 
-BY = ", ".join(SLO_LEVEL)
+SERVICE = SLO_LEVEL  # ("job", "model_name"): the instances summed
+INSTANCE = ("job", "instance")
+BY = ", ".join(SERVICE)
 LEVEL = "_".join(SLO_LEVEL)
 RATIO = f"{LEVEL}:sightline_slo_errors:ratio_rate"  # + window, e.g. ..._rate5m
 BUDGET_REMAINING = f"{LEVEL}:sightline_slo_error_budget_remaining:ratio"
@@ -34,7 +45,7 @@ def _sum_rate(metric: str, matchers: str, window: str) -> str:
 
 
 def sli_expr(slo: SLO, job: str, window: str) -> str:
-    """Bad events ÷ all events over `window`, per job and model."""
+    """Bad events ÷ all events over `window`, per job and model: every instance's events summed."""
     sel = f'job="{job}"'
     if slo.kind == "errors":
         total = _sum_rate(slo.metric, sel, window)
@@ -78,8 +89,9 @@ def burn_alerts(spec: Spec) -> list[dict]:
                 "annotations": {
                     "summary": f"{{{{ $labels.model_name }}}}: {slo.name} SLO error budget is burning ({severity})",
                     "description": (f"{slo.description} Objective {num(slo.objective * 100)} % over {spec.period}; "
-                                    f"the error ratio of job {{{{ $labels.job }}}} exceeds the burn rate over both "
-                                    f"windows of a pair ({windows})."),
+                                    f"the error ratio of job {{{{ $labels.job }}}}, all instances together, exceeds "
+                                    f"the burn rate over both windows of a pair ({windows}). Which replica: "
+                                    f"Overview → Which replica is bad?"),
                     "runbook_url": spec.runbook_url(slo.alert),
                 },
             })
@@ -96,6 +108,25 @@ def new_failures_expr(job: str, window: str) -> str:
     return f"sum by (job, instance, role, cause) (increase({counter})) > 0"
 
 
+# What each alert is about: "service" alerts sum every instance and carry no `instance` label
+# (one alert for N replicas); "instance" alerts fire per instance and name it.
+SCOPE = {
+    "SightlineAvailabilityBudgetBurn": "service",
+    "SightlineTTFTBudgetBurn": "service",
+    "SightlineTPOTBudgetBurn": "service",
+    "SightlineLoadShedding": "service",
+    "SightlineRequestTimeouts": "service",
+    "SightlineDown": "instance",
+    "SightlineEngineStalled": "instance",
+    "SightlineQueueBacklogGrowing": "instance",
+    "SightlineKVCacheSaturated": "instance",
+    "SightlineStaleDropSpike": "instance",
+    "SightlineUndecodableMessages": "instance",
+    "SightlineEngineRestarting": "instance",
+    "SightlineEventLoopBlocked": "instance",
+}
+
+
 def symptom_alerts(spec: Spec) -> list[dict]:
     """Alerts on causes the SLOs only see later (down, stalled, backlog, KV, drops, bad frames, a
     late event loop) and on the reliability machinery at work (engine restarts, load shedding,
@@ -104,8 +135,9 @@ def symptom_alerts(spec: Spec) -> list[dict]:
     Engine gauges carry `dp_rank` (one series per Scheduler rank, also with one rank) and the
     TokenizerManager's in-flight gauge a `worker` label with several tokenizer workers: the
     backlog and KV alerts fire per rank, and the stall alert matches in-flight requests `on`
-    the labels both sides share, so it fires once whichever worker holds them."""
-    job, key = f'job="{spec.job}"', "job, instance, model_name"
+    the labels both sides share, so it fires once whichever worker holds them.  `SCOPE` says which
+    alerts are about the service (instances summed) and which about one instance."""
+    job, key, service = f'job="{spec.job}"', "job, instance, model_name", BY
 
     def p(alert: str, field: str = "threshold") -> str:
         value = spec.symptoms[alert][field]
@@ -158,20 +190,21 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          "while HTTP stayed up; sightline_engine_restarts_total counts the restarts that succeeded (a failed "
          "restart stops the server: SightlineDown)."),
         ("SightlineLoadShedding", "ticket",
-         f"sum by (job, instance, model_name, reason) (\n  rate(sightline_requests_shed_total{{{job}}}[{shed_w}])\n)"
+         f"sum by ({service}, reason) (\n  rate(sightline_requests_shed_total{{{job}}}[{shed_w}])\n)"
          f" > {shed}",
-         "{{ $labels.instance }}: {{ $labels.model_name }} requests are refused with 429 ({{ $labels.reason }})",
-         f"For {shed_for} overload protection has refused more than {shed} request/s (over {shed_w}) with 429 + "
-         "Retry-After, reason {{ $labels.reason }} (queue_full: --max-queued-requests requests wait for their "
-         "first token; tokens_full: prompt + max_tokens in flight reached --max-inflight-tokens). Demand "
-         "exceeds capacity."),
+         "{{ $labels.model_name }} requests are refused with 429 ({{ $labels.reason }})",
+         f"For {shed_for} overload protection has refused more than {shed} request/s (over {shed_w}, all instances "
+         "of job {{ $labels.job }} together) with 429 + Retry-After, reason {{ $labels.reason }} (queue_full: "
+         "--max-queued-requests requests wait for their first token; tokens_full: prompt + max_tokens in flight "
+         "reached --max-inflight-tokens). Demand exceeds capacity; Overview → Which replica is bad? shows "
+         "whether one instance sheds or all do."),
         ("SightlineRequestTimeouts", "ticket",
-         f"sum by (job, instance, model_name) (\n  rate(sightline_request_aborts_total{{{job}, reason=\"timeout\"}}"
+         f"sum by ({service}) (\n  rate(sightline_request_aborts_total{{{job}, reason=\"timeout\"}}"
          f"[{slow_w}])\n) > {slow}",
-         "{{ $labels.instance }}: {{ $labels.model_name }} requests time out (504)",
-         f"For {slow_for} more than {slow} request/s (over {slow_w}) ended with 504 because a deadline passed: "
-         "--request-timeout or the client's x-request-timeout header, or --max-queue-time in the "
-         "Scheduler's queue."),
+         "{{ $labels.model_name }} requests time out (504)",
+         f"For {slow_for} more than {slow} request/s (over {slow_w}, all instances of job {{{{ $labels.job }}}} "
+         "together) ended with 504 because a deadline passed: --request-timeout or the client's "
+         "x-request-timeout header, or --max-queue-time in the Scheduler's queue."),
         ("SightlineEventLoopBlocked", "ticket",
          f"histogram_quantile(0.99,\n  sum by (job, instance, role, le) (\n"
          f"    rate(sightline_event_loop_lag_seconds_bucket{{{job}}}[{lag_w}])\n  )\n) > {lag}",

@@ -18,7 +18,10 @@ import pytest
 from loadtest.server import free_port
 from tests.server_util import wait_until
 
-HOW_TO_INSTALL = "apt-get install prometheus prometheus-alertmanager (`make setup` does it when run as root)"
+HOW_TO_INSTALL = ("apt-get install prometheus prometheus-alertmanager haproxy (`make setup` does it when run as "
+                  "root)")
+REPO = Path(__file__).resolve().parents[1]
+PROM_DIR = REPO / "dashboards/prometheus"
 
 
 def require_tool(name: str) -> str:
@@ -45,8 +48,14 @@ class Daemon:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmpdir / f"{self.tool}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([require_tool(self.tool), f"--web.listen-address=127.0.0.1:{self.port}", *args],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.command(*args), env=self.environment(), stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def command(self, *args: str) -> list[str]:
+        return [require_tool(self.tool), f"--web.listen-address=127.0.0.1:{self.port}", *args]
+
+    def environment(self) -> dict[str, str] | None:
+        return None  # the test's own
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -70,6 +79,8 @@ class Daemon:
             raise AssertionError(f"{exc}\n--- {self.tool} log ---\n{self.log()[-3000:]}") from None
 
     def stop(self) -> None:
+        if getattr(self, "_client", None) is not None:
+            self._client.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -95,7 +106,9 @@ class Prometheus(Daemon):
                          "--enable-feature=exemplar-storage")
 
     def api(self, path: str, **params) -> object:
-        r = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        if not hasattr(self, "_client"):
+            self._client = httpx.Client(timeout=30)  # kept alive; safe to share between threads
+        r = self._client.get(f"{self.url}/api/v1/{path}", params=params)
         body = r.json()
         if body.get("status") != "success":
             raise AssertionError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
@@ -135,3 +148,62 @@ def exposed_names(exposition: str) -> set[str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     return {s.name for fam in text_string_to_metric_families(exposition) for s in fam.samples}
+
+
+def local_prometheus_config(path: Path, rules_dir: Path, targets: list[str], alertmanager: str | None = None) -> Path:
+    """The committed config, scraping and evaluating every second, job `sightline` pointed at
+    `targets` (one instance each), alerts sent to `alertmanager` (none: alerts stay in Prometheus)."""
+    import yaml
+
+    cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
+    cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    cfg["rule_files"] = [str(rules_dir / "*.yml")]
+    if alertmanager:
+        cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
+    else:
+        cfg.pop("alerting")
+    cfg["scrape_configs"] = [c for c in cfg["scrape_configs"] if c["job_name"] == "sightline"]
+    cfg["scrape_configs"][0]["static_configs"][0]["targets"] = list(targets)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def committed_rule_files() -> dict[str, dict]:
+    """File name → content of every generated rule file (dashboards/prometheus/rules/)."""
+    import yaml
+
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted((PROM_DIR / "rules").glob("*.yml"))}
+
+
+def queries_without_data(prom: Prometheus, start: float, end: float) -> tuple[list[str], int]:
+    """Every dashboard panel query, template variable and recording rule with no real number in
+    [start, end] (as Grafana would run them, every variable at "All"), and how many were evaluated."""
+    from dashboards.lint import panels
+    from tests.unit.test_dashboards import boards
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    checks = []  # (what, query, is a template variable)
+    for uid, board in boards().items():
+        for panel in panels(board):
+            checks += [(f"{uid} / {panel['title']} [{t['refId']}]: {t['expr']}", as_grafana_would(t["expr"]), False)
+                       for t in panel["targets"]]
+        checks += [(f"{uid} variable ${var['name']}: {var['query']}",
+                    as_grafana_would(var["query"]).removeprefix("label_values(").rsplit(",", 1)[0], True)
+                   for var in board["templating"]["list"]]
+    for rule in (r for f in committed_rule_files().values() for g in f["groups"] for r in g["rules"]
+                 if "record" in r):
+        slo_name = rule.get("labels", {}).get("slo")
+        query = f'{rule["record"]}{{slo="{slo_name}"}}' if slo_name else rule["record"]
+        checks.append((f"recording rule {query}", query, False))
+
+    def has_data(check) -> bool:
+        _, query, variable = check
+        if variable:
+            return bool(prom.api("series", **{"match[]": query, "start": start, "end": end}))
+        return bool(finite_points(prom.query_range(query, start, end, "2s")))
+
+    with ThreadPoolExecutor(4) as pool:  # a few at once: Prometheus answers each in a few ms of CPU
+        found = list(pool.map(has_data, checks))
+    missing = [what for (what, _, _), ok in zip(checks, found) if not ok]
+    return missing, sum(not variable for _, _, variable in checks)

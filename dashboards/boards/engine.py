@@ -16,13 +16,13 @@ def board() -> Board:
     b.row(
         "Batching",
         timeseries_panel("Batch size", "Requests in the latest engine step (decode and prefill chunks together); "
-                         "with several ranks the largest (per rank: Overview → Workers and ranks).", "short",
+                         "with several ranks or instances the largest (per rank: Overview → Workers and ranks).", "short",
                          [(q.gauge("sightline_batch_size", agg="max"), "batch size")], width=8),
         timeseries_panel("Step time", "Duration of the latest engine step (one forward pass + sampling); with "
-                         "several ranks the slowest (per rank: Overview → Workers and ranks).", "s",
+                         "several ranks or instances the slowest (per rank: Overview → Workers and ranks).", "s",
                          [(q.gauge("sightline_step_time_seconds", agg="max"), "step time")], width=8),
-        timeseries_panel("Steps per second", "Engine steps run per second, all ranks together; 0 with requests "
-                         "waiting = stalled.", "ops", [(q.rate("sightline_scheduler_steps_total"), "steps/s")],
+        timeseries_panel("Steps per second", "Engine steps run per second, all ranks and instances together; 0 "
+                         "with requests waiting = stalled.", "ops", [(q.rate("sightline_scheduler_steps_total"), "steps/s")],
                          width=8),
     )
     b.row(
@@ -43,8 +43,8 @@ def board() -> Board:
                          "above the prefix cache with nothing running is a leak.", "short",
                          [*((q.gauge(f"sightline_kv_slots_{k}"), k) for k in KV),
                           (q.gauge("sightline_prefix_cache_tokens"), "prefix cache")]),
-        timeseries_panel("KV usage ratio", "Reserved ÷ total slots of the fullest rank (each rank has its own pool; "
-                         "the slots panel sums them). Admission stops when a request's prompt + max_new_tokens no "
+        timeseries_panel("KV usage ratio", "Reserved ÷ total slots of the fullest rank of any instance (each rank has "
+                         "its own pool; the slots panel sums them). Admission stops when a request's prompt + max_new_tokens no "
                          "longer fits.", "percentunit",
                          [(q.gauge("sightline_kv_usage_ratio", agg="max"), "reserved ratio")], max_value=1),
     )
@@ -72,8 +72,9 @@ def board() -> Board:
                          "the rate of its counter.", "suffix: tokens/s",
                          [(q.gauge("sightline_generation_throughput_tokens_per_second"), "engine gauge"),
                           (q.rate("sightline_scheduler_generated_tokens_total"), "counter rate")], width=8),
-        stat_panel("Seconds since last token", "Seconds since the engine last sampled a token. With requests in "
-                   "flight, a growing value is a stalled engine (alert SightlineEngineStalled).", "s",
+        stat_panel("Seconds since last token", "Seconds since the engine last sampled a token, the longest of "
+                   "any rank and instance (an idle replica reads high). With requests in flight, a growing value "
+                   "is a stalled engine (alert SightlineEngineStalled).", "s",
                    [(q.gauge("sightline_seconds_since_last_token", agg="max"), "since last token")],
                    width=8, height=8, decimals=1),
     )

@@ -40,7 +40,8 @@ def board() -> Board:
     b.row(
         "Alerts",
         timeseries_panel("Alert state", "Sightline alerts pending or firing (Prometheus' ALERTS series), by alert, "
-                         "severity and state. Page alerts inhibit their ticket twins in Alertmanager.", "short",
+                         "severity and state: the number of alerts, so a per-instance alert (SightlineDown...) "
+                         "counts once per instance it names, a service-level one (burn rates) once. Page alerts inhibit their ticket twins in Alertmanager.", "short",
                          [('sum by (alertname, severity, alertstate) (ALERTS{alertname=~"Sightline.*", '
                            'job=~"$job"})', "{{alertname}} {{severity}} {{alertstate}}")], width=24),
     )

@@ -29,6 +29,7 @@ ROUTES = [
     Route("/generate", generate, methods=["POST"]),
     Route("/v1/models", ops.models, methods=["GET"]),
     Route("/health", ops.health, methods=["GET"]),
+    Route("/livez", ops.livez, methods=["GET"]),
     Route("/metrics", ops.metrics, methods=["GET"]),
     Route("/debug/state", ops.debug_state, methods=["GET"]),
     Route("/debug/requests", ops.debug_requests, methods=["GET"]),

@@ -1,7 +1,7 @@
 """Optional API key: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
-the control endpoints, and on /debug/* and /metrics when configured.  /health is never protected (probes), nor is the
-static page of /debug/ui (no data in it: a browser opening it cannot send a header; every fetch
-the page makes sends the key).
+the control endpoints, and on /debug/* and /metrics when configured.  The probes (/health, /livez) are
+never protected, nor is the static page of /debug/ui (no data in it: a browser opening it cannot
+send a header; every fetch the page makes sends the key).
 
 The control endpoints (`/pause_generation`, `/continue_generation`, `/control/*`: they
 change what the server does for everyone) need the key when one is set; without a key
@@ -46,6 +46,7 @@ _FORBIDDEN = msgspec.json.encode({"error": {
                "or start the server with --control-from-anywhere).",
     "type": "permission_error", "param": None, "code": "control_forbidden"}})
 CONTROL_PATHS = ("/pause_generation", "/continue_generation")
+PROBE_PATHS = ("/health", "/livez")  # kubelet and load-balancer probes send no key
 
 
 def is_control(path: str) -> bool:
@@ -70,6 +71,8 @@ def control_decision(scope, args: ServerArgs, has_key: bool) -> str:
 
 
 def protected(path: str, args: ServerArgs) -> bool:
+    if path in PROBE_PATHS:
+        return False
     if path.startswith("/v1/") or path in ("/generate", "/flush_cache") or is_control(path):
         return True
     if path.startswith("/debug"):

@@ -1,4 +1,4 @@
-"""Operational endpoints and HTTP accounting: /v1/models, /health, /metrics, /debug/*,
+"""Operational endpoints and HTTP accounting: /v1/models, /health, /livez, /metrics, /debug/*,
 /flush_cache (their routes are in the app's one route table, `serving.frontend.app.ROUTES`);
 the response counter and the `x-request-id`/`traceparent` every response carries.
 
@@ -49,6 +49,12 @@ async def health(request: Request) -> Response:
     if state.metrics is not None:
         state.metrics.health_checks.labels(str(ok).lower()).inc()
     return JSONResponse({"status": "ok" if ok else "unavailable", "reason": reason}, status_code=200 if ok else 503)
+
+
+async def livez(request: Request) -> Response:
+    """Liveness: this HTTP process and its event loop answer. 200 always; it never looks at the
+    engine, so neither a long forward step nor an engine restart fails it (/health says those)."""
+    return JSONResponse({"status": "alive"})
 
 
 async def metrics(request: Request) -> Response:

@@ -22,7 +22,8 @@ from dashboards import generate, rule_tests, slo
 from dashboards.alertmanager.webhook_log import WebhookLog
 from dashboards.lint import expr_problems, rule_exprs
 from dashboards.lint import metric_names as lint_names
-from tests.prom_util import Alertmanager, promtool, require_tool
+from tests.prom_util import (Alertmanager, committed_rule_files, local_prometheus_config, promtool,
+                             queries_without_data, require_tool)
 from tests.server_util import push_frames
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ RUNBOOK = REPO / "docs/runbook.md"
 
 
 def rule_files() -> dict[str, dict]:
-    return {p.name: yaml.safe_load(p.read_text()) for p in sorted((PROM_DIR / "rules").glob("*.yml"))}
+    return committed_rule_files()
 
 
 def alert_rules() -> list[dict]:
@@ -155,18 +156,6 @@ QUEUE = 8  # the live server's --max-queued-requests: above _load's 6 concurrent
 BURST = QUEUE + 4  # sent while the engine is stopped: QUEUE wait, the rest are shed
 
 
-def local_prometheus_config(path: Path, rules_dir: Path, target: str, alertmanager: str) -> Path:
-    """The committed config, scraping and evaluating every second, pointed at local processes."""
-    cfg = yaml.safe_load((PROM_DIR / "prometheus.yml").read_text())
-    cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
-    cfg["rule_files"] = [str(rules_dir / "*.yml")]
-    cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [alertmanager]
-    cfg["scrape_configs"] = [c for c in cfg["scrape_configs"] if c["job_name"] == "sightline"]
-    cfg["scrape_configs"][0]["static_configs"][0]["targets"] = [target]
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
 async def _load(url: str) -> list[int]:
     """A few dozen requests: plain, streamed, walked away from mid-stream, and invalid."""
     import asyncio
@@ -257,32 +246,6 @@ def _deadline_and_burst(server, pool) -> list:
     return burst
 
 
-def _queries_without_data(prom, start: float, end: float) -> tuple[list[str], int]:
-    """Every panel query, template variable and recording rule with no real number in [start, end]."""
-    from dashboards.lint import panels
-    from tests.prom_util import as_grafana_would, finite_points
-    from tests.unit.test_dashboards import boards
-
-    missing, evaluated = [], 0
-    for uid, board in boards().items():
-        for panel in panels(board):
-            for t in panel["targets"]:
-                evaluated += 1
-                if not finite_points(prom.query_range(as_grafana_would(t["expr"]), start, end, "2s")):
-                    missing.append(f"{uid} / {panel['title']} [{t['refId']}]: {t['expr']}")
-        for var in board["templating"]["list"]:
-            match = as_grafana_would(var["query"]).removeprefix("label_values(").rsplit(",", 1)[0]
-            if not prom.api("series", **{"match[]": match, "start": start, "end": end}):
-                missing.append(f"{uid} variable ${var['name']}: {var['query']}")
-    for rule in (r for f in rule_files().values() for g in f["groups"] for r in g["rules"] if "record" in r):
-        evaluated += 1
-        slo_name = rule.get("labels", {}).get("slo")
-        query = f'{rule["record"]}{{slo="{slo_name}"}}' if slo_name else rule["record"]
-        if not finite_points(prom.query_range(query, start, end, "2s")):
-            missing.append(f"recording rule {query}")
-    return missing, evaluated
-
-
 def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
     """A real server under load, scraped by a real Prometheus: a stalled engine pages (and,
     while it is stopped, a deadline ends a request with 504 and a burst is shed with 429), a
@@ -321,7 +284,7 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
         with WebhookLog(got.append) as hook, \
                 Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am:
             prom_config = local_prometheus_config(tmp_path / "prom.yml", tmp_path / generate.RULES_DIR,
-                                                  f"127.0.0.1:{server.port}", f"127.0.0.1:{am.port}")
+                                                  [f"127.0.0.1:{server.port}"], f"127.0.0.1:{am.port}")
             with Prometheus(tmp_path, prom_config) as prom:
                 start = time.time()
                 prom.wait_for("sightline scraped", lambda: prom.api("query", query='up{job="sightline"} == 1')[
@@ -343,7 +306,7 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
                 assert '"msg": "engine failure: detokenizer exited' in server.log()
                 time.sleep(3)  # a few scrapes with the engine running again
                 end = time.time()
-                missing, evaluated = _queries_without_data(prom, start, end)
+                missing, evaluated = queries_without_data(prom, start, end)
                 assert missing == [], "no data for:\n" + "\n".join(missing)
                 exemplars = prom.api("query_exemplars", query="sightline_time_to_first_token_seconds_bucket",
                                      start=start, end=end)

@@ -43,6 +43,7 @@ def test_right_key_works_and_probes_stay_open(server):
         r = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}, headers=headers)
         assert r.status_code == 200, r.text
     assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/livez").status_code == 200  # the liveness probe sends no key either
     assert httpx.get(server.url + "/metrics").status_code == 200  # --auth-metrics is off by default
     auth = {"authorization": f"Bearer {KEY}"}
     config = httpx.get(server.url + "/control/config", headers=auth)

@@ -63,6 +63,9 @@ class LongStream(threading.Thread):
 
 
 def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv, otlp):
+    def roles(trace_id: str) -> set[str]:
+        return {s["resource"]["sightline.process.role"] for s in otlp.trace(trace_id)}
+
     post = lambda body, **kw: srv.post("/v1/completions", {"prompt": "hello there", **body}, **kw)  # noqa: E731
     sent, traces = 0, {}
 
@@ -101,6 +104,12 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     traces["timeout"] = trace_of(r)
     sent += 4
 
+    # before the Scheduler is killed below (it and the Detokenizer forward their spans with their stats):
+    # the requests that reached the engine are exported with the spans of every process
+    everywhere = {"main", "scheduler", "detokenizer"}
+    for outcome in ("error", "client_disconnect", "ttft", "timeout"):
+        wait_until(lambda: roles(traces[outcome]) == everywhere, 20, f"the {outcome} request's trace from every process")
+
     doomed = LongStream(srv)
     doomed.start()
     assert doomed.started.wait(30)
@@ -127,12 +136,6 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     assert value(text, "sightline_tail_sampling_traces_total", decision="dropped", reason="not_selected") == 3
     assert value(text, "sightline_tail_sampling_traces_total", decision="dropped", reason="buffer_full") == 0
 
-    def roles(trace_id: str) -> set[str]:
-        return {s["resource"]["sightline.process.role"] for s in otlp.trace(trace_id)}
-
-    everywhere = {"main", "scheduler", "detokenizer"}
-    for outcome in ("error", "client_disconnect", "ttft", "timeout"):  # reached the engine: spans of every process
-        wait_until(lambda: roles(traces[outcome]) == everywhere, 20, f"the {outcome} request's trace from every process")
     for outcome in ("shed", "unavailable", "engine_failure"):  # the front end's spans (the killed Scheduler's are lost)
         wait_until(lambda: "main" in roles(traces[outcome]), 20, f"the {outcome} request's trace")
     server_span = next(s for s in otlp.trace(traces["ttft"]) if s["kind"] == "SERVER")

@@ -126,6 +126,8 @@ def test_models_and_health(tiny_server):
     assert "OpenMP wait policy PASSIVE" in tiny_server.log()  # --thread-wait-policy reached the Scheduler
     h = httpx.get(tiny_server.url + "/health")
     assert h.status_code == 200 and h.json()["status"] == "ok"
+    live = httpx.get(tiny_server.url + "/livez")  # liveness: the event loop answers, whatever the engine does
+    assert live.status_code == 200 and live.json() == {"status": "alive"}
 
 
 def test_engine_info_and_step_phases_reach_metrics(tiny_server):

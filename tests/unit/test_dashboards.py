@@ -179,27 +179,28 @@ def test_overview_has_a_row_per_worker_and_rank():
     panels = {p["title"]: p for p in row}
     by = {title: [(t["expr"], t["legendFormat"]) for t in p["targets"]] for title, p in panels.items()}
     m = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
+    # rank 0 of one replica is not rank 0 of another: every series is per instance too
     assert by["Running and waiting by rank"] == [
-        (f"sum by (dp_rank) (sightline_num_requests_running{{{m}}})", "running rank {{dp_rank}}"),
-        (f"sum by (dp_rank) (sightline_num_requests_waiting{{{m}}})", "waiting rank {{dp_rank}}")]
-    assert by["KV usage ratio by rank"] == [(f"max by (dp_rank) (sightline_kv_usage_ratio{{{m}}})",
-                                             "rank {{dp_rank}}")]
+        (f"sum by (instance, dp_rank) (sightline_num_requests_running{{{m}}})", "running {{instance}} rank {{dp_rank}}"),
+        (f"sum by (instance, dp_rank) (sightline_num_requests_waiting{{{m}}})", "waiting {{instance}} rank {{dp_rank}}")]
+    assert by["KV usage ratio by rank"] == [(f"max by (instance, dp_rank) (sightline_kv_usage_ratio{{{m}}})",
+                                             "{{instance}} rank {{dp_rank}}")]
     assert by["Generated tokens/s by rank"] == [
-        (f"sum by (dp_rank) (rate(sightline_scheduler_generated_tokens_total{{{m}}}[$__rate_interval]))",
-         "rank {{dp_rank}}")]
+        (f"sum by (instance, dp_rank) (rate(sightline_scheduler_generated_tokens_total{{{m}}}[$__rate_interval]))",
+         "{{instance}} rank {{dp_rank}}")]
     [(ratio, _)] = by["Prefix cache hit ratio by rank"]  # numerator and denominator match one-to-one per rank
-    assert ratio == HIT_RATIO.replace("sum(rate(", "sum by (dp_rank) (rate(")
+    assert ratio == HIT_RATIO.replace("sum(rate(", "sum by (instance, dp_rank) (rate(")
     [(in_flight, legend), (conns, _)] = by["In flight and open connections by worker"]
-    assert in_flight.startswith("sum by (worker) (sightline_requests_in_flight{")
-    assert legend == "in flight worker {{worker}}"
-    assert conns.startswith("sum by (worker) (sightline_http_connections_open{")
-    assert by["CPU by process"] == [('sum by (role) (rate(sightline_process_cpu_seconds_total{job=~"$job", '
-                                     'instance=~"$instance"}[$__rate_interval]))', "{{role}}")]
+    assert in_flight.startswith("sum by (instance, worker) (sightline_requests_in_flight{")
+    assert legend == "in flight {{instance}} worker {{worker}}"
+    assert conns.startswith("sum by (instance, worker) (sightline_http_connections_open{")
+    assert by["CPU by process"] == [('sum by (instance, role) (rate(sightline_process_cpu_seconds_total{job=~"$job", '
+                                     'instance=~"$instance"}[$__rate_interval]))', "{{instance}} {{role}}")]
     [(up, _), (failures, _)] = by["Tokenizer workers up and worker failures"]
-    assert up == 'sum(sightline_tokenizer_workers{job=~"$job", instance=~"$instance"})'
+    assert up == 'sum by (instance) (sightline_tokenizer_workers{job=~"$job", instance=~"$instance"})'
     # with one worker the failures counter has no series: the panel reads 0, not "no data"
-    assert failures == ('sum(increase(sightline_worker_failures_total{job=~"$job", instance=~"$instance"}'
-                        f'[$__rate_interval]))\nor 0 * {up}')
+    assert failures == ('sum by (instance) (increase(sightline_worker_failures_total{job=~"$job", '
+                        f'instance=~"$instance"}}[$__rate_interval]))\nor 0 * {up}')
 
 
 def test_event_loop_row_shows_lag_beside_cpu_per_front_end_process():
@@ -210,15 +211,17 @@ def test_event_loop_row_shows_lag_beside_cpu_per_front_end_process():
     assert top[i]["type"] == "row"
     lag, cpu = top[i + 1], top[i + 2]
     sel = 'job=~"$job", instance=~"$instance"'
-    bucket = f"sum by (le, role) (rate(sightline_event_loop_lag_seconds_bucket{{{sel}}}[$__rate_interval]))"
+    # per process of each instance: summed over replicas, 1 core would no longer mean "saturated"
+    bucket = (f"sum by (le, instance, role) (rate(sightline_event_loop_lag_seconds_bucket{{{sel}}}"
+              "[$__rate_interval]))")
     assert [(t["expr"], t["legendFormat"]) for t in lag["targets"]] == [
-        (f"histogram_quantile(0.99, {bucket})", "p99 {{role}}"),
-        (f"histogram_quantile(1.0, {bucket})", "max {{role}}"),
-        (f"sum by (role) (rate(sightline_event_loop_lag_seconds_sum{{{sel}}}[$__rate_interval]))",
-         "late share {{role}}")]
+        (f"histogram_quantile(0.99, {bucket})", "p99 {{instance}} {{role}}"),
+        (f"histogram_quantile(1.0, {bucket})", "max {{instance}} {{role}}"),
+        (f"sum by (instance, role) (rate(sightline_event_loop_lag_seconds_sum{{{sel}}}[$__rate_interval]))",
+         "late share {{instance}} {{role}}")]
     assert [(t["expr"], t["legendFormat"]) for t in cpu["targets"]] == [
-        (f'sum by (role) (rate(sightline_process_cpu_seconds_total{{{sel}, role=~"main|worker-.*"}}'
-         '[$__rate_interval]))', "{{role}}")]
+        (f'sum by (instance, role) (rate(sightline_process_cpu_seconds_total{{{sel}, role=~"main|worker-.*"}}'
+         '[$__rate_interval]))', "{{instance}} {{role}}")]
     assert cpu["title"] == "Is the TokenizerManager CPU-bound?" and cpu["fieldConfig"]["defaults"]["unit"] == "percentunit"
     assert lag["gridPos"]["y"] == cpu["gridPos"]["y"]  # side by side
     # the lag histogram is kept per front-end process, the label the CPU counter has
@@ -238,3 +241,46 @@ def test_overview_prices_a_token_in_cpu_seconds():
         (REPO / "dashboards/prometheus/rules/cost.yml").read_text())["groups"][0]["rules"]}
     assert set(rules) == {"job_role:sightline_cpu_seconds_per_output_token:rate5m",
                           "job:sightline_cpu_seconds_per_output_token:rate5m"}
+
+
+def test_overview_has_a_which_replica_is_bad_row():
+    """One series per instance for request rate, 5xx ratio, TTFT p99, queue, KV and up."""
+    board = boards()["sightline-overview"]
+    top = board["panels"]
+    i = [p.get("title") for p in top].index("Which replica is bad?")
+    assert top[i]["type"] == "row" and i < [p.get("title") for p in top].index("Latency")
+    row = {p["title"]: p for p in top[i + 1:i + 7]}
+    assert list(row) == ["Request rate by instance", "5xx ratio by instance", "TTFT p99 by instance",
+                         "Waiting and in flight by instance", "KV usage by instance", "Up by instance"]
+    for title, panel in row.items():
+        for t in panel["targets"]:
+            assert "{{instance}}" in t["legendFormat"], title
+            assert t["expr"].startswith("up{") or "by (instance)" in t["expr"] or "by (le, instance)" in t["expr"], title
+    m = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
+    assert row["Request rate by instance"]["targets"][0]["expr"] == (
+        f"sum by (instance) (rate(sightline_requests_total{{{m}}}[$__rate_interval]))")
+    assert row["TTFT p99 by instance"]["targets"][0]["expr"].startswith(
+        "histogram_quantile(0.99, sum by (le, instance) (rate(sightline_time_to_first_token_seconds_bucket{")
+    # a down instance stays on the panel (up == 0); targets of other jobs (Prometheus itself) do not
+    assert row["Up by instance"]["targets"][0]["expr"] == (
+        'up{job=~"$job", instance=~"$instance"}\nand on (job)\nsightline_build_info{job=~"$job"}')
+
+
+def test_alerts_aggregate_at_their_scope():
+    """Service alerts sum the instances (no `instance` in their grouping or summary); instance
+    alerts keep and name it."""
+    from dashboards import rules, slo
+
+    spec = slo.load()
+    alerts = rules.burn_alerts(spec) + rules.symptom_alerts(spec)
+    assert {a["alert"] for a in alerts} == set(rules.SCOPE)
+    for rule in rules.recording_rules(spec):
+        assert "instance" not in rule["expr"], rule["record"]
+    for a in alerts:
+        summary = a["annotations"]["summary"]
+        if rules.SCOPE[a["alert"]] == "service":
+            assert "instance" not in a["expr"] and "instance" not in summary, a["alert"]
+        else:
+            assert summary.startswith("{{ $labels.instance }}"), a["alert"]
+            groupings = re.findall(r"\b(?:by|on) \(([^)]*)\)", a["expr"])
+            assert all("instance" in g for g in groupings), (a["alert"], groupings)
