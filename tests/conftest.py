@@ -76,6 +76,17 @@ def tiny_server(tmp_path_factory):
     srv.stop()
 
 
+@pytest.fixture(scope="session")
+def keyed_server(tmp_path_factory):
+    """One real tiny-random server with an API key (`tests.server_util.TEST_KEY`), shared by the
+    modules that test what the key protects (auth, /debug/profile, /debug/ui)."""
+    from tests.server_util import TEST_KEY, ServerProc
+
+    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("keyed-server"), env={"SIGHTLINE_API_KEY": TEST_KEY})
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A tiny-random server of the module's own, for tests whose counts must not see other modules' traffic."""

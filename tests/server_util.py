@@ -14,6 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtest.server import LocalServer
 
 
+TEST_KEY = "sk-sightline-test-0123456789abcdef"  # the API key of tests/conftest.py's `keyed_server`
+
+
 class ServerProc(LocalServer):
     """A real server for a test: its own TMPDIR (runtime dir, log), the test's env, and
     helpers to read /debug/state and POST JSON."""

@@ -10,16 +10,14 @@ import httpx
 import pytest
 
 from serving.frontend.auth import key_matches
-from tests.server_util import ServerProc
+from tests.server_util import TEST_KEY
 
-KEY = "sk-sightline-test-0123456789abcdef"
+KEY = TEST_KEY
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("auth"), env={"SIGHTLINE_API_KEY": KEY})
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(keyed_server):
+    return keyed_server
 
 
 @pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"}, {"authorization": f"Bearer {KEY}x"},

@@ -9,17 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.server_util import ServerProc
+from tests.server_util import TEST_KEY
 
-KEY = "sk-sightline-profile-test"
+KEY = TEST_KEY
 AUTH = {"authorization": f"Bearer {KEY}"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("profile"), env={"SIGHTLINE_API_KEY": KEY})
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(keyed_server):
+    return keyed_server
 
 
 def profile(server, timeout: float = 60, headers=AUTH, **params) -> httpx.Response:

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from protocol.io_struct import BatchStrOutput, ReqMeta, StrOut
-from tests.server_util import ServerProc, push, sse_events, wait_until
+from tests.server_util import TEST_KEY, push, sse_events, wait_until
 
-KEY = "sk-sightline-ui-test"
+KEY = TEST_KEY
 AUTH = {"authorization": f"Bearer {KEY}"}
 RESULTS = Path(__file__).resolve().parents[2] / "results"
 
@@ -69,12 +69,9 @@ class Rows(HTMLParser):
                 self.text[i] += data
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = ServerProc("--otel-traces-exporter", "none", tmpdir=tmp_path_factory.mktemp("ui"),
-                     env={"SIGHTLINE_API_KEY": KEY})
-    yield srv
-    srv.stop()
+@pytest.fixture
+def server(keyed_server):
+    return keyed_server
 
 
 def test_in_flight_requests_are_listed(server):
