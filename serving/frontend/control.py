@@ -40,6 +40,7 @@ import logging
 import os
 import re
 import dataclasses
+from typing import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -63,38 +64,43 @@ HIDDEN = "***"
 
 
 # -- the endpoints ----------------------------------------------------------------------
-async def pause_generation(request: Request) -> Response:
+async def _act(request: Request, action: str | Callable[[dict], str],
+               run: Callable[[ServerState, dict], Awaitable[dict]]) -> Response:
+    """One control action: refused with 501 behind several workers, its body read, `run`, then
+    logged and counted either way. `action` names it, or derives the name from the body
+    (raising APIError on a body that names no action)."""
     state: ServerState = request.app.state.server
-    action = "pause"
+    name = action if isinstance(action, str) else "pause"
     try:
         _single_worker(state)
-        mode = _body(await request.body()).get("mode", DEFAULT_MODE)
-        if mode not in PAUSE_MODES:
-            raise bad_request(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
-        action = f"pause_{mode}"
-        result = await pause(state, mode)
+        body = _body(await request.body())
+        if not isinstance(action, str):
+            name = action(body)
+        result = await run(state, body)
     except APIError as err:
-        return _refused(request, state, action, err)
-    _done(request, state, action, "ok", result)
+        return _refused(request, state, name, err)
+    _done(request, state, name, "ok", result)
     return JSONResponse({"status": "ok", **result})
+
+
+def _pause_action(body: dict) -> str:
+    mode = body.get("mode", DEFAULT_MODE)
+    if mode not in PAUSE_MODES:
+        raise bad_request(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
+    return f"pause_{mode}"
+
+
+async def pause_generation(request: Request) -> Response:
+    return await _act(request, _pause_action, lambda state, body: pause(state, body.get("mode", DEFAULT_MODE)))
 
 
 async def continue_generation(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    try:
-        _single_worker(state)
-        result = await resume(state)
-    except APIError as err:
-        return _refused(request, state, "continue", err)
-    _done(request, state, "continue", "ok", result)
-    return JSONResponse({"status": "ok", **result})
+    return await _act(request, "continue", lambda state, body: resume(state))
 
 
 async def set_tracing(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    try:
-        _single_worker(state)
-        ratio = _body(await request.body()).get("sampling_ratio")
+    async def run(state: ServerState, body: dict) -> dict:
+        ratio = body.get("sampling_ratio")
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
             raise bad_request("sampling_ratio must be a number in [0, 1]", param="sampling_ratio")
         tracing = state.tel.tracing
@@ -103,30 +109,22 @@ async def set_tracing(request: Request) -> Response:
                            code="tracing_disabled")
         previous = tracing.sampling_ratio
         tracing.sampler.set_ratio(float(ratio))
-    except APIError as err:
-        return _refused(request, state, "tracing", err)
-    result = {"sampling_ratio": float(ratio), "previous": previous}
-    _done(request, state, "tracing", "ok", result)
-    return JSONResponse({"status": "ok", **result})
+        return {"sampling_ratio": float(ratio), "previous": previous}
+    return await _act(request, "tracing", run)
 
 
 async def set_log_level(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    try:
-        _single_worker(state)
-        level = _body(await request.body()).get("level")
+    async def run(state: ServerState, body: dict) -> dict:
+        level = body.get("level")
         if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
             raise bad_request(f"level must be one of {', '.join(LOG_LEVELS)}", param="level")
         level = level.lower()
         previous = logging.getLevelName(logging.getLogger().level).lower()
         logging.getLogger().setLevel(level.upper())
         state.tm.broadcast(SetLogLevelReq(level=level))
-    except APIError as err:
-        return _refused(request, state, "log_level", err)
-    result = {"level": level, "previous": previous, "processes": ["main"] + [
-        f"scheduler_dp{r}" if state.args.dp_size > 1 else "scheduler" for r in range(state.args.dp_size)]}
-    _done(request, state, "log_level", "ok", result)
-    return JSONResponse({"status": "ok", **result})
+        return {"level": level, "previous": previous, "processes": ["main"] + [
+            f"scheduler_dp{r}" if state.args.dp_size > 1 else "scheduler" for r in range(state.args.dp_size)]}
+    return await _act(request, "log_level", run)
 
 
 async def config(request: Request) -> Response:
