@@ -70,7 +70,7 @@ TOKEN_ID_RANGE = (1000, 20000)  # synthetic token-id prompts without a tokenizer
 
 # -- prompts --------------------------------------------------------------------------------
 class PromptCounter:
-    """Prompt tokens as the server counts them (serving/frontend/tokenization.py): a text prompt with
+    """Prompt tokens as the server counts them (serving/frontend/tokenizer_manager/tokenization.py): a text prompt with
     the tokenizer's special tokens; chat messages rendered by the chat template, then encoded as is."""
 
     def __init__(self, tokenizer: Any) -> None:

@@ -1,0 +1,3 @@
+"""sightline: an observability-first LLM serving stack."""
+
+__version__ = "0.1.0"

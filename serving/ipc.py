@@ -74,6 +74,11 @@ def scheduler_role(dp_rank: int, dp_size: int) -> str:
     return "scheduler" if dp_size == 1 else f"scheduler_dp{dp_rank}"
 
 
+def engine_roles(dp_size: int) -> list[str]:
+    """Every engine process's role: each Scheduler rank's, then the Detokenizer's."""
+    return [scheduler_role(r, dp_size) for r in range(dp_size)] + ["detokenizer"]
+
+
 def bind(sock: zmq.Socket, endpoint: str) -> None:
     sock.bind(endpoint)
     if endpoint.startswith("ipc://"):

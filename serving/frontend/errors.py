@@ -32,6 +32,10 @@ def error_response(err: APIError, headers: dict[str, str] | None = None) -> Resp
                     headers={**err.headers, **(headers or {})})
 
 
+# -- the 503s of a request the server cannot take now (decided by engine_state.check_available) --
+def starting() -> APIError:
+    """No engine is ready yet (the server starts, or the engine is being replaced)."""
+    return APIError(503, "the server is starting; retry shortly", type="server_unavailable")
 
 
 def unavailable(reason: str) -> APIError:

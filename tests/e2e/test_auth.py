@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from serving.frontend.auth import key_matches
+from serving.frontend.http.middleware.auth import key_matches
 from tests.server_util import TEST_KEY
 
 KEY = TEST_KEY

@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from serving.frontend.guard import allowed_hosts, host_name, is_json
+from serving.frontend.http.middleware.guard import allowed_hosts, host_name, is_json
 from tests.server_util import ServerProc, sse_events
 from tests.server_util import samples, scrape, value
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from serving.args import ServerArgs
-from serving.frontend.guard import allowed_origins
-from serving.frontend.http_server import fresh_traceparent
+from serving.frontend.http.middleware.guard import allowed_origins
+from serving.frontend.http.server import fresh_traceparent
 from tests.conftest import encode
 from tests.server_util import ServerProc, chat_ids, sse_events, wait_until
 
@@ -168,8 +168,8 @@ def test_unhandled_error_500_carries_ids():
     from starlette.routing import Route
     from starlette.testclient import TestClient
 
-    from serving.frontend import app as app_module
-    from serving.frontend.ops import ResponseIdsMiddleware
+    from serving.frontend.http import app as app_module
+    from serving.frontend.http.routes.ops import ResponseIdsMiddleware
 
     async def boom(request):
         raise RuntimeError("boom")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.frontend.children import engine_roles
+from serving.ipc import engine_roles
 from telemetry.metrics import SPECS, zero_series
 from tests.server_util import ServerProc, samples, scrape
 

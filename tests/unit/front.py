@@ -13,9 +13,9 @@ from prometheus_client import generate_latest
 from protocol.io_struct import BatchStrOutput, DetokenizerStats, Message, Ready, ReqMeta, SchedulerStats, StrOut
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
-from serving.frontend.engine_monitor import EngineMonitor
-from serving.frontend.req_state import GenerateReqInput, ReqState
-from serving.frontend.tokenizer_manager import TokenizerManager
+from serving.frontend.supervision.engine_monitor import EngineMonitor
+from serving.frontend.tokenizer_manager.req_state import GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.ipc import Codec
 from serving.model_files import load_tokenizer
 from telemetry.clock import now_ns

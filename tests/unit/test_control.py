@@ -12,9 +12,10 @@ from opentelemetry.sdk.trace.sampling import Decision
 
 from dashboards import lint
 from serving.args import ServerArgs
-from serving.frontend import control
-from serving.frontend.auth import AuthMiddleware
-from serving.frontend.engine_monitor import EngineMonitor
+from serving.frontend.http.routes import control
+from serving.frontend.http.middleware.auth import AuthMiddleware
+from serving.frontend.engine_state import check_available
+from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.frontend.errors import APIError
 from telemetry.tracing import _Sampler
 
@@ -57,7 +58,7 @@ def test_config_view_hides_secrets(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer abc")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "svc")
     args = ServerArgs(otel_exporter_otlp_endpoint="https://user:pw@collector:4318")
-    state = types.SimpleNamespace(args=args, monitor=types.SimpleNamespace(paused="drain"), hub=None,
+    state = types.SimpleNamespace(args=args, engine=types.SimpleNamespace(paused="drain"), hub=None,
                                   tel=types.SimpleNamespace(tracing=types.SimpleNamespace(sampling_ratio=0.5)))
     cfg = control.effective_config(state)
     text = json.dumps(cfg)
@@ -82,25 +83,23 @@ def test_sampling_ratio_changes_at_runtime():
 def test_monitor_while_paused():
     mon = EngineMonitor(stall_timeout=1.0, watchdog_timeout=1.0)
     mon.all_ready.set()
-    mon.paused = "drain"
+    mon.pause("drain")
     assert mon.health(None) == (False, "paused")
     with pytest.raises(APIError) as exc:
-        mon.check_available(None)
+        check_available(mon, None)
     assert exc.value.status == 503 and exc.value.code == "paused" and "Retry-After" in exc.value.headers
     old = 1  # an in-flight request that arrived long ago, no token since
     assert mon.seconds_without_token(old) > 1.0  # drain: the engine runs, stalls still count
-    mon.paused = "in_place"
+    mon.pause("in_place")
     assert mon.seconds_without_token(old) == 0.0  # no token is due while paused in place
-    mon.paused = None
-    from telemetry.clock import now_ns
-
-    mon.resumed_at = now_ns()
+    mon.unpause()
+    mon.stepping_again()
     assert mon.seconds_without_token(old) < 1.0  # the stall clock restarts at the resume
 
 
 def test_several_workers_refuse_with_501():
     with pytest.raises(APIError) as exc:
-        control._single_worker(types.SimpleNamespace(hub=object()))
+        control._single_worker(types.SimpleNamespace(monitor=None))
     assert exc.value.status == 501
 
 

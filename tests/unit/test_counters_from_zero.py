@@ -12,10 +12,11 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving.args import ServerArgs
-from serving.frontend.children import engine_roles
-from serving.frontend.engine_monitor import EngineMonitor, FrontCounts
+from serving.ipc import engine_roles
+from serving.frontend.supervision.engine_monitor import EngineMonitor, FrontCounts
 from serving.frontend.errors import ABORT_STATUS
-from serving.frontend.launch import __version__, front_telemetry
+from serving import __version__
+from serving.frontend.stack import front_telemetry
 from telemetry.metrics import (ABORT_REASONS, COMPONENTS, FINISH_REASONS, LAZY_SERIES, SERVER_LABELS, SPECS,
                                ZERO_SERIES, Metrics, zero_series)
 from telemetry.registry_merge import Retired, merge, registry_of, snapshot
@@ -86,7 +87,7 @@ def test_one_front_end_exports_every_known_series_at_zero(dp_size):
 
 
 def test_the_hub_merges_every_known_series_at_zero():
-    """As `serving.frontend.hub` answers /metrics: its own registry and the workers', merged."""
+    """As `serving.frontend.workers.hub` answers /metrics: its own registry and the workers', merged."""
     roles = tuple(engine_roles(2))
     hub = Metrics(MODEL, version=__version__, hub=True, roles=roles)
     monitor = EngineMonitor(60.0, 60.0, on_stats=lambda *a: None, dp_size=2)

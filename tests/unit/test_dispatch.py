@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 from protocol.io_struct import DropCount, EngineStatus, Ready, SnapshotReq
-from serving.frontend.dispatch import AFFINITY_TOKENS, DataParallelDispatcher
-from serving.frontend.hub_link import HubLink
+from serving.frontend.tokenizer_manager.dispatch import AFFINITY_TOKENS, DataParallelDispatcher
+from serving.frontend.engine_state import check_available
+from serving.frontend.workers.hub_link import HubLink
 from serving.frontend.errors import APIError
 from telemetry.metrics import Metrics
 from telemetry.timeline import Timeline
@@ -40,7 +41,7 @@ def test_each_rank_reports_its_own_series_and_their_drops_are_summed():
         f.transport.deliver(Ready(role=f"scheduler_dp{rank}", pid=pid, dp_rank=rank, context_len=256, vocab_size=10))
     assert not f.monitor.all_ready.is_set()
     f.transport.deliver(Ready(role="detokenizer", pid=102))
-    assert f.monitor.all_ready.is_set() and f.monitor.context_len == 256
+    assert f.monitor.all_ready.is_set() and f.monitor.engine_ready.context_len == 256
     drop = [DropCount("scheduler", "AbortReq", "finished", 2)]
     f.scheduler_stats(dp_rank=0, num_running=3, stale_drops=drop)
     f.scheduler_stats(dp_rank=1, num_running=4, stale_drops=drop)
@@ -77,13 +78,14 @@ def test_a_worker_validates_against_the_hubs_status_and_ends_its_requests_on_a_n
     link = HubLink(3, sent.append, Metrics("m"), Timeline(10))
     link.on_failure = failures.append
     try:
-        link.check_ready()
+        check_available(link, None)
         raise AssertionError("a worker without a status must not take requests")
     except APIError as exc:
         assert exc.status == 503
     ready = [Ready(role="detokenizer", pid=2), Ready(role="scheduler", pid=1, context_len=128, vocab_size=99)]
     link.handle(EngineStatus(generation=0, ready=ready, throughput=12.5))
-    assert link.context_len == 128 and link.vocab_size == 99 and link.throughput.rate() == 12.5
+    ready = check_available(link, None)
+    assert ready.context_len == 128 and ready.vocab_size == 99 and link.throughput.rate() == 12.5
     assert link.health(None) == (True, "ok")
     link.handle(EngineStatus(generation=1, failure="scheduler exited", unavailable="engine failure"))
     assert failures == ["scheduler exited"] and link.health(None) == (False, "engine failure")
@@ -101,7 +103,7 @@ def test_a_silent_worker_is_killed_once_and_counted_as_stalled(tmp_path):
 
     from protocol.io_struct import WorkerStats
     from serving.args import ServerArgs
-    from serving.frontend.fleet import Worker, WorkerFleet
+    from serving.frontend.workers.fleet import Worker, WorkerFleet
     from serving.ipc import Codec, Endpoints, make_socket
 
     class Proc:  # a worker process whose event loop hung: alive, silent

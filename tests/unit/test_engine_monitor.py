@@ -20,9 +20,9 @@ def test_only_the_children_just_spawned_may_report_ready_once():
     f.transport.deliver(Ready(role="scheduler", pid=101, context_len=64, vocab_size=10))
     assert not f.monitor.all_ready.is_set() and f.monitor.health(None) == (False, "starting: waiting for detokenizer")
     f.transport.deliver(Ready(role="detokenizer", pid=102))
-    assert f.monitor.all_ready.is_set() and f.monitor.context_len == 64
+    assert f.monitor.all_ready.is_set() and f.monitor.engine_ready.context_len == 64
     f.transport.deliver(Ready(role="scheduler", pid=101, context_len=2, vocab_size=2))  # once per start
-    assert f.monitor.context_len == 64 and f.monitor.ready_rejected["not_starting"] == 2
+    assert f.monitor.engine_ready.context_len == 64 and f.monitor.ready_rejected["not_starting"] == 2
     assert f.transport.codec.undecodable == 3  # every refused Ready is counted as unexpected
 
 
@@ -34,11 +34,12 @@ def test_health_says_why_in_order_of_what_matters():
     assert f.monitor.health(time.monotonic_ns() - int(1e9)) == (True, "ok")  # a token just now
     f.procs["detokenizer"].alive, f.procs["detokenizer"].exitcode = False, -9
     assert f.monitor.health(None) == (False, "detokenizer process exited (code -9)")
-    f.monitor.failure, f.monitor.restart_status = "detokenizer exited", "restart attempt 1"
+    f.monitor.failed("detokenizer exited")
+    f.monitor.restarting("restart attempt 1")
     assert f.monitor.health(None) == (False, "engine failure (detokenizer exited); restart attempt 1")
-    f.monitor.down = "engine down: budget spent"
+    f.monitor.give_up("engine down: budget spent")
     assert f.monitor.health(None) == (False, "engine down: budget spent")
-    f.monitor.shutting_down = True
+    f.monitor.begin_shutdown()
     assert f.monitor.health(None) == (False, "shutting down")
 
 

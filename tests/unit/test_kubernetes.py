@@ -18,8 +18,8 @@ import yaml
 
 from deploy.kubernetes import generate
 from serving.args import ServerArgs
-from serving.frontend.app import ROUTES
-from serving.frontend.auth import protected
+from serving.frontend.http.app import ROUTES
+from serving.frontend.http.middleware.auth import protected
 from telemetry.metrics import BY_NAME
 from tests.prom_util import promtool
 

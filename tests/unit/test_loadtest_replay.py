@@ -17,7 +17,7 @@ from loadtest.replay import (CHAT, COMPLETIONS, GENERATE, PromptCounter, ReplayQ
                              plan_schedule, users_needed)
 from loadtest.replay_readers import ReplayBodyReader, ReplayStreamReader, sent_line
 from loadtest.replay_report import analyse
-from serving.frontend.tokenization import PromptTokenizer
+from serving.frontend.tokenizer_manager.tokenization import PromptTokenizer
 from telemetry.request_record import RequestRecord, encode, read_records
 
 T0 = 1_750_000_000.0

@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from serving.args import ServerArgs
-from serving.frontend.launch import front_telemetry
-from serving.frontend.req_state import ReqState
+from serving.frontend.stack import front_telemetry
+from serving.frontend.tokenizer_manager.req_state import ReqState
 from telemetry.clock import now_ns
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.request_telemetry import RequestTelemetry

@@ -1,10 +1,13 @@
-"""The one owner of what the main process knows about the engine: Ready, heartbeats,
-the children's stats, their processes, and from all that the server's health.
+"""The one owner of what the supervising process knows about the engine: Ready,
+heartbeats, the children's stats, their processes, and from all that the server's health.
 
-The TokenizerManager hands it every message that is not a request's output; the
-supervisor tells it which children it spawned (only those may report Ready) and what
-it is doing about a failure; /health, 503s, the watchdog, /debug/state and the
-`/metrics` engine numbers all read it.  Nothing else keeps engine state.
+The TokenizerManager (or the hub) hands it every message that is not a request's output;
+the supervisor tells it which children it spawned (only those may report Ready) and what
+it is doing about a failure (`failed`, `restarting`, `recovered`, `give_up`); the control
+API tells it about pauses (`pause`, `unpause`, `stepping_again`); the drain tells it the
+server is stopping (`begin_shutdown`).  Those methods are the only writers of its state:
+every other module reads it.  /health, 503s, the watchdog, /debug/state and the
+`/metrics` engine numbers all read it.  It implements `engine_state.EngineState`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import asyncio
 import logging
 import os
 from collections import deque
-from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable
 
@@ -21,23 +23,13 @@ import msgspec
 import psutil
 
 from protocol.io_struct import DetokenizerStats, DropCount, Ready, SchedulerStats
-from serving.frontend.errors import APIError, paused_error, unavailable
-from serving.ipc import scheduler_role
+from serving.frontend.engine_state import PAUSED, FrontCounts
+from serving.ipc import engine_roles, scheduler_role
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 from telemetry.stats import EngineView
 
 log = logging.getLogger("sightline.engine_monitor")
-
-
-@dataclass
-class FrontCounts:
-    """What the TokenizerManager counts about its own side of the sockets."""
-
-    stale_drops: list[DropCount] = field(default_factory=list)
-    undecodable: int = 0
-    handling_errors: int = 0
-    oldest_arrival: int | None = None  # of the requests in flight (None: idle)
 
 
 class RateWindow:
@@ -84,12 +76,12 @@ class EngineMonitor:
     def __init__(self, stall_timeout: float, watchdog_timeout: float,
                  on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None, dp_size: int = 1) -> None:
         self.dp_size = dp_size
-        self.roles = [scheduler_role(r, dp_size) for r in range(dp_size)] + ["detokenizer"]
+        self.roles = engine_roles(dp_size)
         self.stall_timeout = stall_timeout
         self.watchdog_timeout = watchdog_timeout
         self.on_stats = on_stats  # telemetry: the stats' hop latency and finished spans
-        self.procs: dict[str, BaseProcess] = {}
-        self.workers: dict[str, BaseProcess] = {}  # tokenizer workers (the hub's), for their CPU and memory
+        self._procs: dict[str, BaseProcess] = {}
+        self._workers: dict[str, BaseProcess] = {}  # tokenizer workers (the hub's), for their CPU and memory
         self.awaiting_ready: dict[str, int] = {}  # role -> pid of the child just spawned
         self.ready: dict[str, Ready] = {}
         self.all_ready = asyncio.Event()
@@ -99,13 +91,13 @@ class EngineMonitor:
         self.detok_stats: DetokenizerStats | None = None
         self.last_heartbeat: dict[str, int] = {}
         self.throughput = RateWindow(seconds=5.0)
-        self.shutting_down = False
-        self.failure: str | None = None  # set while the supervisor recovers from it
-        self.restart_status: str | None = None  # which restart attempt is under way
-        self.down: str | None = None  # set for good once the restart budget is spent
-        self.paused: str | None = None  # the pause mode an operator set (POST /pause_generation), None when serving
-        self.pause_epoch = 0  # of the latest in_place pause sent to the Scheduler ranks
-        self.resumed_at = 0  # monotonic ns of the latest in_place pause's end: the stall clock restarts there
+        self._shutting_down = False
+        self._failure: str | None = None  # set while the supervisor recovers from it
+        self._restart_status: str | None = None  # which restart attempt is under way
+        self._down: str | None = None  # set for good once the restart budget is spent
+        self._paused: str | None = None  # the pause mode an operator set (POST /pause_generation), None when serving
+        self._pause_epoch = 0  # of the latest in_place pause sent to the Scheduler ranks
+        self._resumed_at = 0  # monotonic ns of the latest in_place pause's end: the stall clock restarts there
         self._ps: dict[int, psutil.Process] = {}
         self._dispatch: dict[type, Callable[[Any], bool]] = {
             SchedulerStats: self._on_scheduler_stats, DetokenizerStats: self._on_detok_stats, Ready: self._on_ready,
@@ -159,8 +151,83 @@ class EngineMonitor:
     # -- what the supervisor tells it --------------------------------------------------
     def expect(self, procs: dict[str, BaseProcess]) -> None:
         """These children were just spawned: only they may report Ready."""
-        self.procs = procs
+        self._procs = procs
         self.awaiting_ready = {role: p.pid for role, p in procs.items()}
+
+    def watch_workers(self, procs: dict[str, BaseProcess]) -> None:
+        """The hub's tokenizer workers now (for their CPU, memory and pids)."""
+        self._workers = procs
+
+    def failed(self, what: str) -> None:
+        """An engine process failed (`what`: its role and how); the supervisor recovers from it."""
+        self._failure = what
+
+    def restarting(self, status: str) -> None:
+        """Which restart attempt is under way (shown in /health and every 503)."""
+        self._restart_status = status
+
+    def recovered(self) -> None:
+        """The engine is back: the failure and the restart are over."""
+        self._failure = self._restart_status = None
+
+    def give_up(self, message: str) -> None:
+        """The restart budget is spent: the engine stays down for good, saying `message`."""
+        self._down = message
+        self._failure = self._restart_status = None
+        self._procs = {}
+
+    def begin_shutdown(self) -> None:
+        self._shutting_down = True
+
+    # -- what the control API tells it -----------------------------------------------------
+    def pause(self, mode: str) -> None:
+        """An operator paused generation in `mode`: from now on new requests get 503 paused."""
+        self._paused = mode
+
+    def unpause(self) -> None:
+        self._paused = None
+
+    def next_pause_epoch(self) -> int:
+        """The epoch of a new in_place pause, to send to every Scheduler rank."""
+        self._pause_epoch += 1
+        return self._pause_epoch
+
+    def stepping_again(self) -> None:
+        """An in_place pause ends: the stall clock restarts now, not at the last token."""
+        self._resumed_at = now_ns()
+
+    # -- its state, read by everyone else ------------------------------------------------------
+    @property
+    def procs(self) -> dict[str, BaseProcess]:
+        return self._procs
+
+    @property
+    def workers(self) -> dict[str, BaseProcess]:
+        return self._workers
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    @property
+    def restart_status(self) -> str | None:
+        return self._restart_status
+
+    @property
+    def down(self) -> str | None:
+        return self._down
+
+    @property
+    def paused(self) -> str | None:
+        return self._paused
+
+    @property
+    def pause_epoch(self) -> int:
+        return self._pause_epoch
 
     def reset(self) -> None:
         """The children are being replaced: forget everything they said."""
@@ -198,20 +265,8 @@ class EngineMonitor:
         return self.ready.get(self.roles[0]) if self.all_ready.is_set() else None
 
     @property
-    def context_len(self) -> int:
-        return self.ready[self.roles[0]].context_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self.ready[self.roles[0]].vocab_size
-
-    @property
     def last_token_at(self) -> int | None:
         return max((s.last_token_at or 0 for s in self.scheduler_stats.values()), default=0) or None
-
-    def check_ready(self) -> None:
-        if not self.all_ready.is_set():
-            raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
 
     # -- health -------------------------------------------------------------------------
     def health(self, oldest_arrival: int | None) -> tuple[bool, str]:
@@ -228,23 +283,18 @@ class EngineMonitor:
         if not self.all_ready.is_set():
             return False, "starting: waiting for " + ", ".join(self.missing())
         if self.paused:
-            return False, "paused"
+            return False, PAUSED
         stuck = self.seconds_without_token(oldest_arrival)
         if stuck > self.stall_timeout:
             return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
         return True, "ok"
-
-    def check_available(self, oldest_arrival: int | None) -> None:
-        ok, reason = self.health(oldest_arrival)
-        if not ok:
-            raise paused_error(self.paused) if reason == "paused" else unavailable(reason)
 
     def seconds_without_token(self, oldest_arrival: int | None) -> float:
         """With requests in flight: seconds since the later of the last token, the oldest arrival and the
         end of the latest in_place pause; 0 while paused in place (no token is due)."""
         if oldest_arrival is None or self.paused == "in_place":
             return 0.0
-        last = max(oldest_arrival, self.last_token_at or 0, self.resumed_at)
+        last = max(oldest_arrival, self.last_token_at or 0, self._resumed_at)
         return (now_ns() - last) / 1e9
 
     # -- reading it all -------------------------------------------------------------------

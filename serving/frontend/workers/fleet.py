@@ -22,8 +22,9 @@ import zmq.asyncio
 
 from protocol.io_struct import DropCount, EngineStatus, Message, MetricFamily, WorkerGone, WorkerStats
 from serving.args import ServerArgs
-from serving.frontend.children import spawn_worker, stop_children
-from serving.frontend.engine_monitor import FrontCounts, merge_drops
+from serving.frontend.supervision.children import spawn_worker, stop_children
+from serving.frontend.engine_state import FrontCounts
+from serving.frontend.supervision.engine_monitor import merge_drops
 from serving.ipc import Codec, Endpoints, make_socket
 from telemetry.registry_merge import Retired
 

@@ -33,13 +33,14 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 
 from protocol.io_struct import FlushCacheReqOutput, HubQuery, HubReply, MetricFamily, Snapshot, SnapshotReq, \
     WorkerStats
+from serving import __version__
 from serving.args import ServerArgs
-from serving.frontend.children import engine_roles, stop_children
-from serving.frontend.crash_dump import CrashDumper
-from serving.frontend.engine_monitor import EngineMonitor
-from serving.frontend.fleet import WorkerFleet
-from serving.frontend.supervisor import EngineSupervisor, Supervised
-from serving.ipc import Codec, Endpoints, make_socket
+from serving.frontend.supervision.children import stop_children
+from serving.frontend.supervision.crash_dump import CrashDumper
+from serving.frontend.supervision.engine_monitor import EngineMonitor
+from serving.frontend.workers.fleet import WorkerFleet
+from serving.frontend.supervision.supervisor import EngineSupervisor, Supervised
+from serving.ipc import Codec, Endpoints, engine_roles, make_socket
 from telemetry.buckets import parse_bucket_overrides
 from telemetry.clock import now_ns
 from telemetry.metrics import Metrics
@@ -55,8 +56,6 @@ WORKER_STOP_EXTRA = 10.0  # past --shutdown-grace, seconds a draining worker get
 
 class Hub:
     def __init__(self, args: ServerArgs, endpoints: Endpoints, name: str) -> None:
-        from serving.frontend.launch import __version__
-
         self.args, self.endpoints, self.name = args, endpoints, name
         self.instance_id = uuid.uuid4().hex
         self.timeline = Timeline(args.request_timeline_size)  # the engine's spans, for /debug/requests
@@ -134,7 +133,7 @@ class Hub:
         """Replace dead workers; tell every worker what the engine is up to."""
         while True:
             self.fleet.reap()
-            self.monitor.workers = {f"worker-{w.id}": w.proc for w in self.fleet.workers.values()}
+            self.monitor.watch_workers({f"worker-{w.id}": w.proc for w in self.fleet.workers.values()})
             ok, reason = self.monitor.health(self.fleet.front_counts().oldest_arrival)
             ready = sorted(self.monitor.ready.values(), key=lambda r: (r.role == "detokenizer", r.dp_rank)) \
                 if self.monitor.all_ready.is_set() else []
@@ -236,7 +235,7 @@ class Hub:
     # -- shutdown -------------------------------------------------------------------------
     async def stop_workers(self) -> None:
         """SIGTERM every worker (each drains), wait for them, kill what is left."""
-        self.monitor.shutting_down = True
+        self.monitor.begin_shutdown()
         self.fleet.stopping = True
         procs = [w.proc for w in self.fleet.workers.values()]
         for p in procs:

@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from serving.frontend.errors import APIError, bad_request, error_response
-from serving.frontend.server_state import ServerState
+from serving.frontend.http.state import ServerState
 
 MIN_SECONDS, MAX_SECONDS, DEFAULT_SECONDS = 1, 60, 10
 MIN_RATE, MAX_RATE, DEFAULT_RATE = 1, 1000, 100
@@ -84,7 +84,7 @@ async def _pids(state: ServerState) -> dict[str, int]:
             raise APIError(503, "the hub could not list the server's processes", type="server_unavailable")
         hub_pid = os.getppid()  # a worker is the hub's child (and dies with it)
         return {**({"main": hub_pid} if hub_pid != 1 else {}), **json.loads(reply.body)["pids"]}
-    procs = state.monitor.procs
+    procs = state.engine.procs
     return {"main": os.getpid(), **{role: p.pid for role, p in procs.items() if p.is_alive()}}
 
 

@@ -2,7 +2,8 @@
 
 The hub supervises the engine and relays what a worker needs in `EngineStatus` (Ready
 facts, health, throughput, a failure), so the TokenizerManager validates and admits
-exactly as with one worker: `HubLink` answers it with the `EngineMonitor`'s interface.
+exactly as with one worker: `HubLink` implements `engine_state.EngineState`, as the
+`EngineMonitor` does.
 It also answers the hub's `SnapshotReq` (this worker's metrics, a rid's timeline entry,
 or its recent or in-flight requests) and sends `HubQuery`s for the answers only the hub
 can give over every worker (`/metrics`, `/debug/state`, `/debug/requests[/{rid}]`).
@@ -18,8 +19,8 @@ import uuid
 from typing import Any, Callable
 
 from protocol.io_struct import EngineStatus, HubQuery, HubReply, Ready, Snapshot, SnapshotReq, WorkerStats
-from serving.frontend.engine_monitor import FrontCounts
-from serving.frontend.errors import APIError, unavailable
+from serving.frontend.engine_state import FrontCounts
+from serving.frontend.errors import APIError
 from telemetry.metrics import Metrics
 from telemetry.registry_merge import snapshot
 from telemetry.tail_sampling import TailSampler
@@ -50,9 +51,7 @@ class HubLink:
         self.status: EngineStatus | None = None
         self.generation: int | None = None
         self.throughput = _Rate()
-        self.shutting_down = False
-        self.paused: str | None = None  # operator pauses are refused with several workers (control.py)
-        self.procs: dict = {}  # the engine's processes are the hub's
+        self._shutting_down = False
         self.on_failure: Callable[[str], None] = lambda message: None  # the TM's engine_failed
         self.in_flight: Callable[[int], list[dict]] = lambda limit: []  # ServerState.in_flight_requests
         self._queries: dict[str, asyncio.Future[HubReply]] = {}
@@ -113,7 +112,7 @@ class HubLink:
         finally:
             del self._queries[qid]
 
-    # -- what the TokenizerManager and /health read (the EngineMonitor's interface) --------
+    # -- what the TokenizerManager and /health read (engine_state.EngineState) ----------------
     @property
     def ready(self) -> list[Ready]:
         return self.status.ready if self.status else []
@@ -123,16 +122,19 @@ class HubLink:
         return next((r for r in self.ready if r.role != "detokenizer"), None)
 
     @property
-    def context_len(self) -> int:
-        return self.engine_ready.context_len
+    def paused(self) -> str | None:
+        return None  # operator pauses are refused with several workers (http/routes/control.py)
 
     @property
-    def vocab_size(self) -> int:
-        return self.engine_ready.vocab_size
+    def shutting_down(self) -> bool:
+        return self._shutting_down
 
-    def check_ready(self) -> None:
-        if self.engine_ready is None:
-            raise APIError(503, "the server is starting; retry shortly", type="server_unavailable")
+    @property
+    def procs(self) -> dict:
+        return {}  # the engine's processes are the hub's
+
+    def begin_shutdown(self) -> None:
+        self._shutting_down = True
 
     def reset(self) -> None:
         """The TM's reset_engine: the hub's next status says what the new engine is."""
@@ -145,8 +147,3 @@ class HubLink:
         if self.status.unavailable:
             return False, self.status.unavailable
         return True, "ok"
-
-    def check_available(self, oldest_arrival: int | None) -> None:
-        ok, reason = self.health(oldest_arrival)
-        if not ok:
-            raise unavailable(reason)

@@ -46,9 +46,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.io_struct import ContinueReq, PauseReq, SetLogLevelReq
+from serving.frontend.engine_state import require_engine
 from serving.frontend.errors import APIError, bad_request, error_response
-from serving.frontend.server_state import ServerState
-from telemetry.clock import now_ns
+from serving.frontend.http.state import ServerState
 from telemetry.metrics import PAUSE_MODES
 
 log = logging.getLogger("sightline.control")
@@ -138,16 +138,15 @@ async def pause(state: ServerState, mode: str) -> dict:
     mon, tm = state.monitor, state.tm
     previous = mon.paused
     if mode == "in_place":
-        mon.check_ready()  # 503 while no engine runs: nothing to pause in place
-    mon.paused = mode  # from here new generation requests get 503 paused
+        require_engine(mon)  # 503 while no engine runs: nothing to pause in place
+    mon.pause(mode)  # from here new generation requests get 503 paused
     _show(state)
     aborted = 0
     if mode == "abort":
         aborted = len(tm.rid_to_state)
         tm.abort_all("operator", ABORT_MESSAGE)
     if mode == "in_place" and previous != "in_place":
-        mon.pause_epoch += 1
-        tm.broadcast(PauseReq(epoch=mon.pause_epoch))
+        tm.broadcast(PauseReq(epoch=mon.next_pause_epoch()))
         await _confirm(lambda: mon.ranks_paused(mon.pause_epoch), "pause")
     elif mode != "in_place" and previous == "in_place":  # what is left steps again (or was aborted above)
         await _step_again(state)
@@ -159,14 +158,14 @@ async def resume(state: ServerState) -> dict:
     previous = mon.paused
     if previous == "in_place":
         await _step_again(state)
-    mon.paused = None
+    mon.unpause()
     _show(state)
     return {"resumed": previous, "in_flight": len(state.tm.rid_to_state)}
 
 
 async def _step_again(state: ServerState) -> None:
     mon = state.monitor
-    mon.resumed_at = now_ns()  # the stall clock starts again from here, not from the last token
+    mon.stepping_again()  # the stall clock starts again from here, not from the last token
     state.tm.broadcast(ContinueReq())
     await _confirm(lambda: mon.ranks_paused(0), "resume")
 
@@ -204,7 +203,7 @@ def effective_config(state: ServerState) -> dict:
     args = {f.name: hide(f.name, getattr(state.args, f.name)) for f in dataclasses.fields(state.args)}
     env = {k: hide(k, v) for k, v in sorted(os.environ.items()) if k.startswith(("SIGHTLINE_", "OTEL_"))}
     return {"args": args, "environment": env, "runtime": {
-        "paused": getattr(state.monitor, "paused", None),
+        "paused": state.engine.paused,
         "sampling_ratio": state.tel.tracing.sampling_ratio,
         "log_level": logging.getLevelName(logging.getLogger().level).lower(),
         "tokenizer_worker": state.hub.worker if state.hub is not None else None,
@@ -213,7 +212,7 @@ def effective_config(state: ServerState) -> dict:
 
 # -- helpers ------------------------------------------------------------------------------------
 def _single_worker(state: ServerState) -> None:
-    if state.hub is not None:
+    if state.monitor is None:
         raise APIError(501, "control actions are not available with --tokenizer-worker-num > 1: each worker holds "
                             "its own requests and tracer and nothing relays the action to all of them",
                        type="not_implemented", code="not_implemented")

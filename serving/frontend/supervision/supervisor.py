@@ -17,7 +17,7 @@ clients see why, instead of exiting into an outside restart loop.  A failure of 
 very first start still exits 1: that server never worked, and its operator must see it.
 
 With `--dump-requests` or `--crash-dump-dir`, each failure also leaves a crash dump
-(`serving.frontend.crash_dump`): the state is taken before the requests are failed, the
+(`serving.frontend.supervision.crash_dump`): the state is taken before the requests are failed, the
 live children's stacks before they are killed.
 """
 
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from serving.args import ServerArgs
-from serving.frontend.children import spawn, stop_children
-from serving.frontend.crash_dump import CrashDumper
-from serving.frontend.engine_monitor import EngineMonitor
+from serving.frontend.supervision.children import spawn, stop_children
+from serving.frontend.supervision.crash_dump import CrashDumper
+from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.ipc import Endpoints
 from serving.model_files import EXIT_MODEL_LOAD
 from telemetry.metrics import Metrics
@@ -146,8 +146,8 @@ class EngineSupervisor:
                 return True
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** len(self.attempts))
             attempt = len(self.attempts) + 1
-            mon.restart_status = (f"restart attempt {attempt} of at most {args.max_engine_restarts} per "
-                                 f"{args.engine_restart_window:g} s")
+            mon.restarting(f"restart attempt {attempt} of at most {args.max_engine_restarts} per "
+                           f"{args.engine_restart_window:g} s")
             log.warning("restarting the engine in %.1f s (%s)", delay, mon.restart_status,
                         extra={"attempt": attempt, "backoff_seconds": delay})
             try:
@@ -163,7 +163,7 @@ class EngineSupervisor:
                 break
             role, cause, detail = failure
         self.restarts += 1
-        mon.failure = mon.restart_status = None
+        mon.recovered()
         if self.state.metrics is not None:
             self.state.metrics.engine_restarts.inc()
         log.warning("engine restarted in %.1f s after %s %s", time.monotonic() - t0, role, cause,
@@ -173,7 +173,7 @@ class EngineSupervisor:
     def _failed(self, role: str, cause: str, detail: str) -> None:
         """Announce a failure (ERROR log, metric, /health) and end every request in flight with an error."""
         st = self.state
-        self.monitor.failure = f"{role} {detail}"
+        self.monitor.failed(f"{role} {detail}")
         log.error("engine failure: %s %s", role, detail, extra={"role": role, "cause": cause})
         if st.metrics is not None:
             st.metrics.engine_failures.labels(role, cause).inc()
@@ -182,11 +182,9 @@ class EngineSupervisor:
     def _give_up(self) -> None:
         """The budget is spent: leave the engine down and say so, in /health, every 503, a metric and the log."""
         mon, args = self.monitor, self.args
-        mon.down = (f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
+        mon.give_up(f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
                     f"{args.engine_restart_window:g} s, --max-engine-restarts {args.max_engine_restarts}); "
                     f"last failure: {mon.failure}; restart the server")
-        mon.failure = mon.restart_status = None
-        mon.procs = {}
         if self.state.metrics is not None:
             self.state.metrics.restart_budget_exhausted.set(1)
         log.error("%s", mon.down, extra={"restart_attempts": len(self.attempts)})

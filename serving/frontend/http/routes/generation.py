@@ -19,14 +19,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
-from serving.frontend.generate_api import GenerateRequest, generate_body, generate_input
-from serving.frontend.openai_api import (
+from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
+from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, continuous_usage,
     decode_body, include_usage,
 )
-from serving.frontend.req_state import Collected, GenerateReqInput, ReqState
-from serving.frontend.server_state import ServerState
-from serving.frontend.sse import SSE_DONE, SSEResponse, sse
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
+from serving.frontend.http.state import ServerState
+from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from telemetry.clock import now_ns
 
 
@@ -130,7 +130,6 @@ async def generation(request: Request, kind: Kind) -> Response:
         req.stream = obj.stream
         if req.span is not None:
             req.span.set_attributes(_request_attributes(obj))
-        state.check_available()
         await state.tm.submit(obj, req)
     except APIError as err:
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)

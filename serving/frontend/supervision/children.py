@@ -19,10 +19,6 @@ log = logging.getLogger("sightline.supervisor")
 CHILD_STOP_TIMEOUT = 5.0
 
 
-def engine_roles(dp_size: int) -> list[str]:
-    return [scheduler_role(r, dp_size) for r in range(dp_size)] + ["detokenizer"]
-
-
 def run_child(kind: str, role: str, *args) -> None:
     """Spawn target of a child process: its module is imported in the child only, so the main
     process never loads torch or the engine. Titled first, so ps names it while torch loads."""
@@ -32,7 +28,7 @@ def run_child(kind: str, role: str, *args) -> None:
         os.environ["OMP_WAIT_POLICY"] = args[0].thread_wait_policy.upper()
         from serving.engine.scheduler import run_scheduler_process as run
     elif kind == "worker":
-        from serving.frontend.worker import run_worker_process as run
+        from serving.frontend.workers.worker import run_worker_process as run
     else:
         from serving.detokenizer.manager import run_detokenizer_process as run
     run(*args)

@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Callable
 import msgspec
 from starlette.responses import StreamingResponse
 
-from serving.frontend.http_server import EXTENSION as TRANSPORT
+from serving.frontend.http.server import EXTENSION as TRANSPORT
 
 _json = msgspec.json.Encoder()
 
@@ -25,7 +25,7 @@ class SSEResponse(StreamingResponse):
 
     Its sends may block for at most the request's remaining timeout (+1 s to deliver the
     timeout error) or `--send-stall-timeout`: then the transport cuts the stream off and
-    `on_close` aborts the request (`serving.frontend.http_server.Stream`).
+    `on_close` aborts the request (`serving.frontend.http.server.Stream`).
     """
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str],

@@ -2,8 +2,8 @@
 
 As in SGLang's TokenizerManager: `submit` tokenizes and validates a request, puts its
 `ReqState` in `rid_to_state` and sends it to the Scheduler; every message from the
-children arrives in `dispatch` (outputs here, everything else to the `EngineMonitor`);
-the HTTP handler reads a state's outputs with `stream` (or `collect`).  With `--dp-size`
+children arrives in `dispatch` (outputs here, everything else to its `EngineState`: the
+`EngineMonitor`, or a tokenizer worker's `HubLink`); the HTTP handler reads a state's outputs with `stream` (or `collect`).  With `--dp-size`
 ranks, a `DataParallelDispatcher` picks each request's rank; its abort goes to that rank.
 As one of several tokenizer workers it stamps its `worker` id on what it sends, so its
 rids' outputs come back to it.  A rid leaves
@@ -24,15 +24,15 @@ import uuid
 from typing import Any, AsyncIterator
 
 from protocol.io_struct import AbortReq, BatchStrOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Message, \
-    ReqMeta, Stamps, StrOut, TokenizedGenerateReqInput
+    Ready, ReqMeta, Stamps, StrOut, TokenizedGenerateReqInput
 from serving.args import ServerArgs
-from serving.frontend.admission import Admission
-from serving.frontend.dispatch import DataParallelDispatcher
-from serving.frontend.engine_monitor import EngineMonitor, FrontCounts
-from serving.frontend.errors import bad_request, http_status, paused_error
-from serving.frontend.req_state import Collected, GenerateReqInput, ReqState
-from serving.frontend.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
-from serving.frontend.transport import EngineTransport
+from serving.frontend.tokenizer_manager.admission import Admission
+from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
+from serving.frontend.engine_state import EngineState, FrontCounts, check_available
+from serving.frontend.errors import bad_request, http_status
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
+from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import DropCounter
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
@@ -44,7 +44,7 @@ PROMPT_TAIL = 5  # prompt tokens the Detokenizer decodes the first output token 
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, transport: EngineTransport, tokenizer: Any, monitor: EngineMonitor,
+    def __init__(self, args: ServerArgs, transport: EngineTransport, tokenizer: Any, engine: EngineState,
                  telemetry: RequestTelemetry, worker: int = 0) -> None:
         self.args = args
         self.worker = worker
@@ -53,8 +53,8 @@ class TokenizerManager:
         self.tokenizer = tokenizer
         self.prompts = PromptTokenizer(tokenizer)
         self.transport = transport
-        self.monitor = monitor
-        self.admission = Admission(args.max_queued_requests, args.inflight_token_limit, monitor.throughput.rate,
+        self.engine = engine
+        self.admission = Admission(args.max_queued_requests, args.inflight_token_limit, engine.throughput.rate,
                                    telemetry.shed)
         self.drops = DropCounter("tokenizer_manager", on_drop=telemetry.tracing.stale_drop)
         self.handling_errors = RateLimitedLog(log)
@@ -72,7 +72,7 @@ class TokenizerManager:
 
     def reset_engine(self) -> None:
         """The children are being replaced: forget what they said; drop messages queued for the dead one."""
-        self.monitor.reset()
+        self.engine.reset()
         self.transport.reconnect()
 
     def has_in_flight(self) -> bool:
@@ -92,7 +92,7 @@ class TokenizerManager:
 
     # -- receiving ------------------------------------------------------------------
     def dispatch(self, msg: Message) -> None:
-        """One message from a child: outputs are handled here, the rest by the EngineMonitor."""
+        """One message from a child (or the hub): outputs are handled here, the rest by the EngineState."""
         try:
             if isinstance(msg, BatchStrOutput):
                 self._handle_str_output(msg)
@@ -104,7 +104,7 @@ class TokenizerManager:
                 else:
                     pending.add(msg)
                 return
-            applied = self.monitor.handle(msg)
+            applied = self.engine.handle(msg)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the loop
             self.handling_errors.report(f"failed to handle {type(msg).__name__}", exc)
             return
@@ -156,12 +156,12 @@ class TokenizerManager:
         state.breakdown = self.tel.finish(state, reason, abort_reason, error)
 
     # -- submitting -------------------------------------------------------------------
-    def _validate(self, obj: GenerateReqInput, ids: list[int]) -> None:
+    def _validate(self, obj: GenerateReqInput, ids: list[int], ready: Ready) -> None:
         names = obj.param_names
         if not ids:
             raise bad_request("prompt is empty", param="messages" if obj.messages is not None else "prompt",
                               code="empty_prompt")
-        ctx = self.monitor.context_len
+        ctx = ready.context_len
         if len(ids) >= ctx:
             raise prompt_too_long(ctx, len(ids), "messages" if obj.messages is not None else "prompt")
         want = obj.max_new_tokens
@@ -171,7 +171,7 @@ class TokenizerManager:
                               f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
                               param=names.get("max_new_tokens", "max_new_tokens"), code="context_length_exceeded")
         try:
-            obj.sampling.validate(self.monitor.vocab_size)
+            obj.sampling.validate(ready.vocab_size)
         except ValueError as exc:
             field_name = str(exc).split(" ", 1)[0]
             param = names.get(field_name, field_name)
@@ -184,19 +184,18 @@ class TokenizerManager:
         reusing its rid right after a disconnect must never receive the old request's
         late outputs or abort.
         """
-        self.monitor.check_ready()
+        ready = check_available(self.engine, self.oldest_arrival())
         if obj.rid is not None and not _RID.match(obj.rid):
             raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
         rid = uuid.uuid4().hex
         self.admission.check_queue()
-        check_size(obj, self.monitor.context_len, self.input_limits())
+        check_size(obj, ready.context_len, self.input_limits(ready))
         t0 = now_ns()
-        ids = await self.prompts.encode(obj, self.monitor.vocab_size)
+        ids = await self.prompts.encode(obj, ready.vocab_size)
         t1 = now_ns()
-        self.monitor.check_ready()  # the engine may have been replaced while this request was tokenized
-        if self.monitor.paused:  # an operator paused generation while this request was tokenized
-            raise paused_error(self.monitor.paused)
-        self._validate(obj, ids)
+        # the engine may have been replaced, paused or stopped while this request was tokenized
+        ready = check_available(self.engine, self.oldest_arrival())
+        self._validate(obj, ids, ready)
         self.admission.check_queue()  # others may have been admitted meanwhile
         budget = len(ids) + obj.sampling.max_new_tokens
         self.admission.check_tokens(budget, others_in_flight=bool(self.rid_to_state))
@@ -217,8 +216,8 @@ class TokenizerManager:
             producer.end()
         return state
 
-    def input_limits(self) -> InputLimits:
-        return InputLimits.for_context(self.monitor.context_len, self.args.max_prompt_chars, self.args.max_messages)
+    def input_limits(self, ready: Ready) -> InputLimits:
+        return InputLimits.for_context(ready.context_len, self.args.max_prompt_chars, self.args.max_messages)
 
     # -- reading outputs ----------------------------------------------------------------
     async def stream(self, state: ReqState) -> AsyncIterator[StrOut]:

@@ -1,5 +1,4 @@
-"""What the HTTP handlers share: the TokenizerManager, the EngineMonitor (or, in a tokenizer
-worker, the HubLink), telemetry."""
+"""What the HTTP handlers share: the TokenizerManager, the engine as it sees it, telemetry."""
 
 from __future__ import annotations
 
@@ -7,9 +6,9 @@ import time
 from dataclasses import dataclass, field
 
 from serving.args import ServerArgs
-from serving.frontend.engine_monitor import EngineMonitor
-from serving.frontend.hub_link import HubLink
-from serving.frontend.tokenizer_manager import TokenizerManager
+from serving.frontend.engine_state import EngineState, Hub
+from serving.frontend.supervision.engine_monitor import EngineMonitor
+from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.ipc import Endpoints
 from telemetry.clock import now_ns
 from telemetry.loop_lag import LoopLagMonitor
@@ -22,7 +21,7 @@ from telemetry.timeline import Timeline
 class ServerState:
     args: ServerArgs
     tm: TokenizerManager
-    monitor: EngineMonitor | HubLink  # a tokenizer worker's engine facts come from the hub
+    engine: EngineState  # the EngineMonitor, or in a tokenizer worker its HubLink
     tel: RequestTelemetry
     timeline: Timeline
     metrics: Metrics | None
@@ -30,17 +29,11 @@ class ServerState:
     endpoints: Endpoints
     started_at: float = field(default_factory=time.time)
     loop_lag: LoopLagMonitor = field(default_factory=lambda: LoopLagMonitor(None))
-    hub: HubLink | None = None  # one of several tokenizer workers: /metrics and /debug/* ask the hub
-
-    def __post_init__(self) -> None:
-        if self.hub is not None:  # the hub's `/debug/requests?in_flight=1` asks this worker's HubLink
-            self.hub.in_flight = self.in_flight_requests
+    monitor: EngineMonitor | None = None  # where this process supervises the engine (one worker): control, /debug/state
+    hub: Hub | None = None  # one of several tokenizer workers: /metrics and /debug/* ask the hub
 
     def health(self) -> tuple[bool, str]:
-        return self.monitor.health(self.tm.oldest_arrival())
-
-    def check_available(self) -> None:
-        self.monitor.check_available(self.tm.oldest_arrival())
+        return self.engine.health(self.tm.oldest_arrival())
 
     def in_flight_requests(self, limit: int = 100) -> list[dict]:
         """The requests this front end holds now (`rid_to_state`), oldest first: `/debug/requests?in_flight=1`."""
@@ -53,6 +46,7 @@ class ServerState:
                  "trace_id": s.trace_id, **worker} for s in states]
 
     def debug_state(self) -> dict:
+        """/debug/state of a single-process server (with workers the hub answers it)."""
         return {"in_flight": len(self.tm.rid_to_state), **self.monitor.debug_state(self.tm.counts()),
                 "runtime_dir": self.endpoints.runtime_dir, "model": self.model_name,
                 "event_loop_lag_seconds": {"last": self.loop_lag.last, "worst": self.loop_lag.worst}}

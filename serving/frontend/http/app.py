@@ -12,14 +12,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from serving.frontend import control, ops
-from serving.frontend.auth import AuthMiddleware
 from serving.frontend.errors import APIError, error_response
-from serving.frontend.generation import chat_completions, completions, generate
-from serving.frontend.guard import GuardMiddleware, allowed_hosts, allowed_origins
-from serving.frontend.inspector import debug_ui
-from serving.frontend.profiling import debug_profile
-from serving.frontend.server_state import ServerState
+from serving.frontend.http.middleware.auth import AuthMiddleware
+from serving.frontend.http.middleware.guard import GuardMiddleware, allowed_hosts, allowed_origins
+from serving.frontend.http.middleware.http_metrics import HTTPMetricsMiddleware
+from serving.frontend.http.middleware.response_ids import ResponseIdsMiddleware, response_ids
+from serving.frontend.http.routes import control, debug, ops
+from serving.frontend.http.routes.generation import chat_completions, completions, generate
+from serving.frontend.http.routes.inspector import debug_ui
+from serving.frontend.http.routes.profiling import debug_profile
+from serving.frontend.http.state import ServerState
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +33,9 @@ ROUTES = [
     Route("/health", ops.health, methods=["GET"]),
     Route("/livez", ops.livez, methods=["GET"]),
     Route("/metrics", ops.metrics, methods=["GET"]),
-    Route("/debug/state", ops.debug_state, methods=["GET"]),
-    Route("/debug/requests", ops.debug_requests, methods=["GET"]),
-    Route("/debug/requests/{rid}", ops.debug_request, methods=["GET"]),
+    Route("/debug/state", debug.debug_state, methods=["GET"]),
+    Route("/debug/requests", debug.debug_requests, methods=["GET"]),
+    Route("/debug/requests/{rid}", debug.debug_request, methods=["GET"]),
     Route("/debug/profile", debug_profile, methods=["POST"]),
     Route("/debug/ui", debug_ui, methods=["GET"]),
     Route("/flush_cache", ops.flush_cache, methods=["POST"]),
@@ -61,7 +63,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     are added here."""
     log.exception("unhandled error on %s", request.url.path)
     return error_response(APIError(500, "internal server error", type="internal_error"),
-                          headers={k.decode(): v.decode() for k, v in ops.response_ids(request.scope)})
+                          headers={k.decode(): v.decode() for k, v in response_ids(request.scope)})
 
 
 def _cors(args) -> list[Middleware]:
@@ -79,8 +81,8 @@ def build_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=ROUTES,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
-        middleware=[Middleware(ops.HTTPMetricsMiddleware, state=state, routes=ROUTES),
-                    Middleware(ops.ResponseIdsMiddleware),
+        middleware=[Middleware(HTTPMetricsMiddleware, state=state, routes=ROUTES),
+                    Middleware(ResponseIdsMiddleware),
                     *_cors(state.args),
                     Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
                     Middleware(AuthMiddleware, args=state.args)],

@@ -1,0 +1,45 @@
+"""The request inspector's data: /debug/state, /debug/requests (recent, or in flight) and
+/debug/requests/{rid}.  Behind several tokenizer workers each worker holds only its own
+requests, so these ask the hub, which gathers every worker's answer."""
+
+from __future__ import annotations
+
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from serving.frontend.http.state import ServerState
+
+
+async def debug_state(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    if state.hub is not None:
+        return _hub_json(await state.hub.query("debug_state"))
+    return JSONResponse(state.debug_state())
+
+
+async def debug_requests(request: Request) -> Response:
+    """Recent finished requests, newest first; with `in_flight=1` the requests in flight, oldest first."""
+    state: ServerState = request.app.state.server
+    limit = int(request.query_params.get("limit", "100")) if request.query_params.get("limit", "").isdigit() else 100
+    in_flight = request.query_params.get("in_flight", "").lower() in ("1", "true", "yes")
+    if state.hub is not None:  # each worker holds its own requests: the hub asks them all
+        return _hub_json(await state.hub.query("requests", json.dumps({"limit": limit, "in_flight": in_flight})))
+    return JSONResponse({"requests": state.in_flight_requests(limit) if in_flight else state.timeline.recent(limit)})
+
+
+async def debug_request(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    rid = request.path_params["rid"]
+    if state.hub is not None:  # any worker may hold it; the hub also holds the engine's spans
+        return _hub_json(await state.hub.query("request", rid))
+    entry = state.timeline.get(rid)
+    if entry is None:
+        return JSONResponse({"error": {"message": f"no finished request {rid!r} in the timeline buffer",
+                                       "type": "not_found_error", "param": "rid", "code": None}}, status_code=404)
+    return JSONResponse(entry)
+
+
+def _hub_json(reply) -> Response:
+    return Response(reply.body, status_code=reply.status, media_type="application/json")
