@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from loadtest.bench_accuracy import all_logits
+from bench.accuracy import all_logits
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.loader import load_model

@@ -1,18 +1,18 @@
 """Prefix cache over HTTP: cold vs warm TTFT behind a shared system prompt, and what the
 cache costs a workload that shares nothing.
 
-    .venv/bin/python loadtest/bench_prefix_cache.py [--model smollm2-135m] [--quick] [--json PATH]
+    .venv/bin/python -m bench.prefix_cache [--model smollm2-135m] [--quick] [--json PATH]
 
 (a) Cold vs warm.  Streaming `/v1/completions` requests with token ids: a
 `--system-tokens`-token prefix (the `shared-prefix` load-test workload's system prompt,
 encoded) and a `--user-tokens`-token user turn of their own, `--ttft-gen` tokens each.
 Each of `--cold` rounds empties the cache (POST /flush_cache), sends one request (cold:
 the whole prompt is prefilled), then `--warm` more one after another (warm: only the
-user turn is).  TTFT = request sent → first text chunk (bench_http's `http_one`).  The
+user turn is).  TTFT = request sent → first text chunk (bench.http's `http_one`).  The
 goal is warm p50 ≤ 1/5 of cold p50.  /metrics says how many prompt tokens were reused.
 
 (b) A/B with nothing shared.  `--ab-requests` prompts of `--prompt-len` tokens, each
-beginning with a token of its own (bench_engine's `make_prompts`), `--gen-len` tokens
+beginning with a token of its own (bench.engine's `make_prompts`), `--gen-len` tokens
 each (EOS ignored), at most `--concurrency` in flight, against a server with the cache
 and one with --disable-prefix-cache.  Both stay up and are used in turn: `--repeats`
 pairs, alternating which goes first, each pair on prompts no other run used.  Output
@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import types
@@ -36,14 +35,12 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_engine import make_prompts  # noqa: E402
-from loadtest.bench_http import http_one, http_run  # noqa: E402
-from loadtest.reconcile import PREFIX_HITS, PREFIX_QUERIES, scrape  # noqa: E402
-from loadtest.server import LocalServer, auth_headers  # noqa: E402
-from loadtest.workloads import system_prompt  # noqa: E402
-from serving.model_files import load_tokenizer  # noqa: E402
+from bench.engine import make_prompts
+from bench.http import http_one, http_run
+from loadtest.reconcile import PREFIX_HITS, PREFIX_QUERIES, scrape
+from loadtest.server import LocalServer, auth_headers
+from loadtest.workloads import system_prompt
+from serving.model_files import load_tokenizer
 
 
 def client(url: str, connections: int = 4) -> httpx.AsyncClient:

@@ -1,6 +1,6 @@
 """Engine benchmark: our continuous-batching engine in-process vs transformers' `generate`.
 
-    .venv/bin/python loadtest/bench_engine.py [--model smollm2-135m] [--concurrency 1,8,32,64]
+    .venv/bin/python -m bench.engine [--model smollm2-135m] [--concurrency 1,8,32,64]
 
 For each concurrency N, N requests (`--prompt-len`-token prompts, each beginning with a
 different token so the prefix cache reuses nothing; exactly `--gen-len` greedy tokens

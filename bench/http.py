@@ -1,6 +1,6 @@
 """Pipeline overhead: the same requests through HTTP+ZMQ+3 processes vs the engine in-process.
 
-    .venv/bin/python loadtest/bench_http.py [--model smollm2-135m] [--concurrency 1,32] [--url URL]
+    .venv/bin/python -m bench.http [--model smollm2-135m] [--concurrency 1,32] [--url URL]
 
 For each concurrency N, N distinct `--prompt-len`-token prompts ask for exactly
 `--gen-len` greedy tokens (EOS ignored), all at once.  In-process: `SchedulerCore`
@@ -9,7 +9,7 @@ stepped until idle, TTFT = add_request → first token sampled.  HTTP: streaming
 sent → first SSE chunk with text received, ITL = gaps between such chunks.  Output
 tok/s = all output tokens ÷ wall time.  The engine runs first, then the server, so the two
 never share the CPU.  `run_levels` drives the same workload at any OpenAI-compatible server
-(loadtest/bench_peers.py points it at transformers and llama.cpp).
+(bench/peers.py points it at transformers and llama.cpp).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,15 +26,13 @@ from typing import Callable
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.server import LocalServer  # noqa: E402
-from telemetry.clock import now_ns  # noqa: E402
+from loadtest.server import LocalServer
+from telemetry.clock import now_ns
 
 
 
 def engine_run(model, prompts: list[list[int]], gen_len: int) -> dict:
-    # The engine is imported here: the HTTP client half of this module (bench_peers, bench_table) needs no torch.
+    # The engine is imported here: the HTTP client half of this module (bench.peers, bench.table) needs no torch.
     from protocol.sampling_params import SamplingParams
     from serving.args import ServerArgs
     from serving.engine.scheduler_core import SchedulerCore
@@ -51,7 +48,7 @@ def engine_run(model, prompts: list[list[int]], gen_len: int) -> dict:
 
 
 # EOS is ignored so every request generates exactly max_tokens; each server has its own field for
-# that (bench_peers passes theirs), the rest of the body is the same for every server.
+# that (bench.peers passes theirs), the rest of the body is the same for every server.
 SIGHTLINE_IGNORE_EOS = {"ignore_eos": True}
 
 
@@ -116,7 +113,7 @@ def level_prompts(model, levels: list[int], prompt_len: int) -> dict[int, list[l
     """Each level's prompts (`model` needs only `.tokenizer`), disjoint from every other level's:
     no server (our prefix cache, llama.cpp's reuse of its previous sequence) meets a prompt it
     has computed before, so every level pays its whole prefill."""
-    from loadtest.bench_engine import make_prompts
+    from bench.engine import make_prompts
 
     out, start = {}, 0
     for n in levels:
@@ -126,7 +123,7 @@ def level_prompts(model, levels: list[int], prompt_len: int) -> dict[int, list[l
 
 def run_levels(url: str, prompts: dict[int, list], gen_len: int, model: str | None = None, extra: dict | None = None,
                cpu_probe: Callable[[], dict[str, float]] | None = None) -> dict[int, dict]:
-    """bench_http's workload against any OpenAI-compatible server at `url`: a 2-request warm-up,
+    """bench.http's workload against any OpenAI-compatible server at `url`: a 2-request warm-up,
     then for each concurrency N (the keys of `prompts`) its N prompts all at once.  The warm-up
     sends the first prompts reversed, so that no server (prefix cache, llama.cpp's reuse of the
     previous sequence) starts a level with its prompt already computed.  With `cpu_probe` (our
@@ -183,7 +180,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def main() -> None:
-    from loadtest.bench_engine import make_prompts
+    from bench.engine import make_prompts
     from serving.engine.loader import load_model
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

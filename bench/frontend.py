@@ -1,6 +1,6 @@
 """Front-end scale-out: tokenizer workers (front-end capacity) and data-parallel Scheduler ranks (output tok/s).
 
-    .venv/bin/python loadtest/bench_frontend.py [--parts capacity,dp] [--repeats 3] [--json PATH]
+    .venv/bin/python -m bench.frontend [--parts capacity,dp] [--repeats 3] [--json PATH]
 
 (capacity) `--tokenizer-workers A,B` (default 1,2) front-end processes, `--capacity-model`
 (tiny-random: the engine costs little, the front end is what is measured), `--dp-size 1`.
@@ -20,7 +20,7 @@ the limit.  The CPU % of everything else (the machine's busy CPU less the server
 client's) is printed as well: anything else running skews every number.
 
 (dp) `--dp-sizes A,B` (default 1,2) Scheduler ranks, `--dp-model` (smollm2-135m), one
-tokenizer worker.  bench_http's workload (`run_levels`: a 2-request warm-up, then
+tokenizer worker.  bench.http's workload (`run_levels`: a 2-request warm-up, then
 `--concurrency` distinct `--prompt-len`-token prompts asking for exactly `--gen-len` greedy
 tokens each, EOS ignored, all at once, streaming): output tok/s = all output tokens ÷ wall
 time, TTFT p50, ITL p50/p99; every run uses the same prompts.  CPU % of the server, of
@@ -41,7 +41,6 @@ import math
 import multiprocessing as mp
 import os
 import resource
-import sys
 import tempfile
 import time
 import types
@@ -50,11 +49,9 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_http import completion_body, cpu_seconds, run_levels, summary  # noqa: E402
-from loadtest.server import LocalServer, auth_headers  # noqa: E402
-from loadtest.stats import Percentiles  # noqa: E402
+from bench.http import completion_body, cpu_seconds, run_levels, summary
+from loadtest.server import LocalServer, auth_headers
+from loadtest.stats import Percentiles
 
 # -- pure logic (tests/unit/test_bench_frontend.py) ----------------------------------------------
 
@@ -190,7 +187,7 @@ def capacity_prompts(n: int) -> list[str]:
 
 
 def capacity_body(prompt: str) -> dict:
-    """A non-streaming `/v1/completions` request for exactly one token (bench_http's body)."""
+    """A non-streaming `/v1/completions` request for exactly one token (bench.http's body)."""
     body = completion_body(prompt, 1)
     body.pop("stream_options")
     return {**body, "stream": False}
@@ -354,7 +351,7 @@ def run_capacity(a: argparse.Namespace, tmp: Path) -> dict:
 
 
 def run_dp(a: argparse.Namespace, tmp: Path) -> dict:
-    from loadtest.bench_engine import make_prompts  # imports torch: only this part needs it
+    from bench.engine import make_prompts  # imports torch: only this part needs it
     from serving.model_files import load_tokenizer
 
     tok, _ = load_tokenizer(a.dp_model)

@@ -1,6 +1,6 @@
 """Telemetry overhead: the same load with telemetry fully on vs fully off, alternating.
 
-    .venv/bin/python loadtest/bench_telemetry.py [--model smollm2-135m] [--rounds 2]
+    .venv/bin/python -m bench.telemetry [--model smollm2-135m] [--rounds 2]
 
 "on":  spans for every request (sampling 1.0) exported over OTLP/HTTP to a receiver in
        this script, metrics observed, /metrics scraped every second, one JSON log line
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -30,12 +29,10 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_engine import make_prompts  # noqa: E402
-from loadtest.bench_http import http_one, http_run  # noqa: E402
-from loadtest.server import LocalServer  # noqa: E402
-from serving.model_files import load_tokenizer  # noqa: E402
+from bench.engine import make_prompts
+from bench.http import http_one, http_run
+from loadtest.server import LocalServer
+from serving.model_files import load_tokenizer
 
 MODES = {
     "on": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
