@@ -11,7 +11,7 @@ import multiprocessing as mp
 import os
 import statistics
 
-from bench.engine import make_prompts
+from bench.common import make_prompts
 from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from protocol.sampling_params import SamplingParams

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from bench.http import summary
+from bench.common import summary
 
 HEAD = ("| server | precision | concurrency | output tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms |\n"
         "|---|---|---:|---:|---:|---:|---:|")

@@ -29,9 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.engine import make_prompts
-from bench.http import http_one, http_run
-from loadtest.server import LocalServer
+from bench.common import http_one, http_run, make_prompts, start_server
 from serving.model_files import load_tokenizer
 
 MODES = {
@@ -162,8 +160,7 @@ def main() -> None:
     for r in range(a.rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:
             with tempfile.TemporaryDirectory() as tmp:
-                server = LocalServer(a.model, a.port, Path(tmp) / "server.log",
-                                     ["--log-level", "warning", *MODES[mode](sink_url)])
+                server = start_server(a.model, a.port, Path(tmp) / "server.log", MODES[mode](sink_url))
                 try:
                     asyncio.run(http_run(server.url, conc[:2], 4))  # warm-up
                     results[mode].append(asyncio.run(measure(server.url, mode, seq, conc, a.gen_len)))

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from bench.frontend import (CAPACITY_METRICS, DP_METRICS, alternate, capacity_body, capacity_numbers, dp_cpu,
-                                     front_end_cpu, other_cpu_percent, parse_args, ratio, ratio_table,
-                                     role_cpu_percent, run_line, spread)
+from bench.frontend import (CAPACITY_METRICS, DP_METRICS, alternate, capacity_numbers, dp_cpu, front_end_cpu,
+                            other_cpu_percent, parse_args, ratio, ratio_table, role_cpu_percent, run_line, spread)
+from bench.frontend_client import capacity_body
 
 
 def test_cpu_percent_is_cpu_seconds_over_wall_time_per_role():

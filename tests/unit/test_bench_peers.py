@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.http import _chunk_text, completion_body, summary
+from bench.common import _chunk_text, completion_body, summary
 from bench.peers import PEER_NAMES, make_peers, parse_args
 from bench.table import render
 

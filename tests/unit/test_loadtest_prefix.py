@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from bench.engine import make_prompts
+from bench.common import make_prompts
 from loadtest.config import Config, ConfigError, Plan, Workload
 from loadtest.gate import check_keys, evaluate
 from loadtest.reconcile import Scrape, reconcile
