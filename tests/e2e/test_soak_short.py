@@ -1,4 +1,4 @@
-"""A short soak in CI (the real one is 30 minutes: loadtest/soak.py --minutes 30)."""
+"""A short soak in CI (the real one is 30 minutes: python -m loadtest.soak --minutes 30)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 
 def test_short_soak_keeps_memory_flat_and_serves_without_5xx(tmp_path):
-    res = subprocess.run([sys.executable, "loadtest/soak.py", "--model", "tiny-random", "--minutes", "0.5",
+    res = subprocess.run([sys.executable, "-m", "loadtest.soak", "--model", "tiny-random", "--minutes", "0.5",
                           "--warmup", "0.15", "--interval", "5", "--users", "6", "--max-growth", "0.25",
                           "--port", "8394"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""loadtest/bench_frontend.py without servers: CPU % from two /metrics scrapes, the front end's
+"""bench/frontend.py without servers: CPU % from two /metrics scrapes, the front end's
 share of it, the other processes' share, the per-run numbers, the mean (min–max) and B/A
 table, the request, the arguments."""
 
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from loadtest.bench_frontend import (CAPACITY_METRICS, DP_METRICS, alternate, capacity_body, capacity_numbers, dp_cpu,
-                                     front_end_cpu, other_cpu_percent, parse_args, ratio, ratio_table,
-                                     role_cpu_percent, run_line, spread)
+from bench.frontend import (CAPACITY_METRICS, DP_METRICS, alternate, capacity_numbers, dp_cpu, front_end_cpu,
+                            other_cpu_percent, parse_args, ratio, ratio_table, role_cpu_percent, run_line, spread)
+from bench.frontend_client import capacity_body
 
 
 def test_cpu_percent_is_cpu_seconds_over_wall_time_per_role():

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from loadtest.bench_http import _chunk_text, completion_body, summary
-from loadtest.bench_peers import PEER_NAMES, make_peers, parse_args
-from loadtest.bench_table import render
+from bench.common import _chunk_text, completion_body, summary
+from bench.peers import PEER_NAMES, make_peers, parse_args
+from bench.table import render
 
 
 def test_every_server_gets_the_same_request_but_its_own_way_to_ignore_eos():

@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from loadtest.bench_engine import make_prompts
+from bench.common import make_prompts
 from loadtest.config import Config, ConfigError, Plan, Workload
 from loadtest.gate import check_keys, evaluate
 from loadtest.reconcile import Scrape, reconcile
@@ -157,4 +157,4 @@ def test_benchmark_prompts_share_no_first_token(tok):
     later = make_prompts(m, 10, 64, start=80)
     assert not {p[0] for p in later} & {p[0] for p in prompts}
     assert make_prompts(m, 5, 64, start=3) == prompts[3:8]
-    assert all(tok(tok.decode(p))["input_ids"] == p for p in prompts[:20])  # bench_peers sends them as text
+    assert all(tok(tok.decode(p))["input_ids"] == p for p in prompts[:20])  # bench.peers sends them as text

@@ -1,4 +1,4 @@
-"""loadtest/replay.py without a server: the schedule from a dump, speed scaling, which records are
+"""loadtest/replay/ without a server: the schedule from a dump, speed scaling, which records are
 sent, synthetic prompts of exactly the recorded token count (counted as the server counts them),
 recorded prompts sent as they were, request bodies, the readers of replayed responses, and the
 report's pairing of recorded vs replayed requests."""
@@ -13,11 +13,11 @@ import pytest
 from PIL import Image
 
 from loadtest.records import RequestRecord as ClientRecord
-from loadtest.replay import (CHAT, COMPLETIONS, GENERATE, PromptCounter, ReplayQueue, build_request, make_items,
-                             plan_schedule, users_needed)
-from loadtest.replay_readers import ReplayBodyReader, ReplayStreamReader, sent_line
-from loadtest.replay_report import analyse
-from serving.frontend.tokenizer_manager.tokenization import PromptTokenizer
+from loadtest.replay.readers import ReplayBodyReader, ReplayStreamReader, sent_line
+from loadtest.replay.report import analyse
+from loadtest.replay.run import PromptCounter, build_request, make_items, plan_schedule, users_needed
+from loadtest.replay.schedule import CHAT, COMPLETIONS, GENERATE, ReplayQueue
+from serving.frontend.tokenizer_manager.manager.manager.manager.tokenization import PromptTokenizer
 from telemetry.request_record import RequestRecord, encode, read_records
 
 T0 = 1_750_000_000.0

@@ -1,4 +1,4 @@
-"""loadtest/otel_export.py: recorded traffic as the spans GuideLLM's `otel` (and `trace_synthetic`)
+"""loadtest/replay/export.py: recorded traffic as the spans GuideLLM's `otel` (and `trace_synthetic`)
 data kinds read.  Inputs are real captures from one tiny-random server run
 (tests/fixtures/otel/record.py): its flight-recorder dump (with content) and the OTLP export
 requests it sent, in protobuf's own JSON and converted here to the Collector's encoding."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.otel_export import (IN, OUT, STATUS_ERROR, conversation_order, export, from_otlp, from_records,
-                                  main, otlp_id)
+from loadtest.replay.export import (IN, OUT, STATUS_ERROR, conversation_order, export, from_otlp, from_records,
+                                    main, otlp_id)
 from telemetry.request_record import RequestRecord, read_records
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "otel"

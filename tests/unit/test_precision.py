@@ -1,6 +1,6 @@
 """Reduced-precision modes: each runs end to end, stays close to float32, and says what it is.
 
-SmolLM2 bounds (loadtest/bench_accuracy.py prints the full report): perplexity within 1 %
+SmolLM2 bounds (bench/accuracy.py prints the full report): perplexity within 1 %
 of float32 for bfloat16 and 3 % for weight-only int8.
 """
 
@@ -11,7 +11,7 @@ import logging
 import pytest
 import torch
 
-from loadtest.bench_accuracy import MODES, PROMPTS, all_logits, compare, runner_for
+from bench.accuracy import MODES, PROMPTS, all_logits, compare, runner_for
 from serving.args import ServerArgs
 from serving.engine.precision import choose
 from serving.models.base import ModelDims

@@ -1,6 +1,6 @@
 """Front-end scale-out: tokenizer workers (front-end capacity) and data-parallel Scheduler ranks (output tok/s).
 
-    .venv/bin/python loadtest/bench_frontend.py [--parts capacity,dp] [--repeats 3] [--json PATH]
+    .venv/bin/python -m bench.frontend [--parts capacity,dp] [--repeats 3] [--json PATH]
 
 (capacity) `--tokenizer-workers A,B` (default 1,2) front-end processes, `--capacity-model`
 (tiny-random: the engine costs little, the front end is what is measured), `--dp-size 1`.
@@ -20,7 +20,7 @@ the limit.  The CPU % of everything else (the machine's busy CPU less the server
 client's) is printed as well: anything else running skews every number.
 
 (dp) `--dp-sizes A,B` (default 1,2) Scheduler ranks, `--dp-model` (smollm2-135m), one
-tokenizer worker.  bench_http's workload (`run_levels`: a 2-request warm-up, then
+tokenizer worker.  bench.http's workload (bench/common.py's `run_levels`: a 2-request warm-up, then
 `--concurrency` distinct `--prompt-len`-token prompts asking for exactly `--gen-len` greedy
 tokens each, EOS ignored, all at once, streaming): output tok/s = all output tokens ÷ wall
 time, TTFT p50, ITL p50/p99; every run uses the same prompts.  CPU % of the server, of
@@ -35,13 +35,9 @@ then mean (min–max) per setting and the ratio of the means B/A.  All raw numbe
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import math
 import multiprocessing as mp
 import os
-import resource
-import sys
 import tempfile
 import time
 import types
@@ -50,11 +46,10 @@ from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_http import completion_body, cpu_seconds, run_levels, summary  # noqa: E402
-from loadtest.server import LocalServer, auth_headers  # noqa: E402
-from loadtest.stats import Percentiles  # noqa: E402
+from bench.common import cpu_seconds, make_prompts, run_levels, start_server, summary, write_json
+from bench.frontend_client import client_main, own_cpu_seconds
+from loadtest.stats import Percentiles
+from serving.model_files import load_tokenizer
 
 # -- pure logic (tests/unit/test_bench_frontend.py) ----------------------------------------------
 
@@ -181,102 +176,7 @@ DP_METRICS = [
     ("other_cpu_pct", "other processes' CPU % (should be ~0)", ".0f"),
 ]
 
-# -- (capacity) the client: a process of its own ---------------------------------------------------
-
-
-def capacity_prompts(n: int) -> list[str]:
-    """A few words each (about 5–8 tokens), no two alike."""
-    return [f"Request {i}: say hello." for i in range(n)]
-
-
-def capacity_body(prompt: str) -> dict:
-    """A non-streaming `/v1/completions` request for exactly one token (bench_http's body)."""
-    body = completion_body(prompt, 1)
-    body.pop("stream_options")
-    return {**body, "stream": False}
-
-
-class RawHTTP:
-    """One keep-alive HTTP/1.1 connection, bytes in and out: a few tens of µs of client CPU per
-    request where httpx spends milliseconds, so that on 2 cores the server, not the load
-    generator, is what runs out (the front end answers JSON with a content-length)."""
-
-    def __init__(self, url: str) -> None:
-        host, port = url.split("//", 1)[1].split(":")
-        self.host, self.port = host, int(port)
-        self.auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers().items())
-        self.conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
-
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
-        if self.conn is None:
-            self.conn = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self.conn
-        writer.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-                     f"content-length: {len(body)}\r\n{self.auth}\r\n".encode() + body)
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            status = int(head.split(b" ", 2)[1])
-            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
-            return status, await reader.readexactly(length)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn[1].close()
-            self.conn = None
-
-
-async def drive(url: str, concurrency: int, first: int, start_at: float, end_at: float) -> dict:
-    """`concurrency` loops, each on its own keep-alive connection sending the next request as soon
-    as its last one is answered, until `end_at` (time.time()); what completed in [start_at, end_at),
-    and this process's CPU seconds (getrusage) over that window."""
-    prompts = capacity_prompts(4 * concurrency)
-    lat: list[float] = []
-    errors: Counter = Counter()
-    cpu: list[float] = []
-
-    async def meter() -> None:
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-        cpu.append(own_cpu_seconds())
-        await asyncio.sleep(max(0.0, end_at - time.time()))
-        cpu.append(own_cpu_seconds())
-
-    async def loop(k: int) -> None:
-        i, conn = k, RawHTTP(url)
-        while time.time() < end_at:
-            body = json.dumps(capacity_body(prompts[i % len(prompts)])).encode()
-            t0 = time.perf_counter()
-            try:
-                status, data = await conn.post("/v1/completions", body)
-                error = None if status == 200 and b'"choices"' in data else f"HTTP {status}"
-            except (OSError, ValueError, StopIteration, asyncio.IncompleteReadError) as exc:
-                error = type(exc).__name__
-            t1, now = time.perf_counter(), time.time()
-            if start_at <= now < end_at:
-                if error is None:
-                    lat.append(t1 - t0)
-                else:
-                    errors[error] += 1
-            i += concurrency
-        conn.close()
-
-    await asyncio.gather(meter(), *(loop(first + k) for k in range(concurrency)))
-    return {"latency_s": lat, "errors": dict(errors), "cpu_s": cpu[1] - cpu[0]}
-
-
-def client_main(url: str, concurrency: int, first: int, ready, go, start_at, duration_s: float, results) -> None:
-    """A client process: says it is ready, waits for the start time, drives, sends its results."""
-    ready.put(os.getpid())
-    go.wait()
-    results.put(asyncio.run(drive(url, concurrency, first, start_at.value, start_at.value + duration_s)))
-
-
-def own_cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+# -- (capacity) the run: client processes (bench/frontend_client.py), /metrics at the edges ---------
 
 
 def machine_busy_seconds() -> float:
@@ -332,15 +232,11 @@ def capacity_run(url: str, concurrency: int, client_procs: int, warmup_s: float,
 # -- the runs ------------------------------------------------------------------------------------
 
 
-def _server(model: str, port: int, log: Path, flags: list[str]) -> LocalServer:
-    return LocalServer(model, port, log, ["--log-level", "warning", *flags])
-
-
 def run_capacity(a: argparse.Namespace, tmp: Path) -> dict:
     runs = []
     for k, n in enumerate(alternate(*a.tokenizer_workers, a.repeats)):
         flags = ["--tokenizer-worker-num", str(n), "--dp-size", "1", *a.server_arg]
-        server = _server(a.capacity_model, a.port, tmp / f"capacity-{k}.log", flags)
+        server = start_server(a.capacity_model, a.port, tmp / f"capacity-{k}.log", flags)
         try:
             r = capacity_run(server.url, a.capacity_concurrency, a.client_procs, a.warmup, a.duration)
         finally:
@@ -354,15 +250,12 @@ def run_capacity(a: argparse.Namespace, tmp: Path) -> dict:
 
 
 def run_dp(a: argparse.Namespace, tmp: Path) -> dict:
-    from loadtest.bench_engine import make_prompts  # imports torch: only this part needs it
-    from serving.model_files import load_tokenizer
-
     tok, _ = load_tokenizer(a.dp_model)
     prompts = make_prompts(types.SimpleNamespace(tokenizer=tok), a.concurrency, a.prompt_len)  # needs .tokenizer only
     runs = []
     for k, d in enumerate(alternate(*a.dp_sizes, a.repeats)):
         flags = ["--tokenizer-worker-num", "1", "--dp-size", str(d), *a.server_arg]
-        server = _server(a.dp_model, a.port, tmp / f"dp-{k}.log", flags)
+        server = start_server(a.dp_model, a.port, tmp / f"dp-{k}.log", flags)
         try:
             marks: list[tuple[float, float, dict[str, float], float]] = []
 
@@ -425,8 +318,7 @@ def main(argv: list[str] | None = None) -> None:
             out["capacity"] = run_capacity(a, Path(tmp))
         if "dp" in a.parts:
             out["dp"] = run_dp(a, Path(tmp))
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(out, indent=1))
+    write_json(a.json, out)
     print(f"\n{os.cpu_count()} CPUs, {a.repeats} run(s) per setting, alternating; mean (min–max); "
           f"server flags: {' '.join(a.server_arg) or '(defaults)'}")
     if "capacity" in out:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from loadtest.records import RequestRecord as ClientRecord
-from loadtest.replay import SUCCESS, ReplayItem
+from loadtest.replay.schedule import SUCCESS, ReplayItem
 from loadtest.sse import StreamReader
 
 

@@ -1,18 +1,18 @@
 """Prefix cache over HTTP: cold vs warm TTFT behind a shared system prompt, and what the
 cache costs a workload that shares nothing.
 
-    .venv/bin/python loadtest/bench_prefix_cache.py [--model smollm2-135m] [--quick] [--json PATH]
+    .venv/bin/python -m bench.prefix_cache [--model smollm2-135m] [--quick] [--json PATH]
 
 (a) Cold vs warm.  Streaming `/v1/completions` requests with token ids: a
 `--system-tokens`-token prefix (the `shared-prefix` load-test workload's system prompt,
 encoded) and a `--user-tokens`-token user turn of their own, `--ttft-gen` tokens each.
 Each of `--cold` rounds empties the cache (POST /flush_cache), sends one request (cold:
 the whole prompt is prefilled), then `--warm` more one after another (warm: only the
-user turn is).  TTFT = request sent → first text chunk (bench_http's `http_one`).  The
+user turn is).  TTFT = request sent → first text chunk (bench/common.py's `http_one`).  The
 goal is warm p50 ≤ 1/5 of cold p50.  /metrics says how many prompt tokens were reused.
 
 (b) A/B with nothing shared.  `--ab-requests` prompts of `--prompt-len` tokens, each
-beginning with a token of its own (bench_engine's `make_prompts`), `--gen-len` tokens
+beginning with a token of its own (bench/common.py's `make_prompts`), `--gen-len` tokens
 each (EOS ignored), at most `--concurrency` in flight, against a server with the cache
 and one with --disable-prefix-cache.  Both stay up and are used in turn: `--repeats`
 pairs, alternating which goes first, each pair on prompts no other run used.  Output
@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import types
@@ -36,14 +34,11 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_engine import make_prompts  # noqa: E402
-from loadtest.bench_http import http_one, http_run  # noqa: E402
-from loadtest.reconcile import PREFIX_HITS, PREFIX_QUERIES, scrape  # noqa: E402
-from loadtest.server import LocalServer, auth_headers  # noqa: E402
-from loadtest.workloads import system_prompt  # noqa: E402
-from serving.model_files import load_tokenizer  # noqa: E402
+from bench.common import http_one, http_run, make_prompts, start_server, write_json
+from loadtest.reconcile import PREFIX_HITS, PREFIX_QUERIES, scrape
+from loadtest.server import LocalServer, auth_headers
+from loadtest.workloads import system_prompt
+from serving.model_files import load_tokenizer
 
 
 def client(url: str, connections: int = 4) -> httpx.AsyncClient:
@@ -135,13 +130,12 @@ def main() -> None:
     warmup = make_prompts(m, 2, a.prompt_len, start=n_users)
     ab = [make_prompts(m, a.ab_requests, a.prompt_len, start=n_users + 2 + k * a.ab_requests)
           for k in range(a.repeats)]
-    flags = ["--log-level", "warning", *a.server_arg]
     out: dict = {"model": a.model, "cpus": os.cpu_count(), "server_args": a.server_arg}
     with tempfile.TemporaryDirectory() as tmp:
         servers: dict[str, LocalServer] = {}
         try:
-            servers["on"] = LocalServer(a.model, 0, Path(tmp) / "on.log", flags)
-            servers["off"] = LocalServer(a.model, 0, Path(tmp) / "off.log", [*flags, "--disable-prefix-cache"])
+            servers["on"] = start_server(a.model, 0, Path(tmp) / "on.log", a.server_arg)
+            servers["off"] = start_server(a.model, 0, Path(tmp) / "off.log", [*a.server_arg, "--disable-prefix-cache"])
             for s in servers.values():
                 asyncio.run(http_run(s.url, warmup, 4))
             on = servers["on"].url
@@ -188,8 +182,7 @@ def main() -> None:
     print(f"    on − off: {ab_['diff_mean_tok_s']:+.1f} tok/s mean (sd {ab_['diff_sd_tok_s']:.1f}, pairs "
           f"{', '.join(f'{d:+.1f}' for d in diffs)}), {ab_['diff_mean_pct']:+.1f} % of off")
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(out, indent=1))
+        write_json(a.json, out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Accuracy of each reduced-precision mode against float32, on the same model and inputs.
 
-    .venv/bin/python loadtest/bench_accuracy.py [--model smollm2-135m] [--modes bfloat16,int8]
+    .venv/bin/python -m bench.accuracy [--model smollm2-135m] [--modes bfloat16,int8]
 
 For each mode: next-token top-1 agreement with float32 over every teacher-forced position
 of `PROMPTS` (60 prompts), the largest |Δlogit| seen there, and the perplexity of both
@@ -12,18 +12,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from serving.args import ServerArgs  # noqa: E402
-from serving.engine.batch import Work, build_batch  # noqa: E402
-from serving.engine.loader import LoadedModel, load_model  # noqa: E402
-from serving.engine.model_runner import ModelRunner  # noqa: E402
+from serving.args import ServerArgs
+from serving.engine.batch import Work, build_batch
+from serving.engine.loader import LoadedModel, load_model
+from serving.engine.model_runner import ModelRunner
 
 SUBJECTS = ["the ocean", "a small town", "the history of printing", "volcanoes", "a chess game", "bread baking",
             "the moon landing", "honeybees", "a rainy afternoon", "railway timetables", "the human heart",

@@ -1,7 +1,7 @@
 """Export recorded traffic as the OpenTelemetry spans GuideLLM replays (`--data kind=otel`).
 
-    python -m loadtest.otel_export DUMP_DIR -o spans.jsonl            # a --dump-requests directory
-    python -m loadtest.otel_export traces.json -o spans.jsonl         # the Collector's `file` exporter
+    python -m loadtest.replay.export DUMP_DIR -o spans.jsonl            # a --dump-requests directory
+    python -m loadtest.replay.export traces.json -o spans.jsonl         # the Collector's `file` exporter
 
 GuideLLM (0.8, `guidellm/data/deserializers/trace_otel.py`) reads JSON lines, one span per
 line, each a flat dict: `trace_id`, `span_id`, `parent_span_id`, `start_time` (ISO 8601;
@@ -274,7 +274,7 @@ def write(rows: list[dict], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.otel_export", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m loadtest.replay.export", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source", type=Path, help="a --dump-requests directory or file, or an OTLP JSON file")
     ap.add_argument("-o", "--out", type=Path, default=Path("guidellm_spans.jsonl"),

@@ -1,57 +1,63 @@
-"""Pipeline overhead: the same requests through HTTP+ZMQ+3 processes vs the engine in-process.
-
-    .venv/bin/python loadtest/bench_http.py [--model smollm2-135m] [--concurrency 1,32] [--url URL]
-
-For each concurrency N, N distinct `--prompt-len`-token prompts ask for exactly
-`--gen-len` greedy tokens (EOS ignored), all at once.  In-process: `SchedulerCore`
-stepped until idle, TTFT = add_request → first token sampled.  HTTP: streaming
-`/v1/completions` against a server this script starts (or `--url`), TTFT = request
-sent → first SSE chunk with text received, ITL = gaps between such chunks.  Output
-tok/s = all output tokens ÷ wall time.  The engine runs first, then the server, so the two
-never share the CPU.  `run_levels` drives the same workload at any OpenAI-compatible server
-(loadtest/bench_peers.py points it at transformers and llama.cpp).
-"""
+"""What several benchmarks share: prompts that share nothing, the streaming client and its
+workload (`run_levels`), a level's numbers and table row, the server's CPU seconds, a quiet
+local server and the JSON file a run writes.  No torch: a prompt needs only a tokenizer."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.server import LocalServer  # noqa: E402
-from telemetry.clock import now_ns  # noqa: E402
+from loadtest.server import LocalServer
+from telemetry.clock import now_ns
 
 
+class HasTokenizer(Protocol):
+    """A loaded model, or anything with its `.tokenizer` (all `make_prompts` uses)."""
 
-def engine_run(model, prompts: list[list[int]], gen_len: int) -> dict:
-    # The engine is imported here: the HTTP client half of this module (bench_peers, bench_table) needs no torch.
-    from protocol.sampling_params import SamplingParams
-    from serving.args import ServerArgs
-    from serving.engine.scheduler_core import SchedulerCore
+    tokenizer: Any
 
-    core = SchedulerCore(model, ServerArgs(model=model.name))
-    params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
-    t0 = time.perf_counter()
-    reqs = [core.add_request(f"r{i}", ids, params) for i, ids in enumerate(prompts)]
-    events = core.run_to_completion()
-    wall = time.perf_counter() - t0
-    ttft = [(r.times.first_token - r.times.queued) / 1e6 for r in reqs]
-    return {"ttft": ttft, "tok_s": sum(len(e.new_token_ids) for e in events) / wall, "wall": wall}
+
+TEXT = (
+    "Sightline serves language models behind an HTTP streaming API. Every request is tokenized, "
+    "scheduled into a continuous batch, decoded token by token and streamed back, while metrics "
+    "and traces record where the time went. "
+)
+
+
+def openers(tokenizer, n: int, skip: int = 0) -> list[str]:
+    """Words whose `f"{word}. {TEXT}"` encodings begin with n + skip different tokens (the last n
+    returned): ASCII words of the vocabulary, in id order, the same for the same tokenizer."""
+    words, firsts = [], set()
+    for tid in range(1000, len(tokenizer)):
+        word = tokenizer.decode([tid]).strip()
+        if not (word.isascii() and word.isalpha() and len(word) >= 4):
+            continue
+        first = tokenizer(f"{word}. ")["input_ids"][0]
+        if first not in firsts:
+            firsts.add(first)
+            words.append(word)
+            if len(words) == skip + n:
+                return words[skip:]
+    raise ValueError(f"the vocabulary has fewer than {skip + n} usable words")
+
+
+def make_prompts(model: HasTokenizer, n: int, length: int, start: int = 0) -> list[list[int]]:
+    """n prompts of exactly `length` tokens, no two beginning with the same token: a prefix cache
+    finds nothing to share between them (prompts `start` … `start + n - 1` of one sequence, so
+    disjoint ranges share nothing either).  Each is one encoding of one text, so it decodes and
+    re-encodes to the same ids."""
+    text = TEXT * (length // 20 + 4)
+    return [model.tokenizer(f"{word}. {text}")["input_ids"][:length] for word in openers(model.tokenizer, n, start)]
 
 
 # EOS is ignored so every request generates exactly max_tokens; each server has its own field for
-# that (bench_peers passes theirs), the rest of the body is the same for every server.
+# that (bench.peers passes theirs), the rest of the body is the same for every server.
 SIGHTLINE_IGNORE_EOS = {"ignore_eos": True}
 
 
@@ -116,8 +122,6 @@ def level_prompts(model, levels: list[int], prompt_len: int) -> dict[int, list[l
     """Each level's prompts (`model` needs only `.tokenizer`), disjoint from every other level's:
     no server (our prefix cache, llama.cpp's reuse of its previous sequence) meets a prompt it
     has computed before, so every level pays its whole prefill."""
-    from loadtest.bench_engine import make_prompts
-
     out, start = {}, 0
     for n in levels:
         out[n], start = make_prompts(model, n, prompt_len, start=start), start + n
@@ -126,7 +130,7 @@ def level_prompts(model, levels: list[int], prompt_len: int) -> dict[int, list[l
 
 def run_levels(url: str, prompts: dict[int, list], gen_len: int, model: str | None = None, extra: dict | None = None,
                cpu_probe: Callable[[], dict[str, float]] | None = None) -> dict[int, dict]:
-    """bench_http's workload against any OpenAI-compatible server at `url`: a 2-request warm-up,
+    """The HTTP benchmarks' workload against any OpenAI-compatible server at `url`: a 2-request warm-up,
     then for each concurrency N (the keys of `prompts`) its N prompts all at once.  The warm-up
     sends the first prompts reversed, so that no server (prefix cache, llama.cpp's reuse of the
     previous sequence) starts a level with its prompt already computed.  With `cpu_probe` (our
@@ -169,75 +173,16 @@ def cpu_seconds(url: str) -> dict[str, float]:
             if s.name == "sightline_process_cpu_seconds_total"}
 
 
-def engine_info(url: str) -> dict[str, str]:
-    """What the server's engine computes in (`sightline_engine_info` labels: dtype, quantization)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return next(({k: s.labels[k] for k in ("dtype", "quantization")} for fam in text_string_to_metric_families(text)
-                 for s in fam.samples if s.name == "sightline_engine_info"), {})
-
-
 def _pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
-def main() -> None:
-    from loadtest.bench_engine import make_prompts
-    from serving.engine.loader import load_model
-
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--url", default=None, help="benchmark a running server instead of starting one")
-    ap.add_argument("--port", type=int, default=8391)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--gen-len", type=int, default=128)
-    ap.add_argument("--concurrency", default="1,32")
-    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
-                    help="a flag for the server this script starts, e.g. --server-arg=--dtype=bfloat16 (repeatable)")
-    ap.add_argument("--skip-engine", action="store_true", help="only the HTTP pipeline")
-    ap.add_argument("--json", type=Path, help="also write the results here")
-    a = ap.parse_args()
-    levels = [int(x) for x in a.concurrency.split(",")]
-    model = load_model(a.model)
-    rows: dict[int, dict] = {n: {} for n in levels}
-    prompts = level_prompts(model, levels, a.prompt_len)
-    if not a.skip_engine:
-        engine_run(model, make_prompts(model, 2, a.prompt_len, start=sum(levels)), 4)  # warm-up
-        for n in levels:
-            rows[n]["engine"] = engine_run(model, prompts[n], a.gen_len)
-    del model
-    with tempfile.TemporaryDirectory() as tmp:
-        server = None if a.url else LocalServer(a.model, a.port, Path(tmp) / "server.log",
-                                                     ["--log-level", "warning", *a.server_arg])
-        url = a.url or server.url
-        try:
-            for n, r in run_levels(url, prompts, a.gen_len, cpu_probe=lambda: cpu_seconds(url)).items():
-                rows[n]["http"] = r
-            info = engine_info(url)
-        finally:
-            if server is not None:
-                server.stop()
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"model": a.model, "server_args": a.server_arg, "engine_info": info,
-                                      "prompt_len": a.prompt_len, "gen_len": a.gen_len, "levels": rows}, indent=1))
-    print(f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
-          f"{os.cpu_count()} CPUs, server flags: {' '.join(a.server_arg) or '(defaults)'}, engine: "
-          f"{' '.join(f'{k}={v}' for k, v in info.items()) or '?'}\n")
-    print(TABLE_HEAD)
-    for n in levels:
-        for path in rows[n]:
-            print(table_row(n, "in-process engine" if path == "engine" else "HTTP + ZMQ pipeline", rows[n][path]))
-        cpu = rows[n]["http"]["cpu_per_1k"]
-        print(f"| {n} | CPU s per 1000 output tokens | " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
-              + " | | | | | |")
-        if "engine" not in rows[n]:
-            continue
-        e, h = rows[n]["engine"], rows[n]["http"]
-        print(f"| {n} | overhead | {statistics.median(h['ttft']) - statistics.median(e['ttft']):+.0f} | | | | "
-              f"{100 * (h['tok_s'] / e['tok_s'] - 1):+.1f}% | |")
+def start_server(model: str, port: int, log: Path, flags: list[str]) -> LocalServer:
+    """A local server at `--log-level warning` plus `flags`, healthy on return."""
+    return LocalServer(model, port, log, ["--log-level", "warning", *flags])
 
 
-if __name__ == "__main__":
-    main()
+def write_json(path: Path, doc: dict) -> None:
+    """`doc` as indented JSON at `path`, its folder made if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))

@@ -46,25 +46,20 @@ import random
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import httpx
 
+from loadtest.replay.report import analyse
+from loadtest.replay.schedule import CHAT, ENDPOINTS, GENERATE, SCHEDULE_FILE, SENT_FILE, ReplayItem
 from loadtest.workloads import WORDS
 from telemetry.request_record import RequestRecord, read_records
 
-SCHEDULE_FILE = "replay_schedule.jsonl"
-SENT_FILE = "replay_sent.jsonl"
-CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
-ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate"}
 REFUSED = ("rejected", "shed", "unavailable")  # outcomes of requests refused before admission
 SENDABLE_REFUSED = ("shed", "unavailable")  # sent too with --include-refused
-SUCCESS = ("stop", "length")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                  "presence_penalty", "seed")
-LATE_S = 0.1  # a request sent more than this after its due time counts as late
 TOKEN_ID_RANGE = (1000, 20000)  # synthetic token-id prompts without a tokenizer (as loadtest/workloads.py)
 
 
@@ -164,33 +159,6 @@ def build_request(rec: RequestRecord, prompt: Any, model: str, max_tokens_mode: 
     return rec.route, body
 
 
-@dataclass
-class ReplayItem:
-    """One request of the schedule: what is sent, when (seconds after the replay's start)."""
-
-    index: int
-    rid: str  # the recorded request's id
-    due: float
-    path: str
-    body: dict
-    stream: bool
-    prompt_source: str  # recorded | synthetic
-    prompt_tokens: int  # recorded
-    prompt_tokens_sent: int | None  # what is sent, as the server will count it (None: unknown)
-    recorded_e2e_s: float = 0.0
-
-    @property
-    def endpoint(self) -> str:
-        return ENDPOINTS[self.path]
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, line: str) -> "ReplayItem":
-        return cls(**json.loads(line))
-
-
 def skip_reason(rec: RequestRecord, include_refused: bool) -> str | None:
     if rec.route not in ENDPOINTS:
         return f"route {rec.route} is not replayed"
@@ -243,34 +211,6 @@ def users_needed(items: list[ReplayItem]) -> int:
         cur += d
         peak = max(peak, cur)
     return max(1, min(len(items), peak + 1))
-
-
-class ReplayQueue:
-    """The Locust process's side: the schedule in due order, handed out one request at a time."""
-
-    def __init__(self, items: list[ReplayItem]) -> None:
-        self.items = sorted(items, key=lambda it: (it.due, it.index))
-        self.next = 0
-        self.ended = 0
-        self.t0: float | None = None  # perf_counter() at the replay's start
-
-    @classmethod
-    def load(cls, path: Path) -> "ReplayQueue":
-        return cls([ReplayItem.from_json(line) for line in path.read_text().splitlines() if line.strip()])
-
-    def start(self, now: float) -> None:
-        if self.t0 is None:
-            self.t0 = now
-
-    def take(self) -> ReplayItem | None:
-        if self.next >= len(self.items):
-            return None
-        self.next += 1
-        return self.items[self.next - 1]
-
-    @property
-    def finished(self) -> bool:
-        return self.ended >= len(self.items)
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -368,8 +308,6 @@ def run_replay(a: Any) -> int:
            "local_server": server is not None,
            "synthetic_prompts": sum(it.prompt_source == "synthetic" for it in items),
            "prompt_tokens_exact": all(it.prompt_tokens_sent == it.prompt_tokens for it in items)}
-    from loadtest.replay_report import analyse
-
     doc = analyse(out, dump, all_records, planned, skipped, items, run)
     print(doc["text"])
     return 0 if doc["sent"] == len(items) else 3

@@ -1,6 +1,6 @@
 """Engine benchmark: our continuous-batching engine in-process vs transformers' `generate`.
 
-    .venv/bin/python loadtest/bench_engine.py [--model smollm2-135m] [--concurrency 1,8,32,64]
+    .venv/bin/python -m bench.engine [--model smollm2-135m] [--concurrency 1,8,32,64]
 
 For each concurrency N, N requests (`--prompt-len`-token prompts, each beginning with a
 different token so the prefix cache reuses nothing; exactly `--gen-len` greedy tokens
@@ -15,7 +15,6 @@ A benchmark prints numbers; it asserts nothing (goals are checked by reading the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import time
@@ -26,42 +25,11 @@ if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-poli
 
 import torch  # noqa: E402
 
+from bench.common import make_prompts, write_json  # noqa: E402
 from protocol.sampling_params import SamplingParams  # noqa: E402
 from serving.args import ServerArgs  # noqa: E402
 from serving.engine.loader import LoadedModel, load_model  # noqa: E402
 from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
-
-TEXT = (
-    "Sightline serves language models behind an HTTP streaming API. Every request is tokenized, "
-    "scheduled into a continuous batch, decoded token by token and streamed back, while metrics "
-    "and traces record where the time went. "
-)
-
-
-def openers(tokenizer, n: int, skip: int = 0) -> list[str]:
-    """Words whose `f"{word}. {TEXT}"` encodings begin with n + skip different tokens (the last n
-    returned): ASCII words of the vocabulary, in id order, the same for the same tokenizer."""
-    words, firsts = [], set()
-    for tid in range(1000, len(tokenizer)):
-        word = tokenizer.decode([tid]).strip()
-        if not (word.isascii() and word.isalpha() and len(word) >= 4):
-            continue
-        first = tokenizer(f"{word}. ")["input_ids"][0]
-        if first not in firsts:
-            firsts.add(first)
-            words.append(word)
-            if len(words) == skip + n:
-                return words[skip:]
-    raise ValueError(f"the vocabulary has fewer than {skip + n} usable words")
-
-
-def make_prompts(model: LoadedModel, n: int, length: int, start: int = 0) -> list[list[int]]:
-    """n prompts of exactly `length` tokens, no two beginning with the same token: a prefix cache
-    finds nothing to share between them (prompts `start` … `start + n - 1` of one sequence, so
-    disjoint ranges share nothing either).  Each is one encoding of one text, so it decodes and
-    re-encodes to the same ids."""
-    text = TEXT * (length // 20 + 4)
-    return [model.tokenizer(f"{word}. {text}")["input_ids"][:length] for word in openers(model.tokenizer, n, start)]
 
 
 def peak_rss_mib() -> float:
@@ -157,9 +125,8 @@ def main() -> None:
                       f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |",
                       flush=True)
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"model": model.name, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
-                                      "cpu": torch.backends.cpu.get_cpu_capability(), "rows": rows}, indent=1))
+        write_json(a.json, {"model": model.name, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
+                            "cpu": torch.backends.cpu.get_cpu_capability(), "rows": rows})
 
 
 if __name__ == "__main__":

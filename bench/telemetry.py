@@ -1,6 +1,6 @@
 """Telemetry overhead: the same load with telemetry fully on vs fully off, alternating.
 
-    .venv/bin/python loadtest/bench_telemetry.py [--model smollm2-135m] [--rounds 2]
+    .venv/bin/python -m bench.telemetry [--model smollm2-135m] [--rounds 2]
 
 "on":  spans for every request (sampling 1.0) exported over OTLP/HTTP to a receiver in
        this script, metrics observed, /metrics scraped every second, one JSON log line
@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -30,12 +29,8 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_engine import make_prompts  # noqa: E402
-from loadtest.bench_http import http_one, http_run  # noqa: E402
-from loadtest.server import LocalServer  # noqa: E402
-from serving.model_files import load_tokenizer  # noqa: E402
+from bench.common import http_one, http_run, make_prompts, start_server
+from serving.model_files import load_tokenizer
 
 MODES = {
     "on": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
@@ -90,7 +85,7 @@ async def measure(url: str, mode: str, seq: list[list[int]], conc: list[list[int
 def micro(requests: int = 300, tokens: int = 64) -> None:
     """CPU cost of the main process's per-request telemetry, on vs off, without any server."""
     from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
-    from serving.frontend.tokenizer_manager.req_state import ReqState
+    from serving.frontend.tokenizer_manager.manager.req_state import ReqState
     from telemetry.clock import now_ns
     from telemetry.metrics import Metrics
     from telemetry.request_telemetry import RequestTelemetry
@@ -165,8 +160,7 @@ def main() -> None:
     for r in range(a.rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:
             with tempfile.TemporaryDirectory() as tmp:
-                server = LocalServer(a.model, a.port, Path(tmp) / "server.log",
-                                     ["--log-level", "warning", *MODES[mode](sink_url)])
+                server = start_server(a.model, a.port, Path(tmp) / "server.log", MODES[mode](sink_url))
                 try:
                     asyncio.run(http_run(server.url, conc[:2], 4))  # warm-up
                     results[mode].append(asyncio.run(measure(server.url, mode, seq, conc, a.gen_len)))

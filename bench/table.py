@@ -1,10 +1,10 @@
 """One markdown table from `make bench`'s JSON: our engine, our HTTP server and the peers.
 
-    .venv/bin/python loadtest/bench_table.py [--dir results/bench]
+    .venv/bin/python -m bench.table [--dir results/bench]
 
-Reads engine.json (bench_engine: output tok/s per precision mode, in-process, no streaming),
-http.json and http-*.json (bench_http: our server over HTTP, one file per server precision
-mode) and peers.json (bench_peers), whichever exist,
+Reads engine.json (bench.engine: output tok/s per precision mode, in-process, no streaming),
+http.json and http-*.json (bench.http: our server over HTTP, one file per server precision
+mode) and peers.json (bench.peers), whichever exist,
 and prints them in the same columns; TTFT and ITL are measured by the same client code for
 our server and the peers.  Skipped peers are listed under the table with their reason.
 """
@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_http import summary  # noqa: E402
+from bench.common import summary
 
 HEAD = ("| server | precision | concurrency | output tok/s | TTFT p50 ms | ITL p50 ms | ITL p99 ms |\n"
         "|---|---|---:|---:|---:|---:|---:|")

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from loadtest.records import RequestRecord as ClientRecord
-from loadtest.replay import LATE_S, SENT_FILE, SUCCESS, ReplayItem
+from loadtest.replay.schedule import LATE_S, SENT_FILE, SUCCESS, ReplayItem
 from loadtest.stats import Percentiles
 from telemetry.outcomes import refused_outcome
 from telemetry.request_record import RequestRecord

@@ -1,7 +1,7 @@
 """Decode step time with and without a CPU hog beside the engine (see docs/engine.md).
 
-    .venv/bin/python loadtest/bench_oversubscription.py [--hog] [--model smollm2-135m]
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python loadtest/bench_oversubscription.py --hog
+    .venv/bin/python -m bench.oversubscription [--hog] [--model smollm2-135m]
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python -m bench.oversubscription --hog
 """
 
 from __future__ import annotations
@@ -10,16 +10,12 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from loadtest.bench_engine import make_prompts  # noqa: E402
-from serving.args import ServerArgs  # noqa: E402
-from serving.engine.loader import load_model  # noqa: E402
-from protocol.sampling_params import SamplingParams  # noqa: E402
-from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
+from bench.common import make_prompts
+from serving.args import ServerArgs
+from serving.engine.loader import load_model
+from protocol.sampling_params import SamplingParams
+from serving.engine.scheduler_core import SchedulerCore
 
 
 def _spin() -> None:

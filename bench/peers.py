@@ -1,7 +1,7 @@
-"""Peer servers under bench_http's workload: `transformers serve` and llama-cpp-python's server.
+"""Peer servers under the HTTP benchmarks' workload: `transformers serve` and llama-cpp-python's server.
 
-    .venv/bin/python loadtest/bench_peers.py [--concurrency 1,16,64] [--gen-len 64] [--json results/bench/peers.json]
-    .venv/bin/python loadtest/bench_peers.py --install-only      # set the virtualenvs up, run nothing
+    .venv/bin/python -m bench.peers [--concurrency 1,16,64] [--gen-len 64] [--json results/bench/peers.json]
+    .venv/bin/python -m bench.peers --install-only      # set the virtualenvs up, run nothing
 
 Each peer gets its own virtualenv, `results/bench/peers/<name>/venv`, reused while its stamp
 matches.  It is made with our .venv's interpreter plus a `.pth` file that appends our .venv's
@@ -16,10 +16,11 @@ site-packages (first on its sys.path; our .venv is never written).  Logs sit bes
   minutes on 2 cores), one thread per core, chat format from the GGUF, `interrupt_requests`
   off: it decodes one request at a time, so concurrent requests queue instead of cancelling.
 
-Requests and measurement are bench_http's (`run_levels`): the same prompts, sent as text that
-tokenizes back to bench_http's exact token ids, the same max tokens, temperature 0, streaming;
-only the field that makes a server ignore EOS differs.  A peer that cannot be installed or
-started is skipped with a one-line reason, `{"skipped": reason}` in the JSON; the bench goes on.
+Requests and measurement are bench.http's, from bench/common.py (`run_levels`): the same
+prompts, sent as text that tokenizes back to bench.http's exact token ids, the same max
+tokens, temperature 0, streaming; only the field that makes a server ignore EOS differs.  A
+peer that cannot be installed or started is skipped with a one-line reason,
+`{"skipped": reason}` in the JSON; the bench goes on.
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ from typing import Callable
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from serving.model_files import BUNDLED_MODEL, bundled_gguf_path, load_tokenizer, prepare_model_dir  # noqa: E402
+from bench.common import TABLE_HEAD, level_prompts, run_levels, table_row, write_json
+from serving.model_files import BUNDLED_MODEL, bundled_gguf_path, load_tokenizer, prepare_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 PEERS_DIR = REPO / "results" / "bench" / "peers"
@@ -208,21 +208,17 @@ class PeerServer:
 
 
 def peer_prompts(levels: list[int], prompt_len: int) -> dict[int, list[str]]:
-    """bench_http's prompts, as text: each tokenizes back to exactly bench_http's token ids."""
-    from loadtest.bench_http import level_prompts
-
+    """bench.http's prompts, as text: each tokenizes back to exactly bench.http's token ids."""
     tok, _ = load_tokenizer(BUNDLED_MODEL)
     ids = level_prompts(types.SimpleNamespace(tokenizer=tok), levels, prompt_len)
     text = {n: [tok.decode(x) for x in ids[n]] for n in levels}
     if any(tok(t)["input_ids"] != x for n in levels for t, x in zip(text[n], ids[n])):
-        raise SystemExit("bench_peers: a prompt does not tokenize back to bench_http's ids; no fair comparison")
+        raise SystemExit("bench.peers: a prompt does not tokenize back to bench.http's ids; no fair comparison")
     return text
 
 
 def run_peer(peer: Peer, prompts: dict[int, list[str]], gen_len: int) -> dict:
-    """The peer's rows ({concurrency: bench_http result}), or {"skipped": reason}."""
-    from loadtest.bench_http import run_levels
-
+    """The peer's rows ({concurrency: bench.http result}), or {"skipped": reason}."""
     record: dict = {"label": peer.label, "precision": peer.precision, "requirement": peer.requirement}
     server = None
     try:
@@ -266,8 +262,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from loadtest.bench_http import TABLE_HEAD, table_row
-
     a = parse_args(argv)
     peers = [p for p in make_peers() if p.name in a.peer_names]
     results: dict[str, dict] = {}
@@ -287,9 +281,8 @@ def main(argv: list[str] | None = None) -> None:
         for p in peers:
             results[p.name] = run_peer(p, prompts, a.gen_len)
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"model": BUNDLED_MODEL, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
-                                      "cpus": os.cpu_count(), "peers": results}, indent=1))
+        write_json(a.json, {"model": BUNDLED_MODEL, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
+                            "cpus": os.cpu_count(), "peers": results})
     measured = {name: r for name, r in results.items() if "levels" in r and "skipped" not in r}
     if not measured:
         return
