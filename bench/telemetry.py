@@ -85,7 +85,7 @@ async def measure(url: str, mode: str, seq: list[list[int]], conc: list[list[int
 def micro(requests: int = 300, tokens: int = 64) -> None:
     """CPU cost of the main process's per-request telemetry, on vs off, without any server."""
     from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
-    from serving.frontend.tokenizer_manager.manager.req_state import ReqState
+    from serving.frontend.tokenizer_manager.req_state import ReqState
     from telemetry.clock import now_ns
     from telemetry.metrics import Metrics
     from telemetry.request_telemetry import RequestTelemetry

@@ -25,7 +25,7 @@ from serving.frontend.supervision.children import stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
 from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.frontend.supervision.supervisor import EngineSupervisor, Supervised
-from serving.frontend.tokenizer_manager.manager.transport import ZmqTransport
+from serving.frontend.tokenizer_manager.transport import ZmqTransport
 from serving.frontend.workers.hub import run_hub
 from serving.ipc import Endpoints, runtime_parent
 from serving.model_files import ModelLoadError, load_tokenizer, model_name

@@ -20,8 +20,8 @@ from serving.frontend.engine_state import EngineState
 from serving.frontend.http.app import build_app
 from serving.frontend.http.server import HTTPServer
 from serving.frontend.http.state import ServerState
-from serving.frontend.tokenizer_manager.manager.manager import TokenizerManager
-from serving.frontend.tokenizer_manager.manager.transport import EngineTransport
+from serving.frontend.tokenizer_manager.manager import TokenizerManager
+from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import Endpoints, engine_roles
 from telemetry.buckets import parse_bucket_overrides
 from telemetry.flight_recorder import FlightRecorder

@@ -14,8 +14,8 @@ from protocol.io_struct import BatchStrOutput, DetokenizerStats, Message, Ready,
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.frontend.supervision.engine_monitor import EngineMonitor
-from serving.frontend.tokenizer_manager.manager.req_state import GenerateReqInput, ReqState
-from serving.frontend.tokenizer_manager.manager.manager import TokenizerManager
+from serving.frontend.tokenizer_manager.req_state import GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.ipc import Codec
 from serving.model_files import load_tokenizer
 from telemetry.clock import now_ns

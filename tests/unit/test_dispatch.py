@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from protocol.io_struct import DropCount, EngineStatus, Ready, SnapshotReq
-from serving.frontend.tokenizer_manager.manager.dispatch import AFFINITY_TOKENS, DataParallelDispatcher
+from serving.frontend.tokenizer_manager.dispatch import AFFINITY_TOKENS, DataParallelDispatcher
 from serving.frontend.engine_state import check_available
 from serving.frontend.workers.hub_link import HubLink
 from serving.frontend.errors import APIError

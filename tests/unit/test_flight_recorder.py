@@ -22,7 +22,7 @@ import pytest
 
 from protocol.sampling_params import SamplingParams
 from serving.frontend.supervision.crash_dump import CrashDumper
-from serving.frontend.tokenizer_manager.manager.req_state import GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.req_state import GenerateReqInput, ReqState
 from telemetry import flight_recorder
 from telemetry.clock import now_ns
 from telemetry.flight_recorder import FlightRecorder

@@ -17,7 +17,7 @@ from loadtest.replay.readers import ReplayBodyReader, ReplayStreamReader, sent_l
 from loadtest.replay.report import analyse
 from loadtest.replay.run import PromptCounter, build_request, make_items, plan_schedule, users_needed
 from loadtest.replay.schedule import CHAT, COMPLETIONS, GENERATE, ReplayQueue
-from serving.frontend.tokenizer_manager.manager.manager.manager.tokenization import PromptTokenizer
+from serving.frontend.tokenizer_manager.tokenization import PromptTokenizer
 from telemetry.request_record import RequestRecord, encode, read_records
 
 T0 = 1_750_000_000.0

@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from serving.args import ServerArgs
 from serving.frontend.stack import front_telemetry
-from serving.frontend.tokenizer_manager.manager.req_state import ReqState
+from serving.frontend.tokenizer_manager.req_state import ReqState
 from telemetry.clock import now_ns
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.request_telemetry import RequestTelemetry

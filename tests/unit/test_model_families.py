@@ -202,7 +202,7 @@ def test_chat_without_a_chat_template_is_a_clear_400(tiny):
     from types import SimpleNamespace
 
     from serving.frontend.errors import APIError
-    from serving.frontend.tokenizer_manager.manager.tokenization import PromptTokenizer
+    from serving.frontend.tokenizer_manager.tokenization import PromptTokenizer
 
     tok = copy.deepcopy(tiny.tokenizer)
     tok.chat_template = None

@@ -10,7 +10,7 @@ import pytest
 from protocol.io_struct import AbortReq, FlushCacheReq, FlushCacheReqOutput, TokenizedGenerateReqInput
 from protocol.sampling_params import SamplingParams
 from serving.frontend.errors import APIError
-from serving.frontend.tokenizer_manager.manager.req_state import GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.req_state import GenerateReqInput, ReqState
 from tests.unit.front import CONTEXT, make_front, ready_front, tokenizer
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState, Hub
 from serving.frontend.supervision.engine_monitor import EngineMonitor
-from serving.frontend.tokenizer_manager.manager.manager import TokenizerManager
+from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.ipc import Endpoints
 from telemetry.clock import now_ns
 from telemetry.loop_lag import LoopLagMonitor

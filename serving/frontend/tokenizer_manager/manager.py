@@ -26,13 +26,13 @@ from typing import Any, AsyncIterator
 from protocol.io_struct import AbortReq, BatchStrOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Message, \
     Ready, ReqMeta, Stamps, StrOut, TokenizedGenerateReqInput
 from serving.args import ServerArgs
-from serving.frontend.tokenizer_manager.manager.admission import Admission
-from serving.frontend.tokenizer_manager.manager.dispatch import DataParallelDispatcher
+from serving.frontend.tokenizer_manager.admission import Admission
+from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
 from serving.frontend.engine_state import EngineState, FrontCounts, check_available
 from serving.frontend.errors import bad_request, http_status
-from serving.frontend.tokenizer_manager.manager.req_state import Collected, GenerateReqInput, ReqState
-from serving.frontend.tokenizer_manager.manager.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
-from serving.frontend.tokenizer_manager.manager.transport import EngineTransport
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
+from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import DropCounter
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns

@@ -17,7 +17,7 @@ import signal
 
 from serving.args import ServerArgs
 from serving.frontend.stack import FrontEnd
-from serving.frontend.tokenizer_manager.manager.transport import ZmqTransport
+from serving.frontend.tokenizer_manager.transport import ZmqTransport
 from serving.frontend.workers.hub_link import HubLink
 from serving.ipc import Endpoints
 from serving.model_files import load_tokenizer, model_name

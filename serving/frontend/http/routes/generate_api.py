@@ -6,7 +6,7 @@ import msgspec
 
 from protocol.sampling_params import SamplingParams
 from serving.frontend.errors import bad_request
-from serving.frontend.tokenizer_manager.manager.manager import Collected, GenerateReqInput
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput
 
 
 class GenerateSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

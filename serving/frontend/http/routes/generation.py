@@ -24,7 +24,7 @@ from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, continuous_usage,
     decode_body, include_usage,
 )
-from serving.frontend.tokenizer_manager.manager.req_state import Collected, GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
 from serving.frontend.http.state import ServerState
 from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from telemetry.clock import now_ns

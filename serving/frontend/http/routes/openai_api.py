@@ -15,7 +15,7 @@ import msgspec
 
 from protocol.sampling_params import SamplingParams
 from serving.frontend.errors import APIError, bad_request, from_decode_error
-from serving.frontend.tokenizer_manager.manager.manager import GenerateReqInput
+from serving.frontend.tokenizer_manager.req_state import GenerateReqInput
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
