@@ -82,15 +82,15 @@ class EngineMonitor:
         self.on_stats = on_stats  # telemetry: the stats' hop latency and finished spans
         self._procs: dict[str, BaseProcess] = {}
         self._workers: dict[str, BaseProcess] = {}  # tokenizer workers (the hub's), for their CPU and memory
-        self.awaiting_ready: dict[str, int] = {}  # role -> pid of the child just spawned
-        self.ready: dict[str, Ready] = {}
-        self.all_ready = asyncio.Event()
-        self.ready_rejected: dict[str, int] = {}  # Ready messages refused, by reason
+        self._awaiting_ready: dict[str, int] = {}  # role -> pid of the child just spawned
+        self._ready: dict[str, Ready] = {}
+        self._all_ready = asyncio.Event()
+        self._ready_rejected: dict[str, int] = {}  # Ready messages refused, by reason
         self.ready_log = RateLimitedLog(log, interval=10.0, level=logging.WARNING)
-        self.scheduler_stats: dict[int, SchedulerStats] = {}  # by dp rank, the latest of each
-        self.detok_stats: DetokenizerStats | None = None
-        self.last_heartbeat: dict[str, int] = {}
-        self.throughput = RateWindow(seconds=5.0)
+        self._scheduler_stats: dict[int, SchedulerStats] = {}  # by dp rank, the latest of each
+        self._detok_stats: DetokenizerStats | None = None
+        self._last_heartbeat: dict[str, int] = {}
+        self._throughput = RateWindow(seconds=5.0)
         self._shutting_down = False
         self._failure: str | None = None  # set while the supervisor recovers from it
         self._restart_status: str | None = None  # which restart attempt is under way
@@ -114,15 +114,15 @@ class EngineMonitor:
         if not 0 <= msg.dp_rank < self.dp_size:
             return False
         now = now_ns()
-        self.scheduler_stats[msg.dp_rank] = msg
-        self.last_heartbeat[scheduler_role(msg.dp_rank, self.dp_size)] = now
-        self.throughput.add(now, sum(s.generation_tokens_total for s in self.scheduler_stats.values()))
+        self._scheduler_stats[msg.dp_rank] = msg
+        self._last_heartbeat[scheduler_role(msg.dp_rank, self.dp_size)] = now
+        self._throughput.add(now, sum(s.generation_tokens_total for s in self._scheduler_stats.values()))
         self.on_stats(msg, now)
         return True
 
     def _on_detok_stats(self, msg: DetokenizerStats) -> bool:
-        self.detok_stats = msg
-        self.last_heartbeat["detokenizer"] = now_ns()
+        self._detok_stats = msg
+        self._last_heartbeat["detokenizer"] = now_ns()
         self.on_stats(msg, None)
         return True
 
@@ -132,27 +132,27 @@ class EngineMonitor:
         A Ready sets the context length and vocabulary every request is validated against:
         one from anyone else (a stale child, a stray writer on the socket) must never apply.
         """
-        expected = self.awaiting_ready.get(msg.role)
+        expected = self._awaiting_ready.get(msg.role)
         if expected is None or msg.pid != expected:
             reason = "not_starting" if expected is None else "wrong_pid"
-            self.ready_rejected[reason] = self.ready_rejected.get(reason, 0) + 1
+            self._ready_rejected[reason] = self._ready_rejected.get(reason, 0) + 1
             why = "no start of that role is awaiting one" if expected is None \
                 else f"the {msg.role} just spawned has pid {expected}"
             self.ready_log.report(f"ignored a Ready(role={msg.role[:32]!r}, pid={msg.pid}): {why}")
             return False
-        del self.awaiting_ready[msg.role]  # once per start
+        del self._awaiting_ready[msg.role]  # once per start
         log.info("%s ready (pid %d)", msg.role, msg.pid)
-        self.ready[msg.role] = msg
-        self.last_heartbeat[msg.role] = now_ns()
-        if set(self.roles) <= self.ready.keys():
-            self.all_ready.set()
+        self._ready[msg.role] = msg
+        self._last_heartbeat[msg.role] = now_ns()
+        if set(self.roles) <= self._ready.keys():
+            self._all_ready.set()
         return True
 
     # -- what the supervisor tells it --------------------------------------------------
     def expect(self, procs: dict[str, BaseProcess]) -> None:
         """These children were just spawned: only they may report Ready."""
         self._procs = procs
-        self.awaiting_ready = {role: p.pid for role, p in procs.items()}
+        self._awaiting_ready = {role: p.pid for role, p in procs.items()}
 
     def watch_workers(self, procs: dict[str, BaseProcess]) -> None:
         """The hub's tokenizer workers now (for their CPU, memory and pids)."""
@@ -229,31 +229,63 @@ class EngineMonitor:
     def pause_epoch(self) -> int:
         return self._pause_epoch
 
+    @property
+    def awaiting_ready(self) -> dict[str, int]:
+        return self._awaiting_ready
+
+    @property
+    def ready(self) -> dict[str, Ready]:
+        return self._ready
+
+    @property
+    def all_ready(self) -> asyncio.Event:
+        return self._all_ready
+
+    @property
+    def ready_rejected(self) -> dict[str, int]:
+        return self._ready_rejected
+
+    @property
+    def scheduler_stats(self) -> dict[int, SchedulerStats]:
+        return self._scheduler_stats
+
+    @property
+    def detok_stats(self) -> DetokenizerStats | None:
+        return self._detok_stats
+
+    @property
+    def last_heartbeat(self) -> dict[str, int]:
+        return self._last_heartbeat
+
+    @property
+    def throughput(self) -> RateWindow:
+        return self._throughput
+
     def reset(self) -> None:
         """The children are being replaced: forget everything they said."""
-        self.ready.clear()
-        self.all_ready.clear()
-        self.awaiting_ready.clear()
-        self.scheduler_stats, self.detok_stats = {}, None
-        self.last_heartbeat.clear()
+        self._ready.clear()
+        self._all_ready.clear()
+        self._awaiting_ready.clear()
+        self._scheduler_stats, self._detok_stats = {}, None
+        self._last_heartbeat.clear()
 
     def ranks_paused(self, epoch: int) -> bool:
         """Every Scheduler rank's latest stats say pause `epoch` is in effect (no step runs)."""
-        return all(self.scheduler_stats.get(r) is not None and self.scheduler_stats[r].paused == epoch
+        return all(self._scheduler_stats.get(r) is not None and self._scheduler_stats[r].paused == epoch
                    for r in range(self.dp_size))
 
     def missing(self) -> list[str]:
-        return [r for r in self.roles if r not in self.ready]
+        return [r for r in self.roles if r not in self._ready]
 
     def failed_child(self, in_flight: bool) -> tuple[str, str, str] | None:
         """(role, cause, detail) of a child that exited, or (with requests in flight) stopped heartbeating."""
         for role, p in self.procs.items():
             if not p.is_alive():
                 return role, "exited", f"exited with code {p.exitcode}"
-        if self.all_ready.is_set() and in_flight:
+        if self._all_ready.is_set() and in_flight:
             now = now_ns()
             for role in self.roles:
-                age = (now - self.last_heartbeat.get(role, now)) / 1e9
+                age = (now - self._last_heartbeat.get(role, now)) / 1e9
                 if age > self.watchdog_timeout:
                     return role, "stalled", f"sent no heartbeat for {age:.1f} s with requests in flight"
         return None
@@ -262,11 +294,11 @@ class EngineMonitor:
     @property
     def engine_ready(self) -> Ready | None:
         """Rank 0's Ready once every child is ready: what the engine computes with."""
-        return self.ready.get(self.roles[0]) if self.all_ready.is_set() else None
+        return self._ready.get(self.roles[0]) if self._all_ready.is_set() else None
 
     @property
     def last_token_at(self) -> int | None:
-        return max((s.last_token_at or 0 for s in self.scheduler_stats.values()), default=0) or None
+        return max((s.last_token_at or 0 for s in self._scheduler_stats.values()), default=0) or None
 
     # -- health -------------------------------------------------------------------------
     def health(self, oldest_arrival: int | None) -> tuple[bool, str]:
@@ -280,7 +312,7 @@ class EngineMonitor:
         for role, proc in self.procs.items():
             if not proc.is_alive():
                 return False, f"{role} process exited (code {proc.exitcode})"
-        if not self.all_ready.is_set():
+        if not self._all_ready.is_set():
             return False, "starting: waiting for " + ", ".join(self.missing())
         if self.paused:
             return False, PAUSED
@@ -301,50 +333,50 @@ class EngineMonitor:
     def view(self, front: FrontCounts) -> EngineView:
         """Everything `/metrics` shows about the engine (telemetry.metrics.EngineCollector)."""
         now = now_ns()
-        ranks, d = self.ranks_or_zero(), self.detok_stats
+        ranks, d = self.ranks_or_zero(), self._detok_stats
         rss, cpu = self._resources()
         return EngineView(
-            schedulers=ranks, detokenizer=d, throughput=self.throughput.rate(now),
+            schedulers=ranks, detokenizer=d, throughput=self._throughput.rate(now),
             seconds_since_last_token=self.seconds_without_token(front.oldest_arrival),
             stale_drops=self.stale_drops(front), undecodable=self._per_component(front.undecodable, "undecodable"),
             handling_errors=self._per_component(front.handling_errors, "handling_errors"),
-            heartbeat_age={role: (now - t) / 1e9 for role, t in self.last_heartbeat.items()},
-            rss=rss, cpu=cpu, engine_info=[r for r in self.ready.values() if r.role != "detokenizer"],
+            heartbeat_age={role: (now - t) / 1e9 for role, t in self._last_heartbeat.items()},
+            rss=rss, cpu=cpu, engine_info=[r for r in self._ready.values() if r.role != "detokenizer"],
         )
 
     def ranks(self) -> list[SchedulerStats]:
-        return [self.scheduler_stats[r] for r in sorted(self.scheduler_stats)]
+        return [self._scheduler_stats[r] for r in sorted(self._scheduler_stats)]
 
     def ranks_or_zero(self) -> list[SchedulerStats]:
         """Every rank's latest stats; zeros for a rank not heard from yet (its series exist from the start)."""
-        return [self.scheduler_stats.get(r) or SchedulerStats(dp_rank=r, num_running=0, num_waiting=0, kv_used=0,
+        return [self._scheduler_stats.get(r) or SchedulerStats(dp_rank=r, num_running=0, num_waiting=0, kv_used=0,
                                                               kv_reserved=0, kv_total=0) for r in range(self.dp_size)]
 
     def _per_component(self, front: int, name: str) -> dict[str, int]:
-        d = self.detok_stats
-        return {"tokenizer_manager": front, "scheduler": sum(getattr(s, name) for s in self.scheduler_stats.values()),
+        d = self._detok_stats
+        return {"tokenizer_manager": front, "scheduler": sum(getattr(s, name) for s in self._scheduler_stats.values()),
                 "detokenizer": getattr(d, name) if d else 0}
 
     def stale_drops(self, front: FrontCounts) -> list[DropCount]:
         """Stale-drop counters of every process (the children's from their latest stats), ranks summed."""
         drops = list(front.stale_drops)
-        for st in [*self.scheduler_stats.values(), self.detok_stats]:
+        for st in [*self._scheduler_stats.values(), self._detok_stats]:
             if st is not None:
                 drops += st.stale_drops
         return merge_drops(drops)
 
     def debug_state(self, front: FrontCounts) -> dict:
-        ranks, d = self.ranks(), self.detok_stats
+        ranks, d = self.ranks(), self._detok_stats
         one = msgspec.to_builtins(ranks[0]) if len(ranks) == 1 and self.dp_size == 1 else (sum_stats(ranks) or None)
         return {
-            "ready": sorted(self.ready),
+            "ready": sorted(self._ready),
             "scheduler": one,  # with several ranks: their numbers summed
             "schedulers": [msgspec.to_builtins(s) for s in ranks],
             "detokenizer": msgspec.to_builtins(d) if d else None,
             "stale_drops": [msgspec.to_builtins(x) for x in self.stale_drops(front)],
             "undecodable": self._per_component(front.undecodable, "undecodable"),
             "pids": {role: p.pid for role, p in {**self.procs, **self.workers}.items()},
-            "ready_rejected": dict(self.ready_rejected),
+            "ready_rejected": dict(self._ready_rejected),
             "paused": self.paused,
         }
 
