@@ -4,8 +4,9 @@ All metrics live in the front end: per-request histograms are observed there fro
 the timestamps carried in the messages (so they can carry exemplars) through typed
 handles (`Metrics.ttft`, ...; `Spec.attr`), and the Scheduler's and Detokenizer's
 numbers arrive in their stats messages and are exposed by `EngineCollector` at scrape
-time, read straight from an `EngineView` (`Spec.read`).  A new engine gauge is one
-field in its stats message and one `Spec` line here.  Names are `sightline_*`, base units, counters end
+time, read straight from an `EngineView` (`Spec.read`).  A new Scheduler gauge is one
+field (with a default) in `SchedulerStats`, its value under that name in the `stats()` of
+what computes it (`SchedulerCore`, `KVPool` or `Scheduler`), and one `Spec` line here.  Names are `sightline_*`, base units, counters end
 in `_total`; labels are low-cardinality (`model_name`, `finish_reason`, ...) and the
 rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it).
 """

@@ -178,6 +178,20 @@ class SchedulerCore:
         """Cumulative: cached slots evicted to make room for new K/V."""
         return self.pool.evicted_slots
 
+    def stats(self) -> dict[str, object]:
+        """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool, its latest step,
+        its prefix-cache counters.  The Scheduler process adds its own (`Scheduler.stats`)."""
+        step = self.last_step
+        return {
+            "num_running": self.num_running, "num_waiting": self.num_waiting, **self.pool.stats(),
+            "batch_size": step.batch_size, "num_decode": step.num_decode,
+            "num_prefill_tokens": step.num_prefill_tokens, "step_seconds": step.step_seconds,
+            "prefix_cached_tokens": self.prefix_cached_tokens,
+            "prefix_queries_tokens_total": self.prefix_queries_tokens,
+            "prefix_hits_tokens_total": self.prefix_hits_tokens,
+            "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
+        }
+
     def flush_cache(self, force: bool = False) -> bool:
         """Empty the prefix cache; False (nothing done) while requests run, unless `force`.
 
