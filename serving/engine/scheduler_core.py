@@ -414,7 +414,7 @@ class SchedulerCore:
     # -- accounting checks (tests) ------------------------------------------------
     def check_kv_invariants(self) -> None:
         """Raise AssertionError unless the KV bookkeeping is consistent (call between steps)."""
-        check_kv_invariants(self)
+        check_kv_invariants(self.pool, self.running, self.waiting)
 
     # -- convenience --------------------------------------------------------------
     def run_to_completion(self, max_steps: int = 1_000_000) -> list[TokenEvent]:
