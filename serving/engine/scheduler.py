@@ -28,7 +28,8 @@ import zmq
 from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.request import Req
-from serving.engine.scheduler_core import SchedulerCore, TokenEvent
+from serving.engine.events import TokenEvent
+from serving.engine.scheduler_core import SchedulerCore
 from protocol.io_struct import (
     AbortReq, BatchTokenIDOutput, ContinueReq, DetokParams, FlushCacheReq, FlushCacheReqOutput, PauseReq, Ready,
     ReqMeta, SchedulerStats, SetLogLevelReq, TokenizedGenerateReqInput, TokenOut, WorkerGone,

@@ -33,12 +33,12 @@ import logging
 import os
 import random
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from serving.args import ServerArgs
 from serving.engine.batch import Work
+from serving.engine.events import StepStats, TokenEvent
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
@@ -51,36 +51,6 @@ from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
 FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
-
-
-@dataclass
-class TokenEvent:
-    """What one step (or an abort) produced for one request."""
-
-    rid: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None
-    req: Req  # for its timestamps and counts; the Scheduler process serialises what it needs
-    error: str | None = None  # with FinishReason.ERROR: what the client is told
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class StepStats:
-    batch_size: int = 0
-    num_decode: int = 0
-    num_prefill_tokens: int = 0
-    num_prefill_reqs: int = 0
-    step_seconds: float = 0.0
-    schedule_seconds: float = 0.0  # admission and chunking
-    forward_seconds: float = 0.0  # KV allocation, batch metadata, the model's forward
-    sample_seconds: float = 0.0  # logits → tokens, finish checks
-    started_ns: int = 0
-    ended_ns: int = 0
-    rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -181,11 +151,9 @@ class SchedulerCore:
     def stats(self) -> dict[str, object]:
         """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool, its latest step,
         its prefix-cache counters.  The Scheduler process adds its own (`Scheduler.stats`)."""
-        step = self.last_step
         return {
             "num_running": self.num_running, "num_waiting": self.num_waiting, **self.pool.stats(),
-            "batch_size": step.batch_size, "num_decode": step.num_decode,
-            "num_prefill_tokens": step.num_prefill_tokens, "step_seconds": step.step_seconds,
+            **self.last_step.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "prefix_queries_tokens_total": self.prefix_queries_tokens,
             "prefix_hits_tokens_total": self.prefix_hits_tokens,
