@@ -6,9 +6,10 @@ handles (`Metrics.ttft`, ...; `Spec.attr`), and the Scheduler's and Detokenizer'
 numbers arrive in their stats messages and are exposed by `EngineCollector` at scrape
 time, read straight from an `EngineView` (`Spec.read`).  A new Scheduler gauge is one
 field (with a default) in `SchedulerStats`, its value under that name in the `stats()` of
-what computes it (`SchedulerCore`, `KVPool` or `Scheduler`), and one `Spec` line here.  Names are `sightline_*`, base units, counters end
-in `_total`; labels are low-cardinality (`model_name`, `finish_reason`, ...) and the
-rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it).
+what computes it (`SchedulerCore`, `KVPool`, `StepStats` or `Scheduler`), and one `Spec`
+line here.  Names are `sightline_*`, base units, counters end in `_total`; labels are
+low-cardinality (`model_name`, `finish_reason`, ...) and the rid is never one.
+`docs/metrics.md` is generated from `SPECS` (a test checks it).
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ port, whichever worker answers it, is complete.
   it as `metrics.x` (a unit test checks the two agree).
 - **An engine number**: one field, with a default, in its stats message (`SchedulerStats`
   or `DetokenizerStats`, `protocol/io_struct.py`); its value under the field's name where
-  it is computed: the `stats()` dict of `SchedulerCore` (queues, latest step, prefix
-  cache), `KVPool` (slots) or `Scheduler` (the process's counters), which
+  it is computed: the `stats()` dict of `SchedulerCore` (queues, prefix cache), `KVPool`
+  (slots), `StepStats` (the latest step) or `Scheduler` (the process's counters), which
   `Scheduler.make_stats` merges into the message (a unit test fails on a field nobody
   fills), or `DetokenizerManager.stats()`; and one `Spec(..., read="scheduler.field")`
   line: the `EngineMonitor` keeps each child's latest stats and `EngineCollector` reads the
