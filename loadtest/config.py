@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from telemetry.slo_spec import SLO_SPEC, slo_spec_goodput
+from telemetry.slo_spec import SLO_SPEC, slo_spec_goodput, spec_found
 
 DEFAULT_CONFIG = Path(__file__).with_name("workloads.yaml")
-FALLBACK_OBJECTIVE = 0.99  # only when the SLO spec is absent (an image without dashboards/)
+FALLBACK_OBJECTIVE = 0.99  # only when the SLO spec is absent (an install without the dashboards package)
 CONTEXT_MARGIN = 8  # "near the context": context − max_tokens − this many tokens
 Range = tuple[int, int]
 
@@ -185,14 +186,14 @@ class Config:
     slo_spec_found: bool = True
 
     @classmethod
-    def load(cls, path: Path = DEFAULT_CONFIG, slo_spec: Path = SLO_SPEC) -> "Config":
+    def load(cls, path: Path = DEFAULT_CONFIG, slo_spec: Traversable | Path | None = SLO_SPEC) -> "Config":
         raw = yaml.safe_load(Path(path).read_text()) or {}
         workloads = {n: Workload.from_dict(n, d or {}) for n, d in (raw.get("workloads") or {}).items()}
         thresholds, objective = slo_spec_goodput(slo_spec)
         goodput = {**thresholds, **(raw.get("goodput") or {})}
         objective = float(goodput.pop("objective", objective or FALLBACK_OBJECTIVE))
         return cls(workloads, raw.get("scenarios") or {}, dict(raw.get("slo") or {}),
-                   {k: float(v) for k, v in goodput.items()}, objective, Path(slo_spec).is_file())
+                   {k: float(v) for k, v in goodput.items()}, objective, spec_found(slo_spec))
 
     def scenario(self, name: str, **overrides: Any) -> Scenario:
         """The named scenario with command-line overrides (None means: keep the config's)."""

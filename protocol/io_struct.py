@@ -200,7 +200,10 @@ class PhaseHistogram(msgspec.Struct, array_like=True):
 
 
 class SchedulerStats(_Msg, kw_only=True):
-    """Gauges after a step, or a heartbeat when idle; counters are cumulative."""
+    """Gauges after a step, or a heartbeat when idle; counters are cumulative.
+
+    Built by field name from the `stats()` of what computes each number (`Scheduler.make_stats`);
+    a new field needs a default: a rank not heard from yet is exported with them (`EngineMonitor.ranks_or_zero`)."""
 
     dp_rank: int = 0  # which data-parallel Scheduler rank
     num_running: int

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.model_files import ModelLoadError
+from serving.model_errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

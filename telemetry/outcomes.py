@@ -1,13 +1,33 @@
-"""One outcome per request: how every request that reached a generation route ended.
+"""How a request ends, in one table: finish reason, abort reason, HTTP status, outcome.
 
-Exactly one of `OUTCOMES` is counted for each such request, as the `outcome` label of
-`sightline_requests_total`, so that `sum by (outcome)` adds up to the requests received
-(the finish reason and HTTP status labels beside it say the same thing at a finer or a
-coarser grain; nothing else counts requests). The two functions below are the whole
-mapping; docs/metrics.md lists the values.
+Exactly one of `OUTCOMES` is counted for each request that reached a generation route,
+as the `outcome` label of `sightline_requests_total`, so that `sum by (outcome)` adds up
+to the requests received (the finish reason and HTTP status labels beside it say the
+same thing at a finer or a coarser grain; nothing else counts requests).
+
+`ENDINGS` is the only place these are related: the front end's status and API error
+type (serving.frontend.errors), the `outcome` label (the functions below) and the series
+of `sightline_requests_total` and `sightline_request_aborts_total` that exist at 0 before
+any traffic (telemetry.metrics) are all read from it. A new abort reason is one row of
+`ABORTS`; docs/metrics.md lists the values.
 """
 
 from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request stopped generating (the `finish_reason` the engine, the API and the metrics use)."""
+
+    STOP = "stop"  # EOS or a stop token id (stop strings are the Detokenizer's)
+    LENGTH = "length"  # max_new_tokens or the context window
+    ABORT = "abort"
+    ERROR = "error"  # the engine failed on this request alone (its batch mates carry on)
+
+
+FINISH_REASONS = tuple(r.value for r in FinishReason)
 
 STOP, LENGTH = "stop", "length"  # the model finished: a stop token or string; max_tokens or the context
 REJECTED = "rejected"  # a 4xx before admission: bad body, too large, body not in time...
@@ -22,28 +42,80 @@ ABORTED_BY_OPERATOR = "aborted_by_operator"  # ended by an operator's control ac
 
 OUTCOMES = (STOP, LENGTH, REJECTED, SHED, UNAVAILABLE, CLIENT_DISCONNECT, TIMEOUT, ERROR, ENGINE_FAILURE, SHUTDOWN,
             ABORTED_BY_OPERATOR)
-# abort reasons (the TokenizerManager's and the Scheduler's) that name an outcome of their own
-_ABORTS = {CLIENT_DISCONNECT: CLIENT_DISCONNECT, "timeout": TIMEOUT, "shutdown": SHUTDOWN,
-           "engine_failure": ENGINE_FAILURE, "operator": ABORTED_BY_OPERATOR}
+
+SHUTTING_DOWN = "shutting_down"  # the error code of a 503 refused because the server is shutting down
+
+
+@dataclass(frozen=True)
+class Ending:
+    """One way a request ends: the labels it is counted with, and what a client still there is told."""
+
+    finish_reason: str
+    status: int  # the HTTP status it ends with (its `status` label)
+    outcome: str
+    abort_reason: str | None = None  # finish_reason "abort": the reason the TokenizerManager or Scheduler gave
+    code: str | None = None  # a refusal: the error code that picks this row over another of its status
+    error_type: str | None = None  # the API error `type` of an admitted request that ends without its answer
+
+
+# an admitted request the model finished, or the engine failed alone
+FINISHED = (
+    Ending("stop", 200, STOP),
+    Ending("length", 200, LENGTH),
+    Ending("error", 500, ERROR, error_type="internal_error"),
+)
+# an admitted request aborted, by its abort reason (client_disconnect also: a client gone before its body was read)
+ABORTS = (
+    Ending("abort", 499, CLIENT_DISCONNECT, "client_disconnect"),
+    Ending("abort", 503, SHUTDOWN, "shutdown", error_type="server_unavailable"),
+    Ending("abort", 504, TIMEOUT, "timeout", error_type="timeout"),
+    Ending("abort", 503, ENGINE_FAILURE, "engine_failure", error_type="server_unavailable"),
+    Ending("abort", 500, ERROR, "internal_error", error_type="internal_error"),
+    Ending("abort", 503, ABORTED_BY_OPERATOR, "operator", error_type="server_unavailable"),
+)
+# a request refused before admission, by its status (any other 4xx is rejected too, any other 5xx an error)
+REFUSALS = (
+    Ending("error", 400, REJECTED),
+    Ending("error", 408, REJECTED),
+    Ending("error", 413, REJECTED),
+    Ending("error", 429, SHED),
+    Ending("error", 503, UNAVAILABLE),
+    Ending("error", 503, SHUTDOWN, code=SHUTTING_DOWN),
+)
+ENDINGS = FINISHED + ABORTS + REFUSALS
+
+ABORT_REASONS = tuple(e.abort_reason for e in ABORTS if e.abort_reason)
+ABORT_STATUS = {e.abort_reason: e.status for e in ABORTS}
+CLIENT_GONE = ABORT_STATUS["client_disconnect"]  # the status of a request whose client left
+ERROR_TYPES = {e.status: e.error_type for e in ENDINGS if e.error_type}  # by status: one type each
+_BY_ABORT = {e.abort_reason: e for e in ABORTS}
+_BY_FINISH = {e.finish_reason: e for e in FINISHED}
+_BY_REFUSAL = {(e.status, e.code): e for e in REFUSALS}
+
+
+def requests_series() -> tuple[dict[str, str], ...]:
+    """The (finish_reason, status, outcome) label sets of `sightline_requests_total`, one per distinct ending."""
+    seen = dict.fromkeys((e.finish_reason, str(e.status), e.outcome) for e in ENDINGS)
+    return tuple({"finish_reason": f, "status": s, "outcome": o} for f, s, o in seen)
+
+
+def http_status(finish_reason: str, abort_reason: str | None) -> int:
+    """The status a request that reached the engine ends with (also its `status` label)."""
+    row = _BY_ABORT.get(abort_reason or "") or _BY_FINISH.get(finish_reason)
+    return row.status if row is not None else 200
 
 
 def finished_outcome(finish_reason: str, abort_reason: str | None) -> str:
     """A request the TokenizerManager admitted and then finished."""
-    if finish_reason in (STOP, LENGTH):
-        return finish_reason
-    if finish_reason == "abort":
-        return _ABORTS.get(abort_reason or "", ERROR)
-    return ERROR
+    row = _BY_ABORT.get(abort_reason or "") if finish_reason == FinishReason.ABORT else _BY_FINISH.get(finish_reason)
+    return row.outcome if row is not None else ERROR
 
 
 def refused_outcome(status: int, code: str | None) -> str:
     """A request that ended before admission, by its HTTP status (and error code for 503s)."""
-    if status == 429:
-        return SHED
-    if status == 499:
+    row = _BY_REFUSAL.get((status, code)) or _BY_REFUSAL.get((status, None))
+    if row is not None:
+        return row.outcome
+    if status == CLIENT_GONE:
         return CLIENT_DISCONNECT
-    if status == 503:
-        return SHUTDOWN if code == "shutting_down" else UNAVAILABLE
-    if 400 <= status < 500:
-        return REJECTED
-    return ERROR
+    return REJECTED if 400 <= status < 500 else ERROR

@@ -45,9 +45,9 @@ MAX_FAILED_REMEMBERED = 4096
 
 
 class DetokenizerManager:
-    def __init__(self, tokenizer, args: ServerArgs | None, tracing: Tracing | None = None) -> None:
+    def __init__(self, tokenizer, tracing: Tracing | None = None) -> None:
+        """`tokenizer` decodes every rid's ids; `tracing` records this process's spans (off when None)."""
         self.tokenizer = tokenizer
-        self.args = args
         self.tracing = tracing or Tracing("detokenizer", enabled=False)
         self.spans = DetokSpans(self.tracing)
         self.states: dict[str, DecodeState] = {}
@@ -161,7 +161,7 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
     mgr = None
     try:
         tokenizer, _ = load_tokenizer(args.model, args.cache_dir_path)
-        mgr = DetokenizerManager(tokenizer, args, Tracing.from_args("detokenizer", args, instance_id))
+        mgr = DetokenizerManager(tokenizer, Tracing.from_args("detokenizer", args, instance_id))
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
         control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)
         to_worker: dict[int, zmq.Socket] = {}

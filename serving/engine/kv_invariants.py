@@ -7,15 +7,17 @@ get its next slot.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from serving.engine.scheduler_core import SchedulerCore
+    from serving.engine.kv_pool import KVPool
+    from serving.engine.request import Req
 
 
-def check_kv_invariants(core: "SchedulerCore") -> None:
+def check_kv_invariants(pool: KVPool, running: Collection[Req], waiting: Collection[Req]) -> None:
     """Raise AssertionError unless the KV bookkeeping is consistent (call between steps).
 
     Every slot 1..capacity is exactly one of: free, owned by the prefix cache, or
@@ -24,9 +26,10 @@ def check_kv_invariants(core: "SchedulerCore") -> None:
     private slots than it reserved, and capacity >= reserved + locked tree slots: so a
     running request always finds its next slot, evicting unlocked cache if need be.
     Each tree node's lock count is the number of running requests reusing it, and a
-    request's first tree_len positions point at its locked prefix's slots.
+    request's first tree_len positions point at its locked prefix's slots.  It takes the
+    pool (and its prefix cache, `pool.tree`) and the engine's queues, not the engine.
     """
-    pool, tree = core.pool, core.tree
+    tree = pool.tree
     free = pool.free_slot_list()
     owner: dict[int, str] = {}
 
@@ -47,7 +50,7 @@ def check_kv_invariants(core: "SchedulerCore") -> None:
         assert tree.total_slots == sum(len(n.value) for n in nodes), "tree total_slots is off"
         assert tree.locked_slots == sum(len(n.value) for n in nodes if n.lock_ref > 0), "tree locked_slots is off"
     rows = set()
-    for req in core.running:
+    for req in running:
         assert req.row >= 0 and req.row not in rows, f"{req.rid}: bad or shared row {req.row}"
         rows.add(req.row)
         assert req.tree_len <= req.num_computed <= req.total_len, f"{req.rid}: tree_len/num_computed out of order"
@@ -67,15 +70,15 @@ def check_kv_invariants(core: "SchedulerCore") -> None:
             assert path[-1].parent is tree.root, f"{req.rid}: its tree node is detached"
         for n in path:
             locks[id(n)] = locks.get(id(n), 0) + 1
-    for req in core.waiting:
+    for req in waiting:
         assert req.row == -1 and req.tree_node is None, f"waiting {req.rid} holds KV"
     if tree is not None:
         for node in tree.nodes():
             assert node.lock_ref == locks.get(id(node), 0), (
                 f"tree node lock_ref {node.lock_ref} != {locks.get(id(node), 0)} running requests using it")
     assert len(owner) == pool.capacity, f"{pool.capacity - len(owner)} slots are neither free, cached nor owned"
-    assert pool.reserved == sum(r.reserved for r in core.running), (
-        f"pool reserved {pool.reserved} != running requests' {sum(r.reserved for r in core.running)}")
+    assert pool.reserved == sum(r.reserved for r in running), (
+        f"pool reserved {pool.reserved} != running requests' {sum(r.reserved for r in running)}")
     assert pool.capacity >= pool.reserved + pool.locked_slots, (
         f"capacity {pool.capacity} < reserved {pool.reserved} + locked {pool.locked_slots}")
-    assert pool.free_rows + len(core.running) == pool.max_requests, "request rows leaked"
+    assert pool.free_rows + len(running) == pool.max_requests, "request rows leaked"

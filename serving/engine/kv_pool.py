@@ -79,6 +79,10 @@ class KVPool:
     def free_rows(self) -> int:
         return len(self._free_rows)
 
+    def stats(self) -> dict[str, int]:
+        """The pool's part of `SchedulerStats`, by field name (sent after every step)."""
+        return {"kv_used": self.used_slots, "kv_reserved": self.committed, "kv_total": self.capacity}
+
     def can_reserve(self, n: int, lock_gain: int = 0) -> bool:
         """Room for a request reserving `n` slots whose prefix lock adds `lock_gain` locked slots."""
         return self.committed + lock_gain + n <= self.capacity and bool(self._free_rows)

@@ -10,6 +10,7 @@ import torch
 
 from protocol.sampling_params import SamplingParams
 from telemetry.clock import now_ns
+from telemetry.outcomes import FinishReason  # one table of how requests end, the engine's finish reasons included
 
 if TYPE_CHECKING:
     from serving.engine.radix_cache import TreeNode
@@ -19,13 +20,6 @@ class ReqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
-
-
-class FinishReason(str, enum.Enum):
-    STOP = "stop"  # EOS or a stop token id (stop strings are the Detokenizer's)
-    LENGTH = "length"  # max_new_tokens or the context window
-    ABORT = "abort"
-    ERROR = "error"  # the engine failed on this request alone (its batch mates carry on)
 
 
 @dataclass

@@ -28,7 +28,8 @@ import zmq
 from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.request import Req
-from serving.engine.scheduler_core import SchedulerCore, TokenEvent
+from serving.engine.events import TokenEvent
+from serving.engine.scheduler_core import SchedulerCore
 from protocol.io_struct import (
     AbortReq, BatchTokenIDOutput, ContinueReq, DetokParams, FlushCacheReq, FlushCacheReqOutput, PauseReq, Ready,
     ReqMeta, SchedulerStats, SetLogLevelReq, TokenizedGenerateReqInput, TokenOut, WorkerGone,
@@ -215,20 +216,21 @@ class Scheduler:
         if not force and now - self._last_stats < self.args.heartbeat_interval * 1e9:
             return
         self._last_stats = now
-        core, pool, step = self.core, self.core.pool, self.core.last_step
-        self.to_tm.send(self.codec.encode(SchedulerStats(
-            dp_rank=self.dp_rank, num_running=core.num_running, num_waiting=core.num_waiting, kv_used=pool.used_slots,
-            kv_reserved=pool.committed, kv_total=pool.capacity, batch_size=step.batch_size,
-            num_decode=step.num_decode, num_prefill_tokens=step.num_prefill_tokens, step_seconds=step.step_seconds,
-            steps_total=self.steps, prompt_tokens_total=self.prompt_tokens_total,
-            generation_tokens_total=self.generation_tokens_total, last_token_at=self.last_token_at,
-            stale_drops=self.drops.snapshot(), undecodable=self.codec.undecodable,
-            prefill_tokens_total=self.prefill_tokens_total, spans=self.tracing.drain(),
-            handling_errors=self.errors.count, step_phases=self.phases.snapshot(),
-            prefix_cached_tokens=core.prefix_cached_tokens, prefix_queries_tokens_total=core.prefix_queries_tokens,
-            prefix_hits_tokens_total=core.prefix_hits_tokens, prefix_evicted_tokens_total=core.prefix_evicted_tokens,
-            paused=self.paused,
-        )))
+        self.to_tm.send(self.codec.encode(self.make_stats()))
+
+    def make_stats(self) -> SchedulerStats:
+        """The stats message: the engine's fields (`SchedulerCore.stats`) and this process's (`stats`)."""
+        return SchedulerStats(**self.core.stats(), **self.stats())
+
+    def stats(self) -> dict[str, object]:
+        """This process's part of `SchedulerStats`, by field name: its counters, drops, spans and phases."""
+        return {
+            "dp_rank": self.dp_rank, "steps_total": self.steps, "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total, "last_token_at": self.last_token_at,
+            "prefill_tokens_total": self.prefill_tokens_total, "stale_drops": self.drops.snapshot(),
+            "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
+            "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
+        }
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> None:

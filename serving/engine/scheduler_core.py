@@ -33,12 +33,12 @@ import logging
 import os
 import random
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
 from serving.args import ServerArgs
 from serving.engine.batch import Work
+from serving.engine.events import StepStats, TokenEvent
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
@@ -51,36 +51,6 @@ from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
 FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
-
-
-@dataclass
-class TokenEvent:
-    """What one step (or an abort) produced for one request."""
-
-    rid: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason | None
-    req: Req  # for its timestamps and counts; the Scheduler process serialises what it needs
-    error: str | None = None  # with FinishReason.ERROR: what the client is told
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class StepStats:
-    batch_size: int = 0
-    num_decode: int = 0
-    num_prefill_tokens: int = 0
-    num_prefill_reqs: int = 0
-    step_seconds: float = 0.0
-    schedule_seconds: float = 0.0  # admission and chunking
-    forward_seconds: float = 0.0  # KV allocation, batch metadata, the model's forward
-    sample_seconds: float = 0.0  # logits → tokens, finish checks
-    started_ns: int = 0
-    ended_ns: int = 0
-    rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
 
 
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
@@ -177,6 +147,18 @@ class SchedulerCore:
     def prefix_evicted_tokens(self) -> int:
         """Cumulative: cached slots evicted to make room for new K/V."""
         return self.pool.evicted_slots
+
+    def stats(self) -> dict[str, object]:
+        """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool, its latest step,
+        its prefix-cache counters.  The Scheduler process adds its own (`Scheduler.stats`)."""
+        return {
+            "num_running": self.num_running, "num_waiting": self.num_waiting, **self.pool.stats(),
+            **self.last_step.stats(),
+            "prefix_cached_tokens": self.prefix_cached_tokens,
+            "prefix_queries_tokens_total": self.prefix_queries_tokens,
+            "prefix_hits_tokens_total": self.prefix_hits_tokens,
+            "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
+        }
 
     def flush_cache(self, force: bool = False) -> bool:
         """Empty the prefix cache; False (nothing done) while requests run, unless `force`.
@@ -400,7 +382,7 @@ class SchedulerCore:
     # -- accounting checks (tests) ------------------------------------------------
     def check_kv_invariants(self) -> None:
         """Raise AssertionError unless the KV bookkeeping is consistent (call between steps)."""
-        check_kv_invariants(self)
+        check_kv_invariants(self.pool, self.running, self.waiting)
 
     # -- convenience --------------------------------------------------------------
     def run_to_completion(self, max_steps: int = 1_000_000) -> list[TokenEvent]:

@@ -7,6 +7,9 @@ import re
 import msgspec
 from starlette.responses import Response
 
+# how a request ends (its status, its error type) is the table in telemetry.outcomes; re-exported here
+from telemetry.outcomes import ABORT_STATUS, CLIENT_GONE, ERROR_TYPES, SHUTTING_DOWN, http_status  # noqa: F401
+
 _AT = re.compile(r"at `\$\.?([A-Za-z0-9_.\[\]]*)`")
 _FIELD = re.compile(r"field `([A-Za-z0-9_]+)`")
 _json = msgspec.json.Encoder()
@@ -41,7 +44,7 @@ def starting() -> APIError:
 def unavailable(reason: str) -> APIError:
     """The 503 for a request refused because the server cannot take it now (its `health` reason)."""
     return APIError(503, f"server unavailable: {reason}", type="server_unavailable",
-                    code="shutting_down" if reason == "shutting down" else "engine_unavailable")
+                    code=SHUTTING_DOWN if reason == "shutting down" else "engine_unavailable")
 
 
 PAUSED_RETRY_AFTER = 5  # seconds: the Retry-After of a request refused while generation is paused
@@ -67,21 +70,10 @@ def from_decode_error(exc: Exception) -> APIError:
     return bad_request(f"request body is not valid JSON: {text}", code="invalid_json")
 
 
-# -- which HTTP status a request ends with --------------------------------------------
-ABORT_STATUS = {"client_disconnect": 499, "shutdown": 503, "timeout": 504, "engine_failure": 503,
-                "internal_error": 500, "operator": 503}
-CLIENT_GONE = ABORT_STATUS["client_disconnect"]
-_ERROR_TYPES = {503: "server_unavailable", 504: "timeout", 500: "internal_error"}
-
-
-def http_status(finish_reason: str, abort_reason: str | None) -> int:
-    """The status a request that reached the engine ends with (also its `status` label)."""
-    return ABORT_STATUS.get(abort_reason or "", 500 if finish_reason == "error" else 200)
-
-
+# -- which HTTP status a request ends with: the table of endings (telemetry.outcomes) ----
 def result_error(finish_reason: str | None, error: str | None, status: int) -> APIError | None:
     """An explicit error for a request that ended without its answer (engine error, timeout, shutdown...)."""
     if finish_reason != "error" and error is None:
         return None
-    status = status if status in _ERROR_TYPES else 500
-    return APIError(status, error or "the engine failed this request", type=_ERROR_TYPES[status])
+    status = status if status in ERROR_TYPES else 500
+    return APIError(status, error or "the engine failed this request", type=ERROR_TYPES[status])

@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from serving.args import ServerArgs
 from serving.ipc import engine_roles
-from serving.frontend.supervision.engine_monitor import EngineMonitor, FrontCounts
-from serving.frontend.errors import ABORT_STATUS
+from serving.frontend.engine_state import FrontCounts
+from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving import __version__
 from serving.frontend.stack import front_telemetry
-from telemetry.metrics import (ABORT_REASONS, COMPONENTS, FINISH_REASONS, LAZY_SERIES, SERVER_LABELS, SPECS,
+from telemetry.metrics import (COMPONENTS, FINISH_REASONS, LAZY_SERIES, SERVER_LABELS, SPECS,
                                ZERO_SERIES, Metrics, zero_series)
 from telemetry.registry_merge import Retired, merge, registry_of, snapshot
 
@@ -65,13 +65,10 @@ def test_every_labelled_counter_lists_its_series_or_says_why_not():
 
 
 def test_the_known_values_are_the_codes():
+    """Finish and abort reasons come from the table of endings (tests/unit/test_endings.py checks it)."""
     from serving.engine.request import FinishReason
 
     assert set(FINISH_REASONS) == {r.value for r in FinishReason}
-    assert set(ABORT_REASONS) == set(ABORT_STATUS)
-    abort_statuses = {labels["status"] for labels in ZERO_SERIES["sightline_requests_total"]
-                      if labels["finish_reason"] == "abort"}
-    assert abort_statuses == {str(s) for s in ABORT_STATUS.values()}
     monitor = EngineMonitor(60.0, 60.0, on_stats=lambda *a: None, dp_size=1)
     assert set(monitor.view(FrontCounts()).undecodable) == set(COMPONENTS)
 

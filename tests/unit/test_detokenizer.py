@@ -86,7 +86,7 @@ def test_decode_window_stays_short(tiny):
 
 
 def test_manager_drops_unknown_rids_and_forgets_finished(tiny):
-    mgr = DetokenizerManager(tiny.tokenizer, None)
+    mgr = DetokenizerManager(tiny.tokenizer)
     first = TokenOut(rid="a", new_token_ids=tiny.tokenizer("Hi")["input_ids"], detok=DetokParams())
     out = mgr.handle_batch(BatchTokenIDOutput(outputs=[first, TokenOut(rid="ghost", new_token_ids=[5])]))
     assert [o.rid for o in out.outputs] == ["a"] and out.outputs[0].text == "Hi"
@@ -99,7 +99,7 @@ def test_manager_drops_unknown_rids_and_forgets_finished(tiny):
 
 
 def test_outputs_carry_their_worker_and_a_gone_worker_leaves_no_state(tiny):
-    mgr = DetokenizerManager(tiny.tokenizer, None)
+    mgr = DetokenizerManager(tiny.tokenizer)
     ids = tiny.tokenizer("Hello there")["input_ids"]
     first = [TokenOut(rid=f"r{w}", new_token_ids=ids[:1], detok=DetokParams(), worker=w) for w in (1, 2)]
     out = mgr.handle_batch(BatchTokenIDOutput(outputs=first))

@@ -1,0 +1,45 @@
+"""What the engine reports: per request, what a step (or an abort) produced (`TokenEvent`),
+and per step, what the step did (`StepStats`, the latest one is `SchedulerCore.last_step`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from serving.engine.request import FinishReason, Req
+
+
+@dataclass
+class TokenEvent:
+    """What one step (or an abort) produced for one request."""
+
+    rid: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None
+    req: Req  # for its timestamps and counts; the Scheduler process serialises what it needs
+    error: str | None = None  # with FinishReason.ERROR: what the client is told
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class StepStats:
+    """What the latest engine step did (its batch, its phases' durations)."""
+
+    batch_size: int = 0
+    num_decode: int = 0
+    num_prefill_tokens: int = 0
+    num_prefill_reqs: int = 0
+    step_seconds: float = 0.0
+    schedule_seconds: float = 0.0  # admission and chunking
+    forward_seconds: float = 0.0  # KV allocation, batch metadata, the model's forward
+    sample_seconds: float = 0.0  # logits → tokens, finish checks
+    started_ns: int = 0
+    ended_ns: int = 0
+    rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
+
+    def stats(self) -> dict[str, int | float]:
+        """The step's part of `SchedulerStats`, by field name."""
+        return {"batch_size": self.batch_size, "num_decode": self.num_decode,
+                "num_prefill_tokens": self.num_prefill_tokens, "step_seconds": self.step_seconds}

@@ -1,0 +1,13 @@
+"""How a model that cannot be loaded is reported: one exception type and one exit code.
+
+Kept apart from `serving.model_files` so that what it calls (`serving.gguf_rope`'s
+conversion) can raise the same error without importing it back.
+"""
+
+from __future__ import annotations
+
+EXIT_MODEL_LOAD = 3  # exit code of a child process that could not load the model (it printed why, in one line)
+
+
+class ModelLoadError(Exception):
+    """A model that cannot be found or read; its message is one line meant for users."""
