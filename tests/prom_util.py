@@ -178,10 +178,10 @@ def committed_rule_files() -> dict[str, dict]:
 def queries_without_data(prom: Prometheus, start: float, end: float) -> tuple[list[str], int]:
     """Every dashboard panel query, template variable and recording rule with no real number in
     [start, end] (as Grafana would run them, every variable at "All"), and how many were evaluated."""
-    from dashboards.lint import panels
-    from tests.unit.test_dashboards import boards
-
     from concurrent.futures import ThreadPoolExecutor
+
+    from dashboards.lint import panels
+    from tests.helpers import boards
 
     checks = []  # (what, query, is a template variable)
     for uid, board in boards().items():

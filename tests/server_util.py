@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.server import LocalServer
 
-
 TEST_KEY = "sk-sightline-test-0123456789abcdef"  # the API key of tests/conftest.py's `keyed_server`
 
 

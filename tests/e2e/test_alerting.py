@@ -22,8 +22,14 @@ from dashboards import generate, rule_tests, slo
 from dashboards.alertmanager.webhook_log import WebhookLog
 from dashboards.lint import expr_problems, rule_exprs
 from dashboards.lint import metric_names as lint_names
-from tests.prom_util import (Alertmanager, committed_rule_files, local_prometheus_config, promtool,
-                             queries_without_data, require_tool)
+from tests.prom_util import (
+    Alertmanager,
+    committed_rule_files,
+    local_prometheus_config,
+    promtool,
+    queries_without_data,
+    require_tool,
+)
 from tests.server_util import push_frames
 
 REPO = Path(__file__).resolve().parents[2]
@@ -258,9 +264,9 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
 
     import httpx
 
+    from tests.helpers import boards, exprs
     from tests.prom_util import Prometheus, exposed_names
     from tests.server_util import ServerProc
-    from tests.unit.test_dashboards import boards, exprs
 
     require_tool("prometheus"), require_tool("prometheus-alertmanager")
     t0 = time.monotonic()

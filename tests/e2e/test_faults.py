@@ -15,8 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, sse_events
-from tests.server_util import scrape, value
+from tests.server_util import ServerProc, scrape, sse_events, value
 
 RESTART_BUDGET_S = 30.0
 STREAMS = 16

@@ -19,8 +19,7 @@ import httpx
 import pytest
 
 from serving.frontend.http.middleware.guard import allowed_hosts, host_name, is_json
-from tests.server_util import ServerProc, sse_events
-from tests.server_util import samples, scrape, value
+from tests.server_util import ServerProc, samples, scrape, sse_events, value
 
 
 @pytest.fixture(scope="module")

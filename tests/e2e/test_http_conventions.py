@@ -19,7 +19,7 @@ import pytest
 from serving.args import ServerArgs
 from serving.frontend.http.middleware.guard import allowed_origins
 from serving.frontend.http.server import fresh_traceparent
-from tests.conftest import encode
+from tests.helpers import encode
 from tests.server_util import ServerProc, chat_ids, sse_events, wait_until
 
 KEY = "sk-conventions-0123456789"

@@ -16,10 +16,15 @@ import time
 import httpx
 import pytest
 
-from protocol.sampling_params import SamplingParams
 from protocol.io_struct import (
-    AbortReq, BatchTokenIDOutput, DetokParams, ReqMeta, TokenizedGenerateReqInput, TokenOut,
+    AbortReq,
+    BatchTokenIDOutput,
+    DetokParams,
+    ReqMeta,
+    TokenizedGenerateReqInput,
+    TokenOut,
 )
+from protocol.sampling_params import SamplingParams
 from tests.server_util import ServerProc, push
 
 FAULT_SEED = 4242

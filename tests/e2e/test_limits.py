@@ -8,8 +8,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, sse_events
-from tests.server_util import scrape, value
+from tests.server_util import ServerProc, scrape, sse_events, value
 
 
 @pytest.fixture(scope="module")

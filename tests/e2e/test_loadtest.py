@@ -29,7 +29,6 @@ import yaml
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = """
 workloads:

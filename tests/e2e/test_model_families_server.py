@@ -16,8 +16,8 @@ import pytest
 
 from loadtest.server import REPO, free_port
 from serving.engine.loader import load_model
-from tests.conftest import collect, greedy, make_core
 from tests.family_models import FAMILIES, SLIDING_WINDOW, build, gguf
+from tests.helpers import collect, greedy, make_core
 from tests.server_util import ServerProc
 
 PROMPT = ("The lighthouse keeper climbed the stairs every evening, counting each step, "

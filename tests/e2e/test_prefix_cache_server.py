@@ -8,7 +8,7 @@ import threading
 import httpx
 import pytest
 
-from tests.conftest import encode
+from tests.helpers import encode
 from tests.server_util import ServerProc, scrape, stream, value, wait_until
 
 SYSTEM = ("You are a careful assistant for a shipping company. Answer in one short sentence, cite the order "

@@ -20,8 +20,7 @@ import psutil
 import pytest
 
 from protocol.io_struct import Ready
-from tests.server_util import ServerProc, push, wait_until
-from tests.server_util import scrape, value
+from tests.server_util import ServerProc, push, scrape, value, wait_until
 
 RECOVER_S = 120.0  # a restart of tiny-random takes 8-15 s on an idle 2-core machine, far more on a busy one
 

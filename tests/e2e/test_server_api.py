@@ -8,9 +8,17 @@ import json
 import httpx
 import pytest
 
-from tests.conftest import PROMPTS, collect, encode, greedy, make_core
+from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 from tests.server_util import (
-    chat_ids, chat_text, completion_text, push_frames, scrape, sse_events, stream, value, wait_until,
+    chat_ids,
+    chat_text,
+    completion_text,
+    push_frames,
+    scrape,
+    sse_events,
+    stream,
+    value,
+    wait_until,
 )
 
 

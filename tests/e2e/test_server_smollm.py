@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import collect, greedy, make_core
-from tests.server_util import ServerProc
-from tests.server_util import chat_ids, chat_text, stream
+from tests.helpers import collect, greedy, make_core
+from tests.server_util import ServerProc, chat_ids, chat_text, stream
 
 pytestmark = pytest.mark.smollm
 

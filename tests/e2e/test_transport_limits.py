@@ -18,8 +18,7 @@ import h2.settings
 import httpx
 import pytest
 
-from tests.server_util import ServerProc
-from tests.server_util import scrape, value
+from tests.server_util import ServerProc, scrape, value
 
 STALL = 3.0  # --send-stall-timeout of the shared server
 

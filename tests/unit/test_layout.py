@@ -8,11 +8,12 @@ import ast
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
+ROOT = REPO
 
 
 def imported_packages(package: str) -> set[str]:

@@ -1,0 +1,70 @@
+"""What tests share besides fixtures: the repository's paths, prompts, an in-process engine and
+its greedy runs, transformers' reference generation, the committed dashboards.  Fixtures stay
+in `conftest.py`; support servers and writers have modules of their own (`server_util`,
+`prom_util`, `otlp_receiver`, `gguf_writer`, `family_models`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from dashboards import lint
+from dashboards.generate import DASHBOARD_DIR
+from protocol.sampling_params import SamplingParams
+from serving.args import ServerArgs
+from serving.engine.loader import LoadedModel
+from serving.engine.scheduler_core import SchedulerCore
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout
+FIXTURES = REPO / "tests" / "fixtures"
+
+PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away, there lived a",
+    "1, 2, 3,",
+    "def fibonacci(n):",
+    "Write a haiku about the sea.",
+]
+
+
+def encode(model: LoadedModel, text: str) -> list[int]:
+    return model.tokenizer(text)["input_ids"]
+
+
+def make_core(model: LoadedModel, **kw) -> SchedulerCore:
+    """An in-process engine, exact (float32) unless the test asks for another precision."""
+    return SchedulerCore(model, ServerArgs(model=model.name, **{"dtype": "float32", **kw}))
+
+
+def greedy(n: int = 32, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=n, temperature=0.0, **kw)
+
+
+def collect(core: SchedulerCore, max_steps: int = 100_000) -> dict[str, list[int]]:
+    """Step to idle; returns each rid's output token ids (aborted rids included)."""
+    out: dict[str, list[int]] = {}
+    for ev in core.run_to_completion(max_steps):
+        out.setdefault(ev.rid, []).extend(ev.new_token_ids)
+    return out
+
+
+def hf_greedy(model: LoadedModel, ids: list[int], n: int = 32) -> list[int]:
+    """transformers' own generate, one request at a time: the reference."""
+    with torch.inference_mode():
+        out = model.hf_model.generate(
+            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n, do_sample=False, pad_token_id=model.tokenizer.eos_token_id,
+        )
+    return out[0, len(ids):].tolist()
+
+
+def boards() -> dict[str, dict]:
+    """The committed Grafana dashboards by file stem."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted((REPO / "dashboards" / DASHBOARD_DIR).glob("*.json"))}
+
+
+def exprs(board: dict) -> list[str]:
+    """Every PromQL expression of a dashboard's panels."""
+    return [t["expr"] for p in lint.panels(board) for t in p["targets"]]

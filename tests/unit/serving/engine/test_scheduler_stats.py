@@ -1,0 +1,32 @@
+"""The stats message is built from what computes each number: the engine's fields
+(`SchedulerCore.stats`, the KV pool's included) and the Scheduler process's own
+(`Scheduler.stats`), by field name.  Every `SchedulerStats` field must be filled by
+exactly one of them, so a new engine number cannot silently stay at its default."""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.io_struct import SchedulerStats
+from serving.args import ServerArgs
+from serving.engine.scheduler import Scheduler
+from serving.ipc import Endpoints
+from tests.helpers import encode, greedy
+
+
+def test_every_stats_field_is_filled_by_one_source(tiny, tmp_path):
+    sched = Scheduler(ServerArgs(model="tiny-random", dtype="float32"), Endpoints.create(str(tmp_path)))
+    try:
+        engine, process = set(sched.core.stats()), set(sched.stats())
+        fields = {f.name for f in msgspec.structs.fields(SchedulerStats)} - {"sent_at"}  # stamped by the codec
+        assert not engine & process, f"filled twice: {engine & process}"
+        assert engine | process == fields, (
+            f"never filled: {fields - engine - process}; unknown: {(engine | process) - fields}")
+        sched.core.add_request("r", encode(tiny, "Hello"), greedy(3, ignore_eos=True))
+        sched.core.step()  # the engine alone: the process's counters stay at 0
+        stats = sched.make_stats()
+        pool = sched.core.pool
+        assert (stats.kv_total, stats.kv_used, stats.kv_reserved) == (pool.capacity, pool.used_slots, pool.committed)
+        assert (stats.batch_size, stats.num_running, stats.steps_total) == (1, 1, 0)
+    finally:
+        sched.close()

@@ -1,0 +1,102 @@
+"""Decode attention: the native kernel agrees with torch's SDPA, in isolation and inside the engine."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from serving.models.layers import decode_attention, native
+from serving.models.layers.decode_attention import NativeDecode, sdpa_decode, select
+from serving.models.layers.forward_batch import ForwardBatch
+from tests.helpers import PROMPTS, collect, encode, greedy, make_core
+
+
+@pytest.fixture(scope="module")
+def kernel() -> NativeDecode:
+    lib = native.load("decode_attention")
+    if lib is None:  # g++ missing or the build failed: the log says why
+        message = "the native decode-attention kernel did not build here (is g++ installed?)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and {message}")
+        pytest.skip(f"!!! SKIPPED, NOT TESTED !!! {message}")
+    return NativeDecode(lib)
+
+
+def _batch(lengths: list[int], num_slots: int, gen: torch.Generator) -> ForwardBatch:
+    lens = torch.tensor(lengths)
+    lmax = int(lens.max())
+    slots = torch.randperm(num_slots, generator=gen)[: len(lengths) * lmax].view(len(lengths), lmax) + 1
+    valid = torch.arange(lmax)[None] < lens[:, None]
+    idx = torch.where(valid, slots, 0)
+    return ForwardBatch(input_ids=torch.zeros(len(lengths), dtype=torch.long), positions=lens - 1,
+                        out_slots=idx[:, 0].clone(), num_decode=len(lengths), decode_kv_idx=idx,
+                        decode_mask=valid[:, None, None, :], decode_lens=lens)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 16)])
+def test_native_matches_sdpa(kernel, dtype, tol, heads, kv_heads, head_dim):
+    gen = torch.Generator().manual_seed(heads * 100 + head_dim)
+    num_slots = 600
+    k = torch.randn(num_slots + 1, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_slots + 1, kv_heads, head_dim, generator=gen).to(dtype)
+    k[0] = v[0] = 0  # PAD_SLOT
+    fb = _batch([1, 7, 40, 100, 3], num_slots, gen)  # ragged: padding must not leak into short rows
+    q = torch.randn(5, heads, head_dim, generator=gen).to(dtype)
+    want = sdpa_decode(q, k, v, fb).float()
+    got = kernel(q, k, v, fb)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_padding_slots_are_never_read(kernel):
+    """A request attends only to its own length: garbage beyond it (or in PAD_SLOT) changes nothing."""
+    gen = torch.Generator().manual_seed(3)
+    k = torch.randn(201, 2, 16, generator=gen)
+    v = torch.randn(201, 2, 16, generator=gen)
+    fb = _batch([5, 50], 200, gen)
+    q = torch.randn(2, 4, 16, generator=gen)
+    before = kernel(q, k, v, fb)
+    k[0] = v[0] = float("nan")  # PAD_SLOT: the short row's padding points here
+    torch.testing.assert_close(kernel(q, k, v, fb), before)
+
+
+def test_engine_tokens_identical_with_either_backend(tiny, kernel):
+    prompts = [encode(tiny, p) for p in PROMPTS] + [encode(tiny, " ".join(PROMPTS))]
+    outs = {}
+    for backend in ("sdpa", "native"):
+        core = make_core(tiny, attention_backend=backend, max_prefill_tokens=16)
+        assert isinstance(core.runner.decode_attention, NativeDecode) == (backend == "native")
+        for i, ids in enumerate(prompts):
+            core.add_request(f"r{i}", ids, greedy(24, ignore_eos=True))
+        outs[backend] = collect(core)
+    assert outs["native"] == outs["sdpa"]
+    assert all(len(toks) == 24 for toks in outs["native"].values())
+
+
+def test_select_falls_back_to_sdpa_when_the_kernel_cannot_build(monkeypatch):
+    monkeypatch.setattr(decode_attention.native, "load", lambda name: None)
+    fn, why = select("auto")
+    assert fn is sdpa_decode and "did not build" in why
+    with pytest.raises(RuntimeError, match="could not be built"):
+        select("native")
+    assert select("sdpa")[0] is sdpa_decode
+    with pytest.raises(ValueError):
+        select("flash")
+
+
+def test_build_without_a_compiler_says_so(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        native.build("decode_attention")
+
+
+def test_build_is_cached_per_source(kernel, monkeypatch, tmp_path):
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    first = native.build("decode_attention")
+    mtime = first.stat().st_mtime_ns
+    assert native.build("decode_attention") == first and first.stat().st_mtime_ns == mtime
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind
