@@ -23,8 +23,16 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import (TABLE_HEAD, cpu_seconds, level_prompts, make_prompts, run_levels, start_server, table_row,
-                          write_json)
+from bench.common import (
+    TABLE_HEAD,
+    cpu_seconds,
+    level_prompts,
+    make_prompts,
+    run_levels,
+    start_server,
+    table_row,
+    write_json,
+)
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.loader import load_model

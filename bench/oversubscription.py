@@ -12,9 +12,9 @@ import os
 import statistics
 
 from bench.common import make_prompts
+from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.loader import load_model
-from protocol.sampling_params import SamplingParams
 from serving.engine.scheduler_core import SchedulerCore
 
 

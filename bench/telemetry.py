@@ -167,7 +167,8 @@ def main() -> None:
                 finally:
                     server.stop()
             print(f"round {r} {mode}: {results[mode][-1]}", flush=True)
-    print(f"\nmodel {a.model}, {os.cpu_count()} CPUs, {a.rounds} rounds (medians); OTLP bytes received: {Sink.received}")
+    print(f"\nmodel {a.model}, {os.cpu_count()} CPUs, {a.rounds} rounds (medians); "
+          f"OTLP bytes received: {Sink.received}")
     print("| telemetry | p50 TTFT ms (sequential, 64-token prompts) | output tok/s "
           f"({a.concurrency} streams × {a.gen_len}) |\n|---|---:|---:|")
     med = {m: {k: statistics.median(x[k] for x in v) for k in v[0]} for m, v in results.items()}

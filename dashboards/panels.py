@@ -100,7 +100,8 @@ class _PromAnnotation(dm.AnnotationQuery):
                 "tagKeys": self.tag_keys, "useValueForTime": False}
 
 
-def annotation(name: str, expr: str, title: str, text: str, tag_keys: tuple[str, ...], color: str) -> dm.AnnotationQuery:
+def annotation(name: str, expr: str, title: str, text: str, tag_keys: tuple[str, ...],
+               color: str) -> dm.AnnotationQuery:
     """An annotation from a Prometheus query: a mark wherever `expr` has a sample, labelled by `title`
     (`{{label}}` templates) and tagged with the values of `tag_keys`."""
     return _PromAnnotation(title, text, ",".join(tag_keys), name=name, datasource=PROM, enable=True, hide=False,

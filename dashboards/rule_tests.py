@@ -10,8 +10,14 @@ hand (see the comments), not read back from the rules, so a wrong factor, window
 from __future__ import annotations
 
 from dashboards.promql import has_model_label
-from dashboards.rules import (BUDGET_REMAINING, CPU_PER_TOKEN_BY_ROLE, CPU_PER_TOKEN_TOTAL, burn_alerts, render,
-                              symptom_alerts)
+from dashboards.rules import (
+    BUDGET_REMAINING,
+    CPU_PER_TOKEN_BY_ROLE,
+    CPU_PER_TOKEN_TOTAL,
+    burn_alerts,
+    render,
+    symptom_alerts,
+)
 from dashboards.slo import SLO, Spec
 from telemetry.buckets import DEFAULT_BUCKETS
 
@@ -294,4 +300,5 @@ def cost_tests(spec: Spec) -> dict:
 
 
 def test_files(spec: Spec) -> dict[str, dict]:
-    return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec), "cost_test.yml": cost_tests(spec)}
+    return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec),
+            "cost_test.yml": cost_tests(spec)}

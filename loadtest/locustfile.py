@@ -54,8 +54,7 @@ from locust import log as locust_log
 from locust.env import Environment
 from locust.stats import CSV_STATS_INTERVAL_SEC
 
-from loadtest.config import (DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, Workload,
-                             parse_mix)
+from loadtest.config import DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, Workload, parse_mix
 from loadtest.records import RequestRecord
 from loadtest.replay.readers import reader_class, sent_line
 from loadtest.replay.schedule import SCHEDULE_FILE, SENT_FILE, ReplayItem, ReplayQueue
@@ -87,7 +86,8 @@ def _arguments(parser) -> None:
     not a group: only its add_argument knows include_in_web_ui."""
     config = Config.load()
     parser.add_argument("--workload", default="chat",
-                        help=f"workload from the workloads YAML, or a mix chat=3,fixed=1 ({', '.join(config.workloads)})")
+                        help="workload from the workloads YAML, or a mix chat=3,fixed=1 "
+                             f"({', '.join(config.workloads)})")
     parser.add_argument("--model", default="", help="model name in requests [the one the server's /v1/models names]")
     parser.add_argument("--slo-ttft", type=float, default=config.goodput.get("ttft_ms", 0.0),
                         help="goodput: TTFT threshold, ms (0: none) [dashboards/slo.yaml]")

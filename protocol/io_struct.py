@@ -347,7 +347,7 @@ class HubReply(_Msg):
 
 
 Message = Union[
-    TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput, BatchStrOutput,
-    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
+    TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
+    BatchStrOutput, DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
     SnapshotReq, Snapshot, HubQuery, HubReply,
 ]

@@ -24,10 +24,9 @@ from pathlib import Path
 
 
 def load(kind: str, path: Path, tokenizer: str) -> dict:
-    from transformers import AutoTokenizer
-
     from guidellm.data.deserializers.trace_common import TraceDatasetDeserializer
     from guidellm.schemas.data.entrypoints import DataArgs
+    from transformers import AutoTokenizer
 
     config = DataArgs.model_validate({"kind": kind, "source": {"kind": "json_file", "path": str(path)}})
     dataset = TraceDatasetDeserializer()(config, lambda: AutoTokenizer.from_pretrained(tokenizer), 42)

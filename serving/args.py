@@ -22,24 +22,48 @@ def _opt(default: Any, help: str, **kw: Any) -> Any:
 @dataclass
 class ServerArgs:
     # -- model --------------------------------------------------------------
-    model: str = _opt("smollm2-135m", "Model to serve: 'smollm2-135m' (bundled), 'tiny-random', a .gguf file or a local HF directory.")
+    model: str = _opt("smollm2-135m", "Model to serve: 'smollm2-135m' (bundled), 'tiny-random', a .gguf file or a "
+                                      "local HF directory.")
     served_model_name: str | None = _opt(None, "Name clients put in the `model` field (default: derived from --model).")
-    cache_dir: str | None = _opt(None, "Where converted models are cached (default: $SIGHTLINE_CACHE_DIR or ~/.cache/sightline).")
-    context_length: int | None = _opt(None, "Maximum prompt + output tokens per request (default: the model's, capped by --max-total-tokens).")
+    cache_dir: str | None = _opt(None, "Where converted models are cached (default: $SIGHTLINE_CACHE_DIR or "
+                                       "~/.cache/sightline).")
+    context_length: int | None = _opt(None, "Maximum prompt + output tokens per request (default: the model's, capped "
+                                            "by --max-total-tokens).")
     # -- engine ---------------------------------------------------------------
-    max_total_tokens: int = _opt(32768, "KV pool size in token slots (per layer); bounds the tokens of all running requests.")
+    max_total_tokens: int = _opt(32768, "KV pool size in token slots (per layer); bounds the tokens of all running "
+                                        "requests.")
     max_running_requests: int = _opt(64, "Most requests in the running batch at once.")
-    max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step when no request is decoding; longer prompts are chunked across steps.")
-    max_step_tokens: int = _opt(128, "While requests decode, a step feeds at most this many tokens (one per decoding request plus prefill chunks), so a long prompt cannot stall their inter-token latency (Sarathi-style stall-free batching).")
-    min_prefill_chunk: int = _opt(32, "Prompt tokens a step prefills at least (when prompts wait), however many requests decode, so prefill keeps progressing.")
-    disable_prefix_cache: bool = _opt(False, "Turn off the prefix (radix) cache, which keeps finished requests' K/V in free KV slots so that prompts starting with the same tokens skip computing them.")
-    num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass, per Scheduler rank (default: the CPU cores divided by --dp-size).")
-    thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: 'passive' (sleep: the cores stay free for the HTTP front end and the Detokenizer) or 'active' (spin: lowest latency on cores nothing else uses). Sets OMP_WAIT_POLICY in the Scheduler process.")
-    dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a short matmul measurement at start-up finds faster on this CPU; logged).")
-    quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
-    attention_backend: str = _opt("auto", "Decode attention: 'native' (a C++ kernel compiled with g++ on first use and cached, reading each request's K/V slots in place), 'sdpa' (torch's scaled_dot_product_attention over a padded copy), or 'auto' (native when it builds here, else sdpa; logged).")
-    dp_size: int = _opt(1, "Data-parallel Scheduler ranks: N engine processes, each with its own model copy, KV pool and --num-threads (default: the cores split between them); each request goes to the rank with the fewest in-flight tokens (or, among nearly as idle ones, the rank its prompt's first tokens hash to, so a shared prefix finds its cache).", aliases=("--dp",))
-    tokenizer_worker_num: int = _opt(1, "Front-end worker processes, each an HTTP server and TokenizerManager on the same port (SO_REUSEPORT); with more than one, the main process supervises them and owns the metrics every worker answers /metrics with.")
+    max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step when no request is decoding; longer prompts "
+                                        "are chunked across steps.")
+    max_step_tokens: int = _opt(128, "While requests decode, a step feeds at most this many tokens (one per decoding "
+                                     "request plus prefill chunks), so a long prompt cannot stall their inter-token "
+                                     "latency (Sarathi-style stall-free batching).")
+    min_prefill_chunk: int = _opt(32, "Prompt tokens a step prefills at least (when prompts wait), however many "
+                                      "requests decode, so prefill keeps progressing.")
+    disable_prefix_cache: bool = _opt(False, "Turn off the prefix (radix) cache, which keeps finished requests' K/V in "
+                                             "free KV slots so that prompts starting with the same tokens skip "
+                                             "computing them.")
+    num_threads: int | None = _opt(None, "torch intra-op threads for the forward pass, per Scheduler rank (default: "
+                                         "the CPU cores divided by --dp-size).")
+    thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: "
+                                              "'passive' (sleep: the cores stay free for the HTTP front end and the "
+                                              "Detokenizer) or 'active' (spin: lowest latency on cores nothing else "
+                                              "uses). Sets OMP_WAIT_POLICY in the Scheduler process.")
+    dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a "
+                              "short matmul measurement at start-up finds faster on this CPU; logged).")
+    quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per "
+                                     "output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
+    attention_backend: str = _opt("auto", "Decode attention: 'native' (a C++ kernel compiled with g++ on first use and "
+                                          "cached, reading each request's K/V slots in place), 'sdpa' (torch's "
+                                          "scaled_dot_product_attention over a padded copy), or 'auto' (native when it "
+                                          "builds here, else sdpa; logged).")
+    dp_size: int = _opt(1, "Data-parallel Scheduler ranks: N engine processes, each with its own model copy, KV pool "
+                           "and --num-threads (default: the cores split between them); each request goes to the rank "
+                           "with the fewest in-flight tokens (or, among nearly as idle ones, the rank its prompt's "
+                           "first tokens hash to, so a shared prefix finds its cache).", aliases=("--dp",))
+    tokenizer_worker_num: int = _opt(1, "Front-end worker processes, each an HTTP server and TokenizerManager on the "
+                                        "same port (SO_REUSEPORT); with more than one, the main process supervises "
+                                        "them and owns the metrics every worker answers /metrics with.")
     random_seed: int = _opt(0, "Seeds the generators of requests that give no seed of their own.")
     # -- server -------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address the HTTP server listens on.")
@@ -48,57 +72,128 @@ class ServerArgs:
     heartbeat_interval: float = _opt(0.5, "Seconds between the idle Scheduler's stats/heartbeat messages.")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
-    max_prompt_chars: int | None = _opt(None, "Most characters in a prompt (or all chat messages together), refused before tokenizing (default: 16 per token of the context window).")
-    max_messages: int | None = _opt(None, "Most messages in one chat request (default: context window / 4, since each message costs at least 4 template tokens).")
-    allowed_hosts: str | None = _opt(None, "Host header names accepted, comma-separated; '*' accepts any (default: loopback names when --host is a loopback address, any otherwise). Guards against DNS rebinding.")
-    allowed_origins: str | None = _opt(None, "Browser origins that may call the API from their pages (CORS), comma-separated, e.g. 'http://localhost:3000'; '*' allows any. Default: none (no CORS headers, preflights refused).")
+    max_prompt_chars: int | None = _opt(None, "Most characters in a prompt (or all chat messages together), refused "
+                                              "before tokenizing (default: 16 per token of the context window).")
+    max_messages: int | None = _opt(None, "Most messages in one chat request (default: context window / 4, since each "
+                                          "message costs at least 4 template tokens).")
+    allowed_hosts: str | None = _opt(None, "Host header names accepted, comma-separated; '*' accepts any (default: "
+                                           "loopback names when --host is a loopback address, any otherwise). Guards "
+                                           "against DNS rebinding.")
+    allowed_origins: str | None = _opt(None, "Browser origins that may call the API from their pages (CORS), "
+                                             "comma-separated, e.g. 'http://localhost:3000'; '*' allows any. Default: "
+                                             "none (no CORS headers, preflights refused).")
     # -- reliability and security ----------------------------------------------------
-    watchdog_timeout: float = _opt(60.0, "Seconds without a heartbeat from a child, while requests are in flight, before it counts as stalled (one engine step must fit in it, even on an overloaded CPU).")
-    stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this many seconds.")
-    on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays up) or 'exit'.")
-    max_engine_restarts: int = _opt(5, "Most engine restart attempts within --engine-restart-window; when spent, the server stays up answering 503 until it is restarted from outside (0: never restart).")
+    watchdog_timeout: float = _opt(60.0, "Seconds without a heartbeat from a child, while requests are in flight, "
+                                         "before it counts as stalled (one engine step must fit in it, even on an "
+                                         "overloaded CPU).")
+    stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this "
+                                      "many seconds.")
+    on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays "
+                                             "up) or 'exit'.")
+    max_engine_restarts: int = _opt(5, "Most engine restart attempts within --engine-restart-window; when spent, the "
+                                       "server stays up answering 503 until it is restarted from outside (0: never "
+                                       "restart).")
     engine_restart_window: float = _opt(300.0, "Seconds over which --max-engine-restarts is counted.")
-    request_timeout: float | None = _opt(None, "Per-request deadline in seconds (a request may lower it with the x-request-timeout header).")
-    max_queue_time: float | None = _opt(None, "Seconds a request may wait in the Scheduler's queue before it is aborted.")
+    request_timeout: float | None = _opt(None, "Per-request deadline in seconds (a request may lower it with the "
+                                               "x-request-timeout header).")
+    max_queue_time: float | None = _opt(None, "Seconds a request may wait in the Scheduler's queue before it is "
+                                              "aborted.")
     max_queued_requests: int = _opt(256, "Requests accepted but not yet started; beyond it new requests get 429.")
-    max_inflight_tokens: int | None = _opt(None, "Prompt + max_tokens over all in-flight requests; beyond it 429 (default: 4 x --max-total-tokens).")
+    max_inflight_tokens: int | None = _opt(None, "Prompt + max_tokens over all in-flight requests; beyond it 429 "
+                                                 "(default: 4 x --max-total-tokens).")
     shutdown_grace: float = _opt(30.0, "On SIGTERM, seconds in-flight requests may finish before they are aborted.")
-    api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on /v1/* and /generate (default: $SIGHTLINE_API_KEY; prefer the variable: flags show in ps).")
+    api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on /v1/* and /generate (default: "
+                                     "$SIGHTLINE_API_KEY; prefer the variable: flags show in ps).")
     auth_debug: bool = _opt(True, "With an API key, also require it on /debug/*.")
     auth_metrics: bool = _opt(False, "With an API key, also require it on /metrics.")
-    control_from_anywhere: bool = _opt(False, "Without an API key, also accept the control endpoints (/pause_generation, /continue_generation, /control/*) from clients that are not on a loopback address (by default they answer those 403). With a key they always need it.")
+    control_from_anywhere: bool = _opt(False, "Without an API key, also accept the control endpoints "
+                                              "(/pause_generation, /continue_generation, /control/*) from clients that "
+                                              "are not on a loopback address (by default they answer those 403). With "
+                                              "a key they always need it.")
     max_request_bytes: int = _opt(4 * 1024 * 1024, "Largest request body accepted (413 beyond).")
-    max_connections: int | None = _opt(None, "Most open HTTP connections; one more is answered 503 and closed at once (default: the open-files limit less max(64, 1/8 of it), kept for the server's own files).")
-    keep_alive_timeout: float = _opt(5.0, "Seconds a connection may sit idle between requests, or take to send complete request headers, before it is closed.")
-    body_read_timeout: float = _opt(30.0, "Seconds a request has to deliver its whole body once its headers are in (408 beyond).")
-    send_stall_timeout: float = _opt(30.0, "Seconds a response send may make no progress (client not reading, HTTP/2 window shut) before the stream is cut off and its request aborted as a client disconnect; an SSE stream is also cut off 1 s after its request's deadline.")
-    accept_error_log_interval: float = _opt(10.0, "Seconds between log lines about failing accept() calls (e.g. out of file descriptors); those in between are counted in the next line.")
+    max_connections: int | None = _opt(None, "Most open HTTP connections; one more is answered 503 and closed at once "
+                                             "(default: the open-files limit less max(64, 1/8 of it), kept for the "
+                                             "server's own files).")
+    keep_alive_timeout: float = _opt(5.0, "Seconds a connection may sit idle between requests, or take to send "
+                                          "complete request headers, before it is closed.")
+    body_read_timeout: float = _opt(30.0, "Seconds a request has to deliver its whole body once its headers are in "
+                                          "(408 beyond).")
+    send_stall_timeout: float = _opt(30.0, "Seconds a response send may make no progress (client not reading, HTTP/2 "
+                                           "window shut) before the stream is cut off and its request aborted as a "
+                                           "client disconnect; an SSE stream is also cut off 1 s after its request's "
+                                           "deadline.")
+    accept_error_log_interval: float = _opt(10.0, "Seconds between log lines about failing accept() calls (e.g. out of "
+                                                  "file descriptors); those in between are counted in the next line.")
     # -- telemetry ----------------------------------------------------------------
     enable_metrics: bool = _opt(True, "Observe per-request Prometheus metrics (served at /metrics).")
-    histogram_buckets: str | None = _opt(None, "Override histogram buckets per family, e.g. 'ttft=0.05,0.1,0.2;itl=0.01,0.05' (families: ttft, itl, tpot, e2e, stage, tokens).")
-    enable_tracing: bool = _opt(True, "Build OpenTelemetry spans for sampled requests (kept for /debug/requests; exported per --otel-traces-exporter). Off with OTEL_SDK_DISABLED=true unless a flag asks for an export.")
-    otel_traces_exporter: str | None = _opt(None, "Span exporters, comma-separated: otlp, console, none (default: $OTEL_TRACES_EXPORTER, else otlp when an OTLP endpoint is set by flag or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else none).")
-    otel_exporter_otlp_protocol: str | None = _opt(None, "OTLP protocol: http/protobuf or grpc (default: $OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL or http/protobuf).")
-    otel_exporter_otlp_endpoint: str | None = _opt(None, "OTLP base endpoint, e.g. http://127.0.0.1:4318 (default: the OTEL_EXPORTER_OTLP_* variables).")
-    otel_sampling_ratio: float | None = _opt(None, "Parent-based trace-id ratio for new traces (default: $OTEL_TRACES_SAMPLER / $OTEL_TRACES_SAMPLER_ARG, else 1.0).")
-    otel_tail_sampling: bool = _opt(True, "Tail sampling: record the requests head sampling left out and export, when each ends, the traces of those that errored, were aborted or shed, or breached the TTFT/TPOT thresholds (spans from every process).")
-    tail_sampling_ttft_ms: float | None = _opt(None, "Tail sampling keeps a request whose TTFT exceeded this (default: the TTFT SLO threshold of dashboards/slo.yaml, else 1000; 0: never for TTFT).")
-    tail_sampling_tpot_ms: float | None = _opt(None, "Tail sampling keeps a request whose TPOT exceeded this (default: the TPOT SLO threshold of dashboards/slo.yaml, else 100; 0: never for TPOT).")
-    tail_sampling_buffer_traces: int = _opt(4096, "Undecided traces tail sampling holds; past it the oldest is dropped and counted (reason buffer_full).")
-    tail_sampling_overrides_parent: bool = _opt(False, "Tail sampling also records a request whose caller sent a traceparent with sampled=0 (by default that choice is respected: nothing is recorded).")
-    otel_metrics_exporter: str | None = _opt(None, "OpenTelemetry GenAI metrics (gen_ai.server.*, gen_ai.client.token.usage) pushed beside /metrics; exporters, comma-separated: otlp, console, none (default: $OTEL_METRICS_EXPORTER, else otlp when a metrics endpoint is set by --otel-exporter-otlp-metrics-endpoint or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else none; the shared OTLP endpoint alone does not turn them on).")
-    otel_exporter_otlp_metrics_endpoint: str | None = _opt(None, "Full URL OTLP metrics are sent to, e.g. http://127.0.0.1:4318/v1/metrics (default: $OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else --otel-exporter-otlp-endpoint or $OTEL_EXPORTER_OTLP_ENDPOINT with /v1/metrics). The protocol is --otel-exporter-otlp-protocol's (or $OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL).")
-    otel_metric_export_interval: int | None = _opt(None, "Milliseconds between OTLP metric exports; what is left is exported at shutdown (default: $OTEL_METRIC_EXPORT_INTERVAL, else 60000).")
+    histogram_buckets: str | None = _opt(None, "Override histogram buckets per family, e.g. "
+                                               "'ttft=0.05,0.1,0.2;itl=0.01,0.05' (families: ttft, itl, tpot, e2e, "
+                                               "stage, tokens).")
+    enable_tracing: bool = _opt(True, "Build OpenTelemetry spans for sampled requests (kept for /debug/requests; "
+                                      "exported per --otel-traces-exporter). Off with OTEL_SDK_DISABLED=true unless a "
+                                      "flag asks for an export.")
+    otel_traces_exporter: str | None = _opt(None, "Span exporters, comma-separated: otlp, console, none (default: "
+                                                  "$OTEL_TRACES_EXPORTER, else otlp when an OTLP endpoint is set by "
+                                                  "flag or OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, else none).")
+    otel_exporter_otlp_protocol: str | None = _opt(None, "OTLP protocol: http/protobuf or grpc (default: "
+                                                         "$OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL or http/protobuf).")
+    otel_exporter_otlp_endpoint: str | None = _opt(None, "OTLP base endpoint, e.g. http://127.0.0.1:4318 (default: the "
+                                                         "OTEL_EXPORTER_OTLP_* variables).")
+    otel_sampling_ratio: float | None = _opt(None, "Parent-based trace-id ratio for new traces (default: "
+                                                   "$OTEL_TRACES_SAMPLER / $OTEL_TRACES_SAMPLER_ARG, else 1.0).")
+    otel_tail_sampling: bool = _opt(True, "Tail sampling: record the requests head sampling left out and export, when "
+                                          "each ends, the traces of those that errored, were aborted or shed, or "
+                                          "breached the TTFT/TPOT thresholds (spans from every process).")
+    tail_sampling_ttft_ms: float | None = _opt(None, "Tail sampling keeps a request whose TTFT exceeded this (default: "
+                                                     "the TTFT SLO threshold of dashboards/slo.yaml, else 1000; 0: "
+                                                     "never for TTFT).")
+    tail_sampling_tpot_ms: float | None = _opt(None, "Tail sampling keeps a request whose TPOT exceeded this (default: "
+                                                     "the TPOT SLO threshold of dashboards/slo.yaml, else 100; 0: "
+                                                     "never for TPOT).")
+    tail_sampling_buffer_traces: int = _opt(4096, "Undecided traces tail sampling holds; past it the oldest is dropped "
+                                                  "and counted (reason buffer_full).")
+    tail_sampling_overrides_parent: bool = _opt(False, "Tail sampling also records a request whose caller sent a "
+                                                       "traceparent with sampled=0 (by default that choice is "
+                                                       "respected: nothing is recorded).")
+    otel_metrics_exporter: str | None = _opt(None, "OpenTelemetry GenAI metrics (gen_ai.server.*, "
+                                                   "gen_ai.client.token.usage) pushed beside /metrics; exporters, "
+                                                   "comma-separated: otlp, console, none (default: "
+                                                   "$OTEL_METRICS_EXPORTER, else otlp when a metrics endpoint is set "
+                                                   "by --otel-exporter-otlp-metrics-endpoint or "
+                                                   "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else none; the shared OTLP "
+                                                   "endpoint alone does not turn them on).")
+    otel_exporter_otlp_metrics_endpoint: str | None = _opt(None, "Full URL OTLP metrics are sent to, e.g. "
+                                                                 "http://127.0.0.1:4318/v1/metrics (default: "
+                                                                 "$OTEL_EXPORTER_OTLP_METRICS_ENDPOINT, else "
+                                                                 "--otel-exporter-otlp-endpoint or "
+                                                                 "$OTEL_EXPORTER_OTLP_ENDPOINT with /v1/metrics). The "
+                                                                 "protocol is --otel-exporter-otlp-protocol's (or "
+                                                                 "$OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL).")
+    otel_metric_export_interval: int | None = _opt(None, "Milliseconds between OTLP metric exports; what is left is "
+                                                         "exported at shutdown (default: $OTEL_METRIC_EXPORT_INTERVAL, "
+                                                         "else 60000).")
     log_format: str = _opt("json", "Log format: json (one object per line, with rid/trace_id/span_id) or text.")
-    log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the prompt or output).")
+    log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the "
+                                    "prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
     # -- flight recorder and crash dumps (telemetry/flight_recorder.py, serving/frontend/supervision/crash_dump.py) --
-    dump_requests: str | None = _opt(None, "Directory to record every generation request in, one JSON line each (telemetry/request_record.py: arrival, route, sampling parameters, token counts, outcome, latency breakdown, prompt/output lengths and SHA-256), in rotating requests-*.jsonl files; crash dumps go there too. Written by a background thread: a write error is counted, never a failed request.")
-    dump_content: bool = _opt(False, "With --dump-requests, also record the prompt (or chat messages), stop strings and output text (by default only their lengths and SHA-256).")
-    dump_requests_max_file_mb: float = _opt(64.0, "With --dump-requests, MiB after which a new requests-*.jsonl file is started.")
-    dump_requests_max_files: int = _opt(10, "With --dump-requests, most requests-*.jsonl files kept in the directory (every tokenizer worker's together); the oldest are deleted.")
-    crash_dump_dir: str | None = _opt(None, "Directory for crash dumps (crash-<UTC time>/: the last requests, engine stats, in-flight requests, the failure, live processes' Python stacks), written when an engine process dies or stalls (default: the --dump-requests directory; none without either).")
-    crash_dump_requests: int = _opt(200, "Most recent request records a crash dump holds (kept in memory while --dump-requests or --crash-dump-dir is set).")
+    dump_requests: str | None = _opt(None, "Directory to record every generation request in, one JSON line each "
+                                           "(telemetry/request_record.py: arrival, route, sampling parameters, token "
+                                           "counts, outcome, latency breakdown, prompt/output lengths and SHA-256), in "
+                                           "rotating requests-*.jsonl files; crash dumps go there too. Written by a "
+                                           "background thread: a write error is counted, never a failed request.")
+    dump_content: bool = _opt(False, "With --dump-requests, also record the prompt (or chat messages), stop strings "
+                                     "and output text (by default only their lengths and SHA-256).")
+    dump_requests_max_file_mb: float = _opt(64.0, "With --dump-requests, MiB after which a new requests-*.jsonl file "
+                                                  "is started.")
+    dump_requests_max_files: int = _opt(10, "With --dump-requests, most requests-*.jsonl files kept in the directory "
+                                            "(every tokenizer worker's together); the oldest are deleted.")
+    crash_dump_dir: str | None = _opt(None, "Directory for crash dumps (crash-<UTC time>/: the last requests, engine "
+                                            "stats, in-flight requests, the failure, live processes' Python stacks), "
+                                            "written when an engine process dies or stalls (default: the "
+                                            "--dump-requests directory; none without either).")
+    crash_dump_requests: int = _opt(200, "Most recent request records a crash dump holds (kept in memory while "
+                                         "--dump-requests or --crash-dump-dir is set).")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -205,9 +300,11 @@ class ServerArgs:
             typ = hints[f.name]
             base = next((t for t in getattr(typ, "__args__", (typ,)) if t is not type(None)), str)
             if base is bool:
-                parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+                parser.add_argument(*flags, action=argparse.BooleanOptionalAction, default=f.default,
+                                    help=f.metadata["help"])
             else:
-                parser.add_argument(*flags, dest=f.name, type=base, default=f.default, help=f.metadata["help"] + f" [default: {f.default}]")
+                parser.add_argument(*flags, dest=f.name, type=base, default=f.default,
+                                    help=f.metadata["help"] + f" [default: {f.default}]")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "ServerArgs":

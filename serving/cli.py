@@ -18,10 +18,10 @@ from serving.args import ServerArgs
 
 
 def _generate(ns: argparse.Namespace) -> int:
-    from serving.engine.loader import load_model
-    from serving.model_files import ModelLoadError
     from protocol.sampling_params import SamplingParams
+    from serving.engine.loader import load_model
     from serving.engine.scheduler_core import SchedulerCore
+    from serving.model_files import ModelLoadError
 
     args = ServerArgs.from_cli(ns)
     try:

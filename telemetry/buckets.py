@@ -25,7 +25,8 @@ def parse_bucket_overrides(text: str | None) -> dict[str, tuple[float, ...]]:
         key, _, values = part.partition("=")
         key = key.strip()
         if key not in DEFAULT_BUCKETS:
-            raise ValueError(f"--histogram-buckets: unknown family {key!r} (known: {', '.join(sorted(DEFAULT_BUCKETS))})")
+            raise ValueError(f"--histogram-buckets: unknown family {key!r} "
+                             f"(known: {', '.join(sorted(DEFAULT_BUCKETS))})")
         try:
             buckets = tuple(float(v) for v in values.split(",") if v.strip())
         except ValueError:

@@ -86,7 +86,8 @@ class SchedulerSpans:
         if links:
             self.tracing.record("forward", Context(), start, end, links=links, attributes=attributes)
 
-    def finished(self, req: EngineRequest, reason: str, error_type: str | None = None, message: str | None = None) -> None:
+    def finished(self, req: EngineRequest, reason: str, error_type: str | None = None,
+                 message: str | None = None) -> None:
         """Record the rid's stage spans; `error_type` (abort reason, engine_error) marks them failed."""
         ctx = self.ctx.pop(req.rid, None)
         if ctx is None:

@@ -23,11 +23,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from protocol.io_struct import SchedulerStats
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
-from telemetry.tail_sampling import DROP_REASONS, KEEP_REASONS
-from protocol.io_struct import SchedulerStats
 from telemetry.stats import EngineView
+from telemetry.tail_sampling import DROP_REASONS, KEEP_REASONS
+
 
 # -- the catalogue -------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -56,13 +57,17 @@ SPECS: tuple[Spec, ...] = (
          "of the same request (vLLM's ITL). One observation per token after the first.", attr="itl"),
     Spec("sightline_time_per_output_token_seconds", "histogram", "Per-request time per output token (TPOT).", M,
          "tpot", "One observation per request with n ≥ 2 output tokens: (e2e − TTFT) / (n − 1). TPOT is a per-"
-         "request mean; ITL is per gap — a request with one long stall has one large ITL and a modest TPOT.", attr="tpot"),
+         "request mean; ITL is per gap — a request with one long stall has one large ITL and a modest TPOT.",
+         attr="tpot"),
     Spec("sightline_e2e_request_latency_seconds", "histogram", "End-to-end request latency.", M, "e2e",
-         "`arrival` → the TokenizerManager received the request's final output (finished, aborted or failed).", attr="e2e"),
+         "`arrival` → the TokenizerManager received the request's final output (finished, aborted or failed).",
+         attr="e2e"),
     Spec("sightline_request_queue_time_seconds", "histogram", "Time in the Scheduler's waiting queue.", M, "stage",
-         "Scheduler received the request (`sched_recv`) → first admitted into a batch (`scheduled`).", attr="queue_time"),
+         "Scheduler received the request (`sched_recv`) → first admitted into a batch (`scheduled`).",
+         attr="queue_time"),
     Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
-         "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.", attr="prefill_time"),
+         "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.",
+         attr="prefill_time"),
     Spec("sightline_request_decode_time_seconds", "histogram", "Decode time.", M, "stage",
          "`first_token` → finished in the Scheduler (`finished`).", attr="decode_time"),
     Spec("sightline_request_tokenize_time_seconds", "histogram", "Tokenization (chat template + encode) time.", M,
@@ -72,19 +77,25 @@ SPECS: tuple[Spec, ...] = (
          "carried the request).", attr="detokenize_time"),
     Spec("sightline_ipc_hop_latency_seconds", "histogram", "Latency of one ZMQ hop.", ("hop",), "stage",
          "Receiver's receive stamp − sender's `sent_at`. hop=tm_to_scheduler (per request), "
-         "scheduler_to_detokenizer and detokenizer_to_tm (per output message), scheduler_stats (per stats message).", attr="ipc_hop"),
-    Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", M, "tokens", attr="prompt_tokens"),
-    Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens", attr="generation_tokens"),
+         "scheduler_to_detokenizer and detokenizer_to_tm (per output message), scheduler_stats (per stats message).",
+         attr="ipc_hop"),
+    Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", M, "tokens",
+         attr="prompt_tokens"),
+    Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens",
+         attr="generation_tokens"),
     # counters observed in the main process
     Spec("sightline_requests_total", "counter",
          "Generation requests that ended, by finish reason, HTTP status and outcome (exactly one per request).",
          M + ("finish_reason", "status", "outcome"),
          definition="finish_reason: " + " | ".join(FINISH_REASONS) + ". status: the HTTP status the request "
-         "ended with (200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; 500 engine failure; "
-         "503 unavailable; 504 timeout). outcome: " + " | ".join(OUTCOMES) + " (telemetry/outcomes.py): "
-         "`sum by (outcome)` adds up to the requests that reached a generation route.", attr="requests"),
-    Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M, attr="prompt_tokens_total"),
-    Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M, attr="generation_tokens_total"),
+         "ended with (200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; "
+         "500 engine failure; 503 unavailable; 504 timeout). outcome: " + " | ".join(OUTCOMES)
+         + " (telemetry/outcomes.py): `sum by (outcome)` adds up to the requests that reached a generation route.",
+         attr="requests"),
+    Spec("sightline_prompt_tokens_total", "counter", "Prompt tokens of finished requests.", M,
+         attr="prompt_tokens_total"),
+    Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M,
+         attr="generation_tokens_total"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
          "/pause_generation mode abort).", attr="aborts"),
@@ -92,13 +103,16 @@ SPECS: tuple[Spec, ...] = (
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
          "(--max-inflight-tokens).", attr="shed"),
     Spec("sightline_engine_failures_total", "counter", "Engine process failures seen by the watchdog.",
-         ("role", "cause"), definition="role: scheduler (scheduler_dp0, scheduler_dp1... with several ranks) | detokenizer. cause: exited | stalled (no heartbeat for "
+         ("role", "cause"), definition="role: scheduler (scheduler_dp0, scheduler_dp1... with several ranks) | "
+         "detokenizer. cause: exited | stalled (no heartbeat for "
          "--watchdog-timeout while requests were in flight) | startup_timeout (a restarted child not ready within "
          "--startup-timeout).", attr="engine_failures", hub=True),
-    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure.", attr="engine_restarts", hub=True),
+    Spec("sightline_engine_restarts_total", "counter", "Times the engine processes were replaced after a failure.",
+         attr="engine_restarts", hub=True),
     Spec("sightline_engine_restart_budget_exhausted", "gauge",
          "1 once --max-engine-restarts restarts within --engine-restart-window were spent: the engine stays down and "
-         "every request gets 503 until the server is restarted from outside; else 0.", attr="restart_budget_exhausted", hub=True),
+         "every request gets 503 until the server is restarted from outside; else 0.",
+         attr="restart_budget_exhausted", hub=True),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
          ("route", "method", "status"), definition="route: a route template or `unmatched`; method: GET, HEAD, POST, "
          "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set).", attr="http_requests"),
@@ -127,9 +141,11 @@ SPECS: tuple[Spec, ...] = (
          "Crash dumps written on an engine failure (--dump-requests DIR or --crash-dump-dir), by result.",
          ("result",), definition="result: written | failed (an error while writing it, logged; the restart went "
          "on).", attr="crash_dumps", hub=True),
-    Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections).", attr="connections_open"),
+    Spec("sightline_http_connections_open", "gauge", "Open HTTP connections (at most --max-connections).",
+         attr="connections_open"),
     Spec("sightline_http_connections_refused_total", "counter",
-         "Connections answered 503 and closed at accept because --max-connections were open.", attr="connections_refused"),
+         "Connections answered 503 and closed at accept because --max-connections were open.",
+         attr="connections_refused"),
     Spec("sightline_http_stream_stalls_total", "counter", "Response streams cut off because the client took no data.",
          ("cause",), definition="cause: stalled (a send made no progress for --send-stall-timeout) | deadline (an SSE "
          "send still blocked 1 s after its request's deadline). HTTP/2 gets RST_STREAM, HTTP/1.1 a closed "
@@ -144,7 +160,8 @@ SPECS: tuple[Spec, ...] = (
          ("mode",), definition="mode: abort | in_place | drain. All 0 while generation runs; new generation "
          "requests get 503 `paused` while any is 1.", attr="paused"),
     Spec("sightline_health_checks_total", "counter", "/health answers, by result.", ("healthy",), attr="health_checks"),
-    Spec("sightline_requests_in_flight", "gauge", "Requests the TokenizerManager holds (rid_to_state size).", M, attr="in_flight"),
+    Spec("sightline_requests_in_flight", "gauge", "Requests the TokenizerManager holds (rid_to_state size).", M,
+         attr="in_flight"),
     # from the children's stats messages, exposed at scrape time
     Spec("sightline_stale_messages_dropped_total", "counter",
          "Messages dropped because their rid was no longer known where they arrived.",
@@ -157,21 +174,27 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_message_handling_errors_total", "counter",
          "Messages (or one rid's part of a message) whose handling raised; that rid ended with an error, the "
          "process went on.", ("component",), source="all", read="handling_errors"),
-    Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", R, source="scheduler", read="scheduler.num_running"),
-    Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", R, source="scheduler", read="scheduler.num_waiting"),
+    Spec("sightline_num_requests_running", "gauge", "Requests in the running batch.", R, source="scheduler",
+         read="scheduler.num_running"),
+    Spec("sightline_num_requests_waiting", "gauge", "Requests in the waiting queue.", R, source="scheduler",
+         read="scheduler.num_waiting"),
     Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values (the prefix cache's included).", R,
          source="scheduler", read="scheduler.kv_used"),
     Spec("sightline_kv_slots_reserved", "gauge",
          "KV token slots promised to running requests: their reservations plus the cached prefixes they reuse.", R,
          source="scheduler", read="scheduler.kv_reserved"),
-    Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", R, source="scheduler", read="scheduler.kv_total"),
+    Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", R, source="scheduler",
+         read="scheduler.kv_total"),
     Spec("sightline_kv_usage_ratio", "gauge", "Reserved KV slots ÷ total (admission headroom).", R,
          source="scheduler", read="scheduler.kv_usage_ratio"),
-    Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler", read="scheduler.batch_size"),
-    Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler", read="scheduler.step_seconds"),
+    Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler",
+         read="scheduler.batch_size"),
+    Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler",
+         read="scheduler.step_seconds"),
     Spec("sightline_generation_throughput_tokens_per_second", "gauge",
          "Tokens sampled per second over the last few seconds.", M, source="scheduler", read="throughput"),
-    Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", R, source="scheduler", read="scheduler.steps_total"),
+    Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", R, source="scheduler",
+         read="scheduler.steps_total"),
     Spec("sightline_scheduler_prefill_tokens_total", "counter", "Prompt tokens prefilled (chunked prefill activity).",
          R, source="scheduler", read="scheduler.prefill_tokens_total"),
     Spec("sightline_scheduler_generated_tokens_total", "counter", "Tokens sampled by the engine.", R,
@@ -179,7 +202,8 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_prefix_cache_queries_tokens_total", "counter",
          "Prompt tokens of requests the Scheduler admitted, each looked up in the prefix cache.", R,
          definition="Counted at admission (an aborted request's too); hits ÷ queries is the hit ratio, as vLLM's "
-         "`prefix_cache_queries` / `prefix_cache_hits`.", source="scheduler", read="scheduler.prefix_queries_tokens_total"),
+         "`prefix_cache_queries` / `prefix_cache_hits`.", source="scheduler",
+         read="scheduler.prefix_queries_tokens_total"),
     Spec("sightline_prefix_cache_hits_tokens_total", "counter",
          "Of those prompt tokens, how many were reused from the prefix cache (no prefill computed).", R,
          definition="The sum of `usage.prompt_tokens_details.cached_tokens` over the requests admitted.",
@@ -216,11 +240,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_process_cpu_seconds_total", "counter", "CPU time of each sightline process.", ("role",),
          source="all", read="cpu"),
     Spec("sightline_worker_failures_total", "counter", "Tokenizer workers that died and were replaced (several "
-         "workers only).", ("cause",), definition="cause: exited | stalled (up but no heartbeat for --watchdog-timeout: killed). Its "
-         "streams ended with it (their connections closed); its requests were aborted in the engine.", attr="worker_failures", hub=True),
+         "workers only).", ("cause",), definition="cause: exited | stalled (up but no heartbeat for "
+         "--watchdog-timeout: killed). Its streams ended with it (their connections closed); its requests were "
+         "aborted in the engine.", attr="worker_failures", hub=True),
     Spec("sightline_tokenizer_workers", "gauge", "Tokenizer workers up (HTTP server + TokenizerManager processes).",
          attr="workers_up", hub=True),
-    Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info", hub=True),
+    Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info",
+         hub=True),
 )
 BY_NAME = {s.name: s for s in SPECS}
 

@@ -89,7 +89,7 @@ def render() -> str:
     return "".join(out)
 
 
-GENAI_INTRO = """
+GENAI_INTRO = ("""
 ## OpenTelemetry GenAI metrics (OTLP)
 Beside `/metrics`, the main process (each tokenizer worker, with several) can push the model-server
 instruments of the OpenTelemetry GenAI semantic conventions (status Development) over OTLP
@@ -102,10 +102,15 @@ OTEL_METRICS_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 sig
 
 | flag | variable | default |
 |---|---|---|
-| `--otel-metrics-exporter otlp,console,none` | `OTEL_METRICS_EXPORTER` | `otlp` when a metrics endpoint is set, else `none` |
-| `--otel-exporter-otlp-metrics-endpoint URL` (full URL) | `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`; else `--otel-exporter-otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/metrics` | the SDK's (`http://localhost:4318/v1/metrics`, grpc `:4317`) |
-| `--otel-exporter-otlp-protocol http/protobuf\\|grpc` | `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, `OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` |
-| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |
+"""
+               "| `--otel-metrics-exporter otlp,console,none` | `OTEL_METRICS_EXPORTER` | `otlp` when a metrics "
+               "endpoint is set, else `none` |\n"
+               "| `--otel-exporter-otlp-metrics-endpoint URL` (full URL) | `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`; else "
+               "`--otel-exporter-otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/metrics` | the SDK's "
+               "(`http://localhost:4318/v1/metrics`, grpc `:4317`) |\n"
+               "| `--otel-exporter-otlp-protocol http/protobuf\\|grpc` | `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, "
+               "`OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` |\n"
+               """| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |
 
 A flag wins over a variable. A metrics endpoint alone (the flag or
 `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) means `otlp`, as an endpoint does for spans; the shared
@@ -129,7 +134,7 @@ token usage goes on their one token-usage histogram, `gen_ai.client.token.usage`
 
 | instrument | unit | bucket boundaries (the conventions') | recorded for | Prometheus counterpart |
 |---|---|---|---|---|
-"""
+""")
 
 
 def _genai_section() -> str:

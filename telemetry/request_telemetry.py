@@ -25,10 +25,16 @@ from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
 from telemetry.outcomes import finished_outcome, refused_outcome
-from telemetry.timeline import Timeline
 from telemetry.tail_sampling import TailPolicy, TailSampler
+from telemetry.timeline import Timeline
 from telemetry.tracing import (
-    PRODUCER_KEY, Tracing, hop_attributes, set_error, tail_trace_id_of, trace_id_of, traceparent_of,
+    PRODUCER_KEY,
+    Tracing,
+    hop_attributes,
+    set_error,
+    tail_trace_id_of,
+    trace_id_of,
+    traceparent_of,
 )
 
 PROVIDER = "sightline"

@@ -45,7 +45,8 @@ def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_fac
         elif wavelen > low_wavelen:
             out.append(factor)
         else:
-            smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            smooth = ((original_max_position_embeddings / wavelen - low_freq_factor)
+                      / (high_freq_factor - low_freq_factor))
             out.append(1 / ((1 - smooth) / factor + smooth))
     return torch.tensor(out, dtype=torch.float32).numpy()
 

@@ -16,14 +16,15 @@ def board() -> Board:
     b.row(
         "Batching",
         timeseries_panel("Batch size", "Requests in the latest engine step (decode and prefill chunks together); "
-                         "with several ranks or instances the largest (per rank: Overview → Workers and ranks).", "short",
+                         "with several ranks or instances the largest (per rank: Overview → Workers and ranks).",
+                         "short",
                          [(q.gauge("sightline_batch_size", agg="max"), "batch size")], width=8),
         timeseries_panel("Step time", "Duration of the latest engine step (one forward pass + sampling); with "
                          "several ranks or instances the slowest (per rank: Overview → Workers and ranks).", "s",
                          [(q.gauge("sightline_step_time_seconds", agg="max"), "step time")], width=8),
         timeseries_panel("Steps per second", "Engine steps run per second, all ranks and instances together; 0 "
-                         "with requests waiting = stalled.", "ops", [(q.rate("sightline_scheduler_steps_total"), "steps/s")],
-                         width=8),
+                         "with requests waiting = stalled.", "ops",
+                         [(q.rate("sightline_scheduler_steps_total"), "steps/s")], width=8),
     )
     b.row(
         "Step phases",
@@ -44,8 +45,8 @@ def board() -> Board:
                          [*((q.gauge(f"sightline_kv_slots_{k}"), k) for k in KV),
                           (q.gauge("sightline_prefix_cache_tokens"), "prefix cache")]),
         timeseries_panel("KV usage ratio", "Reserved ÷ total slots of the fullest rank of any instance (each rank has "
-                         "its own pool; the slots panel sums them). Admission stops when a request's prompt + max_new_tokens no "
-                         "longer fits.", "percentunit",
+                         "its own pool; the slots panel sums them). Admission stops when a request's prompt + "
+                         "max_new_tokens no longer fits.", "percentunit",
                          [(q.gauge("sightline_kv_usage_ratio", agg="max"), "reserved ratio")], max_value=1),
     )
     b.row(

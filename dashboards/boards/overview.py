@@ -88,8 +88,8 @@ def workers_and_ranks() -> list:
         timeseries_panel("Generated tokens/s by rank", "Tokens each rank samples per second (rate of "
                          "sightline_scheduler_generated_tokens_total): the ranks' shares of the engine throughput.",
                          "suffix: tokens/s",
-                         [(q.rate("sightline_scheduler_generated_tokens_total", by=RANK), "{{instance}} rank {{dp_rank}}")],
-                         width=8),
+                         [(q.rate("sightline_scheduler_generated_tokens_total", by=RANK),
+                           "{{instance}} rank {{dp_rank}}")], width=8),
         timeseries_panel("Prefix cache hit ratio by rank",
                          "Prompt tokens reused ÷ prompt tokens admitted, per rank: each rank caches only the "
                          "prefixes it has served, so a lower ratio on one rank means requests sharing a prefix "
@@ -99,15 +99,17 @@ def workers_and_ranks() -> list:
                            "{{instance}} rank {{dp_rank}}")], width=8, max_value=1),
         timeseries_panel("Step time by rank", "Duration of each rank's latest engine step. A rank much slower "
                          "than the others holds back the requests it runs.", "s",
-                         [(q.gauge("sightline_step_time_seconds", by=RANK, agg="max"), "{{instance}} rank {{dp_rank}}")],
-                         width=8),
+                         [(q.gauge("sightline_step_time_seconds", by=RANK, agg="max"),
+                           "{{instance}} rank {{dp_rank}}")], width=8),
         timeseries_panel("In flight and open connections by worker",
                          "Requests each tokenizer worker's TokenizerManager holds and HTTP connections open on it "
                          "(--tokenizer-worker-num workers, label worker). Connections are spread by the kernel "
                          "(SO_REUSEPORT), so a worker holding far more is slow or stuck. With one worker there is "
                          "no worker label: one series each, legend without a number.", "short",
-                         [(q.gauge("sightline_requests_in_flight", by=WORKER), "in flight {{instance}} worker {{worker}}"),
-                          (q.gauge("sightline_http_connections_open", by=WORKER), "connections {{instance}} worker {{worker}}")],
+                         [(q.gauge("sightline_requests_in_flight", by=WORKER),
+                           "in flight {{instance}} worker {{worker}}"),
+                          (q.gauge("sightline_http_connections_open", by=WORKER),
+                           "connections {{instance}} worker {{worker}}")],
                          width=8),
         timeseries_panel("CPU by process",
                          "CPU seconds per second of each sightline process, by role (100 % = one core busy): main "

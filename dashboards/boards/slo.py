@@ -32,8 +32,8 @@ def board() -> Board:
             stat_panel(f"{slo.name}: error budget remaining", f"Share of the {spec.period} error budget "
                        f"({num(slo.budget * 100)} % of events) not yet spent; below 0 the SLO is missed.",
                        "percentunit", [(f"{BUDGET_REMAINING}{_m(slo.name)}", "{{model_name}}")], decimals=2),
-            timeseries_panel(f"{slo.name}: burn rate per window", "Error ratio ÷ budget over each alert window: 1 spends the "
-                             f"budget exactly in {spec.period}. Alerts: {pairs}.", "suffix:×",
+            timeseries_panel(f"{slo.name}: burn rate per window", "Error ratio ÷ budget over each alert window: "
+                             f"1 spends the budget exactly in {spec.period}. Alerts: {pairs}.", "suffix:×",
                              [(f"{ratio_name(w)}{_m(slo.name)} / {num(slo.budget)}", f"{w} {{{{model_name}}}}")
                               for w in spec.windows()]),
         )
@@ -41,7 +41,8 @@ def board() -> Board:
         "Alerts",
         timeseries_panel("Alert state", "Sightline alerts pending or firing (Prometheus' ALERTS series), by alert, "
                          "severity and state: the number of alerts, so a per-instance alert (SightlineDown...) "
-                         "counts once per instance it names, a service-level one (burn rates) once. Page alerts inhibit their ticket twins in Alertmanager.", "short",
+                         "counts once per instance it names, a service-level one (burn rates) once. Page alerts "
+                         "inhibit their ticket twins in Alertmanager.", "short",
                          [('sum by (alertname, severity, alertstate) (ALERTS{alertname=~"Sightline.*", '
                            'job=~"$job"})', "{{alertname}} {{severity}} {{alertstate}}")], width=24),
     )

@@ -27,24 +27,24 @@ def event_loop() -> list:
     return [
         timeseries_panel(
             "How late does each front-end event loop run?",
-            "Event-loop lag per front-end process of each instance (label role: main, or worker-1, worker-2... "
-            "with --tokenizer-worker-num): how much later than asked a 50 ms timer fires. p99 over the samples, and max "
-            "(the upper bound of the highest bucket with a sample). Every request that process serves waits that "
-            "long: p99 above 100 ms (alert SightlineEventLoopBlocked) shows as ITL and TTFT spikes that the engine "
-            "panels do not explain. Right axis: the share of time the loop ran late (sum of lags ÷ time), which "
-            "counts one long stall by its length where p99 counts it once. Slow requests carry "
-            "sightline.event_loop.lag_max_seconds on their span.", "s",
+            "Event-loop lag per front-end process of each instance (label role: main, or worker-1, worker-2... with "
+            "--tokenizer-worker-num): how much later than asked a 50 ms timer fires. p99 over the samples, and max "
+            "(the upper bound of the highest bucket with a sample). Every request that process serves waits that long: "
+            "p99 above 100 ms (alert SightlineEventLoopBlocked) shows as ITL and TTFT spikes that the engine panels do "
+            "not explain. Right axis: the share of time the loop ran late (sum of lags ÷ time), which counts one long "
+            "stall by its length where p99 counts it once. Slow requests carry sightline.event_loop.lag_max_seconds on "
+            "their span.", "s",
             [(q.quantile(0.99, LOOP_LAG, by=role), "p99 {{instance}} {{role}}"),
              (q.quantile(1.0, LOOP_LAG, by=role), "max {{instance}} {{role}}"),
              (q.rate(f"{LOOP_LAG}_sum", by=role), "late share {{instance}} {{role}}")],
             right={"C": "percentunit"}),
         timeseries_panel(
             "Is the TokenizerManager CPU-bound?",
-            "CPU used per front-end process of each instance, in cores (rate of its CPU seconds: 1 = one core saturated; Python "
-            "runs one loop on one core). Near 1 with a late loop (left panel): tokenization, JSON and HTTP "
-            "saturate that TokenizerManager — run more front-end workers (--tokenizer-worker-num). Far below 1 "
-            "with a late loop: the loop waits on something blocking (a synchronous call, a GC pause, a starved "
-            "host) — take a stack with py-spy dump.", "percentunit",
+            "CPU used per front-end process of each instance, in cores (rate of its CPU seconds: 1 = one core "
+            "saturated; Python runs one loop on one core). Near 1 with a late loop (left panel): tokenization, JSON "
+            "and HTTP saturate that TokenizerManager — run more front-end workers (--tokenizer-worker-num). Far below "
+            "1 with a late loop: the loop waits on something blocking (a synchronous call, a GC pause, a starved host) "
+            "— take a stack with py-spy dump.", "percentunit",
             [(q.rate("sightline_process_cpu_seconds_total", FRONT_END, by=role), "{{instance}} {{role}}")]),
     ]
 
@@ -76,16 +76,16 @@ def board() -> Board:
              (q.rate("sightline_request_aborts_total", by=("reason",)), "aborted ({{reason}})")]),
         timeseries_panel(
             "Is memory growing because requests pile up?",
-            "Resident memory per process of each instance (left) and requests in flight in the TokenizerManager (right). RSS "
-            "rising with in-flight requests: requests pile up — check max_running_requests and admission.",
+            "Resident memory per process of each instance (left) and requests in flight in the TokenizerManager "
+            "(right). RSS rising with in-flight requests: requests pile up — check max_running_requests and admission.",
             "bytes", [(q.gauge("sightline_process_resident_memory_bytes", by=("instance", "role")),
                        "RSS {{instance}} {{role}}"),
                       (q.gauge("sightline_requests_in_flight"), "in flight")], right={"B": "short"}),
         timeseries_panel(
             "Why does /health sometimes answer 503?",
             "/health answers and engine restarts per second (left), the age of each child's last stats "
-            "message per instance (right). Unhealthy answers with a growing heartbeat age: a child is stuck or dead (the "
-            "watchdog restarts it); with fresh heartbeats: the queue is too long — see the Overview.", "cps",
+            "message per instance (right). Unhealthy answers with a growing heartbeat age: a child is stuck or "
+            "dead (the watchdog restarts it); with fresh heartbeats: the queue is too long — see the Overview.", "cps",
             [(q.rate("sightline_health_checks_total", by=("healthy",)), "healthy={{healthy}}"),
              (q.gauge("sightline_heartbeat_age_seconds", by=("instance", "role"), agg="max"),
               "heartbeat age {{instance}} {{role}}"),

@@ -160,7 +160,8 @@ def termination_grace(c: Config) -> int:
 
 
 def namespace(c: Config) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": c.namespace, "labels": labels(c, "namespace")}}
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": c.namespace, "labels": labels(c, "namespace")}}
 
 
 def deployment(c: Config) -> dict:

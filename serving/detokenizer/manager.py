@@ -28,12 +28,11 @@ from collections import OrderedDict
 
 import zmq
 
+from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut, WorkerGone
 from serving.args import ServerArgs
-from serving.model_files import load_tokenizer
 from serving.detokenizer.incremental import DecodeState
-from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut, \
-    WorkerGone
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
+from serving.model_files import load_tokenizer
 from serving.process import enable_stack_dumps, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns

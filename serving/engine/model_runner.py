@@ -30,7 +30,8 @@ class ModelRunner:
         family = resolve(loaded.hf_model.config)
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config))
         log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait policy %s", self.precision.dtype,
-                 self.precision.quantization, why, torch.get_num_threads(), os.environ.get("OMP_WAIT_POLICY", "default"))
+                 self.precision.quantization, why, torch.get_num_threads(),
+                 os.environ.get("OMP_WAIT_POLICY", "default"))
         self.model: CausalLM = family.from_hf(loaded.hf_model, self.precision)
         self.decode_attention, why = select_decode_attention(args.attention_backend)
         log.info("decode attention: %s", why)

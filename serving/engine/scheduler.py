@@ -25,17 +25,29 @@ import sys
 
 import zmq
 
+from protocol.io_struct import (
+    AbortReq,
+    BatchTokenIDOutput,
+    ContinueReq,
+    DetokParams,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    PauseReq,
+    Ready,
+    ReqMeta,
+    SchedulerStats,
+    SetLogLevelReq,
+    TokenizedGenerateReqInput,
+    TokenOut,
+    WorkerGone,
+)
 from serving.args import ServerArgs
+from serving.engine.events import TokenEvent
 from serving.engine.loader import load_model
 from serving.engine.request import Req
-from serving.engine.events import TokenEvent
 from serving.engine.scheduler_core import SchedulerCore
-from protocol.io_struct import (
-    AbortReq, BatchTokenIDOutput, ContinueReq, DetokParams, FlushCacheReq, FlushCacheReqOutput, PauseReq, Ready,
-    ReqMeta, SchedulerStats, SetLogLevelReq, TokenizedGenerateReqInput, TokenOut, WorkerGone,
-)
-from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
+from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides

@@ -36,6 +36,7 @@ from collections import deque
 
 import torch
 
+from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.events import StepStats, TokenEvent
@@ -44,7 +45,6 @@ from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus
-from protocol.sampling_params import SamplingParams
 from serving.engine.sampling import sample
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
@@ -56,7 +56,8 @@ FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
 def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
     ids: set[int] = set()
     gen_cfg = getattr(loaded.hf_model, "generation_config", None)
-    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None), loaded.tokenizer.eos_token_id):
+    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None),
+                loaded.tokenizer.eos_token_id):
         if isinstance(src, int):
             ids.add(src)
         elif src:

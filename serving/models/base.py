@@ -45,7 +45,8 @@ def attention_window(cfg: Any) -> int | None:
         return int(window)
     sliding = sum(t == "sliding_attention" for t in cfg.layer_types)
     raise UnsupportedConfig(f"sliding-window attention on {sliding} of {len(cfg.layer_types)} layers only "
-                            f"(layer_types {sorted(kinds)}) is not supported: the engine uses one window for all layers")
+                            f"(layer_types {sorted(kinds)}) is not supported: the engine uses one window for "
+                            "all layers")
 
 
 def check_config(cfg: Any) -> None:

@@ -43,11 +43,13 @@ def test_disconnect_storm_leaves_no_state(tiny_server):
         st = tiny_server.debug()
         sched, detok = st["scheduler"], st["detokenizer"]
         if (st["in_flight"] == 0 and sched["num_running"] == 0 and sched["num_waiting"] == 0 and
-                sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0 and detok["active_rids"] == 0):
+                sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0 and
+                detok["active_rids"] == 0):
             break
         time.sleep(0.2)
     assert st["in_flight"] == 0, st  # no leaked ReqState
-    assert sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0 and sched["num_running"] == 0, sched
+    assert (sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0
+            and sched["num_running"] == 0), sched
     assert detok["active_rids"] == 0, detok  # the Detokenizer dropped every rid's state too
     after = scrape(tiny_server)
     drops = value(after, "sightline_stale_messages_dropped_total") - value(before,

@@ -33,8 +33,8 @@ INCOMING = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 def cors_server(tmp_path_factory):
     """API key, CORS for one origin, small limits (413, 429 and the connection cap are easy to reach)."""
     srv = ServerProc("--allowed-origins", ORIGIN, "--max-request-bytes", "2048", "--max-inflight-tokens", "64",
-                     "--max-connections", "24", "--keep-alive-timeout", "1", tmpdir=tmp_path_factory.mktemp("conventions"),
-                     env={"SIGHTLINE_API_KEY": KEY})
+                     "--max-connections", "24", "--keep-alive-timeout", "1",
+                     tmpdir=tmp_path_factory.mktemp("conventions"), env={"SIGHTLINE_API_KEY": KEY})
     yield srv
     srv.stop()
 

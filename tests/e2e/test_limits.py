@@ -24,7 +24,8 @@ def wait_idle(srv: ServerProc, timeout: float = 20.0) -> dict:
     while time.monotonic() < deadline:
         st = srv.debug()
         sched = st["scheduler"]
-        if st["in_flight"] == 0 and sched["num_running"] == 0 and sched["num_waiting"] == 0 and sched["kv_used"] == sched["prefix_cached_tokens"]:
+        if (st["in_flight"] == 0 and sched["num_running"] == 0 and sched["num_waiting"] == 0
+                and sched["kv_used"] == sched["prefix_cached_tokens"]):
             return st
         time.sleep(0.1)
     raise AssertionError(f"server did not go idle: {srv.debug()}")

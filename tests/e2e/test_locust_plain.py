@@ -68,8 +68,10 @@ def test_headless_run_fills_the_custom_rows(server, cfg):
         assert int(rows[kind, "small"]["Failure Count"]) == 0, kind
     e2e = int(rows["E2E", "small"]["Request Count"])
     assert int(rows["TTFT", "small"]["Request Count"]) == int(rows["GOODPUT", "small"]["Request Count"]) == e2e
-    assert float(rows["TOKENS", "small"]["Min Response Time"]) == float(rows["TOKENS", "small"]["Max Response Time"]) == 8
-    assert 0 < float(rows["TTFT", "small"]["Median Response Time"]) < float(rows["E2E", "small"]["Median Response Time"])
+    assert (float(rows["TOKENS", "small"]["Min Response Time"])
+            == float(rows["TOKENS", "small"]["Max Response Time"]) == 8)
+    assert (0 < float(rows["TTFT", "small"]["Median Response Time"])
+            < float(rows["E2E", "small"]["Median Response Time"]))
     assert list(csv.DictReader(open(f"{prefix}_failures.csv"))) == []
     recs = [json.loads(line) for line in (cfg.parent / "records.jsonl").read_text().splitlines()]
     assert sum(r["error"] is None for r in recs) == e2e  # cut at the end: recorded, not reported to Locust

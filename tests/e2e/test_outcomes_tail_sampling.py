@@ -28,7 +28,8 @@ TTFT_MS = 500
 @pytest.fixture(scope="module")
 def srv(otlp, tmp_path_factory):
     s = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
-                   "--otel-sampling-ratio", "0", "--tail-sampling-ttft-ms", str(TTFT_MS), "--tail-sampling-tpot-ms", "0",
+                   "--otel-sampling-ratio", "0", "--tail-sampling-ttft-ms", str(TTFT_MS),
+                   "--tail-sampling-tpot-ms", "0",
                    "--max-running-requests", "1", "--max-inflight-tokens", str(LONG + 1000),
                    "--startup-timeout", "120", tmpdir=tmp_path_factory.mktemp("outcomes"),
                    env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "100"})
@@ -108,7 +109,8 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     # the requests that reached the engine are exported with the spans of every process
     everywhere = {"main", "scheduler", "detokenizer"}
     for outcome in ("error", "client_disconnect", "ttft", "timeout"):
-        wait_until(lambda: roles(traces[outcome]) == everywhere, 20, f"the {outcome} request's trace from every process")
+        wait_until(lambda: roles(traces[outcome]) == everywhere, 20,
+                   f"the {outcome} request's trace from every process")
 
     doomed = LongStream(srv)
     doomed.start()

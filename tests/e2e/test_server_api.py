@@ -175,7 +175,8 @@ def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
     freed_after = None
     while time.monotonic() - t0 < 5:
         sched = tiny_server.debug()["scheduler"]
-        if sched["num_running"] == 0 and sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0:
+        if (sched["num_running"] == 0 and sched["kv_used"] == sched["prefix_cached_tokens"]
+                and sched["kv_reserved"] == 0):
             freed_after = time.monotonic() - t0
             break
         time.sleep(0.05)

@@ -128,11 +128,13 @@ def test_tail_sampling_exports_a_failed_requests_trace_from_its_worker_and_the_h
     r = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
                    headers={"traceparent": f"00-{failed}-{'ab' * 8}-00"})
     assert r.status_code == 500 and r.headers["traceparent"].split("-")[1] == failed
-    ok = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4}, headers={"traceparent": f"00-{fine}-{'ab' * 8}-00"})
+    ok = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4},
+                    headers={"traceparent": f"00-{fine}-{'ab' * 8}-00"})
     assert ok.status_code == 200 and "trace_id" not in ok.json()["sightline"]
 
     def origins():
-        got = {(s["resource"]["sightline.process.role"], s["resource"].get("sightline.worker")) for s in otlp.trace(failed)}
+        got = {(s["resource"]["sightline.process.role"], s["resource"].get("sightline.worker"))
+               for s in otlp.trace(failed)}
         return got if {"main", "scheduler", "detokenizer"} <= {role for role, _ in got} else None
 
     got = wait_until(origins, 20, "the failed request's trace from its worker and the engine")

@@ -53,7 +53,8 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-    msg = {404: f"no route for {request.url.path}", 405: f"method {request.method} is not allowed on {request.url.path}"}
+    msg = {404: f"no route for {request.url.path}",
+           405: f"method {request.method} is not allowed on {request.url.path}"}
     return error_response(APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), type=kind),
                           headers=getattr(exc, "headers", None))
 

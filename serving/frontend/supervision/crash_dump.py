@@ -81,7 +81,8 @@ class CrashDumper:
             mon, now = self.monitor, time.monotonic_ns()
             proc = mon.procs.get(role)
             code = proc.exitcode if proc is not None else None
-            failure = {"role": role, "cause": cause, "detail": detail, "time": _utc(time.time(), "%Y-%m-%dT%H:%M:%S.%fZ"),
+            failure = {"role": role, "cause": cause, "detail": detail,
+                       "time": _utc(time.time(), "%Y-%m-%dT%H:%M:%S.%fZ"),
                        "pid": proc.pid if proc is not None else None, "exit_code": code,
                        "signal": signal.Signals(-code).name if code is not None and code < 0 else None,
                        "restart_status": mon.restart_status}

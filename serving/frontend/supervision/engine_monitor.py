@@ -67,7 +67,8 @@ def sum_stats(stats: list[SchedulerStats]) -> dict:
     out: dict[str, int | float] = {}
     for st in stats:
         for k, v in msgspec.structs.asdict(st).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("sent_at", "dp_rank", "last_token_at"):
+            if (isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and k not in ("sent_at", "dp_rank", "last_token_at")):
                 out[k] = out.get(k, 0) + v
     return out
 

@@ -3,8 +3,9 @@
 As in SGLang's TokenizerManager: `submit` tokenizes and validates a request, puts its
 `ReqState` in `rid_to_state` and sends it to the Scheduler; every message from the
 children arrives in `dispatch` (outputs here, everything else to its `EngineState`: the
-`EngineMonitor`, or a tokenizer worker's `HubLink`); the HTTP handler reads a state's outputs with `stream` (or `collect`).  With `--dp-size`
-ranks, a `DataParallelDispatcher` picks each request's rank; its abort goes to that rank.
+`EngineMonitor`, or a tokenizer worker's `HubLink`); the HTTP handler reads a state's
+outputs with `stream` (or `collect`).  With `--dp-size` ranks, a `DataParallelDispatcher`
+picks each request's rank; its abort goes to that rank.
 As one of several tokenizer workers it stamps its `worker` id on what it sends, so its
 rids' outputs come back to it.  A rid leaves
 `rid_to_state` when it finishes or when its client goes away (`abort`, which also
@@ -23,13 +24,24 @@ import re
 import uuid
 from typing import Any, AsyncIterator
 
-from protocol.io_struct import AbortReq, BatchStrOutput, DetokParams, FlushCacheReq, FlushCacheReqOutput, Message, \
-    Ready, ReqMeta, Stamps, StrOut, TokenizedGenerateReqInput
+from protocol.io_struct import (
+    AbortReq,
+    BatchStrOutput,
+    DetokParams,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    Message,
+    Ready,
+    ReqMeta,
+    Stamps,
+    StrOut,
+    TokenizedGenerateReqInput,
+)
 from serving.args import ServerArgs
-from serving.frontend.tokenizer_manager.admission import Admission
-from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
 from serving.frontend.engine_state import EngineState, FrontCounts, check_available
 from serving.frontend.errors import bad_request, http_status
+from serving.frontend.tokenizer_manager.admission import Admission
+from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
 from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
 from serving.frontend.tokenizer_manager.transport import EngineTransport

@@ -2,8 +2,8 @@
 
 A worker that exits (crash, kill -9) takes its client connections with it: those
 clients see the connection close at once.  One that is up but sends no heartbeat for
-`--watchdog-timeout` (a hung event loop) is killed and handled the same way.  The hub then tells every Scheduler rank and
-the Detokenizer (`WorkerGone`) to drop that worker's rids (KV freed, decode state
+`--watchdog-timeout` (a hung event loop) is killed and handled the same way.  The hub then tells every Scheduler rank
+and the Detokenizer (`WorkerGone`) to drop that worker's rids (KV freed, decode state
 dropped, nothing sent to a socket no one reads), keeps its counters (`Retired`), and
 starts a replacement with a new id, so a late message for the old one can never reach
 the new one.  The other workers keep streaming throughout.
@@ -22,8 +22,8 @@ import zmq.asyncio
 
 from protocol.io_struct import DropCount, EngineStatus, Message, MetricFamily, WorkerGone, WorkerStats
 from serving.args import ServerArgs
-from serving.frontend.supervision.children import spawn_worker, stop_children
 from serving.frontend.engine_state import FrontCounts
+from serving.frontend.supervision.children import spawn_worker, stop_children
 from serving.frontend.supervision.engine_monitor import merge_drops
 from serving.ipc import Codec, Endpoints, make_socket
 from telemetry.registry_merge import Retired

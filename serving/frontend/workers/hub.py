@@ -31,15 +31,14 @@ import zmq.asyncio
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from protocol.io_struct import FlushCacheReqOutput, HubQuery, HubReply, MetricFamily, Snapshot, SnapshotReq, \
-    WorkerStats
+from protocol.io_struct import FlushCacheReqOutput, HubQuery, HubReply, MetricFamily, Snapshot, SnapshotReq, WorkerStats
 from serving import __version__
 from serving.args import ServerArgs
 from serving.frontend.supervision.children import stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
 from serving.frontend.supervision.engine_monitor import EngineMonitor
-from serving.frontend.workers.fleet import WorkerFleet
 from serving.frontend.supervision.supervisor import EngineSupervisor, Supervised
+from serving.frontend.workers.fleet import WorkerFleet
 from serving.ipc import Codec, Endpoints, engine_roles, make_socket
 from telemetry.buckets import parse_bucket_overrides
 from telemetry.clock import now_ns

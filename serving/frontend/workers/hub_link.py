@@ -80,7 +80,8 @@ class HubLink:
 
     def _snapshot(self, req: SnapshotReq) -> Snapshot:
         if req.kind == "metrics":
-            return Snapshot(id=req.id, worker=self.worker, families=snapshot(self.metrics.registry) if self.metrics else [])
+            return Snapshot(id=req.id, worker=self.worker,
+                            families=snapshot(self.metrics.registry) if self.metrics else [])
         if req.kind == "requests":  # arg: {"limit": n, "in_flight": bool}
             q = json.loads(req.arg)
             found = self.in_flight(q["limit"]) if q["in_flight"] else self.timeline.recent(q["limit"])

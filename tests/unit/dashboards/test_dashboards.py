@@ -171,8 +171,10 @@ def test_overview_has_a_row_per_worker_and_rank():
     m = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
     # rank 0 of one replica is not rank 0 of another: every series is per instance too
     assert by["Running and waiting by rank"] == [
-        (f"sum by (instance, dp_rank) (sightline_num_requests_running{{{m}}})", "running {{instance}} rank {{dp_rank}}"),
-        (f"sum by (instance, dp_rank) (sightline_num_requests_waiting{{{m}}})", "waiting {{instance}} rank {{dp_rank}}")]
+        (f"sum by (instance, dp_rank) (sightline_num_requests_running{{{m}}})",
+         "running {{instance}} rank {{dp_rank}}"),
+        (f"sum by (instance, dp_rank) (sightline_num_requests_waiting{{{m}}})",
+         "waiting {{instance}} rank {{dp_rank}}")]
     assert by["KV usage ratio by rank"] == [(f"max by (instance, dp_rank) (sightline_kv_usage_ratio{{{m}}})",
                                              "{{instance}} rank {{dp_rank}}")]
     assert by["Generated tokens/s by rank"] == [
@@ -212,7 +214,8 @@ def test_event_loop_row_shows_lag_beside_cpu_per_front_end_process():
     assert [(t["expr"], t["legendFormat"]) for t in cpu["targets"]] == [
         (f'sum by (instance, role) (rate(sightline_process_cpu_seconds_total{{{sel}, role=~"main|worker-.*"}}'
          '[$__rate_interval]))', "{{instance}} {{role}}")]
-    assert cpu["title"] == "Is the TokenizerManager CPU-bound?" and cpu["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert (cpu["title"] == "Is the TokenizerManager CPU-bound?"
+            and cpu["fieldConfig"]["defaults"]["unit"] == "percentunit")
     assert lag["gridPos"]["y"] == cpu["gridPos"]["y"]  # side by side
     # the lag histogram is kept per front-end process, the label the CPU counter has
     assert BY_NAME["sightline_event_loop_lag_seconds"].labels == BY_NAME["sightline_process_cpu_seconds_total"].labels
@@ -245,7 +248,8 @@ def test_overview_has_a_which_replica_is_bad_row():
     for title, panel in row.items():
         for t in panel["targets"]:
             assert "{{instance}}" in t["legendFormat"], title
-            assert t["expr"].startswith("up{") or "by (instance)" in t["expr"] or "by (le, instance)" in t["expr"], title
+            assert (t["expr"].startswith("up{") or "by (instance)" in t["expr"]
+                    or "by (le, instance)" in t["expr"]), title
     m = 'job=~"$job", instance=~"$instance", model_name=~"$model_name"'
     assert row["Request rate by instance"]["targets"][0]["expr"] == (
         f"sum by (instance) (rate(sightline_requests_total{{{m}}}[$__rate_interval]))")

@@ -74,7 +74,8 @@ def test_check_mode_reports_a_hand_edit_and_a_stale_file(tmp_path):
 
 def test_kustomization_lists_every_manifest():
     kust = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-    assert sorted(kust["resources"]) == sorted(p.name for p in MANIFESTS.glob("*.yaml") if p.name != "kustomization.yaml")
+    assert sorted(kust["resources"]) == sorted(p.name for p in MANIFESTS.glob("*.yaml")
+                                               if p.name != "kustomization.yaml")
     assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] != "Namespace"} == {generate.CONFIG.namespace}
 
 
@@ -106,9 +107,11 @@ def test_crd_schemas_refuse_a_misspelt_field_and_a_wrong_type():
     assert not crd_validator(mon["apiVersion"], "PodMonitor").is_valid(bad)
     so = one("ScaledObject")
     trigger = {**so["spec"]["triggers"][0], "metadata": {**so["spec"]["triggers"][0]["metadata"], "threshold": 4}}
-    assert not crd_validator(so["apiVersion"], "ScaledObject").is_valid({**so, "spec": {**so["spec"], "triggers": [trigger]}})
+    assert not crd_validator(so["apiVersion"], "ScaledObject").is_valid(
+        {**so, "spec": {**so["spec"], "triggers": [trigger]}})
     rule = one("PrometheusRule")
-    assert not crd_validator(rule["apiVersion"], "PrometheusRule").is_valid({**rule, "apiVersion": "monitoring.coreos.com/v2"})
+    assert not crd_validator(rule["apiVersion"], "PrometheusRule").is_valid(
+        {**rule, "apiVersion": "monitoring.coreos.com/v2"})
 
 
 # -- the rules and the dashboards are the repo's ---------------------------------------
@@ -173,7 +176,8 @@ def test_service_monitor_budget_and_autoscaler_select_the_server_pods():
     assert selects(deploy["spec"]["selector"]["matchLabels"]) and selects(mon["spec"]["selector"]["matchLabels"])
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     [ep] = mon["spec"]["podMetricsEndpoints"]
-    assert (ep["port"], ep["path"]) == ("http", "/metrics") and mon["spec"]["scrapeProtocols"][0].startswith("OpenMetrics")
+    assert ((ep["port"], ep["path"]) == ("http", "/metrics")
+            and mon["spec"]["scrapeProtocols"][0].startswith("OpenMetrics"))
     relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
     assert relabel["job"]["replacement"] == job
     assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
@@ -196,7 +200,8 @@ def test_traces_flow_server_to_collector_to_tempo_with_the_slo_threshold():
     policies = {p["name"]: p for p in config["processors"]["tail_sampling"]["policies"]}
     assert policies["errors"]["status_code"]["status_codes"] == ["ERROR"]
     ttft = yaml.safe_load((REPO / "dashboards/slo.yaml").read_text())["slos"]["ttft"]["sli"]["latency"]["threshold"]
-    assert policies["slow-first-token"]["ottl_condition"]["span"] == [f'attributes["sightline.ttft_seconds"] > {float(ttft)}']
+    assert policies["slow-first-token"]["ottl_condition"]["span"] == [
+        f'attributes["sightline.ttft_seconds"] > {float(ttft)}']
     collector = one("Deployment", generate.CONFIG.collector_name)
     assert collector["spec"]["replicas"] == 1  # tail sampling: every span of a trace in one collector
     assert config["exporters"][pipeline["exporters"][0]]["endpoint"] == generate.CONFIG.tempo_endpoint

@@ -35,11 +35,11 @@ of them.  `GET /control/config` works there too (the worker's own view).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
 import re
-import dataclasses
 from typing import Awaitable, Callable
 
 from starlette.requests import Request

@@ -42,7 +42,8 @@ def generate_input(req: GenerateRequest, max_stop: int) -> GenerateReqInput:
         raise bad_request(f"at most {max_stop} stop strings of 1 to 256 characters", param="stop")
     if sp.max_new_tokens is not None and sp.max_new_tokens < 1:
         raise bad_request(f"max_new_tokens must be >= 1, got {sp.max_new_tokens}", param="max_new_tokens")
-    fields = {f: getattr(sp, f) for f in sp.__struct_fields__ if f not in ("stop", "skip_special_tokens", "max_new_tokens")}
+    fields = {f: getattr(sp, f) for f in sp.__struct_fields__
+              if f not in ("stop", "skip_special_tokens", "max_new_tokens")}
     return GenerateReqInput(
         prompt=req.text if req.text is not None else req.input_ids, sampling=SamplingParams(max_new_tokens=1, **fields),
         max_new_tokens=sp.max_new_tokens, stop=stop, skip_special_tokens=sp.skip_special_tokens, stream=req.stream,

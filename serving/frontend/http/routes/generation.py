@@ -21,12 +21,18 @@ from starlette.responses import JSONResponse, Response
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.http.routes.openai_api import (
-    ChatCompletionRequest, CompletionRequest, ResponseShape, chat_input, completion_input, continuous_usage,
-    decode_body, include_usage,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ResponseShape,
+    chat_input,
+    completion_input,
+    continuous_usage,
+    decode_body,
+    include_usage,
 )
-from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
-from serving.frontend.http.state import ServerState
 from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
+from serving.frontend.http.state import ServerState
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
 from telemetry.clock import now_ns
 
 

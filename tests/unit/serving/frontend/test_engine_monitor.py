@@ -87,7 +87,8 @@ def test_before_any_stats_the_engine_numbers_read_zero():
     assert "sightline_engine_step_phase_seconds" in text and "sightline_engine_info" in text
     assert f.sample("sightline_num_requests_running", dp_rank="0", model_name="tiny-random") == 0
     assert f.sample("sightline_kv_slots_capacity", dp_rank="0", model_name="tiny-random") == 0
-    assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", model_name="tiny-random", phase="forward") is None
+    assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", model_name="tiny-random",
+                    phase="forward") is None
 
 
 def test_step_phases_and_engine_info_come_from_the_scheduler():
