@@ -169,7 +169,7 @@ def test_unhandled_error_500_carries_ids():
     from starlette.testclient import TestClient
 
     from serving.frontend.http import app as app_module
-    from serving.frontend.http.routes.ops import ResponseIdsMiddleware
+    from serving.frontend.http.middleware.response_ids import ResponseIdsMiddleware
 
     async def boom(request):
         raise RuntimeError("boom")
