@@ -40,12 +40,12 @@ MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8
 
 
 def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None,
-               mode: str = "float32", attention: str = "auto") -> dict:
+               mode: str = "float32", attention: str = "auto", linear: str = "auto") -> dict:
     n = len(prompts)
     dtype, quant = MODES[mode]
     args = ServerArgs(model=model.name, max_running_requests=max(n, 1), max_prefill_tokens=512,
                       max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads,
-                      dtype=dtype, quantization=quant, attention_backend=attention)
+                      dtype=dtype, quantization=quant, attention_backend=attention, linear_backend=linear)
     core = SchedulerCore(model, args)
     params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
@@ -98,6 +98,8 @@ def main() -> None:
     ap.add_argument("--modes", default="float32", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--attention", default="auto",
                     help="comma-separated decode-attention backends to compare, of auto, native, sdpa")
+    ap.add_argument("--linear", default="auto",
+                    help="comma-separated linear-layer backends to compare, of auto, native, torch (float32 only)")
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args()
     if a.threads:
@@ -111,17 +113,20 @@ def main() -> None:
     base = run_baseline(model, make_prompts(model, a.baseline_requests, a.prompt_len), a.gen_len)
     print(f"baseline: transformers generate, sequential, {a.baseline_requests} requests: {base:.1f} output tok/s")
     print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
-    print("| mode | attention | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms | wall s "
-          "| peak RSS MiB |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| mode | linear | attention | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms "
+          "| wall s | peak RSS MiB |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for mode in a.modes.split(","):
         for n in levels:
-            for attn in a.attention.split(","):  # innermost: backends compared back to back
-                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn)
-                rows.append({"mode": mode, "attention": attn, "concurrency": n, **r, "baseline_tok_s": base,
-                             "peak_rss_mib": peak_rss_mib()})
-                print(f"| {mode} | {attn} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | "
+            for attn, lin in ((x, y) for x in a.attention.split(",") for y in a.linear.split(",")):
+                if mode != "float32" and lin == "native":
+                    continue  # the native linear kernel is float32 only
+                # innermost: backends compared back to back
+                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn, lin)
+                rows.append({"mode": mode, "linear": lin, "attention": attn, "concurrency": n, **r,
+                             "baseline_tok_s": base, "peak_rss_mib": peak_rss_mib()})
+                print(f"| {mode} | {lin} | {attn} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | "
                       f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |",
                       flush=True)
     if a.json:

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+# OpenMP's wait between parallel regions, as environment variables libgomp reads when torch loads it
+WAIT_POLICIES = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "brief": {"GOMP_SPINCOUNT": "1000"},
+                 "active": {"OMP_WAIT_POLICY": "ACTIVE"}}
+
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -47,12 +51,19 @@ class ServerArgs:
                                          "the CPU cores divided by --dp-size).")
     thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: "
                                               "'passive' (sleep: the cores stay free for the HTTP front end and the "
-                                              "Detokenizer) or 'active' (spin: lowest latency on cores nothing else "
-                                              "uses). Sets OMP_WAIT_POLICY in the Scheduler process.")
+                                              "Detokenizer), 'brief' (spin about 10k iterations, then sleep: awake "
+                                              "through the back-to-back kernels of a step, asleep between steps) or "
+                                              "'active' (spin: lowest latency on cores nothing else uses). Sets "
+                                              "OMP_WAIT_POLICY (or, for 'brief', GOMP_SPINCOUNT) in the Scheduler "
+                                              "process.")
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a "
                               "short matmul measurement at start-up finds faster on this CPU; logged).")
     quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per "
                                      "output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
+    linear_backend: str = _opt("auto", "float32 linear layers (lm_head included): 'native' (a C++ kernel compiled "
+                                       "with g++ for this CPU on first use and cached, weights repacked once at "
+                                       "load), 'torch' (torch's matmul), or 'auto' (native when it builds here and "
+                                       "the engine computes in float32, else torch; logged).")
     attention_backend: str = _opt("auto", "Decode attention: 'native' (a C++ kernel compiled with g++ on first use and "
                                           "cached, reading each request's K/V slots in place), 'sdpa' (torch's "
                                           "scaled_dot_product_attention over a padded copy), or 'auto' (native when it "
@@ -211,12 +222,14 @@ class ServerArgs:
             raise ValueError("--tokenizer-worker-num > 1 needs a fixed --port (the workers share it)")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be >= 1")
-        if self.thread_wait_policy not in ("passive", "active"):
-            raise ValueError("--thread-wait-policy must be passive or active")
+        if self.thread_wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"--thread-wait-policy must be one of {', '.join(WAIT_POLICIES)}")
         if self.dtype not in ("auto", "float32", "bfloat16") or self.quantization not in ("none", "int8"):
             raise ValueError("--dtype must be auto, float32 or bfloat16; --quantization none or int8")
         if self.quantization == "int8" and self.dtype == "float32":
             raise ValueError("--quantization int8 computes with bfloat16 activations: use --dtype bfloat16 or auto")
+        if self.linear_backend not in ("auto", "native", "torch"):
+            raise ValueError("--linear-backend must be auto, native or torch")
         if self.attention_backend not in ("auto", "native", "sdpa"):
             raise ValueError("--attention-backend must be auto, native or sdpa")
         if not 0 <= self.port <= 65535:

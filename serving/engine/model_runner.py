@@ -29,11 +29,11 @@ class ModelRunner:
         torch.set_num_threads(args.threads)
         family = resolve(loaded.hf_model.config)
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config))
-        log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait policy %s", self.precision.dtype,
-                 self.precision.quantization, why, torch.get_num_threads(),
-                 os.environ.get("OMP_WAIT_POLICY", "default"))
+        wait = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
+        log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s", self.precision.dtype,
+                 self.precision.quantization, why, torch.get_num_threads(), wait or "default")
         self.model: CausalLM = family.from_hf(loaded.hf_model, self.precision)
-        self.decode_attention, why = select_decode_attention(args.attention_backend)
+        self.decode_attention, why = select_decode_attention(args.attention_backend, args.cache_dir_path)
         log.info("decode attention: %s", why)
         dims = self.model.dims
         self.window = dims.sliding_window

@@ -131,7 +131,7 @@ def test_models_and_health(tiny_server):
     assert models["object"] == "list" and models["data"][0]["id"] == "tiny-random"
     assert models["data"][0]["object"] == "model" and models["data"][0]["owned_by"]
     assert (models["data"][0]["dtype"], models["data"][0]["quantization"]) == ("float32", "none")
-    assert "OpenMP wait policy PASSIVE" in tiny_server.log()  # --thread-wait-policy reached the Scheduler
+    assert "OpenMP wait: OMP_WAIT_POLICY=PASSIVE" in tiny_server.log()  # --thread-wait-policy reached the Scheduler
     h = httpx.get(tiny_server.url + "/health")
     assert h.status_code == 200 and h.json()["status"] == "ok"
     live = httpx.get(tiny_server.url + "/livez")  # liveness: the event loop answers, whatever the engine does

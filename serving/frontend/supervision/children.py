@@ -11,7 +11,7 @@ import logging
 import multiprocessing as mp
 import os
 
-from serving.args import ServerArgs
+from serving.args import WAIT_POLICIES, ServerArgs
 from serving.ipc import Endpoints, scheduler_role
 from serving.process import set_title
 
@@ -25,7 +25,9 @@ def run_child(kind: str, role: str, *args) -> None:
     set_title(role)
     if kind == "scheduler":
         # read by the OpenMP runtime when torch loads it, so before the engine is imported
-        os.environ["OMP_WAIT_POLICY"] = args[0].thread_wait_policy.upper()
+        for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+            os.environ.pop(name, None)
+        os.environ.update(WAIT_POLICIES[args[0].thread_wait_policy])
         from serving.engine.scheduler import run_scheduler_process as run
     elif kind == "worker":
         from serving.frontend.workers.worker import run_worker_process as run

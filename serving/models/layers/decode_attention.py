@@ -12,6 +12,7 @@ float rounding; the tests compare them.
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -62,13 +63,13 @@ class NativeDecode:
         return out.to(q.dtype)
 
 
-def select(backend: str) -> tuple[DecodeAttention, str]:
+def select(backend: str, cache_dir: Path | None = None) -> tuple[DecodeAttention, str]:
     """The implementation for `backend` (auto | native | sdpa) and a line saying why, for the log."""
     if backend not in BACKENDS:
         raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}")
     if backend == "sdpa":
         return sdpa_decode, "sdpa (asked for)"
-    lib = native.load("decode_attention")
+    lib = native.load("decode_attention", cache_dir)
     if lib is not None:
         return NativeDecode(lib), f"native kernel ({'asked for' if backend == 'native' else 'auto: it built'})"
     if backend == "native":

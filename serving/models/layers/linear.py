@@ -2,7 +2,8 @@
 which is what pays on CPU), stored in the precision the server computes in.
 
 `Precision` says how every linear layer of a model computes, the lm_head included:
-  - float32: exact (the reference);
+  - float32: exact (the reference); on the native kernel (`native_linear`, weights repacked
+    once into its panel layout) where it builds, else torch's matmul;
   - bfloat16: weights and activations in bf16 (fast where the CPU has bf16 matrix units);
   - int8: weight-only int8 (symmetric, one scale per output channel) with bfloat16
     activations (`torch._weight_int8pack_mm`): a quarter of float32's weight bytes.
@@ -13,10 +14,12 @@ which is what pays on CPU), stored in the precision the server computes in.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from serving.models.layers.native_linear import NativeLinear
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -25,6 +28,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class Precision:
     dtype: str = "float32"  # activations, non-quantized weights and the KV cache
     quantization: str = "none"  # none | int8
+    kernel: NativeLinear | None = field(default=None, compare=False, repr=False)  # float32 on the native kernel
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -48,9 +52,13 @@ def _int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class FusedLinear:
-    weight: torch.Tensor  # [sum of out_features, in_features]: in the compute dtype, or int8
+    weight: torch.Tensor | None  # [sum of out_features, in_features]: in the compute dtype, or int8; None if packed
     bias: torch.Tensor | None
     scales: torch.Tensor | None = None  # int8 weights: one bf16 scale per output row
+    kernel: NativeLinear | None = None  # the native kernel, with the weight in its layout:
+    packed: torch.Tensor | None = None
+    packed_bias: torch.Tensor | None = None
+    out_features: int = 0
 
     @classmethod
     def of(cls, *linears: torch.nn.Linear, precision: Precision = Precision()) -> "FusedLinear":
@@ -68,9 +76,15 @@ class FusedLinear:
         if precision.quantization == "int8":
             q, scales = _int8_weight(weight)
             return cls(q, bias, scales)
+        k = precision.kernel
+        if k is not None and dtype == torch.float32:
+            n = weight.shape[0]
+            return cls(None, bias, kernel=k, packed=k.pack(weight), packed_bias=k.pad_bias(bias, n), out_features=n)
         return cls(weight.to(dtype), bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.packed, self.packed_bias, self.out_features)
         if self.scales is not None:
             out = torch._weight_int8pack_mm(x, self.weight, self.scales)
             return out if self.bias is None else out + self.bias

@@ -1,8 +1,10 @@
 """Native CPU kernels: C++ sources beside this file, compiled once per machine and loaded with ctypes.
 
-Compiled with the system's g++ (`-O3 -march=native -fopenmp`) into a cache directory
-keyed by the source, the flags, the compiler and this CPU's feature flags, so a change
-to any of them rebuilds and a warm start loads the cached library in milliseconds.  The
+Compiled with the system's g++ (`-O3 -march=native -fopenmp`) into `kernels/` under the
+server's cache directory (`--cache-dir`, else $SIGHTLINE_KERNEL_CACHE, else the model cache's
+default), keyed by the source, the flags, the compiler and this CPU's feature flags, so a
+change to any of them (another CPU: an AVX-512 machine gets its own build) rebuilds and a
+warm start loads the cached library in milliseconds.  The
 library links the same libgomp as torch (loaded first, found by soname), so its OpenMP
 regions run on torch's threads, at `torch.set_num_threads`.
 
@@ -30,7 +32,9 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 CACHE_ENV = "SIGHTLINE_KERNEL_CACHE"
 
 
-def _cache_dir() -> Path:
+def _cache_dir(cache_dir: Path | None) -> Path:
+    if cache_dir is not None:
+        return cache_dir / "kernels"
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sightline" / "kernels"
     return Path(os.environ.get(CACHE_ENV, default))
 
@@ -49,7 +53,7 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def build(name: str) -> Path:
+def build(name: str, cache_dir: Path | None = None) -> Path:
     """Compile kernels/<name>.cpp (unless cached) and return the shared library's path."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
@@ -59,7 +63,7 @@ def build(name: str) -> Path:
         [src.read_bytes(), " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_flags().encode(),
          torch.__version__.encode()]
     )).hexdigest()[:16]
-    out_dir = _cache_dir()
+    out_dir = _cache_dir(cache_dir)
     lib = out_dir / f"{name}-{key}.so"
     if lib.exists():
         return lib
@@ -75,10 +79,10 @@ def build(name: str) -> Path:
 
 
 @cache
-def load(name: str) -> ctypes.CDLL | None:
+def load(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
     """The loaded library, or None (logged once) when it cannot be built here."""
     try:
-        return ctypes.CDLL(str(build(name)))
+        return ctypes.CDLL(str(build(name, cache_dir)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native kernel %s unavailable, using the torch implementation: %s", name, exc)
         return None

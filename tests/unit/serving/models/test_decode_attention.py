@@ -77,7 +77,7 @@ def test_engine_tokens_identical_with_either_backend(tiny, kernel):
 
 
 def test_select_falls_back_to_sdpa_when_the_kernel_cannot_build(monkeypatch):
-    monkeypatch.setattr(decode_attention.native, "load", lambda name: None)
+    monkeypatch.setattr(decode_attention.native, "load", lambda name, cache_dir=None: None)
     fn, why = select("auto")
     assert fn is sdpa_decode and "did not build" in why
     with pytest.raises(RuntimeError, match="could not be built"):
