@@ -59,10 +59,12 @@ test-unit: setup
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Engine (every precision mode), HTTP pipeline, the peer servers (transformers serve, llama.cpp;
-# installed once into results/bench/peers/<name>/venv), tokenizer workers and engine ranks, and accuracy; JSON under results/bench/,
-# then one table of it all. make bench ARGS=--quick: fewer levels and tokens, no accuracy report
-# (a few minutes once the peers are installed); ARGS=--skip-peers: no peer servers.
+# Engine (every precision mode), HTTP pipeline (float32, int8), the peer servers (transformers serve in
+# results/bench/peers/transformers/venv; llama.cpp's llama-server on F32/Q8_0/Q4_K_M/Q4_1 GGUF, built once from
+# source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
+# accuracy; JSON under results/bench/, then one table of it all, each peer beside our run of its precision.
+# make bench ARGS=--quick: fewer levels and tokens, no accuracy report (a few minutes once the peers are built);
+# ARGS=--skip-peers: no peer servers.
 comma := ,
 BENCH_QUICK := $(findstring --quick,$(ARGS))
 ENGINE_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32 --baseline-requests 1,--concurrency 1$(comma)16$(comma)64)
@@ -70,8 +72,9 @@ HTTP_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32,--concurr
 PEERS_RUN := $(HTTP_RUN) $(findstring --skip-peers,$(ARGS))
 FRONTEND_RUN := $(if $(BENCH_QUICK),--repeats 1 --duration 5 --gen-len 16,)
 bench: setup
-	$(PY) -m bench.engine --modes float32,bfloat16,int8 --json results/bench/engine.json $(ENGINE_RUN)
-	$(PY) -m bench.http --json results/bench/http.json $(HTTP_RUN)
+	$(PY) -m bench.kernels --json results/bench/kernels.json
+	$(PY) -m bench.engine --modes float32,bfloat16,int8 --linear torch,native --json results/bench/engine.json $(ENGINE_RUN)
+	$(PY) -m bench.http --server-arg=--dtype=float32 --json results/bench/http.json $(HTTP_RUN)
 	$(PY) -m bench.http --skip-engine --server-arg=--quantization=int8 --json results/bench/http-int8.json $(HTTP_RUN)
 	$(PY) -m bench.peers --json results/bench/peers.json $(PEERS_RUN)
 	$(PY) -m bench.frontend --json results/bench/frontend.json $(FRONTEND_RUN)
