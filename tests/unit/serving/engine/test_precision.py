@@ -51,9 +51,12 @@ def test_smollm_perplexity_and_agreement_bounds(smollm):
 
 def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     dims = ModelDims.from_hf_config(tiny.hf_model.config)
-    precision, why = choose(ServerArgs(model="tiny-random"), dims)
+    precision, why = choose(ServerArgs(model="tiny-random", linear_backend="torch"), dims)  # no kernel: measured
     assert precision.dtype in ("float32", "bfloat16") and precision.quantization == "none"
     assert "float32" in why and "bfloat16" in why and f"{precision.dtype} is faster" in why
+    # with the native linear kernel (it builds wherever the tests run: g++ is installed), auto is float32 on it
+    precision, why = choose(ServerArgs(model="tiny-random"), dims)
+    assert precision.dtype == "float32" and precision.kernel is not None and "native" in why
     assert choose(ServerArgs(model="tiny-random", dtype="float32"), dims)[0].dtype == "float32"
     assert choose(ServerArgs(model="tiny-random", quantization="int8"), dims)[0].quantization == "int8"
     with caplog.at_level(logging.INFO):
