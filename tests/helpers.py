@@ -14,6 +14,7 @@ from dashboards import lint
 from dashboards.generate import DASHBOARD_DIR
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
+from serving.engine.batch import Work
 from serving.engine.loader import LoadedModel
 from serving.engine.scheduler_core import SchedulerCore
 
@@ -58,6 +59,16 @@ def hf_greedy(model: LoadedModel, ids: list[int], n: int = 32) -> list[int]:
             max_new_tokens=n, do_sample=False, pad_token_id=model.tokenizer.eos_token_id,
         )
     return out[0, len(ids):].tolist()
+
+
+def decode_argmax(runner, rows: list, seqs: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+    """One batched decode step through a ModelRunner: each row takes its argmax token (appended to its
+    sequence); the step's logits."""
+    work = []
+    for r, s, t in zip(rows, seqs, logits.argmax(-1).tolist()):
+        work.append(Work(r, len(s), [t], True))
+        s.append(t)
+    return runner.forward(work, [])
 
 
 def boards() -> dict[str, dict]:

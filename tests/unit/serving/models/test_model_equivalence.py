@@ -7,7 +7,7 @@ import torch
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.model_runner import ModelRunner
-from tests.helpers import PROMPTS, encode
+from tests.helpers import PROMPTS, decode_argmax, encode
 
 ATOL = 2e-4  # fp32; SmolLM2's logits reach ~20, observed max error ~6e-5
 
@@ -30,12 +30,7 @@ def test_prefill_and_decode_logits_match_transformers(any_model):
         torch.testing.assert_close(logits[i], _hf_last_logits(any_model, s), atol=ATOL, rtol=1e-4)
     # Several decode steps, batched, with sequences of different lengths.
     for _ in range(4):
-        nxt = logits.argmax(-1).tolist()
-        work = []
-        for r, s, t in zip(rows, seqs, nxt):
-            work.append(Work(r, len(s), [t], True))
-            s.append(t)
-        logits = runner.forward(work, [])
+        logits = decode_argmax(runner, rows, seqs, logits)
         for i, s in enumerate(seqs):
             torch.testing.assert_close(logits[i], _hf_last_logits(any_model, s), atol=ATOL, rtol=1e-4)
 

@@ -21,7 +21,7 @@ from serving.model_files import ModelLoadError
 from serving.models.base import UnsupportedConfig
 from serving.models.qwen3 import Qwen3Forward
 from tests.family_models import FAMILIES, SLIDING_WINDOW, build
-from tests.helpers import collect, greedy, hf_greedy, make_core
+from tests.helpers import collect, decode_argmax, greedy, hf_greedy, make_core
 
 ATOL = 2e-4
 # Longer than Mistral's shrunk window (16 positions), so the window is exercised.
@@ -89,12 +89,7 @@ def test_prefill_chunked_prefill_and_decode_logits_match_transformers(fam, backe
     for i in range(3):
         torch.testing.assert_close(logits[i], _hf_logits(fam, seqs[i]), atol=ATOL, rtol=1e-4)
     for _ in range(20):  # past the window: decode attends to its last 16 positions only
-        nxt = logits.argmax(-1).tolist()
-        work = []
-        for r, s, t in zip(rows, seqs, nxt):
-            work.append(Work(r, len(s), [t], True))
-            s.append(t)
-        logits = runner.forward(work, [])
+        logits = decode_argmax(runner, rows, seqs, logits)
     for i in range(3):
         torch.testing.assert_close(logits[i], _hf_logits(fam, seqs[i]), atol=ATOL, rtol=1e-4)
 
