@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    lib = native.load("linear")
+    lib = native.load()
     kernel = NativeLinear(lib) if lib is not None else None
     roof = roofline(kernel)
     print(f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, {args.threads} threads: memory "

@@ -53,6 +53,7 @@ from locust import LoadTestShape, User, constant, events, task
 from locust import log as locust_log
 from locust.env import Environment
 from locust.stats import CSV_STATS_INTERVAL_SEC
+from locust.user.task import LOCUST_STATE_STOPPING
 
 from loadtest.config import DEFAULT_CONFIG, Config, ConfigError, Plan, Scenario, Shape, Workload, parse_mix
 from loadtest.records import RequestRecord
@@ -384,7 +385,13 @@ def _wait_for_plan() -> None:
 
 
 class ClosedLoopUser(User):
-    """Closed loop: each user sends its next request when the last one ends (offered load = users)."""
+    """Closed loop: each user sends its next request when the last one ends (offered load = users).
+
+    The requests follow each other inside one task, so the user is never in Locust's "waiting"
+    state: a stop (the run's end, a ramp-down) always finds it running and lets its request end.
+    Between tasks Locust kills a waiting user at once, and that kill lands at the next switch —
+    inside the connect of the next request, sent or not: the client would count a request the
+    server might never have seen."""
 
     wait_time = constant(0)
 
@@ -394,9 +401,10 @@ class ClosedLoopUser(User):
         self.rng = random.Random(PLAN.seed * 1_000_003 + next(_user_ids))
 
     @task
-    def one_request(self) -> None:
-        if not run_request(self.environment, self.session, self.rng).ok:
-            gevent.sleep(PLAN.failure_backoff_s)  # a 503 comes back in milliseconds: no hot loop
+    def requests_until_stopped(self) -> None:
+        while self._state != LOCUST_STATE_STOPPING:
+            if not run_request(self.environment, self.session, self.rng).ok:
+                gevent.sleep(PLAN.failure_backoff_s)  # a 503 comes back in milliseconds: no hot loop
 
 
 class PoissonArrivals(User):

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 # OpenMP's wait between parallel regions, as environment variables libgomp reads when torch loads it
-WAIT_POLICIES = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "brief": {"GOMP_SPINCOUNT": "1000"},
+WAIT_POLICIES = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "brief": {"GOMP_SPINCOUNT": "30000"},
                  "active": {"OMP_WAIT_POLICY": "ACTIVE"}}
+# ... and how long the native kernels' idle workers spin before sleeping (microseconds)
+TEAM_SPIN_US = {"passive": 0, "brief": 1000, "active": 10**9}
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:

@@ -12,12 +12,13 @@ from typing import Iterator
 
 import torch
 
-from serving.args import ServerArgs
+from serving.args import TEAM_SPIN_US, ServerArgs
 from serving.engine.batch import Work, build_batch
 from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LoadedModel
 from serving.engine.precision import choose
 from serving.models.base import CausalLM, ModelDims
+from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
 from serving.models.registry import resolve
 
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, args: ServerArgs) -> None:
         torch.set_num_threads(args.threads)
+        lib = native.load(args.cache_dir_path)
+        if lib is not None:  # before any kernel runs: the team's size and spin are fixed at its start
+            team = native.start_team(lib, torch.get_num_threads(), TEAM_SPIN_US[args.thread_wait_policy])
+            log.info("native kernels: %d threads, idle workers spin %d µs", team, TEAM_SPIN_US[args.thread_wait_policy])
         family = resolve(loaded.hf_model.config)
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config))
         wait = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)

@@ -20,6 +20,7 @@ from serving.args import ServerArgs
 from serving.models.base import ModelDims
 from serving.models.layers.linear import Precision
 from serving.models.layers.native_linear import select as select_linear
+from serving.models.layers.norm import NativeNorm
 
 log = logging.getLogger(__name__)
 
@@ -46,10 +47,11 @@ def choose(args: ServerArgs, dims: ModelDims) -> tuple[Precision, str]:
         return Precision("bfloat16", "int8"), "--quantization int8 (weight-only; bfloat16 activations)"
     kernel, how = select_linear(args.linear_backend, "float32" if args.dtype == "auto" else args.dtype,
                                 args.quantization, args.cache_dir_path)
+    native = {"kernel": kernel, "norm": NativeNorm(kernel.lib)} if kernel is not None else {}
     if args.dtype != "auto":
-        return Precision(args.dtype, kernel=kernel), f"--dtype {args.dtype}; linear layers: {how}"
+        return Precision(args.dtype, **native), f"--dtype {args.dtype}; linear layers: {how}"
     if kernel is not None:  # exact, and on the CPUs measured faster end to end than torch's bf16 (docs/engine.md)
-        return Precision("float32", kernel=kernel), f"--dtype auto: float32, the native linear kernel built ({how})"
+        return Precision("float32", **native), f"--dtype auto: float32, the native linear kernel built ({how})"
     times = measure(dims)
     best = min(times, key=times.get)
     cpu = torch.backends.cpu.get_cpu_capability()

@@ -37,21 +37,21 @@ class LlamaLayer:
     def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float, p: Precision,
                 qk_norm: bool = False) -> "LlamaLayer":
         a, m, dt = layer.self_attn, layer.mlp, p.torch_dtype
-        norms = (RMSNorm(a.q_norm.weight.detach().to(dt), eps), RMSNorm(a.k_norm.weight.detach().to(dt), eps)) \
-            if qk_norm else (None, None)
+        norms = (RMSNorm(a.q_norm.weight.detach().to(dt), eps, p.norm),
+                 RMSNorm(a.k_norm.weight.detach().to(dt), eps, p.norm)) if qk_norm else (None, None)
         return cls(
-            RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps),
+            RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps, p.norm),
             SelfAttention(i, FusedLinear.of(a.q_proj, a.k_proj, a.v_proj, precision=p),
                           FusedLinear.of(a.o_proj, precision=p), dims.num_heads, dims.num_kv_heads, dims.head_dim,
                           *norms),
-            RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps),
+            RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps, p.norm),
             GatedMLP(FusedLinear.of(m.gate_proj, m.up_proj, precision=p), FusedLinear.of(m.down_proj, precision=p)),
         )
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
                  fb: ForwardBatch) -> torch.Tensor:
-        h = h + self.attn(self.attn_norm(h), rope, kv, fb)
-        return h + self.mlp(self.mlp_norm(h))
+        h, x = self.mlp_norm.add(h, self.attn(self.attn_norm(h), rope, kv, fb))
+        return h + self.mlp(x)
 
 
 @dataclass
@@ -72,7 +72,7 @@ class LlamaForward:
         layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
                   for i, layer in enumerate(m.layers)]
         return cls(dims, m.embed_tokens.weight.detach().to(dt), layers,
-                   RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps),
+                   RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps, precision.norm),
                    FusedLinear.of(hf_model.lm_head, precision=precision),
                    RotaryTables.from_hf(m.rotary_emb, dims.max_positions).to(dt))
 

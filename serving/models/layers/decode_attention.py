@@ -69,7 +69,7 @@ def select(backend: str, cache_dir: Path | None = None) -> tuple[DecodeAttention
         raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}")
     if backend == "sdpa":
         return sdpa_decode, "sdpa (asked for)"
-    lib = native.load("decode_attention", cache_dir)
+    lib = native.load(cache_dir)
     if lib is not None:
         return NativeDecode(lib), f"native kernel ({'asked for' if backend == 'native' else 'auto: it built'})"
     if backend == "native":

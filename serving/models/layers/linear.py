@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from serving.models.layers.native_linear import NativeLinear
+from serving.models.layers.norm import NativeNorm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -29,6 +30,7 @@ class Precision:
     dtype: str = "float32"  # activations, non-quantized weights and the KV cache
     quantization: str = "none"  # none | int8
     kernel: NativeLinear | None = field(default=None, compare=False, repr=False)  # float32 on the native kernel
+    norm: NativeNorm | None = field(default=None, compare=False, repr=False)  # its fused add + RMSNorm, with it
 
     @property
     def torch_dtype(self) -> torch.dtype:

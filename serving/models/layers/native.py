@@ -1,12 +1,14 @@
-"""Native CPU kernels: C++ sources beside this file, compiled once per machine and loaded with ctypes.
+"""Native CPU kernels: the C++ sources in kernels/, compiled once per machine into one library loaded with ctypes.
 
-Compiled with the system's g++ (`-O3 -march=native -fopenmp`) into `kernels/` under the
-server's cache directory (`--cache-dir`, else $SIGHTLINE_KERNEL_CACHE, else the model cache's
-default), keyed by the source, the flags, the compiler and this CPU's feature flags, so a
-change to any of them (another CPU: an AVX-512 machine gets its own build) rebuilds and a
-warm start loads the cached library in milliseconds.  The
-library links the same libgomp as torch (loaded first, found by soname), so its OpenMP
-regions run on torch's threads, at `torch.set_num_threads`.
+Every `kernels/*.cpp` goes into one shared library, so that all kernels share one thread team
+(kernels/team.h: persistent workers that spin between the calls of a step, then sleep; the
+caller never waits for a worker that has not woken).  Compiled with the system's g++ (`-O3
+-march=native`) into `kernels/` under the server's cache directory (`--cache-dir`, else
+$SIGHTLINE_KERNEL_CACHE, else the model cache's default), keyed by the sources, the flags, the
+compiler and this CPU's feature flags, so a change to any of them (another CPU: an AVX-512
+machine gets its own build) rebuilds and a warm start loads the cached library in milliseconds.
+The team has as many threads as torch (`torch.set_num_threads`, read through the libgomp torch
+loaded first) unless `start_team` says otherwise.
 
 No g++, or a failed build, is not an error: `load()` returns None with the reason, and
 callers use their torch implementation.
@@ -28,7 +30,8 @@ import torch  # loaded first: its libgomp is the one the kernels link to
 
 log = logging.getLogger(__name__)
 KERNELS = Path(__file__).with_name("kernels")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-pthread", "-shared", "-fPIC", "-std=c++17")
+LIBRARY = "sightline-kernels"
 CACHE_ENV = "SIGHTLINE_KERNEL_CACHE"
 
 
@@ -53,36 +56,45 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def build(name: str, cache_dir: Path | None = None) -> Path:
-    """Compile kernels/<name>.cpp (unless cached) and return the shared library's path."""
+def build(cache_dir: Path | None = None) -> Path:
+    """Compile kernels/*.cpp into one library (unless cached) and return its path."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
-    src = KERNELS / f"{name}.cpp"
+    sources = sorted(KERNELS.glob("*.cpp"))
+    headers = sorted(KERNELS.glob("*.h"))
     key = hashlib.sha256(b"\0".join(
-        [src.read_bytes(), " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_flags().encode(),
-         torch.__version__.encode()]
+        [*(p.name.encode() + p.read_bytes() for p in sources + headers), " ".join(FLAGS).encode(),
+         _compiler_version(cxx).encode(), _cpu_flags().encode(), torch.__version__.encode()]
     )).hexdigest()[:16]
     out_dir = _cache_dir(cache_dir)
-    lib = out_dir / f"{name}-{key}.so"
+    lib = out_dir / f"{LIBRARY}-{key}.so"
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # same filesystem: the rename is atomic
         tmp_lib = Path(tmp) / lib.name
-        proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(tmp_lib)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *FLAGS, *map(str, sources), "-o", str(tmp_lib)], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"g++ failed on {src.name}: {proc.stderr.strip()[-400:]}")
+            raise RuntimeError(f"g++ failed on the kernels: {proc.stderr.strip()[-400:]}")
         os.replace(tmp_lib, lib)  # concurrent builders (several servers starting) all end with one file
-    log.info("built native kernel %s", lib)
+    log.info("built the native kernels %s", lib)
     return lib
 
 
 @cache
-def load(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
+def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
     """The loaded library, or None (logged once) when it cannot be built here."""
     try:
-        return ctypes.CDLL(str(build(name, cache_dir)))
+        return ctypes.CDLL(str(build(cache_dir)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        log.warning("native kernel %s unavailable, using the torch implementation: %s", name, exc)
+        log.warning("native kernels unavailable, using the torch implementations: %s", exc)
         return None
+
+
+def start_team(lib: ctypes.CDLL, threads: int, spin_us: int) -> int:
+    """Size the kernels' thread team and how long its idle workers spin before sleeping; only the
+    first call, before any kernel runs, has an effect.  Returns the team's threads, caller included."""
+    fn = lib.kernels_team_start
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_int
+    return int(fn(threads, spin_us))

@@ -3,8 +3,8 @@
 The weight is repacked once, at load, into the kernel's panel layout ([N/P][K][P], zero
 padded; P = the kernel's panel width, 32 columns with AVX-512 or AVX2 alike), and the
 bias padded to whole panels; the unpacked weight is then no longer needed by the layer.
-The kernel runs every M (a decode batch, a prefill chunk) in one call on torch's OpenMP
-threads.  `--linear-backend auto` takes it for float32 whenever it builds here (g++, AVX2
+The kernel runs every M (a decode batch, a prefill chunk) in one call on the kernels' thread
+team (native.py).  `--linear-backend auto` takes it for float32 whenever it builds here (g++, AVX2
 and FMA at least); `bench.kernels` measures it against torch per shape.
 """
 
@@ -25,6 +25,7 @@ class NativeLinear:
     """The loaded kernel: `pack` a weight once, then call it on fp32 activations."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib  # the kernels library (its other kernels: the fused norm)
         self._fn = lib.linear_f32
         self._fn.argtypes = [_PTR] * 4 + [_I64] * 3
         self._fn.restype = None
@@ -72,8 +73,8 @@ def select(backend: str, dtype: str, quantization: str, cache_dir: Path | None =
                                "--quantization")
         return None, f"torch (auto: the native kernel is float32 only; computing in {dtype}, quantization "\
                      f"{quantization})"
-    lib = native.load("linear", cache_dir)
-    if lib is not None:
+    lib = native.load(cache_dir)
+    if lib is not None and lib.linear_f32_panel() > 0:
         kernel = NativeLinear(lib)
         return kernel, f"native kernel, {kernel.panel}-column panels ({'asked for' if backend == 'native' else 'auto'})"
     if backend == "native":

@@ -11,12 +11,16 @@
 // of the next panel was measured slower (the hardware prefetcher follows the stream).
 //
 // The vector width is the machine's: built with -march=native, AVX-512 machines get 16 lanes and
-// AVX2+FMA machines 8.  Without AVX2 and FMA this file does not compile and the caller keeps
-// torch's matmul.  Threads: OpenMP over panels, on torch's libgomp threads (see native.py).
+// AVX2+FMA machines 8.  Without AVX2 and FMA it reports a panel width of 0 and the caller keeps
+// torch's matmul.  Threads: the kernels' team (team.h).
+#include <cstdint>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
-#include <cstdint>
 #include <cstring>
+
+#include "team.h"
 
 namespace {
 
@@ -38,15 +42,13 @@ inline vf vbcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
-#else
-#error "the native linear kernel needs AVX2 and FMA (or AVX-512)"
 #endif
 
 constexpr int NV = 2;        // vectors per panel
 constexpr int P = NV * VL;   // output columns per panel
 constexpr int RMAX = 6;      // rows of x per register tile
 constexpr int64_t X_BLOCK_BYTES = 256 * 1024;  // rows of x per cache block: as many as fit in this (L2)
-constexpr int64_t SERIAL_MACS = 2'000'000;     // smaller calls run on one thread (see linear_f32)
+constexpr int64_t CHUNKS_PER_THREAD = 16;
 
 // One register tile: rows [0, R) of x against one panel; `cols` ≤ P of its columns are real.
 template <int R>
@@ -110,14 +112,18 @@ void linear_f32(const float* x, const float* wp, const float* bias, float* y, in
   const int64_t panels = (N + P - 1) / P;
   int64_t mb = X_BLOCK_BYTES / (K * static_cast<int64_t>(sizeof(float))) / RMAX * RMAX;
   mb = mb < RMAX ? RMAX : mb;
-  // Under SERIAL_MACS multiply-adds the call runs on the calling thread alone: waking a sleeping
-  // OpenMP worker costs more than the second core saves (a 1-3 MB weight at M = 1: a decode step
-  // at one stream took 33-35 ms parallel, 27-31 ms so).
-#pragma omp parallel if (M * N * K >= SERIAL_MACS)
-  for (int64_t m0 = 0; m0 < M; m0 += mb) {
+  const int64_t blocks = (M + mb - 1) / mb;
+  // One chunk: `group` panels against one block of rows of x, block-major so that the rows of a
+  // block stay in cache while the threads walk the panels.  About CHUNKS_PER_THREAD chunks per
+  // thread: enough to even out a slow thread, few enough that claiming them costs nothing.
+  const int64_t want = static_cast<int64_t>(team::size()) * CHUNKS_PER_THREAD;
+  const int64_t group = panels * blocks >= want ? (panels * blocks) / want : 1;
+  const int64_t groups = (panels + group - 1) / group;
+  auto chunk = [&](int64_t c) {
+    const int64_t m0 = c / groups * mb, g0 = c % groups * group;
     const int64_t m1 = m0 + mb < M ? m0 + mb : M;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < panels; ++p) {
+    const int64_t g1 = g0 + group < panels ? g0 + group : panels;
+    for (int64_t p = g0; p < g1; ++p) {
       const float* w = wp + p * K * P;
       const float* b = bias != nullptr ? bias + p * P : nullptr;
       const int64_t cols = N - p * P < P ? N - p * P : P;
@@ -126,7 +132,17 @@ void linear_f32(const float* x, const float* wp, const float* bias, float* y, in
         rows(r, x + r0 * K, K, w, b, y + r0 * N + p * P, N, cols);
       }
     }
-  }
+  };
+  team::parallel_for(blocks * groups, chunk);
 }
 
 }  // extern "C"
+
+#else  // no AVX2: nothing to run here
+
+extern "C" {
+int linear_f32_panel() { return 0; }
+void linear_f32(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t) {}
+}
+
+#endif

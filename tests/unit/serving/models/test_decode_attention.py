@@ -15,7 +15,7 @@ from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 
 @pytest.fixture(scope="module")
 def kernel() -> NativeDecode:
-    lib = native.load("decode_attention")
+    lib = native.load()
     if lib is None:  # g++ missing or the build failed: the log says why
         message = "the native decode-attention kernel did not build here (is g++ installed?)"
         if os.environ.get("CI") == "true":
@@ -77,7 +77,7 @@ def test_engine_tokens_identical_with_either_backend(tiny, kernel):
 
 
 def test_select_falls_back_to_sdpa_when_the_kernel_cannot_build(monkeypatch):
-    monkeypatch.setattr(decode_attention.native, "load", lambda name, cache_dir=None: None)
+    monkeypatch.setattr(decode_attention.native, "load", lambda cache_dir=None: None)
     fn, why = select("auto")
     assert fn is sdpa_decode and "did not build" in why
     with pytest.raises(RuntimeError, match="could not be built"):
@@ -91,12 +91,12 @@ def test_build_without_a_compiler_says_so(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        native.build("decode_attention")
+        native.build()
 
 
 def test_build_is_cached_per_source(kernel, monkeypatch, tmp_path):
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
-    first = native.build("decode_attention")
+    first = native.build()
     mtime = first.stat().st_mtime_ns
-    assert native.build("decode_attention") == first and first.stat().st_mtime_ns == mtime
+    assert native.build() == first and first.stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left behind

@@ -20,7 +20,7 @@ TOL = 2e-5
 
 @pytest.fixture(scope="module")
 def kernel() -> native_linear.NativeLinear:
-    lib = native.load("linear")
+    lib = native.load()
     if lib is None:
         pytest.fail("the native linear kernel did not build here (is g++ installed, with AVX2 and FMA?)")
     return native_linear.NativeLinear(lib)
@@ -78,7 +78,7 @@ def test_backend_selection_says_why(kernel):
 
 
 def test_the_kernel_cache_honours_cache_dir(tmp_path, kernel):
-    lib = native.build("linear", tmp_path)
+    lib = native.build(tmp_path)
     assert lib.parent == tmp_path / "kernels" and lib.exists()
 
 
