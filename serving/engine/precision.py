@@ -20,7 +20,7 @@ from serving.args import ServerArgs
 from serving.models.base import ModelDims
 from serving.models.layers.linear import Precision
 from serving.models.layers.native_linear import select as select_linear
-from serving.models.layers.norm import NativeNorm
+from serving.models.layers.native_ops import NativeKernels
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,11 @@ def choose(args: ServerArgs, dims: ModelDims) -> tuple[Precision, str]:
         return Precision("bfloat16", "int8"), "--quantization int8 (weight-only; bfloat16 activations)"
     kernel, how = select_linear(args.linear_backend, "float32" if args.dtype == "auto" else args.dtype,
                                 args.quantization, args.cache_dir_path)
-    native = {"kernel": kernel, "norm": NativeNorm(kernel.lib)} if kernel is not None else {}
+    native = NativeKernels.of(kernel.lib) if kernel is not None else None
     if args.dtype != "auto":
-        return Precision(args.dtype, **native), f"--dtype {args.dtype}; linear layers: {how}"
-    if kernel is not None:  # exact, and on the CPUs measured faster end to end than torch's bf16 (docs/engine.md)
-        return Precision("float32", **native), f"--dtype auto: float32, the native linear kernel built ({how})"
+        return Precision(args.dtype, native=native), f"--dtype {args.dtype}; linear layers: {how}"
+    if native is not None:  # exact, and on the CPUs measured faster end to end than torch's bf16 (docs/engine.md)
+        return Precision("float32", native=native), f"--dtype auto: float32, the native linear kernel built ({how})"
     times = measure(dims)
     best = min(times, key=times.get)
     cpu = torch.backends.cpu.get_cpu_capability()

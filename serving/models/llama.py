@@ -22,8 +22,12 @@ from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear, Precision
 from serving.models.layers.mlp import GatedMLP
-from serving.models.layers.norm import RMSNorm
+from serving.models.layers.norm import NativeNorm, RMSNorm
 from serving.models.layers.rope import RotaryTables
+
+
+def _norm_kernel(p: Precision) -> NativeNorm | None:
+    return p.native.norm if p.native is not None else None
 
 
 @dataclass
@@ -36,15 +40,15 @@ class LlamaLayer:
     @classmethod
     def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float, p: Precision,
                 qk_norm: bool = False) -> "LlamaLayer":
-        a, m, dt = layer.self_attn, layer.mlp, p.torch_dtype
-        norms = (RMSNorm(a.q_norm.weight.detach().to(dt), eps, p.norm),
-                 RMSNorm(a.k_norm.weight.detach().to(dt), eps, p.norm)) if qk_norm else (None, None)
+        a, m, dt, norm = layer.self_attn, layer.mlp, p.torch_dtype, _norm_kernel(p)
+        norms = (RMSNorm(a.q_norm.weight.detach().to(dt), eps, norm),
+                 RMSNorm(a.k_norm.weight.detach().to(dt), eps, norm)) if qk_norm else (None, None)
         return cls(
-            RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps, p.norm),
+            RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps, norm),
             SelfAttention(i, FusedLinear.of(a.q_proj, a.k_proj, a.v_proj, precision=p),
                           FusedLinear.of(a.o_proj, precision=p), dims.num_heads, dims.num_kv_heads, dims.head_dim,
-                          *norms),
-            RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps, p.norm),
+                          *norms, rope_kernel=p.native.rope if p.native is not None else None),
+            RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps, norm),
             GatedMLP(FusedLinear.of(m.gate_proj, m.up_proj, precision=p), FusedLinear.of(m.down_proj, precision=p)),
         )
 
@@ -72,7 +76,7 @@ class LlamaForward:
         layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
                   for i, layer in enumerate(m.layers)]
         return cls(dims, m.embed_tokens.weight.detach().to(dt), layers,
-                   RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps, precision.norm),
+                   RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps, _norm_kernel(precision)),
                    FusedLinear.of(hf_model.lm_head, precision=precision),
                    RotaryTables.from_hf(m.rotary_emb, dims.max_positions).to(dt))
 

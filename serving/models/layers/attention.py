@@ -20,15 +20,17 @@ from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear
 from serving.models.layers.norm import RMSNorm
-from serving.models.layers.rope import apply_rotary
+from serving.models.layers.rope import NativeRope, apply_rotary
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCache, layer: int,
+def paged_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv: KVCache, layer: int,
                     fb: ForwardBatch) -> torch.Tensor:
-    """Store this step's k, v [T, kv_heads, d] in `layer`'s slots, attend q [T, heads, d]; returns [T, heads, d]."""
+    """Store this step's k, v [T, kv_heads, d] in `layer`'s slots (None: already stored), attend q [T, heads, d];
+    returns [T, heads, d]."""
     k_pool, v_pool = kv.k[layer], kv.v[layer]
-    k_pool[fb.out_slots] = k
-    v_pool[fb.out_slots] = v
+    if k is not None and v is not None:
+        k_pool[fb.out_slots] = k
+        v_pool[fb.out_slots] = v
     out = torch.empty_like(q)
     nd = fb.num_decode
     if nd:
@@ -48,7 +50,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv: KVCac
 class SelfAttention:
     """One layer's attention block: fused QKV projection, RoPE on Q and K, paged attention, output projection.
 
-    With `q_norm`/`k_norm` (Qwen3), each head's Q and K are RMS-normalised before RoPE.
+    With `q_norm`/`k_norm` (Qwen3), each head's Q and K are RMS-normalised before RoPE.  With
+    `rope_kernel` (float32 on the native kernels) RoPE and the K/V store are one call.
     """
 
     layer: int  # index of this layer's K/V in the cache
@@ -59,6 +62,7 @@ class SelfAttention:
     head_dim: int
     q_norm: RMSNorm | None = None
     k_norm: RMSNorm | None = None
+    rope_kernel: NativeRope | None = None
 
     def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
                  fb: ForwardBatch) -> torch.Tensor:
@@ -70,7 +74,11 @@ class SelfAttention:
         k = qkv[:, q_end:k_end].view(t, self.num_kv_heads, d)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         v = qkv[:, k_end:].view(t, self.num_kv_heads, d)
-        attn = paged_attention(q, k, v, kv, self.layer, fb)
+        if self.rope_kernel is not None and q.dtype == torch.float32 and t:
+            q = self.rope_kernel(q, k, v, *rope, kv.k[self.layer], kv.v[self.layer], fb.out_slots)
+            attn = paged_attention(q, None, None, kv, self.layer, fb)
+        else:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            attn = paged_attention(q, k, v, kv, self.layer, fb)
         return self.o(attn.reshape(t, q_end))

@@ -2,8 +2,8 @@
 which is what pays on CPU), stored in the precision the server computes in.
 
 `Precision` says how every linear layer of a model computes, the lm_head included:
-  - float32: exact (the reference); on the native kernel (`native_linear`, weights repacked
-    once into its panel layout) where it builds, else torch's matmul;
+  - float32: exact (the reference); on the native kernels (`native_ops`: weights repacked
+    once into the linear kernel's panel layout) where they build, else torch's matmul;
   - bfloat16: weights and activations in bf16 (fast where the CPU has bf16 matrix units);
   - int8: weight-only int8 (symmetric, one scale per output channel) with bfloat16
     activations (`torch._weight_int8pack_mm`): a quarter of float32's weight bytes.
@@ -15,12 +15,15 @@ which is what pays on CPU), stored in the precision the server computes in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from serving.models.layers.native_linear import NativeLinear
-from serving.models.layers.norm import NativeNorm
+
+if TYPE_CHECKING:
+    from serving.models.layers.native_ops import NativeKernels
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -29,8 +32,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 class Precision:
     dtype: str = "float32"  # activations, non-quantized weights and the KV cache
     quantization: str = "none"  # none | int8
-    kernel: NativeLinear | None = field(default=None, compare=False, repr=False)  # float32 on the native kernel
-    norm: NativeNorm | None = field(default=None, compare=False, repr=False)  # its fused add + RMSNorm, with it
+    native: NativeKernels | None = field(default=None, compare=False, repr=False)  # float32 on the native kernels
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -78,7 +80,7 @@ class FusedLinear:
         if precision.quantization == "int8":
             q, scales = _int8_weight(weight)
             return cls(q, bias, scales)
-        k = precision.kernel
+        k = precision.native.linear if precision.native is not None else None
         if k is not None and dtype == torch.float32:
             n = weight.shape[0]
             return cls(None, bias, kernel=k, packed=k.pack(weight), packed_bias=k.pad_bias(bias, n), out_features=n)

@@ -2,14 +2,18 @@
 
 The inverse frequencies and the `attention_scaling` factor come from transformers' rotary
 module of the loaded model, so its rope variants (llama3, yarn, ...) need no code here.
+`NativeRope` applies the same tables in one call with the K/V store (float32, native kernels).
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
 @dataclass
@@ -45,3 +49,28 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return x * cos + _rotate_half(x) * sin
+
+
+class NativeRope:
+    """The fp32 kernel (kernels/rope.cpp): RoPE on Q and K and the K/V store into the pool, in one call."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.rope_store_f32
+        self._fn.argtypes = [_PTR, _I64] * 3 + [_PTR] * 6 + [_I64] * 4
+        self._fn.restype = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """q [T, H, d], k and v [T, KVH, d] (heads contiguous in each token's row), cos/sin as `RotaryTables.at`
+        gives them; writes rope(k) and v into the pools' `slots`, returns rope(q) [T, H, d]."""
+        t, h, d = q.shape
+        kvh = k.shape[1]
+        for x in (q, k, v):
+            assert x.stride(2) == 1 and x.stride(1) == d, "heads must be contiguous within a token's row"
+        cos, sin = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+        assert k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.dtype == v_pool.dtype == torch.float32
+        assert slots.is_contiguous() and slots.dtype == torch.int64
+        out = torch.empty((t, h, d), dtype=torch.float32)
+        self._fn(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
+                 sin.data_ptr(), slots.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), t, h, kvh, d)
+        return out

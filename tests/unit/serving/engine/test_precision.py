@@ -56,7 +56,7 @@ def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     assert "float32" in why and "bfloat16" in why and f"{precision.dtype} is faster" in why
     # with the native linear kernel (it builds wherever the tests run: g++ is installed), auto is float32 on it
     precision, why = choose(ServerArgs(model="tiny-random"), dims)
-    assert precision.dtype == "float32" and precision.kernel is not None and "native" in why
+    assert precision.dtype == "float32" and precision.native is not None and "native" in why
     assert choose(ServerArgs(model="tiny-random", dtype="float32"), dims)[0].dtype == "float32"
     assert choose(ServerArgs(model="tiny-random", quantization="int8"), dims)[0].quantization == "int8"
     with caplog.at_level(logging.INFO):

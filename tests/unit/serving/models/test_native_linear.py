@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from serving.args import ServerArgs
 from serving.models.layers import native, native_linear
 from serving.models.layers.linear import FusedLinear, Precision
+from serving.models.layers.native_ops import NativeKernels
 from tests.helpers import collect, encode, greedy, make_core
 
 # Each output is a K-term fp32 dot product; summation order differs from the BLAS's, so the error
@@ -59,11 +60,12 @@ def test_batched_leading_dims_and_empty_input(kernel):
 
 def test_fused_linear_takes_the_kernel_for_float32_only(kernel):
     lin = torch.nn.Linear(24, 40)
-    fused = FusedLinear.of(lin, precision=Precision("float32", kernel=kernel))
-    assert fused.kernel is kernel and fused.weight is None and fused.packed is not None
+    native = NativeKernels.of(kernel.lib)
+    fused = FusedLinear.of(lin, precision=Precision("float32", native=native))
+    assert fused.kernel is native.linear and fused.weight is None and fused.packed is not None
     x = torch.randn(5, 24)
     torch.testing.assert_close(fused(x), lin(x).detach(), atol=TOL, rtol=TOL)
-    assert FusedLinear.of(lin, precision=Precision("bfloat16", kernel=kernel)).kernel is None
+    assert FusedLinear.of(lin, precision=Precision("bfloat16", native=native)).kernel is None
 
 
 def test_backend_selection_says_why(kernel):
