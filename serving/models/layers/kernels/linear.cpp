@@ -44,7 +44,7 @@ inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
 inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 #endif
 
-constexpr int NV = 2;        // vectors per panel
+constexpr int NV = 2;        // vectors per panel (3 and 4, with AVX-512 registers to spare, showed no clear gain)
 constexpr int P = NV * VL;   // output columns per panel
 constexpr int RMAX = 6;      // rows of x per register tile
 constexpr int64_t X_BLOCK_BYTES = 256 * 1024;  // rows of x per cache block: as many as fit in this (L2)
@@ -60,29 +60,26 @@ inline void tile(const float* x, int64_t ldx, const float* wp, int64_t K, const 
 #pragma GCC unroll 4
   for (int64_t k = 0; k < K; ++k) {
     const float* w = wp + k * P;
-    vf w0 = vload(w), w1 = vload(w + VL);
+    vf wv[NV];
+    for (int v = 0; v < NV; ++v) wv[v] = vload(w + v * VL);
     for (int r = 0; r < R; ++r) {
       vf xb = vbcast(x + r * ldx + k);
-      acc[r][0] = vfma(xb, w0, acc[r][0]);
-      acc[r][1] = vfma(xb, w1, acc[r][1]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = vfma(xb, wv[v], acc[r][v]);
     }
   }
   if (bias != nullptr) {  // padded to whole panels, like the weight
-    vf b0 = vload(bias), b1 = vload(bias + VL);
-    for (int r = 0; r < R; ++r) {
-      acc[r][0] = vadd(acc[r][0], b0);
-      acc[r][1] = vadd(acc[r][1], b1);
+    for (int v = 0; v < NV; ++v) {
+      vf b = vload(bias + v * VL);
+      for (int r = 0; r < R; ++r) acc[r][v] = vadd(acc[r][v], b);
     }
   }
   for (int r = 0; r < R; ++r) {
     float* out = y + r * ldy;
     if (cols == P) {
-      vstore(out, acc[r][0]);
-      vstore(out + VL, acc[r][1]);
+      for (int v = 0; v < NV; ++v) vstore(out + v * VL, acc[r][v]);
     } else {  // the last panel of an N that is not a multiple of P
       alignas(64) float tmp[P];
-      vstore(tmp, acc[r][0]);
-      vstore(tmp + VL, acc[r][1]);
+      for (int v = 0; v < NV; ++v) vstore(tmp + v * VL, acc[r][v]);
       std::memcpy(out, tmp, sizeof(float) * cols);
     }
   }
