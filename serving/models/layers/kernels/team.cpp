@@ -10,6 +10,7 @@
 
 #include <linux/futex.h>
 #include <omp.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -81,7 +82,8 @@ struct Team {
       }
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
       bool woke = false;
-      while (std::chrono::steady_clock::now() < until) {
+      for (int round = 1; std::chrono::steady_clock::now() < until; ++round) {
+        if (round % 16 == 0) sched_yield();  // a thread of another process waiting for this core runs first
         for (int i = 0; i < 64; ++i) {
           cpu_relax();
           if (job_of(word.load(std::memory_order_acquire)) != seen_job) {

@@ -5,8 +5,9 @@
 // has not woken up yet: it takes the chunks itself, and waits only for chunks a worker already
 // runs.  A late or descheduled worker (a busy machine, a sleeping thread) therefore costs at most
 // one chunk, where an OpenMP region would wait for every thread at its barrier.  Between calls a
-// worker spins for `spin_us` microseconds (awake through the back-to-back kernels of a step), then
-// sleeps on a futex until the next call wakes it.
+// worker spins for `spin_us` microseconds (awake through the back-to-back kernels of a step; it
+// yields now and then, so another process's thread waiting for the core runs), then sleeps on a
+// futex until the next call wakes it.
 #pragma once
 
 #include <cstdint>
