@@ -54,23 +54,12 @@ from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
 from serving.engine.sampling import sample
+from serving.engine.stopping import eos_ids, finish_reason
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
 FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
-
-
-def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
-    ids: set[int] = set()
-    gen_cfg = getattr(loaded.hf_model, "generation_config", None)
-    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None),
-                loaded.tokenizer.eos_token_id):
-        if isinstance(src, int):
-            ids.add(src)
-        elif src:
-            ids.update(int(x) for x in src)
-    return frozenset(ids)
 
 
 class SchedulerCore:
@@ -80,7 +69,7 @@ class SchedulerCore:
         self.pool = self.runner.pool
         self.context_len = self.runner.context_len
         self.vocab_size = self.runner.vocab_size
-        self.eos_ids = _eos_ids(loaded)
+        self.eos_ids = eos_ids(loaded)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -235,8 +224,7 @@ class SchedulerCore:
         return chunks
 
     def _admitted(self, req: Req, m: int) -> None:
-        t = req.times
-        now = now_ns()
+        t, now = req.times, now_ns()
         t.waits.append((t.waiting_since or now, now))
         t.waiting_since = None
         if t.scheduled is None:
@@ -273,9 +261,8 @@ class SchedulerCore:
         computed = req.num_computed
         kept = self.cache.retract(req)
         self.running.remove(req)
-        t = now_ns()
+        req.times.waiting_since = t = now_ns()
         req.times.retractions.append(Retraction(t, computed, kept, len(req.output_ids)))
-        req.times.waiting_since = t
         req.retracted_computed = computed
         req.prefill_len = req.total_len  # it resumes by computing its prompt and output, then samples
         req.status = ReqStatus.WAITING
@@ -380,13 +367,7 @@ class SchedulerCore:
         req.times.token_times.append(t)
         if req.times.first_token is None:
             req.times.first_token = t
-        reason = None
-        if tok in self.eos_ids and not req.params.ignore_eos:
-            reason = FinishReason.STOP
-        elif tok in req.stop_ids:
-            reason, req.matched_stop = FinishReason.STOP, tok
-        elif len(req.output_ids) >= req.max_new_tokens:
-            reason = FinishReason.LENGTH
+        reason = finish_reason(req, tok, self.eos_ids)
         if reason is not None:
             self.running.remove(req)
             self._finish(req, reason)
