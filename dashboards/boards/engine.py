@@ -8,8 +8,6 @@ from dashboards.panels import Board, stat_panel, timeseries_panel
 KV = ("used", "in_use", "reserved", "capacity")
 PREFIX_HIT_RATIO = q.counter_ratio("sightline_prefix_cache_hits_tokens_total",
                                    "sightline_prefix_cache_queries_tokens_total")
-RECOMPUTED_RATIO = q.counter_ratio("sightline_retraction_recomputed_tokens_total",
-                                   "sightline_retracted_tokens_total")
 
 
 def board() -> Board:
@@ -61,15 +59,13 @@ def board() -> Board:
         "Admission and retraction",
         timeseries_panel("Retractions", "Running requests taken out of the batch per second because a decode step "
                          "would not have found KV for every one (left), and the K/V positions they had and those "
-                         "computed again when they resumed (right). Sustained: alert SightlineRetractionsSustained.",
+                         "computed again when they resumed (right): recomputed ÷ retracted near 0 means resumptions "
+                         "were prefix-cache hits (retracted K/V is pinned in the cache, evicted last); equal with "
+                         "--disable-prefix-cache. Sustained: alert SightlineRetractionsSustained.",
                          "ops", [(q.rate("sightline_retractions_total"), "retractions/s"),
                                  (q.rate("sightline_retracted_tokens_total"), "retracted tokens/s"),
                                  (q.rate("sightline_retraction_recomputed_tokens_total"), "recomputed tokens/s")],
-                         right={"B": "suffix: tokens/s", "C": "suffix: tokens/s"}, width=8),
-        timeseries_panel("Resumption recompute ratio", "Retracted K/V positions computed again on resumption ÷ "
-                         "those retracted: 0 when every resumption was a prefix-cache hit (retracted K/V is pinned "
-                         "in the cache, evicted last), 1 with --disable-prefix-cache. No data without retractions.",
-                         "percentunit", [(RECOMPUTED_RATIO, "recomputed")], max_value=1, width=8),
+                         right={"B": "suffix: tokens/s", "C": "suffix: tokens/s"}, width=16),
         timeseries_panel("New-token ratio", "The admission estimate of the share of its remaining (clipped) output "
                          "a running request will still generate, of the most cautious rank: it decays step by step "
                          "and jumps back up after a retraction; 1 with --admission reserve.", "percentunit",
