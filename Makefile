@@ -59,7 +59,8 @@ test-unit: setup
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Engine (every precision mode), HTTP pipeline (float32, int8), the peer servers (transformers serve in
+# Engine (every precision mode), HTTP pipeline (float32, int8), admission (clients with and without max_tokens,
+# per --admission policy), the peer servers (transformers serve in
 # results/bench/peers/transformers/venv; llama.cpp's llama-server on F32/Q8_0/Q4_K_M/Q4_1 GGUF, built once from
 # source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
 # accuracy; JSON under results/bench/, then one table of it all, each peer beside our run of its precision.
@@ -78,6 +79,7 @@ bench: setup
 	$(PY) -m bench.http --skip-engine --server-arg=--quantization=int8 --json results/bench/http-int8.json $(HTTP_RUN)
 	$(PY) -m bench.peers --json results/bench/peers.json $(PEERS_RUN)
 	$(PY) -m bench.frontend --json results/bench/frontend.json $(FRONTEND_RUN)
+	$(PY) -m bench.admission --json results/bench/admission.json $(if $(BENCH_QUICK),--quick,)
 	$(if $(BENCH_QUICK),,$(PY) -m bench.accuracy)
 	$(PY) -m bench.table --dir results/bench
 

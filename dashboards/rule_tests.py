@@ -160,6 +160,7 @@ def symptom_tests(spec: Spec) -> dict:
     stall = float(sym["SightlineEngineStalled"]["threshold"])
     drop = float(sym["SightlineStaleDropSpike"]["threshold"])
     timeouts = float(sym["SightlineRequestTimeouts"]["threshold"])
+    retract = float(sym["SightlineRetractionsSustained"]["threshold"])
     inst = {k: BASE[k] for k in ("job", "instance")}
     model = {**inst, "model_name": BASE["model_name"]}
     service = {k: BASE[k] for k in ("job", "model_name")}  # service-level alerts: no instance
@@ -202,12 +203,23 @@ def symptom_tests(spec: Spec) -> dict:
          [_s("sightline_num_requests_waiting", "12x40", dp_rank="0"),
           _s("sightline_num_requests_waiting", "0+2x40", dp_rank="1")], 30, [rank1]),
         ("SightlineKVCacheSaturated", "KV full",
-         [_s("sightline_kv_usage_ratio", "0.99x20", dp_rank="0")], 15, [rank0]),
+         [_s("sightline_kv_in_use_ratio", "0.99x20", dp_rank="0")], 15, [rank0]),
         ("SightlineKVCacheSaturated", "KV half used",
-         [_s("sightline_kv_usage_ratio", "0.5x20", dp_rank="0")], 15, []),
+         [_s("sightline_kv_in_use_ratio", "0.5x20", dp_rank="0")], 15, []),
+        # committed above capacity (the estimate at work) while little is held: not saturated
+        ("SightlineKVCacheSaturated", "committed high, little in use",
+         [_s("sightline_kv_usage_ratio", "1.2x20", dp_rank="0"),
+          _s("sightline_kv_in_use_ratio", "0.4x20", dp_rank="0")], 15, []),
         ("SightlineKVCacheSaturated", "two ranks, one full",
-         [_s("sightline_kv_usage_ratio", "0.5x20", dp_rank="0"),
-          _s("sightline_kv_usage_ratio", "0.99x20", dp_rank="1")], 15, [rank1]),
+         [_s("sightline_kv_in_use_ratio", "0.5x20", dp_rank="0"),
+          _s("sightline_kv_in_use_ratio", "0.99x20", dp_rank="1")], 15, [rank1]),
+        ("SightlineRetractionsSustained", "retractions at 10x the threshold",
+         [_s("sightline_retractions_total", f"0+{retract * 600:g}x30", dp_rank="0")], 25, [rank0]),
+        ("SightlineRetractionsSustained", "a burst of retractions, then calm",
+         [_s("sightline_retractions_total", "0 20 40 60x30", dp_rank="0")], 25, []),
+        ("SightlineRetractionsSustained", "two ranks, one retracts",
+         [_s("sightline_retractions_total", "5x30", dp_rank="0"),
+          _s("sightline_retractions_total", f"0+{retract * 600:g}x30", dp_rank="1")], 25, [rank1]),
         ("SightlineStaleDropSpike", "drops at 10x the threshold",
          [_s("sightline_stale_messages_dropped_total", f"0+{drop * 600:g}x30", component="tokenizer_manager",
              message_type="BatchStrOutput", reason="client_disconnect")],

@@ -120,6 +120,7 @@ SCOPE = {
     "SightlineEngineStalled": "instance",
     "SightlineQueueBacklogGrowing": "instance",
     "SightlineKVCacheSaturated": "instance",
+    "SightlineRetractionsSustained": "instance",
     "SightlineStaleDropSpike": "instance",
     "SightlineUndecodableMessages": "instance",
     "SightlineEngineRestarting": "instance",
@@ -145,6 +146,7 @@ def symptom_alerts(spec: Spec) -> list[dict]:
 
     stall, backlog = p("SightlineEngineStalled"), p("SightlineQueueBacklogGrowing", "window")
     kv, drops = float(spec.symptoms["SightlineKVCacheSaturated"]["threshold"]), p("SightlineStaleDropSpike")
+    retract, retract_w, retract_for = (p("SightlineRetractionsSustained", f) for f in ("threshold", "window", "for"))
     restart_w = p("SightlineEngineRestarting", "window")
     shed, shed_w, shed_for = (p("SightlineLoadShedding", f) for f in ("threshold", "window", "for"))
     slow, slow_w, slow_for = (p("SightlineRequestTimeouts", f) for f in ("threshold", "window", "for"))
@@ -166,10 +168,19 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the waiting queue keeps growing",
          f"Requests wait in the queue of Scheduler rank {{{{ $labels.dp_rank }}}} and the queue has grown over the "
          f"last {backlog}: arrivals outpace the engine (per rank: with --dp-size > 1 each rank has its queue)."),
-        ("SightlineKVCacheSaturated", "ticket", f"sightline_kv_usage_ratio{{{job}}} > {num(kv)}",
+        ("SightlineKVCacheSaturated", "ticket", f"sightline_kv_in_use_ratio{{{job}}} > {num(kv)}",
          "{{ $labels.instance }} rank {{ $labels.dp_rank }}: KV cache nearly full",
-         f"More than {num(kv * 100)} % of the KV slots of Scheduler rank {{{{ $labels.dp_rank }}}} are reserved; "
-         "new requests sent to that rank wait for admission (each rank has its own KV pool)."),
+         f"Running requests hold more than {num(kv * 100)} % of the KV slots of Scheduler rank "
+         "{{ $labels.dp_rank }} (evictable prefix cache counted free): new requests sent to that rank wait, and "
+         "decode steps retract running ones when it is full (each rank has its own KV pool)."),
+        ("SightlineRetractionsSustained", "ticket",
+         f"sum by (job, instance, model_name, dp_rank) (\n  rate(sightline_retractions_total{{{job}}}"
+         f"[{retract_w}])\n) > {retract}",
+         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: requests keep being retracted",
+         f"For {retract_for} Scheduler rank {{{{ $labels.dp_rank }}}} has retracted more than {retract} running "
+         f"request/s (over {retract_w}): decode keeps running out of KV, so requests leave the batch, wait and "
+         "resume (their inter-token latency jumps, and without the prefix cache their K/V is computed again). "
+         "The admission estimate is too optimistic for this workload or the KV pool is too small."),
         ("SightlineStaleDropSpike", "ticket",
          f"sum by (job, instance, component, reason) (\n  rate(sightline_stale_messages_dropped_total{{{job}}}"
          f"[{p('SightlineStaleDropSpike', 'window')}])\n) > {drops}",
@@ -195,9 +206,9 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          "{{ $labels.model_name }} requests are refused with 429 ({{ $labels.reason }})",
          f"For {shed_for} overload protection has refused more than {shed} request/s (over {shed_w}, all instances "
          "of job {{ $labels.job }} together) with 429 + Retry-After, reason {{ $labels.reason }} (queue_full: "
-         "--max-queued-requests requests wait for their first token; tokens_full: prompt + max_tokens in flight "
-         "reached --max-inflight-tokens). Demand exceeds capacity; Overview → Which replica is bad? shows "
-         "whether one instance sheds or all do."),
+         "--max-queued-requests requests wait for their first token; tokens_full: the KV tokens the in-flight "
+         "requests are expected to need reached --max-inflight-tokens). Demand exceeds capacity; Overview → "
+         "Which replica is bad? shows whether one instance sheds or all do."),
         ("SightlineRequestTimeouts", "ticket",
          f"sum by ({service}) (\n  rate(sightline_request_aborts_total{{{job}, reason=\"timeout\"}}"
          f"[{slow_w}])\n) > {slow}",

@@ -57,11 +57,16 @@ def _range(value: Any, what: str) -> Range:
     return lo, hi
 
 
+def _max_tokens(value, what: str) -> Range | None:
+    """A range, or None (`max_tokens: none`): the field is left out of the requests."""
+    return None if value is None or value == "none" else _range(value, what)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
     endpoint: str  # chat | completions
-    max_tokens: Range
+    max_tokens: Range | None  # None: the requests set no max_tokens (the openai client's default)
     prompt_tokens: Range | str | None = None  # completions: token-id prompt length, or "context"
     prompts: tuple[str, ...] = ()  # chat: user messages to draw from
     # a prefix every request of the workload starts with (the prefix cache's case): chat, a system
@@ -88,7 +93,7 @@ class Workload:
             raise ConfigError(f"workload {name}: system_prompt_tokens: want a whole number ≥ 0, got {spt!r}")
         try:
             return cls(name=name, endpoint=endpoint, prompt_tokens=pt, system_prompt_tokens=spt,
-                       max_tokens=_range(d.pop("max_tokens", 128), f"workload {name}: max_tokens"),
+                       max_tokens=_max_tokens(d.pop("max_tokens", 128), f"workload {name}: max_tokens"),
                        prompts=tuple(d.pop("prompts", ())), **d)
         except TypeError as exc:
             raise ConfigError(f"workload {name}: {exc}") from None
@@ -99,6 +104,8 @@ class Workload:
             return self
         if not context_len:
             raise ConfigError(f"workload {self.name}: prompt_tokens: context needs the server's max_model_len")
+        if self.max_tokens is None:
+            raise ConfigError(f"workload {self.name}: prompt_tokens: context needs a max_tokens")
         n = context_len - self.max_tokens[1] - CONTEXT_MARGIN - self.system_prompt_tokens
         if n < 1:
             raise ConfigError(f"workload {self.name}: max_tokens leaves no room for a prompt in {context_len}")
@@ -244,7 +251,8 @@ class Plan:
         sc = d.pop("scenario")
         sc["shape"] = Shape(tuple(sc["shape"]["levels"]), sc["shape"]["stage_seconds"])
         sc["search"] = Search(**sc["search"]) if sc.get("search") else None
-        wls = [Workload(**{**w, "max_tokens": tuple(w["max_tokens"]), "prompts": tuple(w["prompts"]),
+        wls = [Workload(**{**w, "max_tokens": tuple(w["max_tokens"]) if w["max_tokens"] else None,
+                           "prompts": tuple(w["prompts"]),
                            "prompt_tokens": tuple(w["prompt_tokens"]) if w["prompt_tokens"] else None})
                for w in d.pop("workloads")]
         return cls(scenario=Scenario(**sc), workloads=wls, token_id_range=tuple(d.pop("token_id_range")), **d)

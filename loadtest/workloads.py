@@ -64,10 +64,10 @@ def pick_workload(plan: Plan, rng: random.Random) -> Workload:
 
 
 def build_request(w: Workload, plan: Plan, rng: random.Random) -> tuple[str, dict]:
-    body: dict = {
-        "model": plan.model, "max_tokens": rng.randint(*w.max_tokens), "temperature": w.temperature,
-        "stream": True, "stream_options": {"include_usage": True},
-    }
+    body: dict = {"model": plan.model, "temperature": w.temperature, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if w.max_tokens is not None:  # else the server's default: what is left of the context window
+        body["max_tokens"] = rng.randint(*w.max_tokens)
     if w.ignore_eos:
         body["ignore_eos"] = True
     if w.endpoint == "chat":

@@ -40,6 +40,7 @@ class Stamps(msgspec.Struct, kw_only=True, omit_defaults=True):
     tokenized: int | None = None  # prompt tokenized, request sent (TM)
     sched_recv: int | None = None  # Scheduler received it; it waits in the queue from here
     scheduled: int | None = None  # first admitted into a batch
+    waited: int | None = None  # ns in the Scheduler's queue over every waiting interval (retractions re-queue)
     first_token: int | None = None  # first output token sampled
     last_token: int | None = None  # latest output token sampled
     finished: int | None = None  # finished or aborted in the Scheduler
@@ -121,6 +122,7 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, reused from the prefix cache (no prefill computed)
     completion_tokens: int = 0  # generated so far, these included
+    retractions: int = 0  # times the engine took it out of the batch (for others' KV) and resumed it
     detok: DetokParams | None = None  # only on the rid's first output
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
     worker: int = 0  # the tokenizer worker the Detokenizer sends it to
@@ -143,6 +145,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    retractions: int = 0
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
     worker: int = 0  # the tokenizer worker it goes to
 
@@ -209,8 +212,10 @@ class SchedulerStats(_Msg, kw_only=True):
     num_running: int
     num_waiting: int
     kv_used: int  # token slots holding K/V (the prefix cache's included)
-    kv_reserved: int  # slots promised to running requests: their reservations + cached prefixes they reuse
+    kv_reserved: int  # slots running requests hold + what the admission policy expects them to still allocate
     kv_total: int
+    kv_in_use: int = 0  # slots running requests hold (private + the cached prefixes they lock); the rest is free
+    new_token_ratio: float = 1.0  # the admission estimate's share of remaining output (1 with --admission reserve)
     batch_size: int = 0
     num_decode: int = 0
     num_prefill_tokens: int = 0
@@ -230,11 +235,20 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
     prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
     paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping
+    retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
+    retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
+    retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed
 
     @property
     def kv_usage_ratio(self) -> float:
-        """Reserved KV slots ÷ total: admission headroom (derived, not on the wire)."""
+        """Committed KV slots ÷ total: the admission policy's headroom, above 1 when running requests outgrow
+        the estimate (derived, not on the wire)."""
         return self.kv_reserved / self.kv_total if self.kv_total else 0.0
+
+    @property
+    def kv_in_use_ratio(self) -> float:
+        """Slots running requests hold ÷ total; evictable cache counts as free (derived, not on the wire)."""
+        return self.kv_in_use / self.kv_total if self.kv_total else 0.0
 
 
 class FlushCacheReqOutput(_Msg):

@@ -39,6 +39,21 @@ class ServerArgs:
     max_total_tokens: int = _opt(32768, "KV pool size in token slots (per layer); bounds the tokens of all running "
                                         "requests.")
     max_running_requests: int = _opt(64, "Most requests in the running batch at once.")
+    admission: str = _opt("estimate", "How the Scheduler admits requests into the batch: 'estimate' (a request's "
+                                      "output counts as --init-new-token-ratio x min(max_tokens, --new-token-clip), "
+                                      "the ratio adapting as requests finish or are retracted; a decode step that "
+                                      "would run out of KV retracts requests and resumes them later with the same "
+                                      "tokens) or 'reserve' (each request reserves prompt + max_tokens: never "
+                                      "retracted, predictable latency, but a client that sets no max_tokens "
+                                      "reserves the whole context window).")
+    init_new_token_ratio: float = _opt(0.7, "With --admission estimate: the share of its remaining (clipped) output "
+                                            "a request is first expected to generate.")
+    min_new_token_ratio_factor: float = _opt(0.14, "With --admission estimate: the ratio decays to at most this "
+                                                   "factor x --init-new-token-ratio.")
+    new_token_ratio_decay_steps: int = _opt(600, "With --admission estimate: decode steps without retraction over "
+                                                 "which the ratio decays from its initial value to its minimum.")
+    new_token_clip: int = _opt(2048, "With --admission estimate: the most remaining output tokens one request counts "
+                                     "for in the estimate (and in --max-inflight-tokens).")
     max_prefill_tokens: int = _opt(512, "Prompt tokens prefilled per step when no request is decoding; longer prompts "
                                         "are chunked across steps.")
     max_step_tokens: int = _opt(128, "While requests decode, a step feeds at most this many tokens (one per decoding "
@@ -112,8 +127,11 @@ class ServerArgs:
     max_queue_time: float | None = _opt(None, "Seconds a request may wait in the Scheduler's queue before it is "
                                               "aborted.")
     max_queued_requests: int = _opt(256, "Requests accepted but not yet started; beyond it new requests get 429.")
-    max_inflight_tokens: int | None = _opt(None, "Prompt + max_tokens over all in-flight requests; beyond it 429 "
-                                                 "(default: 4 x --max-total-tokens).")
+    max_inflight_tokens: int | None = _opt(None, "KV tokens the in-flight requests are expected to need, as the "
+                                                 "Scheduler first estimates them: each request's prompt + its "
+                                                 "max_tokens (with --admission estimate: --init-new-token-ratio x "
+                                                 "min(max_tokens, --new-token-clip)); beyond it 429 (default: 4 x "
+                                                 "--max-total-tokens).")
     shutdown_grace: float = _opt(30.0, "On SIGTERM, seconds in-flight requests may finish before they are aborted.")
     api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on /v1/* and /generate (default: "
                                      "$SIGHTLINE_API_KEY; prefer the variable: flags show in ps).")
@@ -216,6 +234,12 @@ class ServerArgs:
                      "min_prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.admission not in ("estimate", "reserve"):
+            raise ValueError("--admission must be estimate or reserve")
+        if not 0 < self.init_new_token_ratio <= 1 or not 0 < self.min_new_token_ratio_factor <= 1:
+            raise ValueError("--init-new-token-ratio and --min-new-token-ratio-factor must be in (0, 1]")
+        if self.new_token_ratio_decay_steps < 1 or self.new_token_clip < 1:
+            raise ValueError("--new-token-ratio-decay-steps and --new-token-clip must be >= 1")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("--context-length must be >= 2")
         if not 1 <= self.dp_size <= 64 or not 1 <= self.tokenizer_worker_num <= 64:
@@ -296,6 +320,12 @@ class ServerArgs:
     @property
     def inflight_token_limit(self) -> int:
         return self.max_inflight_tokens or 4 * self.max_total_tokens
+
+    def expected_tokens(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """The KV tokens a new request is first expected to need: what the front end charges and balances on."""
+        if self.admission == "reserve":
+            return prompt_tokens + max_new_tokens
+        return prompt_tokens + round(self.init_new_token_ratio * min(max_new_tokens, self.new_token_clip))
 
     def __repr__(self) -> str:  # never print the API key
         fields = ", ".join(f"{f.name}={'***' if f.name == 'api_key' and self.api_key else getattr(self, f.name)!r}"

@@ -1,7 +1,9 @@
 """The Scheduler's and the Detokenizer's spans, parented by each rid's carrier.
 
-Scheduler: `receive scheduler` (CONSUMER), `queue`, one `prefill` per chunk, `decode`,
-`send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
+Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a retracted
+request waits again, and that `queue` span opens with a `retracted` event saying what it
+had and what the prefix cache kept), one `prefill` per chunk, `decode`, `send detokenizer` (PRODUCER, first
+output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
 batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
 (PRODUCER) for the first output, and `detokenize` over the rid's life there.
@@ -20,9 +22,19 @@ from protocol.io_struct import ReqMeta
 from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, traceparent_of
 
 
+class EngineRetraction(Protocol):
+    at: int
+    computed: int
+    cached: int
+    output_tokens: int
+    reason: str
+
+
 class EngineTimes(Protocol):
     queued: int
     scheduled: int | None
+    waits: list[tuple[int, int]]
+    retractions: list  # of EngineRetraction
     first_token: int | None
     finished: int | None
     prefill_chunks: list[tuple[int, int, int]]  # (start, end, tokens)
@@ -95,10 +107,12 @@ class SchedulerSpans:
         t, rid = req.times, req.rid
         err = error_type if reason not in ("stop", "length") else None
         base = {"sightline.rid": rid}
-        queue_end = t.scheduled or t.finished or t.queued
-        self.tracing.record("queue", ctx, t.queued, queue_end, attributes={
-            **base, "sightline.queue_seconds": (queue_end - t.queued) / 1e9},
-            error=err if t.scheduled is None else None)
+        waits = t.waits or [(t.queued, t.finished or t.queued)]
+        for i, (start, end) in enumerate(waits):  # the first wait, then one after each retraction
+            after = t.retractions[i - 1:i] if i else []
+            self.tracing.record("queue", ctx, start, end, attributes={
+                **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
+                error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after])
         for i, (start, end, n) in enumerate(t.prefill_chunks):
             self.tracing.record("prefill", ctx, start, end, attributes={
                 **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,
@@ -108,7 +122,17 @@ class SchedulerSpans:
             mean_itl = (t.token_times[-1] - t.first_token) / 1e9 / (n - 1) if n > 1 else 0.0
             self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
                 **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
-                "gen_ai.response.finish_reasons": [reason]}, error=err, error_message=message)
+                "gen_ai.response.finish_reasons": [reason], "sightline.retractions": len(t.retractions)},
+                error=err, error_message=message)
+
+
+def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
+    """The `retracted` span event: what the request had, what the cache kept of it, and why."""
+    return ("retracted", r.at, {"sightline.retraction.reason": r.reason,
+                                "sightline.retraction.computed_tokens": r.computed,
+                                "sightline.retraction.cached_tokens": r.cached,
+                                "sightline.retraction.discarded_tokens": r.computed - r.cached,
+                                "sightline.retraction.output_tokens": r.output_tokens})
 
 
 @dataclass

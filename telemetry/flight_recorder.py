@@ -122,6 +122,7 @@ class FlightRecorder:
         breakdown = dict(rt.breakdown or {})
         breakdown.pop("trace_id", None)
         breakdown.pop("cached_tokens", None)
+        breakdown.pop("retractions", None)
         if "e2e_ms" not in breakdown:
             breakdown["e2e_ms"] = round((now_ns() - rt.arrival) / 1e6, 3)
         n, ttft = rt.completion_tokens, breakdown.get("ttft_ms")
@@ -132,9 +133,9 @@ class FlightRecorder:
             arrival=round(time.time() - (now_ns() - rt.arrival) / 1e9, 6), rid=rt.rid, route=rt.route,
             operation=rt.operation, model=self.model, stream=rt.stream,
             params=sampling_params(obj, bool(rt.rid)) if obj is not None else {}, prompt_tokens=rt.prompt_tokens,
-            completion_tokens=n, cached_tokens=rt.cached_tokens, outcome=outcome, finish_reason=finish_reason,
-            status=status, breakdown=breakdown, trace_id=rt.trace_id, output_chars=out.chars,
-            output_sha256=out.sha.hexdigest())
+            completion_tokens=n, cached_tokens=rt.cached_tokens, retractions=rt.retractions, outcome=outcome,
+            finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace_id,
+            output_chars=out.chars, output_sha256=out.sha.hexdigest())
         prompt = None if obj is None else obj.messages if obj.messages is not None else obj.prompt
         if self.content:
             rec.output = "".join(out.parts or ())

@@ -63,7 +63,8 @@ SPECS: tuple[Spec, ...] = (
          "`arrival` → the TokenizerManager received the request's final output (finished, aborted or failed).",
          attr="e2e"),
     Spec("sightline_request_queue_time_seconds", "histogram", "Time in the Scheduler's waiting queue.", M, "stage",
-         "Scheduler received the request (`sched_recv`) → first admitted into a batch (`scheduled`).",
+         "Every waiting interval summed: Scheduler received the request (`sched_recv`) → first admitted into a "
+         "batch (`scheduled`), plus, for each retraction, retracted → admitted again (`waited`).",
          attr="queue_time"),
     Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
          "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.",
@@ -181,12 +182,43 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_kv_slots_used", "gauge", "KV token slots holding keys/values (the prefix cache's included).", R,
          source="scheduler", read="scheduler.kv_used"),
     Spec("sightline_kv_slots_reserved", "gauge",
-         "KV token slots promised to running requests: their reservations plus the cached prefixes they reuse.", R,
-         source="scheduler", read="scheduler.kv_reserved"),
+         "KV token slots committed to running requests: those they hold plus what the admission policy expects them "
+         "to still allocate.", R, definition="Slots in use (sightline_kv_slots_in_use) + the sum over running "
+         "requests of their uncomputed tokens + sightline_new_token_ratio × min(output tokens left, "
+         "--new-token-clip). With --admission reserve (ratio 1, no clip) it is each request's worst case, never "
+         "above capacity; with estimate it may exceed capacity when requests outgrow the estimate (retraction "
+         "follows when a decode step finds no slot).", source="scheduler", read="scheduler.kv_reserved"),
+    Spec("sightline_kv_slots_in_use", "gauge",
+         "KV token slots running requests hold: their own and the cached prefixes they lock.", R,
+         definition="Capacity − free − evictable cache: unlocked prefix-cache slots count as free, since any "
+         "allocation may evict them.", source="scheduler", read="scheduler.kv_in_use"),
     Spec("sightline_kv_slots_capacity", "gauge", "KV token slots in the pool.", R, source="scheduler",
          read="scheduler.kv_total"),
-    Spec("sightline_kv_usage_ratio", "gauge", "Reserved KV slots ÷ total (admission headroom).", R,
-         source="scheduler", read="scheduler.kv_usage_ratio"),
+    Spec("sightline_kv_usage_ratio", "gauge",
+         "Committed KV slots ÷ capacity (sightline_kv_slots_reserved ÷ sightline_kv_slots_capacity): the admission "
+         "policy's headroom; near 1 new requests wait.", R, source="scheduler", read="scheduler.kv_usage_ratio"),
+    Spec("sightline_kv_in_use_ratio", "gauge",
+         "KV slots in use ÷ capacity: what running requests hold, evictable cache counted free.", R,
+         definition="vLLM's kv_cache_usage_perc counterpart, the load signal KV-aware routers (the Gateway API "
+         "Inference Extension) read; 1 means the next decode step retracts requests.", source="scheduler",
+         read="scheduler.kv_in_use_ratio"),
+    Spec("sightline_new_token_ratio", "gauge",
+         "The admission estimate: the share of its remaining (clipped) output a running request is expected to "
+         "generate.", R, definition="Starts at --init-new-token-ratio, decays after every decode step to "
+         "--min-new-token-ratio-factor × it, jumps back up after a retraction; 1 with --admission reserve.",
+         source="scheduler", read="scheduler.new_token_ratio"),
+    Spec("sightline_retractions_total", "counter",
+         "Running requests taken out of the batch because a decode step would not have found KV for all.", R,
+         definition="Each goes back to the head of the queue and resumes after the tokens it already has; vLLM's "
+         "num_preemptions counterpart.", source="scheduler", read="scheduler.retractions_total"),
+    Spec("sightline_retracted_tokens_total", "counter", "K/V positions the retracted requests had.", R,
+         definition="Kept in the prefix cache, pinned (evicted last), unless --disable-prefix-cache.",
+         source="scheduler", read="scheduler.retracted_tokens_total"),
+    Spec("sightline_retraction_recomputed_tokens_total", "counter",
+         "Of the retracted positions, those computed again when their request resumed.", R,
+         definition="1 − recomputed ÷ retracted is the cache hit rate of resumptions (0 with "
+         "--disable-prefix-cache: everything is recomputed).", source="scheduler",
+         read="scheduler.retraction_recomputed_tokens_total"),
     Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler",
          read="scheduler.batch_size"),
     Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler",

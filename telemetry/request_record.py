@@ -31,10 +31,12 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    retractions: int = 0  # times the engine took it out of the batch (KV ran out) and resumed it
     outcome: str  # telemetry.outcomes: stop | length | rejected | shed | ... (one per request)
     finish_reason: str | None = None
     status: int = 200
-    breakdown: dict = {}  # ttft_ms, queue_ms, prefill_ms, decode_ms, tokenize_ms, detokenize_ms, e2e_ms, tpot_ms
+    breakdown: dict = {}  # ttft_ms, queue_ms (every wait in the queue), prefill_ms, decode_ms, tokenize_ms,
+    # detokenize_ms, e2e_ms, tpot_ms
     trace_id: str | None = None  # the exported trace (head-sampled or kept by tail sampling)
     prompt_chars: int = 0
     prompt_sha256: str = ""

@@ -18,7 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
 from prometheus_client import Counter, Histogram
 
-from protocol.io_struct import BatchStrOutput, ReqMeta, StrOut
+from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
 from telemetry.clock import now_ns
 from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
@@ -40,6 +40,16 @@ from telemetry.tracing import (
 PROVIDER = "sightline"
 
 
+
+def queue_seconds(st: Stamps) -> float | None:
+    """Time in the Scheduler's queue over every waiting interval: from `sched_recv` to its first admission, plus
+    each wait after a retraction (`waited`, the Scheduler's sum); None when it never ran."""
+    if st.waited is not None:
+        return st.waited / 1e9
+    if st.sched_recv is not None and st.scheduled is not None:
+        return (st.scheduled - st.sched_recv) / 1e9
+    return None
+
 class TracedRequest(Protocol):
     """What telemetry reads and writes on a request (the front end's `ReqState`)."""
 
@@ -50,6 +60,7 @@ class TracedRequest(Protocol):
     rid: str
     prompt_tokens: int
     cached_tokens: int
+    retractions: int  # times the engine took it out of the batch and resumed it
     meta: ReqMeta
     first_recv: int | None
     last_recv: int | None
@@ -227,8 +238,10 @@ class RequestTelemetry:
         self._tail_decide(rt, outcome, ttft, tpot)  # first: a kept trace is the exemplar of what follows
         self._obs(m and m.e2e, e2e, rt)
         self._obs(m and m.tpot, tpot, rt)
-        for metric, a, b in ((m and m.queue_time, st.sched_recv, st.scheduled),
-                             (m and m.prefill_time, st.scheduled, st.first_token),
+        queue = queue_seconds(st)
+        if queue is not None:
+            self._obs(m and m.queue_time, queue, rt)
+        for metric, a, b in ((m and m.prefill_time, st.scheduled, st.first_token),
                              (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:
                 self._obs(metric, (b - a) / 1e9, rt)
@@ -243,7 +256,8 @@ class RequestTelemetry:
         if abort_reason:
             self._inc(m and m.aborts, self.model, abort_reason)
         rt.breakdown = {
-            "ttft_ms": _ms(rt.arrival, rt.first_recv), "queue_ms": _ms(st.sched_recv, st.scheduled),
+            "ttft_ms": _ms(rt.arrival, rt.first_recv),
+            "queue_ms": round(queue * 1e3, 3) if queue is not None else None, "retractions": rt.retractions,
             "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
             "tokenize_ms": round(rt.tokenize_ns / 1e6, 3), "detokenize_ms": round(rt.detok_busy_ns / 1e6, 3),
             "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,
@@ -285,8 +299,11 @@ class RequestTelemetry:
                  "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens}
         if ttft is not None:
             attrs["sightline.ttft_seconds"] = ttft
-        if st.sched_recv and st.scheduled:
-            attrs["sightline.queue_seconds"] = (st.scheduled - st.sched_recv) / 1e9
+        queue = queue_seconds(st)
+        if queue is not None:
+            attrs["sightline.queue_seconds"] = queue
+        if rt.retractions:
+            attrs["sightline.retractions"] = rt.retractions
         stall = self.loop_lag.worst_between(rt.arrival, now_ns()) if self.loop_lag is not None else None
         if stall is not None:  # the event loop stalled longer than the monitor's `slow` while this request ran
             attrs["sightline.event_loop.lag_max_seconds"] = stall

@@ -333,11 +333,15 @@ class Tracing:
 
     def record(self, name: str, ctx: Context | None, start_mono: int, end_mono: int, *,
                kind: SpanKind = SpanKind.INTERNAL, attributes=None, links: Iterable[Link] = (),
-               error: str | None = None, error_message: str | None = None) -> Span | None:
-        """A span that already happened (both ends known); nothing when ctx is None."""
+               error: str | None = None, error_message: str | None = None,
+               events: Iterable[tuple[str, int, dict]] = ()) -> Span | None:
+        """A span that already happened (both ends known), with its (name, monotonic ns, attributes) events;
+        nothing when ctx is None."""
         if ctx is None:
             return None
         span = self.start(name, ctx, kind=kind, attributes=attributes, links=links, start_mono=start_mono)
+        for event, at, attrs in events:
+            span.add_event(event, attrs, timestamp=self.wall(at))
         if error:
             set_error(span, error, error_message)
         span.end(end_time=self.wall(max(end_mono, start_mono)))

@@ -5,14 +5,15 @@ from __future__ import annotations
 from dashboards import promql as q
 from dashboards.panels import Board, stat_panel, timeseries_panel
 
-KV = ("used", "reserved", "capacity")
+KV = ("used", "in_use", "reserved", "capacity")
 PREFIX_HIT_RATIO = q.counter_ratio("sightline_prefix_cache_hits_tokens_total",
                                    "sightline_prefix_cache_queries_tokens_total")
 
 
 def board() -> Board:
     b = Board("sightline-engine", "Sightline / Engine",
-              "Batch size, step time, KV slots, prefix cache, chunked prefill and throughput of the Scheduler.")
+              "Batch size, step time, KV slots, admission and retraction, prefix cache, chunked prefill and "
+              "throughput of the Scheduler.")
     b.row(
         "Batching",
         timeseries_panel("Batch size", "Requests in the latest engine step (decode and prefill chunks together); "
@@ -39,15 +40,36 @@ def board() -> Board:
     b.row(
         "KV cache",
         timeseries_panel("KV slots", "Token slots in the KV pool: holding keys/values (used, the prefix cache's "
-                         "included), promised to running requests (reserved), the pool size (capacity), and the "
-                         "slots the prefix cache holds. Idle, used equals the prefix cache and reserved is 0; used "
-                         "above the prefix cache with nothing running is a leak.", "short",
+                         "included), held by running requests (in_use: their own and the cached prefixes they lock), "
+                         "committed to them (reserved: in_use plus the admission policy's estimate of what they will "
+                         "still allocate), the pool size (capacity), and the slots the prefix cache holds. Idle, "
+                         "used equals the prefix cache and in_use and reserved are 0; used above the prefix cache "
+                         "with nothing running is a leak.", "short",
                          [*((q.gauge(f"sightline_kv_slots_{k}"), k) for k in KV),
                           (q.gauge("sightline_prefix_cache_tokens"), "prefix cache")]),
-        timeseries_panel("KV usage ratio", "Reserved ÷ total slots of the fullest rank of any instance (each rank has "
-                         "its own pool; the slots panel sums them). Admission stops when a request's prompt + "
-                         "max_new_tokens no longer fits.", "percentunit",
-                         [(q.gauge("sightline_kv_usage_ratio", agg="max"), "reserved ratio")], max_value=1),
+        timeseries_panel("KV usage ratio", "Of the fullest rank of any instance (each rank has its own pool; the "
+                         "slots panel sums them): in use ÷ capacity (what routers read; at 1 the next decode step "
+                         "retracts requests, alert SightlineKVCacheSaturated) and committed ÷ capacity (new "
+                         "requests wait when their own expected need no longer fits; with --admission estimate it "
+                         "may pass 1 as requests outgrow the estimate).", "percentunit",
+                         [(q.gauge("sightline_kv_in_use_ratio", agg="max"), "in use"),
+                          (q.gauge("sightline_kv_usage_ratio", agg="max"), "committed")]),
+    )
+    b.row(
+        "Admission and retraction",
+        timeseries_panel("Retractions", "Running requests taken out of the batch per second because a decode step "
+                         "would not have found KV for every one (left), and the K/V positions they had and those "
+                         "computed again when they resumed (right): recomputed ÷ retracted near 0 means resumptions "
+                         "were prefix-cache hits (retracted K/V is pinned in the cache, evicted last); equal with "
+                         "--disable-prefix-cache. Sustained: alert SightlineRetractionsSustained.",
+                         "ops", [(q.rate("sightline_retractions_total"), "retractions/s"),
+                                 (q.rate("sightline_retracted_tokens_total"), "retracted tokens/s"),
+                                 (q.rate("sightline_retraction_recomputed_tokens_total"), "recomputed tokens/s")],
+                         right={"B": "suffix: tokens/s", "C": "suffix: tokens/s"}, width=16),
+        timeseries_panel("New-token ratio", "The admission estimate of the share of its remaining (clipped) output "
+                         "a running request will still generate, of the most cautious rank: it decays step by step "
+                         "and jumps back up after a retraction; 1 with --admission reserve.", "percentunit",
+                         [(q.gauge("sightline_new_token_ratio", agg="max"), "ratio")], max_value=1, width=8),
     )
     b.row(
         "Prefix cache",

@@ -81,9 +81,9 @@ def workers_and_ranks() -> list:
                            "waiting {{instance}} rank {{dp_rank}}")],
                          width=8),
         timeseries_panel("KV usage ratio by rank",
-                         "Reserved ÷ total KV slots of each rank: each rank has its own pool and admits on its own "
-                         "(alert SightlineKVCacheSaturated fires per rank).", "percentunit",
-                         [(q.gauge("sightline_kv_usage_ratio", by=RANK, agg="max"), "{{instance}} rank {{dp_rank}}")],
+                         "KV slots running requests hold ÷ capacity, per rank: each rank has its own pool and admits "
+                         "on its own (alert SightlineKVCacheSaturated fires per rank).", "percentunit",
+                         [(q.gauge("sightline_kv_in_use_ratio", by=RANK, agg="max"), "{{instance}} rank {{dp_rank}}")],
                          width=8, max_value=1),
         timeseries_panel("Generated tokens/s by rank", "Tokens each rank samples per second (rate of "
                          "sightline_scheduler_generated_tokens_total): the ranks' shares of the engine throughput.",
@@ -159,9 +159,9 @@ def replicas() -> list:
                           (q.gauge("sightline_requests_in_flight", by=INSTANCE), "in flight {{instance}}")],
                          width=8),
         timeseries_panel("KV usage by instance",
-                         "Reserved ÷ total KV slots of the fullest rank of each instance (alert "
+                         "KV slots in use ÷ capacity of the fullest rank of each instance (alert "
                          "SightlineKVCacheSaturated names the instance and rank).", "percentunit",
-                         [(q.gauge("sightline_kv_usage_ratio", by=INSTANCE, agg="max"), "{{instance}}")],
+                         [(q.gauge("sightline_kv_in_use_ratio", by=INSTANCE, agg="max"), "{{instance}}")],
                          width=8, max_value=1),
         timeseries_panel("Up by instance",
                          "1 while Prometheus scrapes the instance, 0 when it cannot (alert SightlineDown names the "
@@ -220,11 +220,12 @@ def board() -> Board:
     b.row(
         "Capacity",
         timeseries_panel("KV cache usage",
-                         "Reserved KV slots ÷ total: admission headroom, of the fullest rank of any instance "
-                         "(per instance: Which replica is bad?; per rank: Workers and ranks). Near 100 % new "
-                         "requests wait.",
-                         "percentunit", [(q.gauge("sightline_kv_usage_ratio", agg="max"), "KV reserved")],
-                         max_value=1),
+                         "Of the fullest rank of any instance (per instance: Which replica is bad?; per rank: "
+                         "Workers and ranks): KV slots running requests hold ÷ capacity (near 100 % decode steps "
+                         "retract requests) and committed ÷ capacity (held + the admission estimate of what they "
+                         "will still need; near 100 % new requests wait).",
+                         "percentunit", [(q.gauge("sightline_kv_in_use_ratio", agg="max"), "KV in use"),
+                                         (q.gauge("sightline_kv_usage_ratio", agg="max"), "KV committed")]),
         timeseries_panel("Engine throughput",
                          "Tokens the engine samples per second, as the Scheduler measures it.",
                          "suffix: tokens/s",

@@ -38,6 +38,7 @@ class StepStats:
     started_ns: int = 0
     ended_ns: int = 0
     rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
+    num_retracted: int = 0  # requests taken out of the batch before it ran
 
     def stats(self) -> dict[str, int | float]:
         """The step's part of `SchedulerStats`, by field name."""

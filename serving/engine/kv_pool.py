@@ -6,16 +6,13 @@ reads and writes), anywhere in it; `req_to_token[row, pos]` says which slot hold
 position `pos` of the request in `row`.  So requests of any length join and leave the
 batch without copying, and freeing a request returns its slots at once.
 
-Admission uses *reservation*: a request is admitted only if its worst case
-(prompt + max_new_tokens) fits in the slots not yet promised to others.  Slots are
-handed out lazily as tokens are written, but a running request can never run out, so
-nothing is ever retracted or recomputed (see docs/engine.md for why).
-
 With the prefix cache (`tree`, a `RadixCache`), a slot is free, owned by the tree, or
 private to one running request.  Tree slots locked by running requests are in use;
 unlocked ones are cached and count as free on demand: `extend` evicts them, least
-recently used first, when the free stack is short.  Admission keeps
-`capacity >= reserved + locked tree slots`, so that eviction always finds enough.
+recently used first (retracted requests' pinned ones last), when the free stack is short.
+`available` (free + evictable) is what a step may still allocate.  The pool promises
+nothing: who may allocate how much is the admission policy's (`serving.engine.admission`),
+and which request owns which slot is the cache manager's (`serving.engine.cache_manager`).
 """
 
 from __future__ import annotations
@@ -47,7 +44,6 @@ class KVPool:
         # Stacks (pop from the end): low slot numbers are handed out first; PAD_SLOT (0) never is.
         self._free_slots: list[int] = list(range(num_slots, 0, -1))
         self._free_rows: list[int] = list(range(max_requests - 1, -1, -1))
-        self.reserved = 0
         self.tree: RadixCache | None = None  # the prefix cache, when enabled
         self.evicted_slots = 0  # cumulative: tree slots evicted to make room
 
@@ -71,9 +67,19 @@ class KVPool:
         return self.tree.locked_slots if self.tree else 0
 
     @property
-    def committed(self) -> int:
-        """Slots running requests may need: their reservations plus the tree slots they lock."""
-        return self.reserved + self.locked_slots
+    def evictable_slots(self) -> int:
+        """Tree slots no running request locks: cached, freed on demand."""
+        return self.tree.evictable_slots if self.tree else 0
+
+    @property
+    def available(self) -> int:
+        """Slots a step may allocate: free, or cached and evictable."""
+        return len(self._free_slots) + self.evictable_slots
+
+    @property
+    def in_use(self) -> int:
+        """Slots running requests hold: their private ones and the cached prefixes they lock."""
+        return self.capacity - self.available
 
     @property
     def free_rows(self) -> int:
@@ -81,27 +87,21 @@ class KVPool:
 
     def stats(self) -> dict[str, int]:
         """The pool's part of `SchedulerStats`, by field name (sent after every step)."""
-        return {"kv_used": self.used_slots, "kv_reserved": self.committed, "kv_total": self.capacity}
-
-    def can_reserve(self, n: int, lock_gain: int = 0) -> bool:
-        """Room for a request reserving `n` slots whose prefix lock adds `lock_gain` locked slots."""
-        return self.committed + lock_gain + n <= self.capacity and bool(self._free_rows)
+        return {"kv_used": self.used_slots, "kv_in_use": self.in_use, "kv_total": self.capacity}
 
     def is_empty(self) -> bool:
-        """No slot holds K/V (prefix cache included), nothing reserved, every row free."""
-        return self.used_slots == 0 and self.reserved == 0 and self.free_rows == self.max_requests
+        """No slot holds K/V (prefix cache included), every row free."""
+        return self.used_slots == 0 and self.free_rows == self.max_requests
 
     def is_idle(self) -> bool:
         """Nothing belongs to a request: every used slot is unlocked prefix cache."""
-        return (self.reserved == 0 and self.free_rows == self.max_requests and self.locked_slots == 0
-                and self.used_slots == self.tree_slots)
+        return self.free_rows == self.max_requests and self.locked_slots == 0 and self.used_slots == self.tree_slots
 
     # -- per request ------------------------------------------------------
-    def admit(self, reserve: int, lock_gain: int = 0) -> int:
-        """Promise `reserve` slots to a new request and give it a table row."""
-        if not self.can_reserve(reserve, lock_gain):
-            raise RuntimeError("KV pool admission without room (caller must check can_reserve)")
-        self.reserved += reserve
+    def admit(self, need: int = 0) -> int:
+        """A table row for a new request about to allocate `need` slots (which must be available)."""
+        if need > self.available or not self._free_rows:
+            raise RuntimeError("KV pool admission without room (the admission policy must check first)")
         return self._free_rows.pop()
 
     def extend(self, row: int, start: int, n: int) -> torch.Tensor:
@@ -114,7 +114,7 @@ class KVPool:
             self.evicted_slots += len(freed)
             self._free_slots.extend(freed.tolist())
         if n > len(self._free_slots):
-            raise RuntimeError("KV pool exhausted despite reservation (accounting bug)")
+            raise RuntimeError("KV pool exhausted: the step allocated more than was available (scheduling bug)")
         slots = self._free_slots[len(self._free_slots) - n :]
         del self._free_slots[len(self._free_slots) - n :]
         t = torch.tensor(slots, dtype=torch.int64)
@@ -126,15 +126,10 @@ class KVPool:
         never marked computed, or a request's copies of positions the prefix cache already had."""
         self._free_slots.extend(slots.tolist())
 
-    def unreserve(self, n: int) -> None:
-        """A running request needs `n` fewer slots (they went to the tree)."""
-        self.reserved -= n
-
-    def release(self, row: int, num_tokens: int, reserved: int, start: int = 0) -> None:
-        """Return a request's private slots (positions [start, num_tokens)), its reservation and its row."""
+    def release(self, row: int, num_tokens: int, start: int = 0) -> None:
+        """Return a request's private slots (positions [start, num_tokens)) and its row."""
         if num_tokens > start:
             self._free_slots.extend(self.req_to_token[row, start:num_tokens].tolist())
-        self.reserved -= reserved
         self._free_rows.append(row)
 
     def flush_tree(self) -> int:

@@ -9,6 +9,12 @@ first token, so a lookup costs one dict access per node plus a token comparison.
 Locks: a running request locks the node its reused prefix ends at, and a lock counts on
 every node up to the root (a locked node's ancestors are its prefix).  Locked slots are
 in use; unlocked ones are cached and may be evicted, least recently used leaf first.
+
+Pins: a request retracted from the batch pins the node its computed positions end at
+(counted up to the root as locks are) until it runs again.  Pinned slots stay evictable
+(retraction is there to free KV) but go last: every unpinned leaf is evicted before any
+pinned one, so a retracted request usually resumes as a cache hit.  An evicted node keeps
+its parent pointer, so unpinning from it still reaches the ancestors left in the tree.
 The tree only does bookkeeping: the KV pool frees what `evict`/`reset` return.
 """
 
@@ -23,7 +29,7 @@ _EMPTY = torch.zeros(0, dtype=torch.int64)
 
 
 class TreeNode:
-    __slots__ = ("key", "value", "children", "parent", "lock_ref", "last_access")
+    __slots__ = ("key", "value", "children", "parent", "lock_ref", "pin_ref", "last_access")
 
     def __init__(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> None:
         self.key = key  # token ids of this edge
@@ -31,10 +37,11 @@ class TreeNode:
         self.children: dict[int, TreeNode] = {}  # by first token of the child's key
         self.parent = parent
         self.lock_ref = 0  # running requests whose reused prefix goes through this node
+        self.pin_ref = 0  # retracted requests whose computed positions go through this node
         self.last_access = 0  # the tree's clock at the latest match/insert through it (LRU)
 
-    def __lt__(self, other: TreeNode) -> bool:  # heap order for eviction
-        return self.last_access < other.last_access
+    def __lt__(self, other: TreeNode) -> bool:  # heap order for eviction: unpinned first, then LRU
+        return (self.pin_ref > 0, self.last_access) < (other.pin_ref > 0, other.last_access)
 
 
 def _common_len(key: Sequence[int], ids: Sequence[int], start: int) -> int:
@@ -119,7 +126,7 @@ class RadixCache:
     def _split(self, child: TreeNode, k: int) -> TreeNode:
         """Cut `child` after its first k tokens; returns the new upper node (same locks)."""
         upper = TreeNode(child.key[:k], child.value[:k], child.parent)
-        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.lock_ref, upper.pin_ref, upper.last_access = child.lock_ref, child.pin_ref, child.last_access
         assert child.parent is not None
         child.parent.children[child.key[0]] = upper
         child.key, child.value, child.parent = child.key[k:], child.value[k:], upper
@@ -155,6 +162,16 @@ class RadixCache:
             n.lock_ref -= 1
             if n.lock_ref == 0:
                 self.locked_slots -= len(n.value)
+
+    def inc_pin(self, node: TreeNode) -> None:
+        for n in self.path(node):
+            n.pin_ref += 1
+
+    def dec_pin(self, node: TreeNode) -> None:
+        for n in self.path(node):
+            if n.pin_ref <= 0:
+                raise RuntimeError("radix cache unpin without a pin")
+            n.pin_ref -= 1
 
     # -- eviction -------------------------------------------------------------------
     def evict(self, n: int) -> torch.Tensor:

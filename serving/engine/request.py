@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from serving.engine.radix_cache import TreeNode
 
 
+def _new_times() -> ReqTimes:
+    t = now_ns()
+    return ReqTimes(queued=t, waiting_since=t)
+
+
 class ReqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -23,15 +28,38 @@ class ReqStatus(enum.Enum):
 
 
 @dataclass
-class ReqTimes:
-    """Monotonic-ns stamps (telemetry.clock.now_ns), turned into metrics and spans by telemetry."""
+class Retraction:
+    """One time the request left the batch so that others could decode."""
 
-    queued: int = 0  # entered the waiting queue
+    at: int  # monotonic ns
+    computed: int  # positions whose K/V it had: the work it put at risk
+    cached: int  # of those, left in the prefix cache (pinned) for its resumption; 0 without the cache
+    output_tokens: int  # tokens it had generated (they stay: it resumes after them)
+    reason: str = "kv_exhausted"  # a decode step would not have found a KV slot for every running request
+
+
+@dataclass
+class ReqTimes:
+    """Monotonic-ns stamps (telemetry.clock.now_ns), turned into metrics and spans by telemetry.
+
+    A request waits once (queued → scheduled) and once more after each retraction:
+    `waits` holds every finished interval, `waiting_since` the open one.
+    """
+
+    queued: int = 0  # first entered the waiting queue
     scheduled: int | None = None  # first admitted into a batch
+    waiting_since: int | None = None  # in the queue since (None while it runs)
+    waits: list[tuple[int, int]] = field(default_factory=list)  # (entered, admitted) per waiting interval
+    retractions: list[Retraction] = field(default_factory=list)
     first_token: int | None = None
     finished: int | None = None
     prefill_chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, tokens)
     token_times: list[int] = field(default_factory=list)  # one stamp per output token
+
+    def waited_ns(self, now: int | None = None) -> int:
+        """Time in the queue over every waiting interval (the open one up to `now`)."""
+        open_ns = (now if now is not None else now_ns()) - self.waiting_since if self.waiting_since else 0
+        return sum(b - a for a, b in self.waits) + max(0, open_ns)
 
 
 @dataclass
@@ -44,7 +72,6 @@ class Req:
     status: ReqStatus = ReqStatus.WAITING
     row: int = -1  # row in the KV pool's req_to_token table
     num_computed: int = 0  # positions whose K/V are in the pool
-    reserved: int = 0  # KV slots promised for its own positions at admission, less those it handed the tree
     cached_tokens: int = 0  # prompt positions reused from the prefix cache at admission
     tree_len: int = 0  # positions [0, tree_len) of its row are prefix-cache slots it locks
     tree_node: TreeNode | None = None  # the RadixCache node it locks (None: not admitted, or no prefix cache)
@@ -53,15 +80,31 @@ class Req:
     matched_stop: int | None = None
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for an O(1) check per token
     error: str | None = None  # why the engine failed it (finish_reason ERROR)
-    times: ReqTimes = field(default_factory=lambda: ReqTimes(queued=now_ns()))
+    prefill_len: int = 0  # positions computed before it decodes: the prompt, or on resumption prompt + output
+    priority: int = 0  # retraction takes lower priorities first (every request has 0 today)
+    pinned: TreeNode | None = None  # retracted: the prefix-cache node its computed positions end at
+    retracted_computed: int = 0  # positions it had at its latest retraction (recomputation is measured against it)
+    times: ReqTimes = field(default_factory=lambda: _new_times())
 
     @property
     def prompt_len(self) -> int:
         return len(self.input_ids)
 
+    def __post_init__(self) -> None:
+        self.prefill_len = self.prefill_len or len(self.input_ids)
+
     @property
     def prefill_done(self) -> bool:
-        return self.num_computed >= self.prompt_len
+        return self.num_computed >= self.prefill_len
+
+    @property
+    def seq(self) -> list[int]:
+        """Every token it has: the prompt, then its output."""
+        return self.input_ids + self.output_ids if self.output_ids else self.input_ids
+
+    @property
+    def num_retractions(self) -> int:
+        return len(self.times.retractions)
 
     @property
     def total_len(self) -> int:

@@ -134,7 +134,7 @@ class Scheduler:
         self.meta[msg.rid] = msg.meta
         self.worker_of[msg.rid] = msg.worker
         self.pending_detok[msg.rid] = msg.detok
-        req.times.queued = msg.meta.stamps.sched_recv
+        req.times.queued = req.times.waiting_since = msg.meta.stamps.sched_recv
         self.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
@@ -192,13 +192,16 @@ class Scheduler:
         meta = self.meta[ev.rid]
         st, t = meta.stamps, req.times
         st.scheduled, st.first_token, st.finished = t.scheduled, t.first_token, t.finished
+        if t.scheduled is not None:
+            st.waited = t.waited_ns(t.finished)
         if t.token_times:
             st.last_token = t.token_times[-1]
         out = TokenOut(
             rid=ev.rid, new_token_ids=ev.new_token_ids,
             finish_reason=ev.finish_reason.value if ev.finish_reason else None,
             matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
-            completion_tokens=len(req.output_ids), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
+            completion_tokens=len(req.output_ids), retractions=req.num_retractions,
+            detok=self.pending_detok.pop(ev.rid, None), meta=meta,
             worker=self.worker_of.get(ev.rid, 0),
         )
         if out.detok is not None:
@@ -260,7 +263,7 @@ class Scheduler:
         if st.rids:
             self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
                 "sightline.batch.size": st.batch_size, "sightline.batch.decode": st.num_decode,
-                "sightline.batch.prefill_tokens": st.num_prefill_tokens})
+                "sightline.batch.prefill_tokens": st.num_prefill_tokens, "sightline.batch.retracted": st.num_retracted})
         for ev in events:
             self.generation_tokens_total += len(ev.new_token_ids)
             if ev.error is not None:  # the engine failed this request alone
@@ -289,12 +292,13 @@ class Scheduler:
                                         worker=self.worker_of.pop(ev.rid, 0)))
 
     def expire_queue(self) -> None:
-        """Abort requests that waited in the queue longer than --max-queue-time."""
+        """Abort requests that waited in the queue longer than --max-queue-time before they first ran (a
+        retracted request, back in the queue, has started answering: it is not expired)."""
         limit = self.args.max_queue_time
         if not limit or not self.core.waiting:
             return
         now = now_ns()
-        for req in [r for r in self.core.waiting if now - r.times.queued > limit * 1e9]:
+        for req in [r for r in self.core.waiting if r.times.scheduled is None and now - r.times.queued > limit * 1e9]:
             ev = self.core.abort(req.rid)
             self._emit(ev, "timeout", f"the request waited more than {limit:g} s in the queue")
 

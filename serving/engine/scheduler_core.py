@@ -3,19 +3,25 @@
 Usable in-process (tests, benchmarks): `add_request`, then `step()` until idle.
 Each step:
   1. every running request whose prompt is done decodes one token;
-  2. prompts are prefilled under a per-step budget (`prefill_budget`: all of
+  2. if the KV available (free or evictable) would not give every decoding request its
+     next slot, requests are retracted (`_make_room`, --admission estimate only): they
+     leave the batch, their K/V stays in the prefix cache, pinned, and they go back to
+     the head of the queue, to resume after the tokens they already have;
+  3. prompts are prefilled under a per-step budget (`prefill_budget`: all of
      `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` leaves after
      the decodes, at least `min_prefill_chunk`): first the chunk in progress, then
      waiting requests in arrival order, chunking the one that does not fit; a request
-     is admitted only if its worst case KV (prompt + max_new_tokens, less a prefix reused
-     from the prefix cache) can be reserved and fewer than `max_running_requests` run;
-  3. one ragged forward runs decodes and prefill chunks side by side;
-  4. requests whose prompt is complete sample a token; finished ones free KV at once.
+     is admitted when the admission policy (`serving.engine.admission`) finds its
+     expected KV need and the running requests' fit, and fewer than
+     `max_running_requests` run.  A step that retracted admits no one;
+  4. one ragged forward runs decodes and prefill chunks side by side;
+  5. requests whose prompt is complete sample a token; finished ones free KV at once.
 
-Prefix cache (unless --disable-prefix-cache): admission reuses the longest prefix of the
-prompt that the radix tree holds (all but the last prompt token at most) and locks it;
-every prefill chunk's positions then go to the tree, and a finished or aborted request
-leaves all its computed positions there.  See `check_kv_invariants` for the accounting.
+A resumed request computes again what the cache no longer holds of its prompt and its
+output, then samples its next token from the same generator state, so it produces the
+tokens it would have produced had it never left.  Which slots a request holds, and the
+prefix cache's locks and pins, are the cache manager's (`serving.engine.cache_manager`);
+see `check_kv_invariants` for the accounting.
 
 One request must never fail another: if the step raises, its K/V allocation is undone
 (positions count as computed only after a success) and the batch is split in halves,
@@ -38,31 +44,22 @@ import torch
 
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
+from serving.engine.admission import AdmissionPolicy
 from serving.engine.batch import Work
+from serving.engine.cache_manager import CacheManager
 from serving.engine.events import StepStats, TokenEvent
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
 from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
-from serving.engine.request import FinishReason, Req, ReqStatus
+from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
 from serving.engine.sampling import sample
+from serving.engine.stopping import eos_ids, finish_reason
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
 FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
-
-
-def _eos_ids(loaded: LoadedModel) -> frozenset[int]:
-    ids: set[int] = set()
-    gen_cfg = getattr(loaded.hf_model, "generation_config", None)
-    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None),
-                loaded.tokenizer.eos_token_id):
-        if isinstance(src, int):
-            ids.add(src)
-        elif src:
-            ids.update(int(x) for x in src)
-    return frozenset(ids)
 
 
 class SchedulerCore:
@@ -72,7 +69,7 @@ class SchedulerCore:
         self.pool = self.runner.pool
         self.context_len = self.runner.context_len
         self.vocab_size = self.runner.vocab_size
-        self.eos_ids = _eos_ids(loaded)
+        self.eos_ids = eos_ids(loaded)
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
@@ -84,11 +81,15 @@ class SchedulerCore:
         self.fail_log = RateLimitedLog(log)
         self._forward_ns = self._sample_ns = 0  # this step's, over every run of it (isolation reruns too)
         self.tree: RadixCache | None = None if args.disable_prefix_cache else RadixCache()
-        self.pool.tree = self.tree
-        # cumulative prefix-cache counters (telemetry)
+        self.cache = CacheManager(self.pool, self.tree)
+        self.policy = AdmissionPolicy.from_args(args)
+        # cumulative counters (telemetry)
         self.prefix_queries_tokens = 0  # prompt tokens of admitted requests
         self.prefix_hits_tokens = 0  # of those, reused from the cache
         self.cache_flushes = 0
+        self.retractions = 0  # requests taken out of the batch
+        self.retracted_tokens = 0  # the K/V positions they had
+        self.recomputed_tokens = 0  # of those, computed again when they resumed (the cache no longer held them)
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> Req:
@@ -109,7 +110,6 @@ class SchedulerCore:
         req = Req(rid=rid, input_ids=list(input_ids), params=params,
                   generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids))
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
-        req.reserved = req.prompt_len + req.max_new_tokens
         self.reqs[rid] = req
         self.waiting.append(req)
         return req
@@ -149,16 +149,24 @@ class SchedulerCore:
         """Cumulative: cached slots evicted to make room for new K/V."""
         return self.pool.evicted_slots
 
+    @property
+    def kv_committed(self) -> int:
+        """KV slots the running requests hold plus what the admission policy expects them to allocate."""
+        return self.pool.in_use + round(self.policy.committed(self.running))
+
     def stats(self) -> dict[str, object]:
-        """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool, its latest step,
-        its prefix-cache counters.  The Scheduler process adds its own (`Scheduler.stats`)."""
+        """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool and admission estimate,
+        its latest step, its prefix-cache and retraction counters.  The Scheduler process adds its own."""
         return {
             "num_running": self.num_running, "num_waiting": self.num_waiting, **self.pool.stats(),
+            "kv_reserved": self.kv_committed, "new_token_ratio": self.policy.ratio,
             **self.last_step.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "prefix_queries_tokens_total": self.prefix_queries_tokens,
             "prefix_hits_tokens_total": self.prefix_hits_tokens,
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
+            "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
+            "retraction_recomputed_tokens_total": self.recomputed_tokens,
         }
 
     def flush_cache(self, force: bool = False) -> bool:
@@ -166,11 +174,12 @@ class SchedulerCore:
 
         Idle, every tree slot goes back to the free stack (the pool `is_empty()`).  Forced
         while requests run, only the unlocked nodes go: the prefixes running requests reuse
-        stay until they finish.  Waiting requests hold nothing and do not block a flush.
+        stay until they finish.  Waiting requests lock nothing and do not block a flush; a
+        retracted one then recomputes what it had.
         """
         if self.running and not force:
             return False
-        self.pool.flush_tree()
+        self.cache.flush()
         self.cache_flushes += 1
         return True
 
@@ -188,49 +197,89 @@ class SchedulerCore:
             return a.max_prefill_tokens
         return min(a.max_prefill_tokens, max(a.min_prefill_chunk, a.max_step_tokens - num_decoding))
 
-    def _admit(self, budget: int) -> list[tuple[Req, int]]:
+    def _admit(self, budget: int, num_decoding: int, admit_new: bool) -> list[tuple[Req, int]]:
         chunks: list[tuple[Req, int]] = []
+        room = self.cache.available - num_decoding  # slots this step's prefill may still allocate
         for req in self.running:  # a chunked prefill in progress goes first
-            if not req.prefill_done and budget > 0:
-                n = min(budget, req.prompt_len - req.num_computed)
+            if not req.prefill_done and budget > 0 and room > 0:
+                n = min(budget, room, req.prefill_len - req.num_computed)
                 chunks.append((req, n))
-                budget -= n
-        tree = self.tree
-        while self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
+                budget, room = budget - n, room - n
+        committed = self.policy.committed(self.running) if admit_new else 0.0
+        while admit_new and self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
             req = self.waiting[0]
-            cached, node, gain = None, None, 0
-            if tree is not None:  # the last prompt token is always computed: its logits give the first token
-                cached, node = tree.match_prefix(req.input_ids[:req.prompt_len - 1])
-                gain = tree.lock_gain(node)
-            m = len(cached) if cached is not None else 0
-            reserve = req.prompt_len - m + req.max_new_tokens  # only what it may allocate itself
-            if not self.pool.can_reserve(reserve, gain):
+            match = self.cache.match(req)
+            need = self.policy.need(req) - match.length  # it allocates only what the cache does not hold
+            if committed + match.gain + need > self.cache.available:
                 break  # strict arrival order: no overtaking by smaller requests
             self.waiting.popleft()
-            req.reserved = reserve
-            req.row = self.pool.admit(reserve, gain)
-            if tree is not None and node is not None:
-                tree.inc_lock(node)
-                self.pool.req_to_token[req.row, :m] = cached
-                req.tree_node, req.tree_len = node, m
-            req.num_computed = req.cached_tokens = m
+            self.cache.attach(req, match)
+            committed += need
+            room -= match.gain
+            self._admitted(req, match.length)
+            self.running.append(req)
+            n = min(budget, room, req.prefill_len - match.length)
+            chunks.append((req, n))
+            budget, room = budget - n, room - n
+        return chunks
+
+    def _admitted(self, req: Req, m: int) -> None:
+        t, now = req.times, now_ns()
+        t.waits.append((t.waiting_since or now, now))
+        t.waiting_since = None
+        if t.scheduled is None:
+            t.scheduled = now
+            req.cached_tokens = m
             self.prefix_queries_tokens += req.prompt_len
             self.prefix_hits_tokens += m
-            req.status = ReqStatus.RUNNING
-            req.times.scheduled = now_ns()
-            self.running.append(req)
-            n = min(budget, req.prompt_len - m)
-            chunks.append((req, n))
-            budget -= n
-        return chunks
+        else:  # resumed after a retraction: what it had and the cache lost is computed again
+            self.recomputed_tokens += max(0, req.retracted_computed - m)
+        req.status = ReqStatus.RUNNING
+
+    # -- retraction -----------------------------------------------------------------
+    def _step_need(self, headroom: int) -> int:
+        """Slots the running requests need this step: one per decode (plus `headroom` more), some prefill."""
+        chunk = self.args.min_prefill_chunk if headroom else 1
+        return sum(1 + headroom if r.prefill_done else min(chunk, r.prefill_len - r.num_computed)
+                   for r in self.running)
+
+    def _make_room(self) -> list[Req]:
+        """Retract requests, in the policy's order, until this step fits and every decoding request that stays
+        has room for `headroom_steps` more tokens; never the last one (alone, it always fits)."""
+        if self.policy.reserve or self.cache.available >= self._step_need(0):
+            return []
+        order = self.policy.victims(self.running)
+        victims: list[Req] = []
+        while len(self.running) > 1 and self.cache.available < self._step_need(self.policy.headroom_steps):
+            victims.append(self._retract(order.pop(0)))
+        for req in sorted(victims, key=lambda r: r.times.queued, reverse=True):
+            self.waiting.appendleft(req)  # at the head, in arrival order
+        self.policy.retracted(self.running)
+        return victims
+
+    def _retract(self, req: Req) -> Req:
+        computed = req.num_computed
+        kept = self.cache.retract(req)
+        self.running.remove(req)
+        req.times.waiting_since = t = now_ns()
+        req.times.retractions.append(Retraction(t, computed, kept, len(req.output_ids)))
+        req.retracted_computed = computed
+        req.prefill_len = req.total_len  # it resumes by computing its prompt and output, then samples
+        req.status = ReqStatus.WAITING
+        self.retractions += 1
+        self.retracted_tokens += computed
+        return req
 
     def step(self) -> list[TokenEvent]:
         """Run one batch; returns the new tokens and finishes it produced."""
         t0 = now_ns()
+        retracted = self._make_room()
         decoding = [r for r in self.running if r.prefill_done]
-        chunks = self._admit(self.prefill_budget(len(decoding)))
+        chunks = self._admit(self.prefill_budget(len(decoding)), len(decoding), admit_new=not retracted)
+        if not retracted:
+            self.policy.stepped(decoded=bool(decoding))
         if not decoding and not chunks:
-            self.last_step = StepStats()
+            self.last_step = StepStats(num_retracted=len(retracted))
             return []
         group = [(r, 1) for r in decoding] + chunks
         t_sched = now_ns()
@@ -245,7 +294,7 @@ class SchedulerCore:
             if id(req) not in failed_ids:
                 req.times.prefill_chunks.append((t0, t1, n))
                 if self.tree is not None:  # a request arriving now reuses what this one computed
-                    self._give_to_tree(req, keep_lock=True)
+                    self.cache.give_to_tree(req, keep_lock=True)
         events = [self._fail(req, exc) for req, exc in failed]
         events += [self._append_token(req, tok, t1) for req, tok in produced]
         t2 = now_ns()
@@ -254,7 +303,7 @@ class SchedulerCore:
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
             step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
             sample_seconds=(self._sample_ns + t2 - t1) / 1e9, started_ns=t0, ended_ns=t1,
-            rids=tuple(r.rid for r, _ in group),
+            rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
         )
         return events
 
@@ -270,8 +319,8 @@ class SchedulerCore:
                 sampled_d.append(req)
             else:
                 start = req.num_computed
-                completes = start + n >= req.prompt_len
-                extend_work.append(Work(req.row, start, req.input_ids[start:start + n], completes))
+                completes = start + n >= req.prefill_len
+                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes))
                 if completes:
                     sampled_e.append(req)
         sampled = sampled_d + sampled_e  # the order of the logits rows
@@ -318,72 +367,26 @@ class SchedulerCore:
         req.times.token_times.append(t)
         if req.times.first_token is None:
             req.times.first_token = t
-        reason = None
-        if tok in self.eos_ids and not req.params.ignore_eos:
-            reason = FinishReason.STOP
-        elif tok in req.stop_ids:
-            reason, req.matched_stop = FinishReason.STOP, tok
-        elif len(req.output_ids) >= req.max_new_tokens:
-            reason = FinishReason.LENGTH
+        reason = finish_reason(req, tok, self.eos_ids)
         if reason is not None:
             self.running.remove(req)
             self._finish(req, reason)
         return TokenEvent(req.rid, [tok], reason, req)
 
-    def _give_to_tree(self, req: Req, keep_lock: bool) -> None:
-        """Hand the request's positions [tree_len, num_computed) to the prefix cache.
-
-        Positions the tree already had (another request computed the same prefix) keep the
-        tree's slots and the request's copies are freed.  With `keep_lock` (the request
-        runs on) its row is re-pointed at the tree's slots, it locks the longer prefix,
-        and its reservation shrinks by the slots it handed over, so that
-        reserved + locked does not grow.
-        """
-        tree, pool, n = self.tree, self.pool, req.num_computed
-        assert tree is not None
-        if n <= req.tree_len:
-            return
-        ids = req.input_ids[:n] if n <= req.prompt_len else (req.input_ids + req.output_ids)[:n]
-        row = pool.req_to_token[req.row]
-        present = tree.insert(ids, row[:n])
-        if present < req.tree_len:
-            raise RuntimeError("prefix cache lost a locked prefix (accounting bug)")
-        if present > req.tree_len:
-            pool.free(row[req.tree_len:present].clone())
-        if keep_lock:
-            slots, node = tree.match_prefix(ids)
-            tree.inc_lock(node)
-            if req.tree_node is not None:
-                tree.dec_lock(req.tree_node)
-            req.tree_node = node
-            row[:n] = slots
-            moved = n - req.tree_len
-            req.reserved -= moved
-            pool.unreserve(moved)
-        req.tree_len = n
-
     def _finish(self, req: Req, reason: FinishReason) -> None:
-        if req.row >= 0:
-            start = 0
-            if self.tree is not None:
-                # a failed step's request may have left bad K/V behind: its positions are not cached
-                if reason is not FinishReason.ERROR:
-                    self._give_to_tree(req, keep_lock=False)
-                if req.tree_node is not None:
-                    self.tree.dec_lock(req.tree_node)
-                    req.tree_node = None
-                start = req.tree_len  # positions before it are the tree's
-            self.pool.release(req.row, req.num_computed, req.reserved, start=start)
-            req.row = -1
+        self.cache.release(req, cache=reason is not FinishReason.ERROR)  # a failed step may have left bad K/V
         req.status = ReqStatus.FINISHED
         req.finish_reason = reason
         req.times.finished = now_ns()
+        if req.times.waiting_since is not None:  # aborted in the queue: the interval ends here
+            req.times.waits.append((req.times.waiting_since, req.times.finished))
+            req.times.waiting_since = None
         del self.reqs[req.rid]
 
     # -- accounting checks (tests) ------------------------------------------------
     def check_kv_invariants(self) -> None:
         """Raise AssertionError unless the KV bookkeeping is consistent (call between steps)."""
-        check_kv_invariants(self.pool, self.running, self.waiting)
+        check_kv_invariants(self.pool, self.running, self.waiting, self.policy)
 
     # -- convenience --------------------------------------------------------------
     def run_to_completion(self, max_steps: int = 1_000_000) -> list[TokenEvent]:

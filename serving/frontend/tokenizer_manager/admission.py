@@ -1,9 +1,13 @@
 """Admission: how much the front end lets in, and the 429 it answers when full.
 
 Two limits, both checked before anything is sent to the engine: requests still
-waiting for their first output (`--max-queued-requests`) and prompt + output tokens
-in flight (`--max-inflight-tokens`).  A 429 carries a Retry-After estimated from the
-recent token rate, as a client's backoff hint.
+waiting for their first output (`--max-queued-requests`) and the KV tokens the
+in-flight requests are expected to need (`--max-inflight-tokens`), each request counted
+as the Scheduler's admission first estimates it (`ServerArgs.expected_tokens`: its
+prompt plus, with --admission estimate, --init-new-token-ratio × min(max_tokens,
+--new-token-clip); the whole max_tokens with --admission reserve).  So a client that
+sets no max_tokens costs what the engine expects of it, not the context window.  A 429
+carries a Retry-After estimated from the recent token rate, as a client's backoff hint.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ class Admission:
     def check_tokens(self, budget: int, others_in_flight: bool) -> None:
         """A request alone is always let in (the context window bounds it); else the total is capped."""
         if others_in_flight and self.inflight_tokens + budget > self.max_tokens:
-            raise self._overloaded("tokens_full", f"{self.inflight_tokens} prompt+output tokens are in flight")
+            raise self._overloaded("tokens_full", f"{self.inflight_tokens} KV tokens are expected in flight")
 
     def admit(self, budget: int) -> None:
         self.num_queued += 1

@@ -1,9 +1,10 @@
 """Which data-parallel Scheduler rank takes a request: the least loaded, unless a nearly as
 idle rank is the one its prompt's opening tokens hash to.
 
-Load is the tokens (prompt + max_tokens) of this TokenizerManager's own in-flight
-requests on each rank: exact, with no stats to wait for.  With several tokenizer workers
-each balances its own share, so the ranks stay balanced overall.  The hash keeps prompts
+Load is the expected KV tokens (`ServerArgs.expected_tokens`, what --max-inflight-tokens
+counts) of this TokenizerManager's own in-flight requests on each rank: known at once,
+with no stats to wait for.  With several tokenizer workers each balances its own share,
+so the ranks stay balanced overall.  The hash keeps prompts
 that open alike (one chat template, one system prompt) on one rank, where the prefix
 cache holds them, while that rank is at most one request's worth busier than the least
 loaded (SGLang's DP controller routes round-robin or by queue; vLLM's by load alone).

@@ -145,6 +145,7 @@ class TokenizerManager:
         state.meta = out.meta
         state.completion_tokens = out.completion_tokens
         state.cached_tokens = max(state.cached_tokens, out.cached_tokens)
+        state.retractions = max(state.retractions, out.retractions)
         if not state.started:
             state.started = True
             self.admission.started()
@@ -209,7 +210,7 @@ class TokenizerManager:
         ready = check_available(self.engine, self.oldest_arrival())
         self._validate(obj, ids, ready)
         self.admission.check_queue()  # others may have been admitted meanwhile
-        budget = len(ids) + obj.sampling.max_new_tokens
+        budget = self.args.expected_tokens(len(ids), obj.sampling.max_new_tokens)  # what the Scheduler first expects
         self.admission.check_tokens(budget, others_in_flight=bool(self.rid_to_state))
         state.rid, state.client_rid, state.prompt_tokens, state.budget_tokens = rid, obj.rid or rid, len(ids), budget
         self.tel.tokenized(state, t0, t1)

@@ -50,7 +50,9 @@ class ReqState:
     client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, reused from the engine's prefix cache
-    budget_tokens: int = 0  # prompt + max_new_tokens, counted against --max-inflight-tokens
+    retractions: int = 0  # times the engine took it out of the batch (KV ran out) and resumed it
+    budget_tokens: int = 0  # KV tokens the Scheduler first expects it to need (ServerArgs.expected_tokens), counted
+    # against --max-inflight-tokens and in its dp rank's load
     dp_rank: int = 0  # the Scheduler rank that runs it
     meta: ReqMeta = field(default_factory=lambda: ReqMeta(trace={}, stamps=Stamps()))  # the latest seen
     timer: asyncio.TimerHandle | None = None

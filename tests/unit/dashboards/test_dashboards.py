@@ -80,7 +80,8 @@ def test_overview_covers_the_issue_list():
         assert f"rate(sightline_{metric}_seconds_sum" in text  # the mean
     for needle in ('sum by (outcome) (rate(sightline_requests_total', 'status=~"5.."', "sightline_prompt_tokens_total",
                    "sightline_generation_tokens_total", "sightline_num_requests_running",
-                   "sightline_num_requests_waiting", "sightline_requests_in_flight", "sightline_kv_usage_ratio"):
+                   "sightline_num_requests_waiting", "sightline_requests_in_flight", "sightline_kv_usage_ratio",
+                   "sightline_kv_in_use_ratio"):
         assert needle in text, needle
 
 
@@ -175,7 +176,7 @@ def test_overview_has_a_row_per_worker_and_rank():
          "running {{instance}} rank {{dp_rank}}"),
         (f"sum by (instance, dp_rank) (sightline_num_requests_waiting{{{m}}})",
          "waiting {{instance}} rank {{dp_rank}}")]
-    assert by["KV usage ratio by rank"] == [(f"max by (instance, dp_rank) (sightline_kv_usage_ratio{{{m}}})",
+    assert by["KV usage ratio by rank"] == [(f"max by (instance, dp_rank) (sightline_kv_in_use_ratio{{{m}}})",
                                              "{{instance}} rank {{dp_rank}}")]
     assert by["Generated tokens/s by rank"] == [
         (f"sum by (instance, dp_rank) (rate(sightline_scheduler_generated_tokens_total{{{m}}}[$__rate_interval]))",

@@ -38,8 +38,10 @@ def finished(i: int = 0, outputs=("Hello", " world"), stream: bool = False) -> R
                            prompt=PROMPT, stop=["\n"], stream=stream)
     rt = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns() - 50_000_000, stream=stream)
     rt.rid, rt.prompt_tokens, rt.completion_tokens, rt.cached_tokens = f"rid{i}", 5, len(outputs), 2
+    rt.retractions = 1
     rt.dump_input = obj
-    rt.breakdown = {"ttft_ms": 10.0, "queue_ms": 1.0, "e2e_ms": 40.0, "cached_tokens": 2, "trace_id": "x"}
+    rt.breakdown = {"ttft_ms": 10.0, "queue_ms": 1.0, "e2e_ms": 40.0, "cached_tokens": 2, "retractions": 1,
+                    "trace_id": "x"}
     return rt
 
 
@@ -70,7 +72,8 @@ def test_a_record_has_the_request_without_its_text(tmp_path):
     assert r.prompt_chars == len(PROMPT) and r.prompt_sha256 == hashlib.sha256(PROMPT.encode()).hexdigest()
     assert r.output_chars == 11 and r.output_sha256 == hashlib.sha256(b"Hello world").hexdigest()
     assert r.breakdown["tpot_ms"] == 30.0 and "trace_id" not in r.breakdown and r.trace_id == "ab" * 16
-    assert r.prompt_tokens == 5 and r.completion_tokens == 2 and r.cached_tokens == 2
+    assert r.prompt_tokens == 5 and r.completion_tokens == 2 and r.cached_tokens == 2 and r.retractions == 1
+    assert "retractions" not in r.breakdown and bad.retractions == 0
     assert abs(r.arrival - (time.time() - 0.05)) < 5
     assert bad.outcome == "rejected" and bad.status == 400 and bad.params == {} and bad.breakdown["e2e_ms"] >= 0
     assert metrics.request_dump_records._value.get() == 3

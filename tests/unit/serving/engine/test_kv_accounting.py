@@ -40,20 +40,21 @@ def test_abort_at_every_stage_frees_kv(tiny):
 
 
 @pytest.mark.parametrize("cache", [False, True], ids=["no-prefix-cache", "prefix-cache"])
-def test_admission_waits_for_kv_reservation(tiny, cache):
+def test_reserve_admission_waits_for_the_worst_case(tiny, cache):
     ids = encode(tiny, PROMPTS[0])
     need = len(ids) + 20
     core = make_core(tiny, max_total_tokens=need * 2 + need // 2,  # room for two, not three
-                     disable_prefix_cache=not cache)
+                     disable_prefix_cache=not cache, admission="reserve")
     for i in range(3):
         core.add_request(f"r{i}", ids, greedy(20, ignore_eos=True))
     first = {ev.rid: ev.new_token_ids for ev in core.step()}
     assert core.num_running == 2 and core.num_waiting == 1  # admitted together: nothing cached yet
-    if cache:  # the prompt, computed twice, is cached once and locked; each keeps its decode reservation
-        assert core.pool.reserved == 2 * 20 and core.pool.locked_slots == core.pool.used_slots == len(ids)
+    if cache:  # the prompt, computed twice, is cached once and locked; each may still allocate its decodes
+        assert core.policy.committed(core.running) == 2 * 20
+        assert core.pool.locked_slots == core.pool.used_slots == core.pool.in_use == len(ids)
     else:
-        assert core.pool.reserved == 2 * need
-        assert core.pool.used_slots <= core.pool.reserved
+        assert core.kv_committed == 2 * need
+        assert core.pool.used_slots <= core.kv_committed
     core.check_kv_invariants()
     outs = collect(core)
     assert all(len(first.get(f"r{i}", []) + outs[f"r{i}"]) == 20 for i in range(3))
@@ -89,12 +90,15 @@ def test_no_leak_after_200_mixed_requests(tiny):
 
 def test_pool_rejects_overdraw():
     pool = KVPool(1, 1, 4, num_slots=8, max_requests=2, max_context=16)
-    assert not pool.can_reserve(9)
+    with pytest.raises(RuntimeError):
+        pool.admit(9)
     row = pool.admit(8)
-    assert not pool.can_reserve(1)
     slots = pool.extend(row, 0, 8)
     assert sorted(slots.tolist()) == list(range(1, 9))  # slot 0 is the padding slot
+    assert pool.available == 0 and pool.in_use == 8
     with pytest.raises(RuntimeError):
         pool.extend(row, 8, 1)
-    pool.release(row, 8, 8)
+    with pytest.raises(RuntimeError):
+        pool.admit(1)
+    pool.release(row, 8)
     assert pool.is_empty()

@@ -122,11 +122,11 @@ def rand_ids(rng: random.Random, n: int) -> list[int]:
 
 
 def test_disabled_cache_keeps_the_plain_accounting(tiny):
-    core = make_core(tiny, disable_prefix_cache=True)
+    core = make_core(tiny, disable_prefix_cache=True, admission="reserve")
     ids = rand_ids(random.Random(0), 30)
-    req = core.add_request("a", ids, greedy(8, ignore_eos=True))
+    core.add_request("a", ids, greedy(8, ignore_eos=True))
     core.step()
-    assert core.tree is None and req.reserved == 30 + 8 and core.pool.used_slots == 30
+    assert core.tree is None and core.kv_committed == 30 + 8 and core.pool.used_slots == core.pool.in_use == 30
     core.run_to_completion()
     core.add_request("b", ids, greedy(8, ignore_eos=True))
     core.run_to_completion()
@@ -153,14 +153,15 @@ def test_sharing_none_half_all_and_a_second_turn(tiny):
 def test_cached_tokens_per_request(tiny):
     rng = random.Random(2)
     base = rand_ids(rng, 30)
-    core = make_core(tiny)
+    core = make_core(tiny, admission="reserve")
     core.add_request("a", base, greedy(4, ignore_eos=True))
     core.run_to_completion()
     b = core.add_request("b", base[:25] + rand_ids(rng, 5), greedy(4, ignore_eos=True))
     c = core.add_request("c", base, greedy(4, ignore_eos=True))
     core.step()
     assert (b.cached_tokens, c.cached_tokens) == (25, 29)
-    assert b.reserved == 4 and c.reserved == 4  # after the prefill: only decode slots remain their own
+    # after the prefill: only their decode slots remain to allocate (3 more tokens, and the one sampled)
+    assert core.policy.need(b) == core.policy.need(c) == 4
     core.check_kv_invariants()
 
 

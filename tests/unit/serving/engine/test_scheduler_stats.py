@@ -26,7 +26,8 @@ def test_every_stats_field_is_filled_by_one_source(tiny, tmp_path):
         sched.core.step()  # the engine alone: the process's counters stay at 0
         stats = sched.make_stats()
         pool = sched.core.pool
-        assert (stats.kv_total, stats.kv_used, stats.kv_reserved) == (pool.capacity, pool.used_slots, pool.committed)
+        assert (stats.kv_total, stats.kv_used, stats.kv_in_use) == (pool.capacity, pool.used_slots, pool.in_use)
+        assert stats.kv_reserved == sched.core.kv_committed and stats.new_token_ratio == sched.core.policy.ratio
         assert (stats.batch_size, stats.num_running, stats.steps_total) == (1, 1, 0)
     finally:
         sched.close()

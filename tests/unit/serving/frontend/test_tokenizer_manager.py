@@ -29,7 +29,8 @@ def test_submit_sends_the_tokenized_request_under_a_fresh_rid():
         assert msg.sampling.max_new_tokens == 5 and msg.detok.prompt_tail == msg.input_ids[-5:]
         assert msg.meta.stamps.arrival == state.arrival and msg.meta.stamps.tokenized >= state.arrival
         assert f.tm.rid_to_state == {state.rid: state}
-        assert (f.tm.admission.num_queued, f.tm.admission.inflight_tokens) == (1, len(msg.input_ids) + 5)
+        expected = len(msg.input_ids) + round(0.7 * 5)  # the prompt + the Scheduler's first estimate of its output
+        assert (f.tm.admission.num_queued, f.tm.admission.inflight_tokens) == (1, expected)
         again = await f.submit("Hello world", max_new_tokens=5, rid="client-1")
         assert again.rid != state.rid  # a reused client rid never routes to the old request
     run(body())
@@ -74,9 +75,9 @@ def test_a_sampling_error_names_the_api_field():
 
 def test_full_queue_and_full_token_budget_answer_429_with_retry_after():
     async def body():
-        f = ready_front(max_queued_requests=2, max_inflight_tokens=40)
-        await f.submit(max_new_tokens=8)
-        with pytest.raises(APIError) as err:  # the token budget: ~6 prompt + 30 > 40 - 14 in flight
+        f = ready_front(max_queued_requests=2, max_inflight_tokens=30)
+        await f.submit(max_new_tokens=8)  # expected: ~6 prompt + 0.7 x 8
+        with pytest.raises(APIError) as err:  # ~6 prompt + 0.7 x 30 > 30 - 12 in flight
             await f.submit(max_new_tokens=30)
         assert err.value.status == 429 and err.value.code == "tokens_full"
         assert 1 <= int(err.value.headers["retry-after"]) <= 60
