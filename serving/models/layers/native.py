@@ -2,11 +2,15 @@
 
 Compiled with the system's g++ (`-O3 -march=native -fopenmp`) into `kernels/` under the
 server's cache directory (`--cache-dir`, else $SIGHTLINE_KERNEL_CACHE, else the model cache's
-default), keyed by the source, the flags, the compiler and this CPU's feature flags, so a
+default), keyed by the source (and the headers beside it), the flags, the compiler and this CPU's
+feature flags, so a
 change to any of them (another CPU: an AVX-512 machine gets its own build) rebuilds and a
 warm start loads the cached library in milliseconds.  The
 library links the same libgomp as torch (loaded first, found by soname), so its OpenMP
 regions run on torch's threads, at `torch.set_num_threads`.
+
+`march` (else $SIGHTLINE_KERNEL_MARCH, else `native`) builds for another instruction set than
+this CPU's: the tests run the AVX2 code paths of an AVX-512 machine with `march="haswell"`.
 
 No g++, or a failed build, is not an error: `load()` returns None with the reason, and
 callers use their torch implementation.
@@ -28,8 +32,9 @@ import torch  # loaded first: its libgomp is the one the kernels link to
 
 log = logging.getLogger(__name__)
 KERNELS = Path(__file__).with_name("kernels")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 CACHE_ENV = "SIGHTLINE_KERNEL_CACHE"
+MARCH_ENV = "SIGHTLINE_KERNEL_MARCH"
 
 
 def _cache_dir(cache_dir: Path | None) -> Path:
@@ -53,15 +58,21 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def build(name: str, cache_dir: Path | None = None) -> Path:
+def _march(march: str | None) -> str:
+    return march or os.environ.get(MARCH_ENV) or "native"
+
+
+def build(name: str, cache_dir: Path | None = None, march: str | None = None) -> Path:
     """Compile kernels/<name>.cpp (unless cached) and return the shared library's path."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     src = KERNELS / f"{name}.cpp"
+    flags = (*FLAGS, f"-march={_march(march)}")
+    headers = [h.read_bytes() for h in sorted(KERNELS.glob("*.h"))]
     key = hashlib.sha256(b"\0".join(
-        [src.read_bytes(), " ".join(FLAGS).encode(), _compiler_version(cxx).encode(), _cpu_flags().encode(),
-         torch.__version__.encode()]
+        [src.read_bytes(), *headers, " ".join(flags).encode(), _compiler_version(cxx).encode(),
+         _cpu_flags().encode(), torch.__version__.encode()]
     )).hexdigest()[:16]
     out_dir = _cache_dir(cache_dir)
     lib = out_dir / f"{name}-{key}.so"
@@ -70,7 +81,7 @@ def build(name: str, cache_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # same filesystem: the rename is atomic
         tmp_lib = Path(tmp) / lib.name
-        proc = subprocess.run([cxx, *FLAGS, str(src), "-o", str(tmp_lib)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *flags, str(src), "-o", str(tmp_lib)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"g++ failed on {src.name}: {proc.stderr.strip()[-400:]}")
         os.replace(tmp_lib, lib)  # concurrent builders (several servers starting) all end with one file
@@ -79,10 +90,10 @@ def build(name: str, cache_dir: Path | None = None) -> Path:
 
 
 @cache
-def load(name: str, cache_dir: Path | None = None) -> ctypes.CDLL | None:
+def load(name: str, cache_dir: Path | None = None, march: str | None = None) -> ctypes.CDLL | None:
     """The loaded library, or None (logged once) when it cannot be built here."""
     try:
-        return ctypes.CDLL(str(build(name, cache_dir)))
+        return ctypes.CDLL(str(build(name, cache_dir, march)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native kernel %s unavailable, using the torch implementation: %s", name, exc)
         return None

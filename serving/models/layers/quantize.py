@@ -1,0 +1,60 @@
+"""Quantize fp32 weights at load (`--quantization q8_0|q4_0|q4_1|q5_0|q5_1|q4_k`) into GGUF block layouts.
+
+The 32-value types are gguf-py's quantizers (bit-exact with llama.cpp's reference ones).  gguf-py
+has no Q4_K quantizer, so `q4_k` is round-to-nearest here: per 32-value sub-block the scale and
+offset that span its range, stored as 6-bit multiples of the super-block's fp16 scale and offset
+(llama.cpp's own quantizer searches for better ones: its files are a little more accurate).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import torch
+
+from serving.models.layers.native_quant import QuantWeight
+
+Q = gguf.GGMLQuantizationType
+AT_LOAD = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q4_k": Q.Q4_K}
+
+
+def _q4_k(w: torch.Tensor) -> np.ndarray:
+    """[N, K] fp32 (K a multiple of 256) → Q4_K blocks, uint8 [N, K / 256 * 144]."""
+    n, k = w.shape
+    x = w.reshape(n, k // 256, 8, 32).float()
+    lo = x.amin(dim=-1).clamp(max=0.0)  # the offset is subtracted: keep it >= 0, as llama.cpp
+    hi = x.amax(dim=-1)
+    scale, offset = (hi - lo) / 15.0, -lo
+    d = (scale.amax(dim=-1) / 63.0).half()  # fp16 super-block scale of the 6-bit sub-block scales
+    dmin = (offset.amax(dim=-1) / 63.0).half()
+    sc = torch.where(d[..., None] > 0, scale / d.float()[..., None].clamp(min=1e-30), 0).round().clamp(0, 63)
+    mn = torch.where(dmin[..., None] > 0, offset / dmin.float()[..., None].clamp(min=1e-30), 0).round().clamp(0, 63)
+    eff_scale, eff_off = d.float()[..., None] * sc, dmin.float()[..., None] * mn
+    qv = torch.where(eff_scale[..., None] > 0, (x + eff_off[..., None]) / eff_scale[..., None].clamp(min=1e-30), 0)
+    qv = qv.round().clamp(0, 15).to(torch.uint8)  # [n, sb, 8, 32]
+    sc, mn = sc.to(torch.uint8), mn.to(torch.uint8)
+    packed = torch.empty(n, k // 256, 12, dtype=torch.uint8)
+    packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    packed[..., 4:8] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
+    pairs = qv.view(n, k // 256, 4, 2, 32)  # 64-value chunks: sub-block 2j in the low nibbles, 2j+1 high
+    qs = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).reshape(n, k // 256, 128)
+    blocks = torch.cat([d.view(torch.uint8).view(n, -1, 2), dmin.view(torch.uint8).view(n, -1, 2), packed, qs], dim=-1)
+    return blocks.reshape(n, -1).numpy()
+
+
+def quantize(weight: torch.Tensor, name: str) -> QuantWeight:
+    """An [N, K] weight in the `--quantization` type `name`."""
+    qtype = AT_LOAD[name]
+    block = gguf.GGML_QUANT_SIZES[qtype][0]
+    n, k = weight.shape
+    if k % block:
+        raise ValueError(f"cannot quantize a weight with {k} inputs to {name}: blocks of {block}")
+    w = weight.detach().float().contiguous()
+    data = _q4_k(w) if qtype == Q.Q4_K else gguf.quants.quantize(w.numpy(), qtype)
+    return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)).view(n, -1), k)
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """The fp32 values of a quantized weight (gguf-py's reference dequantizer)."""
+    return torch.from_numpy(gguf.quants.dequantize(w.data.numpy(), w.qtype).copy()).view(w.rows, w.cols)
