@@ -8,14 +8,19 @@ offset that span its range, stored as 6-bit multiples of the super-block's fp16 
 
 from __future__ import annotations
 
+import logging
+
 import gguf
 import numpy as np
 import torch
 
 from serving.models.layers.native_quant import QuantWeight
 
+log = logging.getLogger(__name__)
 Q = gguf.GGMLQuantizationType
 AT_LOAD = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q4_k": Q.Q4_K}
+# For a weight whose input size is no multiple of 256, as llama.cpp's quantizer falls back
+FALLBACK = {"q4_k": "q5_0"}
 
 
 def _q4_k(w: torch.Tensor) -> np.ndarray:
@@ -53,6 +58,16 @@ def quantize(weight: torch.Tensor, name: str) -> QuantWeight:
     w = weight.detach().float().contiguous()
     data = _q4_k(w) if qtype == Q.Q4_K else gguf.quants.quantize(w.numpy(), qtype)
     return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)).view(n, -1), k)
+
+
+def quantize_for(weight: torch.Tensor, name: str) -> QuantWeight:
+    """`quantize`, in the fallback type (logged) where the weight's input size does not fit `name`'s blocks."""
+    k = weight.shape[1]
+    if k % gguf.GGML_QUANT_SIZES[AT_LOAD[name]][0] and name in FALLBACK:
+        log.info("a [%d, %d] weight in %s: its input size is no multiple of %s's 256-value blocks",
+                 weight.shape[0], k, FALLBACK[name], name)
+        name = FALLBACK[name]
+    return quantize(weight, name)
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:
