@@ -19,7 +19,7 @@ WAIT_POLICIES = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "brief": {"GOMP_SPIN
                  "active": {"OMP_WAIT_POLICY": "ACTIVE"}}
 
 
-QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "int8")
+QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k", "int8")
 
 
 def _opt(default: Any, help: str, **kw: Any) -> Any:
@@ -64,9 +64,9 @@ class ServerArgs:
     quantization: str = _opt("auto", "Linear-layer weights (lm_head included): 'auto' (a .gguf model in the file's own "
                                      "types, a directory as --dtype says), 'gguf' (the file's own types: Q8_0, "
                                      "Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K on a native int8 kernel; others expanded, "
-                                     "logged), 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q4_k' (quantized at load, int8 "
-                                     "activations per 32 values), 'int8' (weight-only, one scale per output channel, "
-                                     "bfloat16 activations: slower), or 'none' (weights in --dtype).")
+                                     "logged), 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q4_k', 'q6_k' (quantized at "
+                                     "load, int8 activations per 32 values), 'int8' (weight-only, one scale per output "
+                                     "channel, bfloat16 activations: slower), or 'none' (weights in --dtype).")
     linear_backend: str = _opt("auto", "float32 linear layers (lm_head included): 'native' (a C++ kernel compiled "
                                        "with g++ for this CPU on first use and cached, weights repacked once at "
                                        "load), 'torch' (torch's matmul), or 'auto' (native when it builds here and "

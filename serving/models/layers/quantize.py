@@ -1,9 +1,10 @@
-"""Quantize fp32 weights at load (`--quantization q8_0|q4_0|q4_1|q5_0|q5_1|q4_k`) into GGUF block layouts.
+"""Quantize fp32 weights at load (`--quantization q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q6_k`) into GGUF block layouts.
 
 The 32-value types are gguf-py's quantizers (bit-exact with llama.cpp's reference ones).  gguf-py
-has no Q4_K quantizer, so `q4_k` is round-to-nearest here: per 32-value sub-block the scale and
-offset that span its range, stored as 6-bit multiples of the super-block's fp16 scale and offset
-(llama.cpp's own quantizer searches for better ones: its files are a little more accurate).
+has no K-quant quantizers, so `q4_k` and `q6_k` round to nearest here: per sub-block (32 values
+for Q4_K, 16 for Q6_K) the scale (and Q4_K's offset) spanning its range, stored as 6-bit (Q6_K:
+int8) multiples of the super-block's fp16 scale.  llama.cpp's own quantizers search for better
+scales: its files are a little more accurate.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from serving.models.layers.native_quant import QuantWeight
 
 log = logging.getLogger(__name__)
 Q = gguf.GGMLQuantizationType
-AT_LOAD = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q4_k": Q.Q4_K}
+AT_LOAD = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q4_k": Q.Q4_K,
+           "q6_k": Q.Q6_K}
 # For a weight whose input size is no multiple of 256, as llama.cpp's quantizer falls back
-FALLBACK = {"q4_k": "q5_0"}
+FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}
 
 
 def _q4_k(w: torch.Tensor) -> np.ndarray:
@@ -48,6 +50,29 @@ def _q4_k(w: torch.Tensor) -> np.ndarray:
     return blocks.reshape(n, -1).numpy()
 
 
+def _ratio(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale, 0 where the scale is 0."""
+    return torch.where(scale > 0, x / scale.clamp(min=1e-30), 0)
+
+
+def _q6_k(w: torch.Tensor) -> np.ndarray:
+    """[N, K] fp32 (K a multiple of 256) → Q6_K blocks, uint8 [N, K / 256 * 210]."""
+    n, k = w.shape
+    x = w.reshape(n, k // 256, 16, 16).float()
+    sub = x.abs().amax(dim=-1) / 31.0  # per 16 values: |q| <= 31 before the scale is rounded
+    d = (sub.amax(dim=-1) / 127.0).half()
+    sc = _ratio(sub, d.float()[..., None]).round().clamp(0, 127)
+    eff = (d.float()[..., None] * sc)[..., None]
+    qv = (_ratio(x, eff).round().clamp(-32, 31) + 32).to(torch.uint8).view(n, k // 256, 2, 4, 32)  # [.., h, t, l]
+    ql = torch.cat([(qv[:, :, :, 0] & 15) | ((qv[:, :, :, 2] & 15) << 4),
+                    (qv[:, :, :, 1] & 15) | ((qv[:, :, :, 3] & 15) << 4)], dim=-1)  # [n, sb, 2, 64]
+    hi = qv >> 4
+    qh = hi[:, :, :, 0] | (hi[:, :, :, 1] << 2) | (hi[:, :, :, 2] << 4) | (hi[:, :, :, 3] << 6)
+    blocks = torch.cat([ql.reshape(n, -1, 128), qh.reshape(n, -1, 64), sc.to(torch.int8).view(torch.uint8),
+                        d.view(torch.uint8).view(n, -1, 2)], dim=-1)
+    return blocks.reshape(n, -1).numpy()
+
+
 def quantize(weight: torch.Tensor, name: str) -> QuantWeight:
     """An [N, K] weight in the `--quantization` type `name`."""
     qtype = AT_LOAD[name]
@@ -56,7 +81,8 @@ def quantize(weight: torch.Tensor, name: str) -> QuantWeight:
     if k % block:
         raise ValueError(f"cannot quantize a weight with {k} inputs to {name}: blocks of {block}")
     w = weight.detach().float().contiguous()
-    data = _q4_k(w) if qtype == Q.Q4_K else gguf.quants.quantize(w.numpy(), qtype)
+    own = {Q.Q4_K: _q4_k, Q.Q6_K: _q6_k}
+    data = own[qtype](w) if qtype in own else gguf.quants.quantize(w.numpy(), qtype)
     return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)).view(n, -1), k)
 
 
