@@ -20,7 +20,7 @@ from serving.models.layers.quantize import AT_LOAD, FALLBACK, quantize_for
 def compare_quant(kernel: QuantKernel, n: int, k: int, m: int, name: str, repeats: int,
                   timer: Callable[[Callable[[], object]], float]) -> dict:
     w, x = torch.randn(n, k) / k ** 0.5, torch.randn(m, k)
-    lin = QuantLinear(kernel, [quantize_for(w, name)])
+    lin = QuantLinear(kernel, [quantize_for(w, name)])  # the model's K are multiples of 32
     q8, scales = _int8_weight(w)
     xb = x.bfloat16()
     ours, int8 = [], []

@@ -83,8 +83,9 @@ class FusedLinear:
         if precision.quantization == "int8":
             q, scales = _int8_weight(weight)
             return cls(q, bias, scales)
-        if precision.quant is not None and precision.quantization not in ("none", "gguf"):
-            qw = quantize_for(weight, precision.quantization)
+        qw = quantize_for(weight, precision.quantization) \
+            if precision.quant is not None and precision.quantization not in ("none", "gguf") else None
+        if qw is not None:
             return cls(None, bias, quant=QuantLinear(precision.quant, [qw], bias), out_features=qw.rows)
         k = precision.kernel
         if k is not None and dtype == torch.float32:

@@ -86,13 +86,17 @@ def quantize(weight: torch.Tensor, name: str) -> QuantWeight:
     return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(data)).view(n, -1), k)
 
 
-def quantize_for(weight: torch.Tensor, name: str) -> QuantWeight:
-    """`quantize`, in the fallback type (logged) where the weight's input size does not fit `name`'s blocks."""
-    k = weight.shape[1]
+def quantize_for(weight: torch.Tensor, name: str) -> QuantWeight | None:
+    """`quantize`, in the fallback type where the weight's input size does not fit `name`'s blocks;
+    None (the caller keeps it unquantized) where it fits no 32-value block either.  Both logged."""
+    n, k = weight.shape
     if k % gguf.GGML_QUANT_SIZES[AT_LOAD[name]][0] and name in FALLBACK:
-        log.info("a [%d, %d] weight in %s: its input size is no multiple of %s's 256-value blocks",
-                 weight.shape[0], k, FALLBACK[name], name)
+        log.info("a [%d, %d] weight in %s: its input size is no multiple of %s's 256-value blocks", n, k,
+                 FALLBACK[name], name)
         name = FALLBACK[name]
+    if k % gguf.GGML_QUANT_SIZES[AT_LOAD[name]][0]:
+        log.info("a [%d, %d] weight stays unquantized: its input size is no multiple of 32", n, k)
+        return None
     return quantize(weight, name)
 
 
