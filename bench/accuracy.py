@@ -98,7 +98,8 @@ def compare(model: LoadedModel, modes: list[tuple[str, str]], prompts: list[str]
     return reports
 
 
-MODES = {"bfloat16": ("bfloat16", "none"), "int8": ("auto", "int8")}
+MODES = {"bfloat16": ("bfloat16", "none"), "int8": ("auto", "int8"), "gguf": ("auto", "gguf"),
+         **{q: ("auto", q) for q in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k")}}
 
 
 def main() -> None:

@@ -36,7 +36,9 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8": ("bfloat16", "int8")}
+MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8": ("bfloat16", "int8"),
+         "gguf": ("auto", "gguf"),  # a .gguf model in its own types
+         **{q: ("auto", q) for q in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k")}}
 
 
 def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None,

@@ -10,7 +10,8 @@ GB/s and the speed-up.  The roofline: the memory bandwidth (a streaming read of 
 tensor, a sum) and the fp32 matmul peak (the better of torch's and the native kernel's on a
 large compute-bound shape), both on the engine's thread count; `bench.table` divides each
 server's c=1 weight bytes/s and c=64 FLOP/s by them (`linear_params` in the JSON: the weights
-a decode step multiplies by, lm_head included).
+a decode step multiplies by, lm_head included).  `--quant` adds the quantized kernel per GGUF
+type against weight-only int8 (`bench.kernels_quant`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import write_json
+from bench.kernels_quant import compare_quant, types
 from serving.model_files import BUNDLED_MODEL, prepare_model_dir
 from serving.models.base import ModelDims
-from serving.models.layers import native
+from serving.models.layers import native, native_quant
 from serving.models.layers.native_linear import NativeLinear
 
 
@@ -103,12 +105,33 @@ def roofline(kernel: NativeLinear | None) -> dict:
             "gemm_gflops_by": peaks}
 
 
+def quantized(args: argparse.Namespace, layers: dict[str, tuple[int, int]]) -> list[dict]:
+    names = types(args.quant)
+    qk = native_quant.load() if names else None
+    if qk is None:
+        return []
+    print(f"quantized kernel ({'VNNI' if qk.vnni else 'AVX2'}) against weight-only int8 (bf16 activations):")
+    print(f"{'layer':8} {'N':>6} {'K':>5} {'M':>4} {'type':>5} {'ms':>8} {'int8 ms':>8} {'vs int8':>7} "
+          f"{'GMAC/s':>7} {'weights GB/s':>12}")
+    out = []
+    for name, (n, k) in layers.items():
+        for m in (int(r) for r in args.rows.split(",")):
+            for q in names:
+                r = {"layer": name, **compare_quant(qk, n, k, m, q, args.repeats, _time)}
+                out.append(r)
+                print(f"{name:8} {n:6d} {k:5d} {m:4d} {r['type']:>5} {r['quant_ms']:8.3f} {r['int8_ms']:8.3f} "
+                      f"{r['vs_int8']:6.2f}x {r['gmacs']:7.1f} {r['weight_gbs']:12.1f}")
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=BUNDLED_MODEL)
     ap.add_argument("--rows", default="1,16,64,512", help="row counts M, comma-separated")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--quant", default="q8_0,q4_1,q5_0,q4_k,q6_k",
+                    help="quantized types to measure (GGUF block layouts; '' for none)")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -136,9 +159,11 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(r)
                 print(f"{name:8} {n:6d} {k:5d} {m:4d} {r['torch_ms']:9.3f} {r['native_ms']:9.3f} "
                       f"{r['speedup']:7.2f}x {r['native_gflops']:14.1f} {r['native_weight_gbs']:12.1f}")
+    quant_rows = quantized(args, layers)
     if args.json:
         write_json(args.json, {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(),
                                "threads": args.threads, "roofline": roof, "shapes": rows, "model": args.model,
+                               "quantized": quant_rows,
                                "linear_params": params,
                                "panel": kernel.panel if kernel else None})
 

@@ -21,6 +21,9 @@ WAIT_POLICIES = {"passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "brief": {"GOMP_SPIN
 TEAM_SPIN_US = {"passive": 0, "brief": 1000, "active": 10**9}
 
 
+QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k", "int8")
+
+
 def _opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
@@ -75,8 +78,13 @@ class ServerArgs:
                                               "process.")
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a "
                               "short matmul measurement at start-up finds faster on this CPU; logged).")
-    quantization: str = _opt("none", "'int8': weight-only int8 in every linear layer (lm_head included), one scale per "
-                                     "output channel, bfloat16 activations and KV cache; 'none': weights in --dtype.")
+    quantization: str = _opt("auto", "Linear-layer weights (lm_head included): 'auto' (as 'none' for now: a .gguf file is "
+                                     "expanded, faster here than its packed types on batches and prefill), "
+                                     "'gguf' (a .gguf file's own types, a quarter of the memory: Q8_0, "
+                                     "Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K on a native int8 kernel; others expanded, "
+                                     "logged), 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q4_k', 'q6_k' (quantized at "
+                                     "load, int8 activations per 32 values), 'int8' (weight-only, one scale per output "
+                                     "channel, bfloat16 activations: slower), or 'none' (weights in --dtype).")
     linear_backend: str = _opt("auto", "float32 linear layers (lm_head included): 'native' (a C++ kernel compiled "
                                        "with g++ for this CPU on first use and cached, weights repacked once at "
                                        "load), 'torch' (torch's matmul), or 'auto' (native when it builds here and "
@@ -250,8 +258,9 @@ class ServerArgs:
             raise ValueError("--num-threads must be >= 1")
         if self.thread_wait_policy not in WAIT_POLICIES:
             raise ValueError(f"--thread-wait-policy must be one of {', '.join(WAIT_POLICIES)}")
-        if self.dtype not in ("auto", "float32", "bfloat16") or self.quantization not in ("none", "int8"):
-            raise ValueError("--dtype must be auto, float32 or bfloat16; --quantization none or int8")
+        if self.dtype not in ("auto", "float32", "bfloat16") or self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"--dtype must be auto, float32 or bfloat16; --quantization one of "
+                             f"{', '.join(QUANTIZATIONS)}")
         if self.quantization == "int8" and self.dtype == "float32":
             raise ValueError("--quantization int8 computes with bfloat16 activations: use --dtype bfloat16 or auto")
         if self.linear_backend not in ("auto", "native", "torch"):

@@ -14,7 +14,7 @@ import argparse
 import sys
 import time
 
-from serving.args import ServerArgs
+from serving.args import QUANTIZATIONS, ServerArgs
 
 
 def _generate(ns: argparse.Namespace) -> int:
@@ -69,7 +69,8 @@ def _models(ns: argparse.Namespace) -> int:
     from serving.models.registry import FAMILIES
 
     # Every family is built from the same shared layers, so every engine mode applies to each.
-    modes = {"dtype": ["float32", "bfloat16"], "quantization": ["none", "int8"], "prefix_cache": True}
+    quantizations = [q for q in QUANTIZATIONS if q != "auto"]
+    modes = {"dtype": ["float32", "bfloat16"], "quantization": quantizations, "prefix_cache": True}
     families = [{"family": f.name, "architectures": list(f.architectures), "implementation": f.impl.__name__,
                  "honours": f.honours, **modes} for f in FAMILIES]
     bundled = bundled_models()
@@ -79,7 +80,7 @@ def _models(ns: argparse.Namespace) -> int:
     print("Model families (--model: a local Hugging Face directory or a .gguf file of any of them):")
     for f in families:
         print(f"  {f['family']:<8} {', '.join(f['architectures']):<22} {f['honours']}")
-    print("  every family: --dtype float32|bfloat16|auto, --quantization int8, prefix caching")
+    print(f"  every family: --dtype float32|bfloat16|auto, --quantization {'|'.join(quantizations)}, prefix caching")
     print("Bundled models (--model NAME):")
     for b in bundled:
         print(f"  {b['name']:<13} {b['description']}  [{b['status']}]")

@@ -16,6 +16,7 @@ import functools
 import json
 import math
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,6 +67,20 @@ def _tokenizer_fields(src_path: Path) -> tuple:
     return tuple(out)
 
 
+def _quantized(data: np.ndarray, kind) -> np.ndarray:
+    import gguf
+    import torch
+
+    from serving.models.layers.quantize import AT_LOAD, quantize
+
+    if kind == gguf.GGMLQuantizationType.F16:
+        return data.astype(np.float16)
+    name = next((n for n, t in AT_LOAD.items() if t == kind), None)
+    if name is None:
+        raise ValueError(f"no quantizer for {kind.name}")
+    return quantize(torch.from_numpy(data), name).data.numpy()
+
+
 def _rope_parameters(config) -> dict:
     params = getattr(config, "rope_parameters", None) or {}
     return params.get("full_attention", params)
@@ -73,13 +88,15 @@ def _rope_parameters(config) -> dict:
 
 def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: bool = True,
                sliding_window: bool = True, rope_freqs: np.ndarray | None = None,
-               extra_kv: dict | None = None) -> Path:
+               extra_kv: dict | None = None, qtype: Callable[[str, tuple[int, ...]], Any] | None = None) -> Path:
     """`hf_dir` (a llama, mistral, qwen2 or qwen3 HF directory) as an F32 GGUF file at `out`.
 
     `name` replaces `general.name`.  For files no converter would write: `tokenizer=False` leaves
     the tokenizer out (such a file is read in a fraction of the time: enough for what comes before
     the tokenizer is needed), `sliding_window=False` leaves out Mistral's window key,
     `rope_freqs` replaces or adds the factor tensor, `extra_kv` adds keys (`{arch}` expanded).
+    `qtype(gguf_name, shape)` gives a 2-D weight's ggml type (None: F32), quantized as llama.cpp's
+    quantizer would (gguf-py's, or `serving.models.layers.quantize` for the K-quants).
     """
     import gguf
     from safetensors import safe_open
@@ -165,7 +182,11 @@ def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: b
             gguf_name = name_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             if gguf_name is None:
                 raise ValueError(f"cannot map tensor {hf_name!r} to a GGUF name")
-            writer.add_tensor(gguf_name, np.ascontiguousarray(data))
+            kind = qtype(gguf_name, data.shape) if qtype is not None and data.ndim == 2 else None
+            if kind is None:
+                writer.add_tensor(gguf_name, np.ascontiguousarray(data))
+            else:
+                writer.add_tensor(gguf_name, _quantized(data, kind), raw_dtype=kind)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -35,8 +35,8 @@ def encode(model: LoadedModel, text: str) -> list[int]:
 
 
 def make_core(model: LoadedModel, **kw) -> SchedulerCore:
-    """An in-process engine, exact (float32) unless the test asks for another precision."""
-    return SchedulerCore(model, ServerArgs(model=model.name, **{"dtype": "float32", **kw}))
+    """An in-process engine, exact (float32, a GGUF's weights expanded) unless the test asks for another precision."""
+    return SchedulerCore(model, ServerArgs(model=model.name, **{"dtype": "float32", "quantization": "none", **kw}))
 
 
 def greedy(n: int = 32, **kw) -> SamplingParams:

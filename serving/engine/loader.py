@@ -3,10 +3,15 @@
 Where the model comes from (bundled GGUF, tiny-random, a local directory) and its
 one-time conversion are `serving.model_files`; which architectures are served is the
 model registry (`serving.models.registry`).
+
+A GGUF file's converted fp32 weights are loaded only when something uses them (`LazyHFModel`):
+served in its own types (`--quantization gguf`), the engine reads the
+file itself (`serving.models.gguf_weights`) and never holds the fp32 copy.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +31,66 @@ class LoadedModel:
     architecture: str  # the registered architecture served, e.g. LlamaForCausalLM
     load_seconds: float
     converted: bool  # True when this load had to convert (cold start)
+    gguf: Path | None = None  # the GGUF file the weights came from, if any
+
+
+class LazyHFModel:
+    """A GGUF file's converted transformers model, loaded on first use of anything but its configs.
+
+    `config` and `generation_config` (what the engine reads of every model) come without the
+    weights; any other attribute, or a call, loads the model once and is forwarded to it.
+    """
+
+    def __init__(self, path: Path, config: Any) -> None:
+        from transformers import GenerationConfig
+
+        self._path, self._model = path, None
+        self.config = config
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:  # none saved: what transformers derives from the config when it loads the model
+            self.generation_config = GenerationConfig.from_model_config(config)
+
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def load(self) -> Any:
+        if self._model is None:
+            self._model = _load_weights(self._path)
+        return self._model
+
+    def __getattr__(self, name: str) -> Any:  # only for what __init__ did not set
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.load(), name)
+
+    def __call__(self, *args: Any, **kw: Any) -> Any:
+        return self.load()(*args, **kw)
+
+
+def _gguf_source(path: Path) -> Path | None:
+    """The GGUF file a converted directory was made from (its sightline.json says)."""
+    marker = path / "sightline.json"
+    source = json.loads(marker.read_text()).get("source") if marker.is_file() else None
+    return Path(source) if isinstance(source, str) and source.endswith(".gguf") and Path(source).is_file() else None
+
+
+def _load_weights(path: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model, report = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
+    _check_weights(path, report)
+    return model.eval()
 
 
 def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_name: str | None = None) -> LoadedModel:
     """Load a model for serving; raises ModelLoadError with a one-line message on failure."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from serving.models.registry import architecture, resolve  # lazily, like torch: importing this stays light
 
@@ -41,14 +100,14 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
         config = AutoConfig.from_pretrained(path)
         resolve(config)  # before the weights: an unsupported model or config fails fast
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model, report = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
-    _check_weights(path, report)
-    return LoadedModel(model_name(spec, path, served_name), model.eval(), tokenizer, path, architecture(config),
-                       time.perf_counter() - t0, converted)
+    gguf = _gguf_source(path)
+    model = LazyHFModel(path, config) if gguf is not None else _load_weights(path)
+    return LoadedModel(model_name(spec, path, served_name), model, tokenizer, path, architecture(config),
+                       time.perf_counter() - t0, converted, gguf)
 
 
 def _check_weights(path: Path, report: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LoadedModel
 from serving.engine.precision import choose
 from serving.models.base import CausalLM, ModelDims
+from serving.models.gguf_weights import GGUFWeights
 from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
 from serving.models.registry import resolve
@@ -33,11 +34,11 @@ class ModelRunner:
             team = native.start_team(lib, torch.get_num_threads(), TEAM_SPIN_US[args.thread_wait_policy])
             log.info("native kernels: %d threads, idle workers spin %d µs", team, TEAM_SPIN_US[args.thread_wait_policy])
         family = resolve(loaded.hf_model.config)
-        self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config))
+        self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config), loaded.gguf is not None)
         wait = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
         log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s", self.precision.dtype,
                  self.precision.quantization, why, torch.get_num_threads(), wait or "default")
-        self.model: CausalLM = family.from_hf(loaded.hf_model, self.precision)
+        self.model: CausalLM = self._build(family, loaded)
         self.decode_attention, why = select_decode_attention(args.attention_backend, args.cache_dir_path)
         log.info("decode attention: %s", why)
         dims = self.model.dims
@@ -51,6 +52,15 @@ class ModelRunner:
         self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
+
+    def _build(self, family: type[CausalLM], loaded: LoadedModel) -> CausalLM:
+        """The forward over the GGUF file's own tensors (`--quantization gguf`), else the transformers model's."""
+        if self.precision.quantization != "gguf":
+            return family.from_hf(loaded.hf_model, self.precision)
+        src = GGUFWeights(loaded.gguf, loaded.hf_model.config)
+        model = family.from_weights(src, self.precision)
+        src.log_expanded()
+        return model
 
     def forward(self, decodes: list[Work], extends: list[Work]) -> torch.Tensor:
         """Allocate KV for every fed token, run the model, return logits of the rows that need them."""

@@ -6,6 +6,13 @@ and faster end to end than torch's bfloat16 where measured, even on a CPU with A
 fused gate/up projection) in float32 and in bfloat16 with torch and keeps the faster: CPUs
 with bf16 matrix units (AMX, AVX512-BF16) run bf16 2-3x faster, CPUs without them
 (AVX2 only) run it several times slower than float32.  The numbers go to the log.
+
+`--quantization auto` serves every model unquantized, a GGUF file expanded to float32 on the
+native kernels: on the CPU measured (docs/engine.md, "Quantized weights") the packed GGUF kernels
+beat it at one stream only, and prefill and batches ran 2-3x slower.  `--quantization gguf` serves
+a GGUF file in its own types (a quarter of the memory).  The quantized kernel computes in float32
+(activations are quantized inside it), so with it `--dtype auto` is float32 and only what stays
+unquantized (norms, the KV cache) follows --dtype.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import torch.nn.functional as F
 
 from serving.args import ServerArgs
 from serving.models.base import ModelDims
+from serving.models.layers import native_quant
 from serving.models.layers.linear import Precision
 from serving.models.layers.native_linear import select as select_linear
 from serving.models.layers.native_ops import NativeKernels
@@ -41,12 +49,33 @@ def measure(dims: ModelDims, rows: int = 16) -> dict[str, float]:
     return {"float32": _seconds(x, w), "bfloat16": _seconds(x.bfloat16(), w.bfloat16())}
 
 
-def choose(args: ServerArgs, dims: ModelDims) -> tuple[Precision, str]:
-    """(precision, why) for these flags on this CPU; the linear kernel is picked for float32 only."""
-    if args.quantization == "int8":
+def _quantized(args: ServerArgs, quantization: str) -> tuple[Precision, str]:
+    quant = native_quant.load(args.cache_dir_path)
+    if quant is None:
+        raise RuntimeError(f"--quantization {quantization}: the quantized kernel could not be built here (see the "
+                           "log line above); --quantization none serves the weights expanded")
+    dtype = "float32" if args.dtype == "auto" else args.dtype
+    kernel, how = select_linear(args.linear_backend, dtype, "none", args.cache_dir_path)
+    isa = "VNNI" if quant.vnni else "AVX2"
+    native = NativeKernels.of(kernel.lib) if kernel is not None else None
+    return Precision(dtype, quantization, native=native, quant=quant), \
+        f"--quantization {args.quantization}: {quantization} on the native int8 kernel ({isa}), {dtype} " \
+        f"activations; other weights: {how}"
+
+
+def choose(args: ServerArgs, dims: ModelDims, gguf: bool = False) -> tuple[Precision, str]:
+    """(precision, why) for these flags on this CPU and model (`gguf`: a .gguf file, whose types `auto` keeps)."""
+    quantization = args.quantization
+    if quantization == "auto":  # see the module docstring: the packed kernels are slower on batches here
+        quantization = "none"
+    if quantization == "gguf" and not gguf:
+        raise ValueError("--quantization gguf serves a .gguf file's own types: this model is not a GGUF file")
+    if quantization == "int8":
         return Precision("bfloat16", "int8"), "--quantization int8 (weight-only; bfloat16 activations)"
+    if quantization != "none":
+        return _quantized(args, quantization)
     kernel, how = select_linear(args.linear_backend, "float32" if args.dtype == "auto" else args.dtype,
-                                args.quantization, args.cache_dir_path)
+                                "none", args.cache_dir_path)
     native = NativeKernels.of(kernel.lib) if kernel is not None else None
     if args.dtype != "auto":
         return Precision(args.dtype, native=native), f"--dtype {args.dtype}; linear layers: {how}"

@@ -97,6 +97,11 @@ class CausalLM(Protocol):
         """Take the weights of a loaded transformers *ForCausalLM (fp32, eval mode), in `precision`."""
         ...
 
+    @classmethod
+    def from_weights(cls, src: Any, precision: Precision = Precision()) -> "CausalLM":
+        """Build from a weight source (`serving.models.weights.Weights`: HF model or GGUF file), in `precision`."""
+        ...
+
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one ragged batch, writing its K/V into `kv`; returns float32 logits [len(fb.logits_rows), vocab]."""
         ...

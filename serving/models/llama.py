@@ -14,16 +14,17 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from serving.models.base import ModelDims
 from serving.models.layers.attention import SelfAttention
+from serving.models.layers.embedding import Embedding
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear, Precision
 from serving.models.layers.mlp import GatedMLP
 from serving.models.layers.norm import NativeNorm, RMSNorm
 from serving.models.layers.rope import RotaryTables
+from serving.models.weights import HFWeights, Weights
 
 
 def _norm_kernel(p: Precision) -> NativeNorm | None:
@@ -38,18 +39,19 @@ class LlamaLayer:
     mlp: GatedMLP
 
     @classmethod
-    def from_hf(cls, i: int, layer: Any, dims: ModelDims, eps: float, p: Precision,
-                qk_norm: bool = False) -> "LlamaLayer":
-        a, m, dt, norm = layer.self_attn, layer.mlp, p.torch_dtype, _norm_kernel(p)
-        norms = (RMSNorm(a.q_norm.weight.detach().to(dt), eps, norm),
-                 RMSNorm(a.k_norm.weight.detach().to(dt), eps, norm)) if qk_norm else (None, None)
+    def from_weights(cls, i: int, src: Weights, dims: ModelDims, eps: float, p: Precision,
+                     qk_norm: bool = False) -> "LlamaLayer":
+        pre, dt, norm = f"model.layers.{i}.", p.torch_dtype, _norm_kernel(p)
+        a, m = pre + "self_attn.", pre + "mlp."
+        norms = (RMSNorm(src.vector(a + "q_norm.weight", dt), eps, norm),
+                 RMSNorm(src.vector(a + "k_norm.weight", dt), eps, norm)) if qk_norm else (None, None)
         return cls(
-            RMSNorm(layer.input_layernorm.weight.detach().to(dt), eps, norm),
-            SelfAttention(i, FusedLinear.of(a.q_proj, a.k_proj, a.v_proj, precision=p),
-                          FusedLinear.of(a.o_proj, precision=p), dims.num_heads, dims.num_kv_heads, dims.head_dim,
-                          *norms, rope_kernel=p.native.rope if p.native is not None else None),
-            RMSNorm(layer.post_attention_layernorm.weight.detach().to(dt), eps, norm),
-            GatedMLP(FusedLinear.of(m.gate_proj, m.up_proj, precision=p), FusedLinear.of(m.down_proj, precision=p)),
+            RMSNorm(src.vector(pre + "input_layernorm.weight", dt), eps, norm),
+            SelfAttention(i, src.linear([a + "q_proj", a + "k_proj", a + "v_proj"], p), src.linear([a + "o_proj"], p),
+                          dims.num_heads, dims.num_kv_heads, dims.head_dim, *norms,
+                          rope_kernel=p.native.rope if p.native is not None else None),
+            RMSNorm(src.vector(pre + "post_attention_layernorm.weight", dt), eps, norm),
+            GatedMLP(src.linear([m + "gate_proj", m + "up_proj"], p), src.linear([m + "down_proj"], p)),
         )
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
@@ -61,7 +63,7 @@ class LlamaLayer:
 @dataclass
 class LlamaForward:
     dims: ModelDims
-    embed: torch.Tensor
+    embed: Embedding
     layers: list[LlamaLayer]
     final_norm: RMSNorm
     lm_head: FusedLinear
@@ -71,18 +73,22 @@ class LlamaForward:
     @classmethod
     def from_hf(cls, hf_model: Any, precision: Precision = Precision()) -> "LlamaForward":
         """Take a loaded transformers model's weights (shared, not copied, where the dtype already matches)."""
-        cfg, m, dt = hf_model.config, hf_model.model, precision.torch_dtype
+        return cls.from_weights(HFWeights(hf_model), precision)
+
+    @classmethod
+    def from_weights(cls, src: Weights, precision: Precision = Precision()) -> "LlamaForward":
+        cfg, dt = src.config, precision.torch_dtype
         dims = ModelDims.from_hf_config(cfg)
-        layers = [LlamaLayer.from_hf(i, layer, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
-                  for i, layer in enumerate(m.layers)]
-        return cls(dims, m.embed_tokens.weight.detach().to(dt), layers,
-                   RMSNorm(m.norm.weight.detach().to(dt), cfg.rms_norm_eps, _norm_kernel(precision)),
-                   FusedLinear.of(hf_model.lm_head, precision=precision),
-                   RotaryTables.from_hf(m.rotary_emb, dims.max_positions).to(dt))
+        layers = [LlamaLayer.from_weights(i, src, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
+                  for i in range(dims.num_layers)]
+        embed, lm_head = src.head(precision)
+        return cls(dims, embed, layers,
+                   RMSNorm(src.vector("model.norm.weight", dt), cfg.rms_norm_eps, _norm_kernel(precision)), lm_head,
+                   src.rotary(dims.max_positions).to(dt))
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one ragged batch; returns logits [len(fb.logits_rows), vocab]."""
-        h = F.embedding(fb.input_ids, self.embed)
+        h = self.embed(fb.input_ids)
         rope = self.rotary.at(fb.positions)
         for layer in self.layers:
             h = layer(h, rope, kv, fb)

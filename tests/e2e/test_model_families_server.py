@@ -59,9 +59,9 @@ def test_family_serves_over_http_from_gguf(servers, family):
 
     srv = servers[family]
     card = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]
-    assert card["id"] == gguf(family).name and card["architecture"] == type(model.hf_model).__name__
+    assert card["id"] == gguf(family).name and card["architecture"] == model.architecture
     assert card["max_model_len"] == core.context_len  # the model's, capped by the default --max-total-tokens
-    assert (card["dtype"], card["quantization"]) == ("float32", "none")
+    assert (card["dtype"], card["quantization"]) == ("float32", "none")  # auto: a GGUF expanded (docs/engine.md)
     assert card["sliding_window"] == SLIDING_WINDOW.get(family)
     body = {"model": card["id"], "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     out = srv.post("/v1/completions", body).json()

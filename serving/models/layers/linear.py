@@ -5,11 +5,14 @@ which is what pays on CPU), stored in the precision the server computes in.
   - float32: exact (the reference); on the native kernels (`native_ops`: weights repacked
     once into the linear kernel's panel layout) where they build, else torch's matmul;
   - bfloat16: weights and activations in bf16 (fast where the CPU has bf16 matrix units);
+  - q8_0, q4_0, q4_1, q5_0, q5_1, q4_k: quantized at load into GGUF's block layout, run on the
+    native quantized kernel (`native_quant`) with activations quantized per 32 values: an
+    outlier channel (SmolLM2's MLP down-projection input has them) costs precision only
+    inside its block.  `gguf`: a GGUF file's weights in their own types (`gguf_weights`);
   - int8: weight-only int8 (symmetric, one scale per output channel) with bfloat16
-    activations (`torch._weight_int8pack_mm`): a quarter of float32's weight bytes.
-    Activations stay unquantized on purpose: quantizing them per matmul (fbgemm's dynamic
-    int8 linear) multiplied SmolLM2's perplexity by 2.8, its MLP down-projection's input
-    having outlier channels.
+    activations (`torch._weight_int8pack_mm`): a quarter of float32's weight bytes, and slower
+    than the quantized kernel on CPUs without bf16 arithmetic.  Quantizing activations with one
+    scale per tensor (fbgemm's dynamic int8 linear) multiplied SmolLM2's perplexity by 2.8.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from serving.models.layers.native_linear import NativeLinear
+from serving.models.layers.native_quant import QuantKernel, QuantLinear
+from serving.models.layers.quantize import quantize_for
 
 if TYPE_CHECKING:
     from serving.models.layers.native_ops import NativeKernels
@@ -31,8 +36,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 @dataclass(frozen=True)
 class Precision:
     dtype: str = "float32"  # activations, non-quantized weights and the KV cache
-    quantization: str = "none"  # none | int8
+    quantization: str = "none"  # none | int8 | gguf | q8_0 | q4_0 | q4_1 | q5_0 | q5_1 | q4_k
     native: NativeKernels | None = field(default=None, compare=False, repr=False)  # float32 on the native kernels
+    quant: QuantKernel | None = field(default=None, compare=False, repr=False)  # quantized weights' kernel
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -63,6 +69,7 @@ class FusedLinear:
     packed: torch.Tensor | None = None
     packed_bias: torch.Tensor | None = None
     out_features: int = 0
+    quant: QuantLinear | None = None  # quantized weights, on their kernel
 
     @classmethod
     def of(cls, *linears: torch.nn.Linear, precision: Precision = Precision()) -> "FusedLinear":
@@ -80,6 +87,10 @@ class FusedLinear:
         if precision.quantization == "int8":
             q, scales = _int8_weight(weight)
             return cls(q, bias, scales)
+        qw = quantize_for(weight, precision.quantization) \
+            if precision.quant is not None and precision.quantization not in ("none", "gguf") else None
+        if qw is not None:
+            return cls(None, bias, quant=QuantLinear(precision.quant, [qw], bias), out_features=qw.rows)
         k = precision.native.linear if precision.native is not None else None
         if k is not None and dtype == torch.float32:
             n = weight.shape[0]
@@ -87,6 +98,8 @@ class FusedLinear:
         return cls(weight.to(dtype), bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            return self.quant(x)
         if self.kernel is not None:
             return self.kernel(x, self.packed, self.packed_bias, self.out_features)
         if self.scales is not None:

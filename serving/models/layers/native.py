@@ -10,6 +10,9 @@ machine gets its own build) rebuilds and a warm start loads the cached library i
 The team has as many threads as torch (`torch.set_num_threads`, read through the libgomp torch
 loaded first) unless `start_team` says otherwise.
 
+`march` (else $SIGHTLINE_KERNEL_MARCH, else `native`) builds for another instruction set than
+this CPU's: the tests run the AVX2 code paths of an AVX-512 machine with `march="haswell"`.
+
 No g++, or a failed build, is not an error: `load()` returns None with the reason, and
 callers use their torch implementation.
 """
@@ -30,9 +33,10 @@ import torch  # loaded first: its libgomp is the one the kernels link to
 
 log = logging.getLogger(__name__)
 KERNELS = Path(__file__).with_name("kernels")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-pthread", "-shared", "-fPIC", "-std=c++17")
+FLAGS = ("-O3", "-fopenmp", "-pthread", "-shared", "-fPIC", "-std=c++17")
 LIBRARY = "sightline-kernels"
 CACHE_ENV = "SIGHTLINE_KERNEL_CACHE"
+MARCH_ENV = "SIGHTLINE_KERNEL_MARCH"
 
 
 def _cache_dir(cache_dir: Path | None) -> Path:
@@ -56,15 +60,20 @@ def _compiler_version(cxx: str) -> str:
     return subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
 
 
-def build(cache_dir: Path | None = None) -> Path:
+def _march(march: str | None) -> str:
+    return march or os.environ.get(MARCH_ENV) or "native"
+
+
+def build(cache_dir: Path | None = None, march: str | None = None) -> Path:
     """Compile kernels/*.cpp into one library (unless cached) and return its path."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
     sources = sorted(KERNELS.glob("*.cpp"))
     headers = sorted(KERNELS.glob("*.h"))
+    flags = (*FLAGS, f"-march={_march(march)}")
     key = hashlib.sha256(b"\0".join(
-        [*(p.name.encode() + p.read_bytes() for p in sources + headers), " ".join(FLAGS).encode(),
+        [*(p.name.encode() + p.read_bytes() for p in sources + headers), " ".join(flags).encode(),
          _compiler_version(cxx).encode(), _cpu_flags().encode(), torch.__version__.encode()]
     )).hexdigest()[:16]
     out_dir = _cache_dir(cache_dir)
@@ -74,7 +83,7 @@ def build(cache_dir: Path | None = None) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:  # same filesystem: the rename is atomic
         tmp_lib = Path(tmp) / lib.name
-        proc = subprocess.run([cxx, *FLAGS, *map(str, sources), "-o", str(tmp_lib)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *flags, *map(str, sources), "-o", str(tmp_lib)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"g++ failed on the kernels: {proc.stderr.strip()[-400:]}")
         os.replace(tmp_lib, lib)  # concurrent builders (several servers starting) all end with one file
@@ -83,10 +92,10 @@ def build(cache_dir: Path | None = None) -> Path:
 
 
 @cache
-def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
+def load(cache_dir: Path | None = None, march: str | None = None) -> ctypes.CDLL | None:
     """The loaded library, or None (logged once) when it cannot be built here."""
     try:
-        return ctypes.CDLL(str(build(cache_dir)))
+        return ctypes.CDLL(str(build(cache_dir, march)))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native kernels unavailable, using the torch implementations: %s", exc)
         return None

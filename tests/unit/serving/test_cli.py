@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from serving.args import ServerArgs
+from serving.args import QUANTIZATIONS, ServerArgs
 from serving.cli import build_parser
 
 
@@ -61,7 +61,8 @@ def test_models_lists_every_registered_family_and_the_bundled_models(capsys):
     assert [f["family"] for f in out["families"]] == [f.name for f in FAMILIES] == ["llama", "qwen2", "qwen3",
                                                                                      "mistral"]
     assert {a for f in out["families"] for a in f["architectures"]} >= {"Qwen3ForCausalLM", "MistralForCausalLM"}
-    assert all(f["quantization"] == ["none", "int8"] and f["prefix_cache"] for f in out["families"])
+    served = [q for q in QUANTIZATIONS if q != "auto"]
+    assert all(f["quantization"] == served and f["prefix_cache"] for f in out["families"])
     assert [b["name"] for b in out["bundled"]] == ["smollm2-135m", "tiny-random"]
     assert main(["models"]) == 0
     table = capsys.readouterr().out

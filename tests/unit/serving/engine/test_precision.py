@@ -17,7 +17,8 @@ from serving.engine.precision import choose
 from serving.models.base import ModelDims
 from tests.helpers import collect, encode, greedy, make_core
 
-MODE_IDS = list(MODES)
+MODE_IDS = ["bfloat16", "int8"]  # reduced precision in bf16; the quantized kernel's modes below
+QUANTIZED = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k"]
 
 
 @pytest.mark.parametrize("mode", MODE_IDS)
@@ -49,6 +50,31 @@ def test_smollm_perplexity_and_agreement_bounds(smollm):
     assert reports["bfloat16"].top1_agreement >= 0.88 and reports["int8"].top1_agreement >= 0.75, reports
 
 
+@pytest.mark.parametrize("mode", QUANTIZED)
+def test_each_quantized_mode_serves_in_float32_and_keeps_clear_argmaxes(tiny, mode):
+    """tiny-random's down-projection (176 inputs) fits no block: it stays float32 (logged)."""
+    runner = runner_for(tiny, *MODES[mode])
+    assert runner.precision.quantization == mode and runner.pool.kv.k[0].dtype == torch.float32
+    assert runner.model.layers[0].attn.qkv.quant is not None and runner.model.layers[0].mlp.down.quant is None
+    assert runner.model.embed.quant is not None  # tied: rows of the quantized lm_head
+    ref = runner_for(tiny, "float32")
+    for prompt in PROMPTS[:6]:
+        ids = encode(tiny, prompt)
+        want, got = all_logits(ref, ids), all_logits(runner, ids)
+        top2 = want.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * (got - want).abs().max()
+        assert torch.equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+        if mode == "q8_0":  # 4-6 bits of random weights move tiny-random's logits far: wiring only there
+            assert (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.5
+
+
+@pytest.mark.smollm
+def test_smollm_q8_0_within_one_percent_perplexity(smollm):
+    reports = {r.mode: r for r in compare(smollm, [MODES["q8_0"], MODES["gguf"]], prompts=PROMPTS[::5])}
+    assert abs(reports["q8_0"].perplexity_change) <= 0.01, reports["q8_0"]
+    assert abs(reports["gguf"].perplexity_change) <= 0.01, reports["gguf"]  # the file's Q4_1 against its expansion
+
+
 def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     dims = ModelDims.from_hf_config(tiny.hf_model.config)
     precision, why = choose(ServerArgs(model="tiny-random", linear_backend="torch"), dims)  # no kernel: measured
@@ -59,6 +85,10 @@ def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     assert precision.dtype == "float32" and precision.native is not None and "native" in why
     assert choose(ServerArgs(model="tiny-random", dtype="float32"), dims)[0].dtype == "float32"
     assert choose(ServerArgs(model="tiny-random", quantization="int8"), dims)[0].quantization == "int8"
+    assert choose(ServerArgs(model="tiny-random"), dims, gguf=True)[0].quantization == "none"  # auto: expanded
+    assert choose(ServerArgs(model="tiny-random", quantization="gguf"), dims, gguf=True)[0].quantization == "gguf"
+    q8 = choose(ServerArgs(model="tiny-random", quantization="q8_0"), dims)[0]
+    assert (q8.dtype, q8.quantization) == ("float32", "q8_0") and q8.quant is not None
     with caplog.at_level(logging.INFO):
         runner_for(tiny, "auto")
     assert any("computing in" in r.getMessage() for r in caplog.records)

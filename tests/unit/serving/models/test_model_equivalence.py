@@ -19,7 +19,7 @@ def _hf_last_logits(model, ids: list[int]) -> torch.Tensor:
 
 def test_prefill_and_decode_logits_match_transformers(any_model):
     runner = ModelRunner(any_model, ServerArgs(model=any_model.name, max_total_tokens=2048, max_running_requests=8,
-                                                    dtype="float32"))
+                                                    dtype="float32", quantization="none"))
     prompts = [encode(any_model, p) for p in PROMPTS[:3]]
     rows = [runner.pool.admit(len(p) + 8) for p in prompts]
     seqs = [list(p) for p in prompts]
