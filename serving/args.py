@@ -78,8 +78,8 @@ class ServerArgs:
                                               "process.")
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a "
                               "short matmul measurement at start-up finds faster on this CPU; logged).")
-    quantization: str = _opt("auto", "Linear-layer weights (lm_head included): 'auto' (as 'none': a .gguf file is expanded, "
-                                     "faster here than its packed types on batches and prefill), "
+    quantization: str = _opt("auto", "Linear-layer weights (lm_head included): 'auto' (as 'none': a .gguf file is "
+                                     "expanded, faster here than its packed types on batches and prefill), "
                                      "'gguf' (a .gguf file's own types, a quarter of the memory: Q8_0, "
                                      "Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K on a native int8 kernel; others expanded, "
                                      "logged), 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q4_k', 'q6_k' (quantized at "

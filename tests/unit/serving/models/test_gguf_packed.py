@@ -60,7 +60,7 @@ def _runner(model, quantization):
 def test_the_file_is_served_packed_and_close_to_its_expansion(packed, caplog):
     mix, model = packed
     with caplog.at_level(logging.INFO):
-        runner = _runner(model, "auto")
+        runner = _runner(model, "gguf")
     assert runner.precision.quantization == "gguf"
     assert not model.hf_model.loaded  # the fp32 conversion is never loaded for a packed file
     layer = runner.model.layers[0]
@@ -101,7 +101,7 @@ def test_a_packed_file_serves_a_mixed_batch(packed):
     """Greedy streams of random weights part from the expanded file's after a near-tie (the bundled
     model's test below compares whole streams); here: a batch of prefills and decodes runs to the end."""
     _, model = packed
-    core = make_core(model, quantization="auto", dtype="auto", max_prefill_tokens=16)
+    core = make_core(model, quantization="gguf", dtype="auto", max_prefill_tokens=16)
     for i, p in enumerate(PROMPTS[:4]):
         core.add_request(f"r{i}", encode(model, p), greedy(12, ignore_eos=True))
     out = collect(core)
@@ -117,15 +117,15 @@ def test_bundled_file_served_packed_keeps_most_greedy_streams(smollm):
 
     prompts = [f.format(s) for f in FORMS for s in SUBJECTS][::5][:10] + PROMPTS[:10]
     outs = {}
-    for quantization in ("auto", "none"):
+    for quantization in ("gguf", "none"):
         core = make_core(smollm, quantization=quantization, dtype="auto")
-        if quantization == "auto":
+        if quantization == "gguf":
             assert core.runner.precision.quantization == "gguf" and core.runner.model.lm_head.quant is not None
         for i, text in enumerate(prompts):
             core.add_request(f"r{i}", encode(smollm, text), greedy(32, ignore_eos=True))
         outs[quantization] = collect(core)
-    assert all(len(t) == 32 for t in outs["auto"].values())
-    same = sum(outs["auto"][r][:8] == toks[:8] for r, toks in outs["none"].items())
+    assert all(len(t) == 32 for t in outs["gguf"].values())
+    same = sum(outs["gguf"][r][:8] == toks[:8] for r, toks in outs["none"].items())
     assert same >= 12, f"{same} of 20 streams identical over 8 tokens"
 
 
