@@ -112,7 +112,8 @@ def test_a_packed_file_serves_a_mixed_batch(packed):
 def test_bundled_file_served_packed_keeps_most_greedy_streams(smollm):
     """SmolLM2's Q4_1 file, packed against expanded: the same weights, int8 activations; 20 prompts of
     32 greedy tokens, batched.  A near-tie flips now and then (~5-15 % of teacher-forced positions, as
-    bench.accuracy reports), and the stream then parts: most agree over their first 8 tokens."""
+    bench.accuracy reports), and the stream then parts (at ~90 % agreement a token, 8 tokens agree
+    in fewer than half): most agree over their first 4 tokens."""
     from tests.unit.serving.models.test_native_linear import FORMS, SUBJECTS
 
     prompts = [f.format(s) for f in FORMS for s in SUBJECTS][::5][:10] + PROMPTS[:10]
@@ -125,8 +126,8 @@ def test_bundled_file_served_packed_keeps_most_greedy_streams(smollm):
             core.add_request(f"r{i}", encode(smollm, text), greedy(32, ignore_eos=True))
         outs[quantization] = collect(core)
     assert all(len(t) == 32 for t in outs["gguf"].values())
-    same = sum(outs["gguf"][r][:8] == toks[:8] for r, toks in outs["none"].items())
-    assert same >= 12, f"{same} of 20 streams identical over 8 tokens"
+    same = sum(outs["gguf"][r][:4] == toks[:4] for r, toks in outs["none"].items())
+    assert same >= 10, f"{same} of 20 streams identical over 4 tokens"
 
 
 def test_unpermuted_rows_are_transformers_order():
