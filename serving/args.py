@@ -71,11 +71,10 @@ class ServerArgs:
                                          "the CPU cores divided by --dp-size).")
     thread_wait_policy: str = _opt("passive", "How the Scheduler's idle compute threads wait between operations: "
                                               "'passive' (sleep: the cores stay free for the HTTP front end and the "
-                                              "Detokenizer), 'brief' (spin about 10k iterations, then sleep: awake "
-                                              "through the back-to-back kernels of a step, asleep between steps) or "
-                                              "'active' (spin: lowest latency on cores nothing else uses). Sets "
-                                              "OMP_WAIT_POLICY (or, for 'brief', GOMP_SPINCOUNT) in the Scheduler "
-                                              "process.")
+                                              "Detokenizer), 'brief' (spin about 1 ms, then sleep: awake through the "
+                                              "back-to-back kernels of a step) or 'active' (spin: for cores nothing "
+                                              "else uses). Sets OMP_WAIT_POLICY (or GOMP_SPINCOUNT) and the native "
+                                              "kernels' team spin in the Scheduler process.")
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a "
                               "short matmul measurement at start-up finds faster on this CPU; logged).")
     quantization: str = _opt("auto", "Linear-layer weights (lm_head included): 'auto' (as 'none': a .gguf file is "
