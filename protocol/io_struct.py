@@ -278,6 +278,7 @@ class EngineStatus(_Msg):
     failure: str | None = None  # with a new generation: the failure that ended the in-flight requests
     throughput: float = 0.0  # tokens/s over all ranks (admission's drain-rate estimate)
     last_token_at: int | None = None  # monotonic ns, the latest over all ranks
+    down_at: int | None = None  # monotonic ns when the restart budget was spent (the engine stays down)
 
 
 class WorkerStats(_Msg):

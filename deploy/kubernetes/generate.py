@@ -43,6 +43,9 @@ class Config:
     # Server flags (every ServerArgs field is a flag: `sightline serve --help`).
     shutdown_grace: int = 30  # --shutdown-grace: seconds in-flight requests get after SIGTERM
     startup_timeout: int = 600  # --startup-timeout: the startupProbe allows at least this
+    # --liveness-down-grace: once the engine's restart budget is spent, /livez fails after this
+    # many seconds, and the livenessProbe restarts the container a minute later
+    liveness_down_grace: int = 60
     tokenizer_worker_num: int = 1
     dp_size: int = 1
     otel_sampling_ratio: float = 0.1  # head sampling; tail sampling keeps every request that went wrong
@@ -146,6 +149,7 @@ def collector_url(c: Config, port: int = 4318) -> str:
 def server_args(c: Config) -> list[str]:
     args = ["sightline", "serve", "--host", "0.0.0.0", "--port", str(c.port),
             "--shutdown-grace", str(c.shutdown_grace), "--startup-timeout", str(c.startup_timeout),
+            "--liveness-down-grace", str(c.liveness_down_grace),
             "--num-threads", str(c.num_threads), "--otel-traces-exporter", "otlp",
             "--otel-sampling-ratio", str(c.otel_sampling_ratio)]
     if c.tokenizer_worker_num != 1:
@@ -194,7 +198,8 @@ def deployment(c: Config) -> dict:
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": probe_period,
                            "timeoutSeconds": 2, "failureThreshold": 2, "successThreshold": 1},
         # /livez: the HTTP process and its event loop answer; an engine restart or a long
-        # forward step (another process) does not touch it. A minute of silence restarts the pod.
+        # forward step (another process) does not touch it. It fails --liveness-down-grace after
+        # the restart budget is spent. A minute of failures (or silence) restarts the container.
         "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10,
                           "timeoutSeconds": 5, "failureThreshold": 6},
         # SIGTERM drains (503 to new requests, in-flight ones finish for --shutdown-grace); the

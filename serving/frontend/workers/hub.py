@@ -138,7 +138,8 @@ class Hub:
                 if self.monitor.all_ready.is_set() else []
             self.fleet.broadcast(self.fleet.status(ready=ready, unavailable=None if ok else reason,
                                                    throughput=self.monitor.throughput.rate(now_ns()),
-                                                   last_token_at=self.monitor.last_token_at))
+                                                   last_token_at=self.monitor.last_token_at,
+                                                   down_at=self.monitor.down_at))
             await asyncio.sleep(STATUS_INTERVAL)
 
     # -- answers over every worker ---------------------------------------------------------

@@ -131,6 +131,10 @@ class HubLink:
         return self._shutting_down
 
     @property
+    def down_at(self) -> int | None:
+        return self.status.down_at if self.status else None
+
+    @property
     def procs(self) -> dict:
         return {}  # the engine's processes are the hub's
 

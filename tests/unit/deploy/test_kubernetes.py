@@ -151,6 +151,8 @@ def test_server_flags_parse_and_probes_use_real_unprotected_routes():
         assert (get["path"], get["port"]) == (path, "http") and path in paths and not protected(path, keyed), probe
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] > args.startup_timeout
     assert args.threads == int(c["resources"]["requests"]["cpu"])  # not the node's core count
+    # a pod whose engine will not come back is restarted: /livez fails once the grace is over
+    assert 0 <= args.liveness_down_grace == generate.CONFIG.liveness_down_grace
 
 
 def test_termination_grace_covers_the_prestop_sleep_and_the_drain():
