@@ -279,6 +279,7 @@ class EngineStatus(_Msg):
     throughput: float = 0.0  # tokens/s over all ranks (admission's drain-rate estimate)
     last_token_at: int | None = None  # monotonic ns, the latest over all ranks
     down_at: int | None = None  # monotonic ns when the restart budget was spent (the engine stays down)
+    paused: str | None = None  # the pause mode an operator set (POST /pause_generation), None when serving
 
 
 class WorkerStats(_Msg):
@@ -318,7 +319,8 @@ class MetricFamily(msgspec.Struct, array_like=True):
 
 
 class SnapshotReq(_Msg):
-    """Hub → worker: send your metrics (`kind` metrics) or the timeline entry of rid `arg` (`kind` request)."""
+    """Hub → worker: send your metrics (`kind` metrics), the timeline entry of rid `arg` (`kind` request),
+    your requests (`kind` requests), or apply the control order `arg` and say what you did (`kind` control)."""
 
     id: str
     kind: str
@@ -333,7 +335,8 @@ class Snapshot(_Msg):
 
 
 class HubQuery(_Msg):
-    """Worker → hub: an answer only the hub can give, over every worker (metrics, debug_state, request)."""
+    """Worker → hub: an answer only the hub can give, over every worker (metrics, debug_state, request,
+    requests, control: an operator action to apply everywhere)."""
 
     id: str
     worker: int

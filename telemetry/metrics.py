@@ -153,8 +153,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_control_actions_total", "counter", "Operator control actions, by action and result.",
          ("action", "result"), definition="action: pause_abort | pause_in_place | pause_drain (POST "
          "/pause_generation, by mode) | continue (POST /continue_generation) | tracing (POST /control/tracing) | "
-         "log_level (POST /control/log_level). result: ok | rejected (an invalid body, or not possible now: 4xx or "
-         "501) | error (the engine did not confirm). Refused by auth (401, 403), nothing is counted.",
+         "log_level (POST /control/log_level). result: ok | rejected (an invalid body, or not possible now: 4xx) | "
+         "error (an engine rank or a tokenizer worker did not confirm: 5xx). Refused by auth (401, 403), nothing is "
+         "counted.",
          attr="control_actions"),
     Spec("sightline_paused", "gauge", "1 for the pause mode in effect (POST /pause_generation), 0 for the others.",
          ("mode",), definition="mode: abort | in_place | drain. All 0 while generation runs; new generation "
