@@ -229,6 +229,7 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_queries_tokens_total: int = 0  # cumulative: prompt tokens of admitted requests
     prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
     prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
+    prefix_evictable_tokens: int = 0  # cached slots no running request locks (free to evict; part of kv_used)
     paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping
 
     @property

@@ -159,6 +159,7 @@ class SchedulerCore:
             "prefix_queries_tokens_total": self.prefix_queries_tokens,
             "prefix_hits_tokens_total": self.prefix_hits_tokens,
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
+            "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
         }
 
     def flush_cache(self, force: bool = False) -> bool:

@@ -16,7 +16,17 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, Stream, chat_text, completion_text, scrape, sse_events, value, wait_until
+from tests.server_util import (
+    ServerProc,
+    Stream,
+    chat_text,
+    completion_text,
+    samples,
+    scrape,
+    sse_events,
+    value,
+    wait_until,
+)
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
            "In 1969, astronauts", "Water boils at", "My favourite colour is", "To be or not to be"]
@@ -182,6 +192,10 @@ def test_control_actions_reach_every_worker_and_rank(fleet):
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "paused", refused.text
         time.sleep(0.7)
         assert [len(s.events) for s in streams] == seen, "tokens arrived while paused in place"
+        # what an inference router reads: one series per server over both ranks
+        held = [s for s in samples(scrape(fleet)) if s.name.startswith("sightline_server_")]
+        assert {s.name: s.value for s in held}["sightline_server_num_requests_running"] == 6, held
+        assert len(held) == 3 and 0 < {s.name: s.value for s in held}["sightline_server_kv_cache_usage_perc"] < 1
         r = fleet.post("/continue_generation", {})
         assert r.status_code == 200 and r.json()["resumed"] == "in_place", r.text
         wait_until(lambda: all(len(s.events) > n for s, n in zip(streams, seen)), 30, "every stream to go on")
@@ -198,6 +212,8 @@ def test_control_actions_reach_every_worker_and_rank(fleet):
     assert value(text, "sightline_control_actions_total", action="pause_in_place", result="ok") == 1
     assert value(text, "sightline_control_actions_total", action="pause", result="rejected") == 0  # not counted
     assert value(text, "sightline_paused", mode="abort") == 0
+    # idle again: the prefix cache keeps the prompts, but none is locked, so no KV counts as used
+    wait_until(lambda: value(scrape(fleet), "sightline_server_kv_cache_usage_perc") == 0, 10, "KV usage 0")
 
 
 def test_a_rank_that_does_not_confirm_is_named(fleet):
