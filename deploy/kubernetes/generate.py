@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from dashboards.generate import generator_main
+from deploy.kubernetes import inference_pool as gie
 
 ROOT = Path(__file__).parent
 REPO = ROOT.parents[1]
@@ -84,6 +85,10 @@ class Config:
     tempo_endpoint: str = "tempo.monitoring.svc:4317"
     collector_baseline_percent: int = 10  # of the traces no other policy keeps
     collector_decision_wait: str = "30s"
+    # Gateway API Inference Extension: the Endpoint Picker's Service (the upstream chart's, release
+    # `sightline-epp`) and its gRPC port
+    epp_service: str = "sightline-epp"
+    epp_port: int = 9002
 
 
 CONFIG = Config()
@@ -373,6 +378,14 @@ def collector(c: Config, spec: dict) -> list[dict]:
     return [config_map, deploy, svc]
 
 
+def inference_routing(c: Config) -> list[dict]:
+    """The InferencePool of the server pods and the Endpoint Picker's config (`inference_pool.py`)."""
+    pool = gie.inference_pool(meta(c, c.name), selector(c), c.port, c.epp_service, c.epp_port)
+    config = gie.picker_config_map(meta(c, f"{c.epp_service}-config", component="endpoint-picker"),
+                                   dump(gie.endpoint_picker_config()))
+    return [pool, config]
+
+
 def outputs(c: Config = CONFIG) -> dict[str, str]:
     """File name (under manifests/) → content."""
     spec = slo_spec()
@@ -385,6 +398,7 @@ def outputs(c: Config = CONFIG) -> dict[str, str]:
         "scaledobject.yaml": documents(scaled_object(c, job)),
         "grafana-dashboards.yaml": documents(*dashboard_config_maps(c)),
         "otel-collector.yaml": documents(*collector(c, spec)),
+        "inferencepool.yaml": documents(*inference_routing(c)),
     }
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": list(files)}
