@@ -118,7 +118,7 @@ def main() -> int:
             kept, idle = asyncio.run(soak(a.url or server.url, a.minutes, a.users, a.interval, a.warmup))
         finally:
             if server is not None:
-                server.stop(60)
+                server.stop(timeout=60)
     first, last = kept[0], kept[-1]
     worst = 0.0
     for role, rss in sorted(last["rss"].items()):

@@ -234,6 +234,7 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_queries_tokens_total: int = 0  # cumulative: prompt tokens of admitted requests
     prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
     prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
+    prefix_evictable_tokens: int = 0  # cached slots no running request locks (free to evict; part of kv_used)
     paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping
     retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
@@ -292,6 +293,8 @@ class EngineStatus(_Msg):
     failure: str | None = None  # with a new generation: the failure that ended the in-flight requests
     throughput: float = 0.0  # tokens/s over all ranks (admission's drain-rate estimate)
     last_token_at: int | None = None  # monotonic ns, the latest over all ranks
+    down_at: int | None = None  # monotonic ns when the restart budget was spent (the engine stays down)
+    paused: str | None = None  # the pause mode an operator set (POST /pause_generation), None when serving
 
 
 class WorkerStats(_Msg):
@@ -331,7 +334,8 @@ class MetricFamily(msgspec.Struct, array_like=True):
 
 
 class SnapshotReq(_Msg):
-    """Hub → worker: send your metrics (`kind` metrics) or the timeline entry of rid `arg` (`kind` request)."""
+    """Hub → worker: send your metrics (`kind` metrics), the timeline entry of rid `arg` (`kind` request),
+    your requests (`kind` requests), or apply the control order `arg` and say what you did (`kind` control)."""
 
     id: str
     kind: str
@@ -346,7 +350,8 @@ class Snapshot(_Msg):
 
 
 class HubQuery(_Msg):
-    """Worker → hub: an answer only the hub can give, over every worker (metrics, debug_state, request)."""
+    """Worker → hub: an answer only the hub can give, over every worker (metrics, debug_state, request,
+    requests, control: an operator action to apply everywhere)."""
 
     id: str
     worker: int

@@ -129,6 +129,9 @@ class ServerArgs:
                                        "server stays up answering 503 until it is restarted from outside (0: never "
                                        "restart).")
     engine_restart_window: float = _opt(300.0, "Seconds over which --max-engine-restarts is counted.")
+    liveness_down_grace: float = _opt(60.0, "Once the restart budget is spent, seconds until /livez answers 503 too, "
+                                            "so an orchestrator's liveness probe restarts the server (a Kubernetes "
+                                            "pod); a negative value keeps /livez at 200.")
     request_timeout: float | None = _opt(None, "Per-request deadline in seconds (a request may lower it with the "
                                                "x-request-timeout header).")
     max_queue_time: float | None = _opt(None, "Seconds a request may wait in the Scheduler's queue before it is "

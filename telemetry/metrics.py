@@ -154,8 +154,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_control_actions_total", "counter", "Operator control actions, by action and result.",
          ("action", "result"), definition="action: pause_abort | pause_in_place | pause_drain (POST "
          "/pause_generation, by mode) | continue (POST /continue_generation) | tracing (POST /control/tracing) | "
-         "log_level (POST /control/log_level). result: ok | rejected (an invalid body, or not possible now: 4xx or "
-         "501) | error (the engine did not confirm). Refused by auth (401, 403), nothing is counted.",
+         "log_level (POST /control/log_level). result: ok | rejected (an invalid body, or not possible now: 4xx) | "
+         "error (an engine rank or a tokenizer worker did not confirm: 5xx). Refused by auth (401, 403), nothing is "
+         "counted.",
          attr="control_actions"),
     Spec("sightline_paused", "gauge", "1 for the pause mode in effect (POST /pause_generation), 0 for the others.",
          ("mode",), definition="mode: abort | in_place | drain. All 0 while generation runs; new generation "
@@ -279,6 +280,21 @@ SPECS: tuple[Spec, ...] = (
          attr="workers_up", hub=True),
     Spec("sightline_build_info", "gauge", "Always 1; labels say what runs.", M + ("version",), attr="build_info",
          hub=True),
+    # one series per server (pod) over every engine rank: what an inference-aware router (the Gateway API
+    # Inference Extension's endpoint picker, llm-d) scrapes, with the model-server protocol's semantics
+    Spec("sightline_server_num_requests_waiting", "gauge", "Requests queued in the server, over every engine rank.",
+         M, definition="The sum of every Scheduler rank's waiting queue (the protocol's TotalQueuedRequests, as "
+         "vLLM's `vllm:num_requests_waiting`).", source="scheduler", read="server_waiting"),
+    Spec("sightline_server_num_requests_running", "gauge", "Requests being served, over every engine rank.", M,
+         definition="The sum of every Scheduler rank's running batch (the protocol's TotalRunningRequests, as "
+         "vLLM's `vllm:num_requests_running`).", source="scheduler", read="server_running"),
+    Spec("sightline_server_kv_cache_usage_perc", "gauge", "KV cache utilisation over every engine rank, 0-1.", M,
+         definition="(Σ KV slots used − Σ evictable cached slots) ÷ Σ capacity over the ranks: the slots running "
+         "requests hold, their locked cached prefixes included; a cached prefix no request locks counts as free, "
+         "as vLLM's `vllm:kv_cache_usage_perc` counts evictable cached blocks (the protocol's "
+         "KVCacheUtilization). Not `sightline_kv_usage_ratio` (reserved ÷ capacity, per rank: admission "
+         "headroom).", source="scheduler",
+         read="server_kv_usage"),
 )
 BY_NAME = {s.name: s for s in SPECS}
 

@@ -28,6 +28,22 @@ class EngineView:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds, by process role
     engine_info: list[Ready] = field(default_factory=list)  # the Scheduler's Ready: model, dtype, quantization
 
+    # -- the whole server's numbers, one per pod whatever --dp-size (an inference router reads these) --
+    @property
+    def server_waiting(self) -> int:
+        return sum(s.num_waiting for s in self.schedulers)
+
+    @property
+    def server_running(self) -> int:
+        return sum(s.num_running for s in self.schedulers)
+
+    @property
+    def server_kv_usage(self) -> float:
+        """Slots in use (used less the evictable cached ones) ÷ capacity, over every rank."""
+        total = sum(s.kv_total for s in self.schedulers)
+        held = sum(max(0, s.kv_used - s.prefix_evictable_tokens) for s in self.schedulers)
+        return held / total if total else 0.0
+
 
 class PhaseTimes:
     """Histograms of engine-step phases, kept in the Scheduler and sent whole in its stats

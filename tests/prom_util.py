@@ -6,6 +6,8 @@ CI must run the checks, not skip them.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 import shutil
@@ -207,3 +209,40 @@ def queries_without_data(prom: Prometheus, start: float, end: float) -> tuple[li
         found = list(pool.map(has_data, checks))
     missing = [what for (what, _, _), ok in zip(checks, found) if not ok]
     return missing, sum(not variable for _, _, variable in checks)
+
+
+HAPROXY_CFG = Path(__file__).resolve().parents[1] / "deploy/haproxy/haproxy.cfg"
+
+
+class HAProxy(Daemon):
+    """`haproxy -f deploy/haproxy/haproxy.cfg` in the foreground, pointed at `replicas`."""
+
+    tool = "haproxy"
+
+    def __init__(self, tmpdir: Path, replicas: list[str]) -> None:
+        self.stats_port, self.replicas = free_port(), replicas
+        super().__init__(tmpdir)
+
+    def command(self, *args: str) -> list[str]:
+        return [require_tool(self.tool), "-db", "-f", str(HAPROXY_CFG)]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "SIGHTLINE_LB_BIND": f"127.0.0.1:{self.port}",
+                "SIGHTLINE_LB_STATS": f"127.0.0.1:{self.stats_port}",
+                **{f"SIGHTLINE_REPLICA_{i + 1}": r for i, r in enumerate(self.replicas)}}
+
+    def servers(self) -> dict[str, dict]:
+        """HAProxy's stats of each server of backend `sightline` (status, stot = requests sent, ...)."""
+        text = httpx.get(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5).text
+        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        return {r["svname"]: r for r in rows if r["pxname"] == "sightline" and r["svname"].startswith("replica")}
+
+    def wait_all(self, status: str, names, timeout: float = 30) -> None:
+        def ready():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {self.log_path.read_text()}")
+            try:
+                return all(self.servers()[n]["status"].startswith(status) for n in names)
+            except httpx.HTTPError:
+                return False
+        wait_until(ready, timeout, f"HAProxy: {sorted(names)} {status}", interval=0.1)

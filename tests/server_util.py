@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +87,30 @@ def push(srv: ServerProc, socket_name: str, *msgs) -> None:
 
     codec = Codec("test")
     push_frames(srv.runtime_dir, socket_name, *(codec.encode(m) for m in msgs))
+
+
+class Stream(threading.Thread):
+    """A streaming /generate in the background: its events as they arrive, with their arrival times."""
+
+    def __init__(self, srv: LocalServer, prompt: str, params: dict) -> None:
+        super().__init__(daemon=True)
+        self.srv, self.body = srv, {"text": prompt, "sampling_params": params, "stream": True}
+        self.events: list[dict | str] = []
+        self.times: list[float] = []
+        self.status: int | None = None
+        self.start()
+
+    def run(self) -> None:
+        with httpx.stream("POST", self.srv.url + "/generate", json=self.body, timeout=120) as r:
+            self.status = r.status_code
+            for line in r.iter_lines():  # one at a time, as they arrive
+                for ev in sse_events([line]):
+                    self.events.append(ev)
+                    self.times.append(time.monotonic())
+
+    def tokens(self) -> list[int]:
+        got = [e for e in self.events if isinstance(e, dict) and "output_ids" in e]
+        return got[-1]["output_ids"] if got else []
 
 
 # -- reading what a server says ------------------------------------------------------------

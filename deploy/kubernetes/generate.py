@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from dashboards.generate import generator_main
+from deploy.kubernetes import inference_pool as gie
 
 ROOT = Path(__file__).parent
 REPO = ROOT.parents[1]
@@ -43,6 +44,9 @@ class Config:
     # Server flags (every ServerArgs field is a flag: `sightline serve --help`).
     shutdown_grace: int = 30  # --shutdown-grace: seconds in-flight requests get after SIGTERM
     startup_timeout: int = 600  # --startup-timeout: the startupProbe allows at least this
+    # --liveness-down-grace: once the engine's restart budget is spent, /livez fails after this
+    # many seconds, and the livenessProbe restarts the container a minute later
+    liveness_down_grace: int = 60
     tokenizer_worker_num: int = 1
     dp_size: int = 1
     otel_sampling_ratio: float = 0.1  # head sampling; tail sampling keeps every request that went wrong
@@ -81,6 +85,10 @@ class Config:
     tempo_endpoint: str = "tempo.monitoring.svc:4317"
     collector_baseline_percent: int = 10  # of the traces no other policy keeps
     collector_decision_wait: str = "30s"
+    # Gateway API Inference Extension: the Endpoint Picker's Service (the upstream chart's, release
+    # `sightline-epp`) and its gRPC port
+    epp_service: str = "sightline-epp"
+    epp_port: int = 9002
 
 
 CONFIG = Config()
@@ -146,6 +154,7 @@ def collector_url(c: Config, port: int = 4318) -> str:
 def server_args(c: Config) -> list[str]:
     args = ["sightline", "serve", "--host", "0.0.0.0", "--port", str(c.port),
             "--shutdown-grace", str(c.shutdown_grace), "--startup-timeout", str(c.startup_timeout),
+            "--liveness-down-grace", str(c.liveness_down_grace),
             "--num-threads", str(c.num_threads), "--otel-traces-exporter", "otlp",
             "--otel-sampling-ratio", str(c.otel_sampling_ratio)]
     if c.tokenizer_worker_num != 1:
@@ -194,7 +203,8 @@ def deployment(c: Config) -> dict:
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": probe_period,
                            "timeoutSeconds": 2, "failureThreshold": 2, "successThreshold": 1},
         # /livez: the HTTP process and its event loop answer; an engine restart or a long
-        # forward step (another process) does not touch it. A minute of silence restarts the pod.
+        # forward step (another process) does not touch it. It fails --liveness-down-grace after
+        # the restart budget is spent. A minute of failures (or silence) restarts the container.
         "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10,
                           "timeoutSeconds": 5, "failureThreshold": 6},
         # SIGTERM drains (503 to new requests, in-flight ones finish for --shutdown-grace); the
@@ -368,6 +378,14 @@ def collector(c: Config, spec: dict) -> list[dict]:
     return [config_map, deploy, svc]
 
 
+def inference_routing(c: Config) -> list[dict]:
+    """The InferencePool of the server pods and the Endpoint Picker's config (`inference_pool.py`)."""
+    pool = gie.inference_pool(meta(c, c.name), selector(c), c.port, c.epp_service, c.epp_port)
+    config = gie.picker_config_map(meta(c, f"{c.epp_service}-config", component="endpoint-picker"),
+                                   dump(gie.endpoint_picker_config()))
+    return [pool, config]
+
+
 def outputs(c: Config = CONFIG) -> dict[str, str]:
     """File name (under manifests/) → content."""
     spec = slo_spec()
@@ -380,6 +398,7 @@ def outputs(c: Config = CONFIG) -> dict[str, str]:
         "scaledobject.yaml": documents(scaled_object(c, job)),
         "grafana-dashboards.yaml": documents(*dashboard_config_maps(c)),
         "otel-collector.yaml": documents(*collector(c, spec)),
+        "inferencepool.yaml": documents(*inference_routing(c)),
     }
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": list(files)}

@@ -167,6 +167,7 @@ class SchedulerCore:
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
             "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
             "retraction_recomputed_tokens_total": self.recomputed_tokens,
+            "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
         }
 
     def flush_cache(self, force: bool = False) -> bool:

@@ -48,6 +48,10 @@ class EngineState(Protocol):
     def shutting_down(self) -> bool: ...
 
     @property
+    def down_at(self) -> int | None:
+        """Monotonic ns when the restart budget was spent (the engine stays down for good); None before."""
+
+    @property
     def throughput(self) -> Rate:
         """Output tokens/s over the last few seconds (admission's wait estimate)."""
 

@@ -8,14 +8,13 @@ share the tally of what each request they sent must be counted as.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, samples, scrape, sse_events, wait_until
+from tests.server_util import ServerProc, Stream, samples, scrape, wait_until
 
 WATCHDOG = 3.0
 TALLY: Counter = Counter()  # outcome -> requests sent by these tests that must end with it
@@ -28,30 +27,6 @@ def server(tmp_path_factory):
                      tmpdir=tmp_path_factory.mktemp("control"))
     yield srv
     srv.stop()
-
-
-class Stream(threading.Thread):
-    """A streaming /generate in the background: its events as they arrive, with their arrival times."""
-
-    def __init__(self, srv: ServerProc, prompt: str, params: dict) -> None:
-        super().__init__(daemon=True)
-        self.srv, self.body = srv, {"text": prompt, "sampling_params": params, "stream": True}
-        self.events: list[dict | str] = []
-        self.times: list[float] = []
-        self.status: int | None = None
-        self.start()
-
-    def run(self) -> None:
-        with httpx.stream("POST", self.srv.url + "/generate", json=self.body, timeout=120) as r:
-            self.status = r.status_code
-            for line in r.iter_lines():  # one at a time, as they arrive
-                for ev in sse_events([line]):
-                    self.events.append(ev)
-                    self.times.append(time.monotonic())
-
-    def tokens(self) -> list[int]:
-        got = [e for e in self.events if isinstance(e, dict) and "output_ids" in e]
-        return got[-1]["output_ids"] if got else []
 
 
 def control(srv: ServerProc, path: str, body: dict | None = None) -> httpx.Response:

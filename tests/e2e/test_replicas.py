@@ -16,8 +16,6 @@ names that instance.
 from __future__ import annotations
 
 import asyncio
-import csv
-import io
 import json
 import os
 import signal
@@ -29,12 +27,10 @@ from pathlib import Path
 import httpx
 
 from dashboards import generate, slo
-from loadtest.server import free_port
-from tests.prom_util import Daemon, Prometheus, local_prometheus_config, queries_without_data, require_tool
-from tests.server_util import ServerProc, scrape, value, wait_until
+from tests.prom_util import HAProxy, Prometheus, local_prometheus_config, queries_without_data, require_tool
+from tests.server_util import ServerProc, scrape, value
 
 REPO = Path(__file__).resolve().parents[2]
-HAPROXY_CFG = REPO / "deploy/haproxy/haproxy.cfg"
 REPLICAS = 3
 # The shipped SightlineDown waits `for: 1m`; the test's copy of the rules fires at once.
 LIVE_RULES = {"SightlineDown": {"for": "0s"}}
@@ -42,40 +38,6 @@ LOAD = 60  # requests through HAProxy, in two waves of 30 at once, half streamed
 TIMEOUTS = 9  # requests with a deadline they cannot meet: 504, spread over the replicas
 AFTER_KILL = 12  # requests sent once HAProxy has taken the dead replica out
 JOB = 'job="sightline"'
-
-
-class HAProxy(Daemon):
-    """`haproxy -f deploy/haproxy/haproxy.cfg` in the foreground, pointed at `replicas`."""
-
-    tool = "haproxy"
-
-    def __init__(self, tmpdir: Path, replicas: list[str]) -> None:
-        self.stats_port, self.replicas = free_port(), replicas
-        super().__init__(tmpdir)
-
-    def command(self, *args: str) -> list[str]:
-        return [require_tool(self.tool), "-db", "-f", str(HAPROXY_CFG)]
-
-    def environment(self) -> dict[str, str]:
-        return {**os.environ, "SIGHTLINE_LB_BIND": f"127.0.0.1:{self.port}",
-                "SIGHTLINE_LB_STATS": f"127.0.0.1:{self.stats_port}",
-                **{f"SIGHTLINE_REPLICA_{i + 1}": r for i, r in enumerate(self.replicas)}}
-
-    def servers(self) -> dict[str, dict]:
-        """HAProxy's stats of each server of backend `sightline` (status, stot = requests sent, ...)."""
-        text = httpx.get(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5).text
-        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
-        return {r["svname"]: r for r in rows if r["pxname"] == "sightline" and r["svname"].startswith("replica")}
-
-    def wait_all(self, status: str, names, timeout: float = 30) -> None:
-        def ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"haproxy exited: {self.log_path.read_text()}")
-            try:
-                return all(self.servers()[n]["status"].startswith(status) for n in names)
-            except httpx.HTTPError:
-                return False
-        wait_until(ready, timeout, f"HAProxy: {sorted(names)} {status}", interval=0.1)
 
 
 

@@ -112,7 +112,8 @@ def test_sigterm_during_a_restart_exits_cleanly_and_promptly(server):
 
 
 def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
-    srv = ServerProc("--max-engine-restarts", "1", tmpdir=tmp_path)
+    grace = 5.0
+    srv = ServerProc("--max-engine-restarts", "1", "--liveness-down-grace", str(grace), tmpdir=tmp_path)
     try:
         assert value(scrape(srv), "sightline_engine_restart_budget_exhausted") == 0
         old = srv.pids["scheduler"]
@@ -121,6 +122,8 @@ def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
         h = wait_until(lambda: (r := httpx.get(srv.url + "/health")).status_code == 503
                      and "budget is spent" in r.json()["reason"] and r, 30, "/health to report the spent budget")
         assert "--max-engine-restarts 1" in h.json()["reason"], h.text
+        spent = time.monotonic()
+        assert httpx.get(srv.url + "/livez").status_code == 200  # alive through the grace
         time.sleep(1.0)  # nothing restarts it any more, and the server stays up
         assert srv.proc.poll() is None and srv.debug()["pids"] == {}
         r = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
@@ -133,7 +136,29 @@ def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
         lines = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
         assert any(x["level"] == "error" and x["msg"].startswith("engine down: the restart budget is spent")
                    for x in lines)
+        live = wait_until(lambda: (r := httpx.get(srv.url + "/livez")).status_code == 503 and r, 30,
+                          "/livez to fail once the grace is over")
+        assert time.monotonic() - spent >= grace - 1.0  # the budget was spent at most ~1 s before /health said so
+        assert live.json() == {"status": "dead", "reason": h.json()["reason"]}
         t0 = time.monotonic()
         assert srv.stop(signal.SIGTERM, timeout=20) == 0 and time.monotonic() - t0 < 8
+    finally:
+        srv.stop()
+
+
+def test_a_spent_budget_fails_livez_on_every_tokenizer_worker(tmp_path):
+    """With workers, /livez is answered by whichever worker takes the connection: each learns from
+    the hub's status when the budget was spent."""
+    srv = ServerProc("--tokenizer-worker-num", "2", "--max-engine-restarts", "0", "--liveness-down-grace", "1",
+                     tmpdir=tmp_path)
+    try:
+        assert httpx.get(srv.url + "/livez").status_code == 200
+        os.kill(srv.pids["scheduler"], signal.SIGKILL)
+
+        def every_worker_dead():  # new connections each: the kernel spreads them over the workers
+            answers = [httpx.get(srv.url + "/livez", headers={"connection": "close"}) for _ in range(8)]
+            return all(r.status_code == 503 and "budget is spent" in r.json()["reason"] for r in answers)
+        wait_until(every_worker_dead, 30, "/livez to fail on every worker")
+        assert srv.stop(signal.SIGTERM, timeout=30) == 0
     finally:
         srv.stop()

@@ -16,7 +16,17 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, chat_text, completion_text, scrape, sse_events, value, wait_until
+from tests.server_util import (
+    ServerProc,
+    Stream,
+    chat_text,
+    completion_text,
+    samples,
+    scrape,
+    sse_events,
+    value,
+    wait_until,
+)
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
            "In 1969, astronauts", "Water boils at", "My favourite colour is", "To be or not to be"]
@@ -149,6 +159,79 @@ def test_flush_cache_reaches_every_rank(fleet):
     assert r.status_code == 200, r.text
     state = fleet.debug()
     assert [s["prefix_cached_tokens"] for s in state["schedulers"]] == [0, 0]
+
+
+def _every_worker(fleet, n: int = 8) -> list[httpx.Response]:
+    """/health on n new connections: the kernel spreads them over the workers."""
+    return [httpx.get(fleet.url + "/health", headers={"connection": "close"}) for _ in range(n)]
+
+
+def test_control_actions_reach_every_worker_and_rank(fleet):
+    long = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    r = fleet.post("/control/log_level", {"level": "debug"})
+    assert r.status_code == 200, r.text
+    assert r.json()["processes"] == ["hub", *(f"worker-{w}" for w in r.json()["workers"]), "scheduler_dp0",
+                                     "scheduler_dp1"] and len(r.json()["workers"]) == 2
+    assert fleet.post("/control/log_level", {"level": "info"}).json()["previous"] == "debug"
+    r = fleet.post("/control/tracing", {"sampling_ratio": 0.25})
+    assert r.status_code == 200 and fleet.post("/control/tracing", {"sampling_ratio": 1.0}).json()["previous"] == 0.25
+    bad = fleet.post("/pause_generation", {"mode": "sideways"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "mode"
+
+    streams = [Stream(fleet, f"hold me {i}", long) for i in range(6)]  # one connection each: both workers
+    try:
+        wait_until(lambda: all(len(s.events) >= 2 for s in streams), 60, "6 streams under way")
+        r = fleet.post("/pause_generation", {"mode": "in_place"})
+        assert r.status_code == 200 and r.json()["in_flight"] == 6 and len(r.json()["workers"]) == 2, r.text
+        state = fleet.debug()
+        assert all(s["paused"] for s in state["schedulers"]), state["schedulers"]
+        time.sleep(0.3)  # tokens already on their way arrive
+        seen = [len(s.events) for s in streams]
+        assert all(h.status_code == 503 and h.json()["reason"] == "paused" for h in _every_worker(fleet))
+        refused = fleet.post("/v1/completions", {"prompt": "no", "max_tokens": 2})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "paused", refused.text
+        time.sleep(0.7)
+        assert [len(s.events) for s in streams] == seen, "tokens arrived while paused in place"
+        # what an inference router reads: one series per server over both ranks
+        held = [s for s in samples(scrape(fleet)) if s.name.startswith("sightline_server_")]
+        assert {s.name: s.value for s in held}["sightline_server_num_requests_running"] == 6, held
+        assert len(held) == 3 and 0 < {s.name: s.value for s in held}["sightline_server_kv_cache_usage_perc"] < 1
+        r = fleet.post("/continue_generation", {})
+        assert r.status_code == 200 and r.json()["resumed"] == "in_place", r.text
+        wait_until(lambda: all(len(s.events) > n for s, n in zip(streams, seen)), 30, "every stream to go on")
+        r = fleet.post("/pause_generation", {"mode": "abort"})
+        assert r.status_code == 200 and r.json()["aborted"] == 6 and r.json()["in_flight"] == 0, r.text
+        for s in streams:
+            s.join(30)
+            *_, err, done = s.events
+            assert done == "[DONE]" and "aborted by an operator" in err["error"]["message"], err
+    finally:
+        assert fleet.post("/continue_generation", {}).status_code == 200
+    assert all(h.status_code == 200 for h in _every_worker(fleet))
+    text = scrape(fleet)
+    assert value(text, "sightline_control_actions_total", action="pause_in_place", result="ok") == 1
+    assert value(text, "sightline_control_actions_total", action="pause", result="rejected") == 0  # not counted
+    assert value(text, "sightline_paused", mode="abort") == 0
+    # idle again: the prefix cache keeps the prompts, but none is locked, so no KV counts as used
+    wait_until(lambda: value(scrape(fleet), "sightline_server_kv_cache_usage_perc") == 0, 10, "KV usage 0")
+
+
+def test_a_rank_that_does_not_confirm_is_named(fleet):
+    """A stopped rank cannot confirm a pause in place: the answer names it; once it runs again
+    the pause takes effect and the resume is confirmed by every rank."""
+    rank1 = fleet.debug()["pids"]["scheduler_dp1"]
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        r = fleet.post("/pause_generation", {"mode": "in_place"})
+        err = r.json()["error"]
+        assert r.status_code == 503 and err["code"] == "control_unconfirmed", r.text
+        assert "scheduler_dp1" in err["message"] and "scheduler_dp0" not in err["message"], err
+    finally:
+        os.kill(rank1, signal.SIGCONT)
+    wait_until(lambda: all(s["paused"] for s in fleet.debug()["schedulers"]), 10, "rank 1 to pause once it runs")
+    r = fleet.post("/continue_generation", {})
+    assert r.status_code == 200 and r.json()["resumed"] == "in_place", r.text
+    assert fleet.post("/v1/completions", {"prompt": "after", "max_tokens": 2}).status_code == 200
 
 
 def test_kill_9_one_worker_ends_only_its_streams_and_leaves_nothing_behind(fleet):

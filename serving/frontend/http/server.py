@@ -18,6 +18,12 @@ stops reading, and a stream still blocked when its shutdown deadline passes make
   (`Stream.deadline`), ends the stream: RST_STREAM on HTTP/2 (the connection lives on),
   a closed connection on HTTP/1.1.  The app then sees `http.disconnect`, which aborts
   its request as a client disconnect.
+* A connection leaves the count (`sightline_http_connections_open`, `--max-connections`)
+  as soon as its socket closes.  Hypercorn runs a connection's idle timer inside the
+  connection's task group and stops it only after the group has exited, so a client
+  that closes an idle keep-alive connection would keep it counted until the timer fires
+  (`--keep-alive-timeout`); and a request finishing after the close re-arms the timer.
+  `_Connection` stops the timer once reading has ended and ignores re-arming after that.
 * Shutdown stops accepting, gives connections a few seconds, then closes the rest;
   nothing a client does makes it raise.
 * accept() errors (EMFILE...) log one line per `--accept-error-log-interval` seconds,
@@ -189,8 +195,20 @@ class _Connection(TCPServer):
         super().__init__(_StreamApp(app, self), *args)
         self.server = server
         self.stall = server.args.send_stall_timeout
+        self.read_closed = False  # the peer closed (or the read failed): no idle timer may run from now on
+
+    async def _read_data(self) -> None:
+        """Hypercorn's read loop, then the idle timer stopped: the task group `run` waits on
+        would otherwise keep the closed connection (and its count) until the timer fires."""
+        try:
+            await super()._read_data()
+        finally:
+            self.read_closed = True
+            await self.idle_task.stop()
 
     async def protocol_send(self, event) -> None:
+        if isinstance(event, Updated) and self.read_closed:
+            return  # a stream that ends after the close would re-arm the idle timer
         if isinstance(event, RawData):
             async with self.send_lock:
                 try:

@@ -96,6 +96,7 @@ class EngineMonitor:
         self._failure: str | None = None  # set while the supervisor recovers from it
         self._restart_status: str | None = None  # which restart attempt is under way
         self._down: str | None = None  # set for good once the restart budget is spent
+        self._down_at: int | None = None  # monotonic ns when it was
         self._paused: str | None = None  # the pause mode an operator set (POST /pause_generation), None when serving
         self._pause_epoch = 0  # of the latest in_place pause sent to the Scheduler ranks
         self._resumed_at = 0  # monotonic ns of the latest in_place pause's end: the stall clock restarts there
@@ -173,7 +174,7 @@ class EngineMonitor:
 
     def give_up(self, message: str) -> None:
         """The restart budget is spent: the engine stays down for good, saying `message`."""
-        self._down = message
+        self._down, self._down_at = message, now_ns()
         self._failure = self._restart_status = None
         self._procs = {}
 
@@ -221,6 +222,10 @@ class EngineMonitor:
     @property
     def down(self) -> str | None:
         return self._down
+
+    @property
+    def down_at(self) -> int | None:
+        return self._down_at
 
     @property
     def paused(self) -> str | None:

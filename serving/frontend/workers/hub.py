@@ -12,7 +12,8 @@ must see every worker at once:
 * `/debug/requests/{rid}`: asks every worker for the rid's entry and adds the engine's
   spans, which reach the hub in the children's stats;
 * `/debug/requests` (recent, or `in_flight=1`): every worker's list, merged;
-* `/debug/state`: the engine's state, every worker's, and the dispatch counters.
+* `/debug/state`: the engine's state, every worker's, and the dispatch counters;
+* the control POSTs (`control_relay.py`): applied by every worker and rank, confirmed by all.
 
 SIGTERM/SIGINT: every worker drains (`--shutdown-grace`), then the engine stops.
 """
@@ -38,6 +39,7 @@ from serving.frontend.supervision.children import stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
 from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.frontend.supervision.supervisor import EngineSupervisor, Supervised
+from serving.frontend.workers.control_relay import ControlRelay
 from serving.frontend.workers.fleet import WorkerFleet
 from serving.ipc import Codec, Endpoints, engine_roles, make_socket
 from telemetry.buckets import parse_bucket_overrides
@@ -71,6 +73,7 @@ class Hub:
         self.control = make_socket(self.ctx, zmq.PULL, endpoints.control, do_bind=True)
         self.fleet = WorkerFleet(args, endpoints, self.instance_id, self.ctx, self.codec, self._worker_failed)
         self.gathering: dict[str, tuple[set[int], dict[int, Snapshot], asyncio.Future]] = {}
+        self.controls = ControlRelay(self.monitor, self.fleet, self.gather, self.send_status)
         self.answering: set[asyncio.Task] = set()
         if self.metrics is not None:
             self.metrics.watch(lambda: self.monitor.view(self._front_counts()), None)
@@ -133,13 +136,18 @@ class Hub:
         while True:
             self.fleet.reap()
             self.monitor.watch_workers({f"worker-{w.id}": w.proc for w in self.fleet.workers.values()})
-            ok, reason = self.monitor.health(self.fleet.front_counts().oldest_arrival)
-            ready = sorted(self.monitor.ready.values(), key=lambda r: (r.role == "detokenizer", r.dp_rank)) \
-                if self.monitor.all_ready.is_set() else []
-            self.fleet.broadcast(self.fleet.status(ready=ready, unavailable=None if ok else reason,
-                                                   throughput=self.monitor.throughput.rate(now_ns()),
-                                                   last_token_at=self.monitor.last_token_at))
+            self.send_status()
             await asyncio.sleep(STATUS_INTERVAL)
+
+    def send_status(self) -> None:
+        """Every worker's `EngineStatus` now (each heartbeat, and ahead of a control order)."""
+        ok, reason = self.monitor.health(self.fleet.front_counts().oldest_arrival)
+        ready = sorted(self.monitor.ready.values(), key=lambda r: (r.role == "detokenizer", r.dp_rank)) \
+            if self.monitor.all_ready.is_set() else []
+        self.fleet.broadcast(self.fleet.status(ready=ready, unavailable=None if ok else reason,
+                                               throughput=self.monitor.throughput.rate(now_ns()),
+                                               last_token_at=self.monitor.last_token_at,
+                                               down_at=self.monitor.down_at, paused=self.monitor.paused))
 
     # -- answers over every worker ---------------------------------------------------------
     def _snapshot(self, snap: Snapshot) -> None:
@@ -175,8 +183,8 @@ class Hub:
 
     async def answer(self, q: HubQuery) -> None:
         try:
-            reply = await {"metrics": self._metrics, "debug_state": self._debug_state,
-                           "request": self._request, "requests": self._requests}[q.kind](q.arg)
+            reply = await {"metrics": self._metrics, "debug_state": self._debug_state, "request": self._request,
+                           "requests": self._requests, "control": self.controls.answer}[q.kind](q.arg)
         except Exception:  # noqa: BLE001
             log.exception("failed to answer a %s query", q.kind)
             reply = _error(500, "internal error in the hub", "internal_error")

@@ -5,7 +5,7 @@ facts, health, throughput, a failure), so the TokenizerManager validates and adm
 exactly as with one worker: `HubLink` implements `engine_state.EngineState`, as the
 `EngineMonitor` does.
 It also answers the hub's `SnapshotReq` (this worker's metrics, a rid's timeline entry,
-or its recent or in-flight requests) and sends `HubQuery`s for the answers only the hub
+its recent or in-flight requests, or a control order it applies) and sends `HubQuery`s for the answers only the hub
 can give over every worker (`/metrics`, `/debug/state`, `/debug/requests[/{rid}]`).
 """
 
@@ -54,6 +54,7 @@ class HubLink:
         self._shutting_down = False
         self.on_failure: Callable[[str], None] = lambda message: None  # the TM's engine_failed
         self.in_flight: Callable[[int], list[dict]] = lambda limit: []  # ServerState.in_flight_requests
+        self.on_control: Callable[[dict], dict] = lambda order: {}  # routes.control.apply_order
         self._queries: dict[str, asyncio.Future[HubReply]] = {}
         self._finished = 0  # the TM's finished-request count at the last metrics push
 
@@ -86,6 +87,9 @@ class HubLink:
             q = json.loads(req.arg)
             found = self.in_flight(q["limit"]) if q["in_flight"] else self.timeline.recent(q["limit"])
             return Snapshot(id=req.id, worker=self.worker, entry=json.dumps(found).encode())
+        if req.kind == "control":  # the hub's order for an operator action: apply it, say what was done
+            done = self.on_control(json.loads(req.arg))
+            return Snapshot(id=req.id, worker=self.worker, entry=json.dumps(done).encode())
         entry = self.timeline.get(req.arg) if req.kind == "request" else None
         return Snapshot(id=req.id, worker=self.worker, entry=json.dumps(entry).encode() if entry else b"")
 
@@ -124,11 +128,15 @@ class HubLink:
 
     @property
     def paused(self) -> str | None:
-        return None  # operator pauses are refused with several workers (http/routes/control.py)
+        return self.status.paused if self.status else None  # the hub's, relayed in each status
 
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
+
+    @property
+    def down_at(self) -> int | None:
+        return self.status.down_at if self.status else None
 
     @property
     def procs(self) -> dict:

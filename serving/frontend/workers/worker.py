@@ -16,6 +16,7 @@ import os
 import signal
 
 from serving.args import ServerArgs
+from serving.frontend.http.routes.control import apply_order
 from serving.frontend.stack import FrontEnd
 from serving.frontend.tokenizer_manager.transport import ZmqTransport
 from serving.frontend.workers.hub_link import HubLink
@@ -36,6 +37,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, instance_id: str, worke
     link, tm = front.engine, front.tm
     link.on_failure = tm.engine_failed
     link.in_flight = front.state.in_flight_requests  # the hub's `/debug/requests?in_flight=1` asks here
+    link.on_control = lambda order: apply_order(front.state, order)  # the hub relays the control POSTs
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
 

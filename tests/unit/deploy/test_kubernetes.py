@@ -28,7 +28,8 @@ SCHEMAS = REPO / "deploy/kubernetes/schemas"
 K8S_VERSIONS = ("1.30", "1.37")  # the oldest docs/deploy.md names and the newest the wheel ships
 CRD_SCHEMAS = {("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
                ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1.json",
-               ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda-v1alpha1.json"}
+               ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda-v1alpha1.json",
+               ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference-v1.json"}
 
 
 def objects() -> list[dict]:
@@ -95,7 +96,7 @@ def test_builtin_objects_are_valid_kubernetes(version):
 
 def test_custom_resources_are_valid_against_the_crd_schemas():
     custom = [o for o in OBJECTS if (o["apiVersion"], o["kind"]) in CRD_SCHEMAS]
-    assert sorted(o["kind"] for o in custom) == ["PodMonitor", "PrometheusRule", "ScaledObject"]
+    assert sorted(o["kind"] for o in custom) == ["InferencePool", "PodMonitor", "PrometheusRule", "ScaledObject"]
     for obj in custom:
         errors = sorted(crd_validator(obj["apiVersion"], obj["kind"]).iter_errors(obj), key=str)
         assert not errors, f"{obj['kind']}: " + "; ".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
@@ -151,6 +152,8 @@ def test_server_flags_parse_and_probes_use_real_unprotected_routes():
         assert (get["path"], get["port"]) == (path, "http") and path in paths and not protected(path, keyed), probe
     assert c["startupProbe"]["periodSeconds"] * c["startupProbe"]["failureThreshold"] > args.startup_timeout
     assert args.threads == int(c["resources"]["requests"]["cpu"])  # not the node's core count
+    # a pod whose engine will not come back is restarted: /livez fails once the grace is over
+    assert 0 <= args.liveness_down_grace == generate.CONFIG.liveness_down_grace
 
 
 def test_termination_grace_covers_the_prestop_sleep_and_the_drain():

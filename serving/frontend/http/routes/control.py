@@ -27,9 +27,12 @@ Each POST is logged (one INFO line: client, action, result), counted
 gauge `sightline_paused{mode}`; the Overview dashboard shows both as annotations.  Who may
 call them is decided in `auth.py` (the API key, else loopback clients only).
 
-With several tokenizer workers (`--tokenizer-worker-num` > 1) the POST endpoints answer
-501: each worker holds its own requests and tracer, and nothing relays these actions to all
-of them.  `GET /control/config` works there too (the worker's own view).
+With several tokenizer workers (`--tokenizer-worker-num` > 1) the worker that takes the
+POST checks its body and hands the action to the hub (`workers/control_relay.py`), which
+owns the pause state, orders every worker (each applies its part with `apply_order`: its
+own requests, tracer, log level, and the engine messages to every rank) and answers once
+every worker and rank confirmed, or 503 `control_unconfirmed` naming those that did not.
+`GET /control/config` is the answering worker's own view.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from protocol.io_struct import ContinueReq, PauseReq, SetLogLevelReq
 from serving.frontend.engine_state import require_engine
 from serving.frontend.errors import APIError, bad_request, error_response
 from serving.frontend.http.state import ServerState
+from serving.ipc import engine_roles
 from telemetry.metrics import PAUSE_MODES
 
 log = logging.getLogger("sightline.control")
@@ -64,67 +68,93 @@ HIDDEN = "***"
 
 
 # -- the endpoints ----------------------------------------------------------------------
-async def _act(request: Request, action: str | Callable[[dict], str],
-               run: Callable[[ServerState, dict], Awaitable[dict]]) -> Response:
-    """One control action: refused with 501 behind several workers, its body read, `run`, then
-    logged and counted either way. `action` names it, or derives the name from the body
-    (raising APIError on a body that names no action)."""
+Parse = Callable[[ServerState, dict], tuple[str, dict]]  # (action name, checked parameters), or APIError
+
+
+async def _act(request: Request, name: str, parse: Parse, run: Callable[[ServerState, dict], Awaitable[dict]]) \
+        -> Response:
+    """One control action `name`: its body read and checked (`parse`, which may name the action more
+    precisely), then `run` here, or with several workers by the hub over all of them; logged and
+    counted either way ("pause" with no valid mode: logged only)."""
     state: ServerState = request.app.state.server
-    name = action if isinstance(action, str) else "pause"
     try:
-        _single_worker(state)
-        body = _body(await request.body())
-        if not isinstance(action, str):
-            name = action(body)
-        result = await run(state, body)
+        name, params = parse(state, _body(await request.body()))
+        result = await (run(state, params) if state.hub is None else _relay(state, name, params))
     except APIError as err:
         return _refused(request, state, name, err)
     _done(request, state, name, "ok", result)
     return JSONResponse({"status": "ok", **result})
 
 
-def _pause_action(body: dict) -> str:
+async def _relay(state: ServerState, name: str, params: dict) -> dict:
+    """The hub runs the action over every worker and rank; its error comes back as raised here."""
+    reply = await state.hub.query("control", json.dumps({"action": name, **params}))
+    body = json.loads(reply.body)
+    if reply.status != 200:
+        e = body["error"]
+        raise APIError(reply.status, e["message"], type=e["type"], param=e["param"], code=e["code"])
+    return body
+
+
+def _parse_pause(state: ServerState, body: dict) -> tuple[str, dict]:
     mode = body.get("mode", DEFAULT_MODE)
     if mode not in PAUSE_MODES:
         raise bad_request(f"mode must be one of {', '.join(PAUSE_MODES)}", param="mode")
-    return f"pause_{mode}"
+    return f"pause_{mode}", {"mode": mode}
+
+
+def _parse_ratio(state: ServerState, body: dict) -> tuple[str, dict]:
+    ratio = body.get("sampling_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
+        raise bad_request("sampling_ratio must be a number in [0, 1]", param="sampling_ratio")
+    if state.tel.tracing.sampler is None:  # every worker runs with the same flags and environment
+        raise APIError(409, "tracing is off in this server (--no-enable-tracing or OTEL_SDK_DISABLED)",
+                       code="tracing_disabled")
+    return "tracing", {"sampling_ratio": float(ratio)}
+
+
+def _parse_level(state: ServerState, body: dict) -> tuple[str, dict]:
+    level = body.get("level")
+    if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
+        raise bad_request(f"level must be one of {', '.join(LOG_LEVELS)}", param="level")
+    return "log_level", {"level": level.lower()}
 
 
 async def pause_generation(request: Request) -> Response:
-    return await _act(request, _pause_action, lambda state, body: pause(state, body.get("mode", DEFAULT_MODE)))
+    return await _act(request, "pause", _parse_pause, lambda state, p: pause(state, p["mode"]))
 
 
 async def continue_generation(request: Request) -> Response:
-    return await _act(request, "continue", lambda state, body: resume(state))
+    return await _act(request, "continue", lambda state, body: ("continue", {}), lambda state, p: resume(state))
 
 
 async def set_tracing(request: Request) -> Response:
-    async def run(state: ServerState, body: dict) -> dict:
-        ratio = body.get("sampling_ratio")
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
-            raise bad_request("sampling_ratio must be a number in [0, 1]", param="sampling_ratio")
-        tracing = state.tel.tracing
-        if tracing.sampler is None:
-            raise APIError(409, "tracing is off in this server (--no-enable-tracing or OTEL_SDK_DISABLED)",
-                           code="tracing_disabled")
-        previous = tracing.sampling_ratio
-        tracing.sampler.set_ratio(float(ratio))
-        return {"sampling_ratio": float(ratio), "previous": previous}
-    return await _act(request, "tracing", run)
+    async def run(state: ServerState, p: dict) -> dict:
+        return {"sampling_ratio": p["sampling_ratio"], "previous": _set_ratio(state, p["sampling_ratio"])}
+    return await _act(request, "tracing", _parse_ratio, run)
 
 
 async def set_log_level(request: Request) -> Response:
-    async def run(state: ServerState, body: dict) -> dict:
-        level = body.get("level")
-        if not isinstance(level, str) or level.lower() not in LOG_LEVELS:
-            raise bad_request(f"level must be one of {', '.join(LOG_LEVELS)}", param="level")
-        level = level.lower()
-        previous = logging.getLevelName(logging.getLogger().level).lower()
-        logging.getLogger().setLevel(level.upper())
-        state.tm.broadcast(SetLogLevelReq(level=level))
-        return {"level": level, "previous": previous, "processes": ["main"] + [
-            f"scheduler_dp{r}" if state.args.dp_size > 1 else "scheduler" for r in range(state.args.dp_size)]}
-    return await _act(request, "log_level", run)
+    async def run(state: ServerState, p: dict) -> dict:
+        return {"level": p["level"], "previous": _set_level(state, p["level"]),
+                "processes": ["main"] + engine_roles(state.args.dp_size)[:-1]}
+    return await _act(request, "log_level", _parse_level, run)
+
+
+def _set_ratio(state: ServerState, ratio: float) -> float:
+    """This process's head-sampling ratio from now on; the previous one."""
+    tracing = state.tel.tracing
+    previous = tracing.sampling_ratio
+    tracing.sampler.set_ratio(ratio)
+    return previous
+
+
+def _set_level(state: ServerState, level: str) -> str:
+    """This process's root log level and every Scheduler rank's; the previous one here."""
+    previous = logging.getLevelName(logging.getLogger().level).lower()
+    logging.getLogger().setLevel(level.upper())
+    state.tm.broadcast(SetLogLevelReq(level=level))
+    return previous
 
 
 async def config(request: Request) -> Response:
@@ -184,7 +214,29 @@ async def _confirm(done, what: str) -> None:
 def _show(state: ServerState) -> None:
     if state.metrics is not None:
         for mode in PAUSE_MODES:
-            state.metrics.paused.labels(mode).set(1 if state.monitor.paused == mode else 0)
+            state.metrics.paused.labels(mode).set(1 if state.engine.paused == mode else 0)
+
+
+# -- one worker's part of an action the hub relays -------------------------------------------
+def apply_order(state: ServerState, order: dict) -> dict:
+    """Apply the hub's order in this worker (the pause mode came just before, in the hub's status):
+    ending its own requests (mode abort), the engine message to every rank (each worker sends it:
+    a rank takes repeats of one pause epoch, a resume or a log level as one), its tracer and log level."""
+    tm, out = state.tm, {}
+    _show(state)
+    if order.get("abort"):
+        out["aborted"] = len(tm.rid_to_state)
+        tm.abort_all("operator", ABORT_MESSAGE)
+    if order.get("engine") == "pause":
+        tm.broadcast(PauseReq(epoch=order["epoch"]))
+    elif order.get("engine") == "continue":
+        tm.broadcast(ContinueReq())
+    if "sampling_ratio" in order:
+        out["previous"] = _set_ratio(state, order["sampling_ratio"])
+    if "level" in order:
+        out["previous"] = _set_level(state, order["level"])
+    out["in_flight"] = len(tm.rid_to_state)
+    return out
 
 
 # -- configuration view ---------------------------------------------------------------------
@@ -211,13 +263,6 @@ def effective_config(state: ServerState) -> dict:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _single_worker(state: ServerState) -> None:
-    if state.monitor is None:
-        raise APIError(501, "control actions are not available with --tokenizer-worker-num > 1: each worker holds "
-                            "its own requests and tracer and nothing relays the action to all of them",
-                       type="not_implemented", code="not_implemented")
-
-
 def _body(raw: bytes) -> dict:
     if not raw.strip():
         return {}
@@ -246,7 +291,7 @@ def _done(request: Request, state: ServerState, action: str, result: str, detail
 
 
 def _refused(request: Request, state: ServerState, action: str, err: APIError) -> Response:
-    result = "error" if err.status >= 500 and err.status != 501 else "rejected"
+    result = "error" if err.status >= 500 else "rejected"
     _count(state, action, result)
     log.info("control %s by %s: %s (%d %s)", action, _client(request), result, err.status, err.message,
              extra={"client": _client(request), "action": action, "result": result})

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from serving.frontend.engine_state import require_engine
 from serving.frontend.errors import APIError, bad_request, error_response
 from serving.frontend.http.state import ServerState
+from telemetry.clock import now_ns
 
 
 def _engine_facts(state: ServerState) -> dict:
@@ -47,8 +48,15 @@ async def health(request: Request) -> Response:
 
 
 async def livez(request: Request) -> Response:
-    """Liveness: this HTTP process and its event loop answer. 200 always; it never looks at the
-    engine, so neither a long forward step nor an engine restart fails it (/health says those)."""
+    """Liveness: 200 while this HTTP process and its event loop answer, whatever the engine is doing
+    (a long forward step or a restart fails /health only).  503 once the restart budget has been
+    spent for `--liveness-down-grace` seconds: nothing in the server brings the engine back, so
+    the orchestrator must restart it."""
+    state: ServerState = request.app.state.server
+    grace, down_at = state.args.liveness_down_grace, state.engine.down_at
+    if grace >= 0 and down_at is not None and (now_ns() - down_at) / 1e9 >= grace:
+        _, reason = state.health()
+        return JSONResponse({"status": "dead", "reason": reason}, status_code=503)
     return JSONResponse({"status": "alive"})
 
 

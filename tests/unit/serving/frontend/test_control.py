@@ -97,12 +97,6 @@ def test_monitor_while_paused():
     assert mon.seconds_without_token(old) < 1.0  # the stall clock restarts at the resume
 
 
-def test_several_workers_refuse_with_501():
-    with pytest.raises(APIError) as exc:
-        control._single_worker(types.SimpleNamespace(monitor=None))
-    assert exc.value.status == 501
-
-
 def test_overview_annotates_control_actions_and_pauses():
     from tests.helpers import boards
 
