@@ -41,6 +41,7 @@ class Stamps(msgspec.Struct, kw_only=True, omit_defaults=True):
     sched_recv: int | None = None  # Scheduler received it; it waits in the queue from here
     scheduled: int | None = None  # first admitted into a batch
     waited: int | None = None  # ns in the Scheduler's queue over every waiting interval (retractions re-queue)
+    wait_reasons: dict[str, int] | None = None  # `waited` by reason (serving.engine.wait_reasons), on the last output
     first_token: int | None = None  # first output token sampled
     last_token: int | None = None  # latest output token sampled
     finished: int | None = None  # finished or aborted in the Scheduler

@@ -2,8 +2,9 @@
 
 Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a retracted
 request waits again, and that `queue` span opens with a `retracted` event saying what it
-had and what the prefix cache kept), one `prefill` per chunk, `decode`, `send detokenizer` (PRODUCER, first
-output) — all in the rid's trace — and one
+had and what the prefix cache kept, and a `wait_reason` event each time the reason it
+was not admitted changed, serving.engine.wait_reasons), one `prefill` per chunk, `decode`,
+`send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
 batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
 (PRODUCER) for the first output, and `detokenize` over the rid's life there.
@@ -30,8 +31,14 @@ class EngineRetraction(Protocol):
     reason: str
 
 
+class WaitLedger(Protocol):
+    ns: dict[str, int]
+    changes: list[tuple[int, str]]  # (at, reason)
+
+
 class EngineTimes(Protocol):
     queued: int
+    wait: WaitLedger
     scheduled: int | None
     waits: list[tuple[int, int]]
     retractions: list  # of EngineRetraction
@@ -110,9 +117,11 @@ class SchedulerSpans:
         waits = t.waits or [(t.queued, t.finished or t.queued)]
         for i, (start, end) in enumerate(waits):  # the first wait, then one after each retraction
             after = t.retractions[i - 1:i] if i else []
+            reasons = [("wait_reason", at, {"sightline.wait.reason": r})
+                       for at, r in t.wait.changes if start <= at < end]
             self.tracing.record("queue", ctx, start, end, attributes={
                 **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
-                error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after])
+                error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
         for i, (start, end, n) in enumerate(t.prefill_chunks):
             self.tracing.record("prefill", ctx, start, end, attributes={
                 **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,

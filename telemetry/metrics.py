@@ -66,6 +66,13 @@ SPECS: tuple[Spec, ...] = (
          "Every waiting interval summed: Scheduler received the request (`sched_recv`) → first admitted into a "
          "batch (`scheduled`), plus, for each retraction, retracted → admitted again (`waited`).",
          attr="queue_time"),
+    Spec("sightline_request_wait_seconds", "histogram", "Time in the Scheduler's queue, by why the request was not "
+         "admitted.", M + ("reason",), "stage", "Per request, one observation per reason it waited for (summed over "
+         "its waiting intervals; the reasons sum to sightline_request_queue_time_seconds). reason: kv_capacity (the "
+         "head of the queue did not fit in the KV available) | queue_order (behind a head waiting for KV: admission "
+         "is strict FCFS) | running_limit (--max-running-requests run) | step_budget (the step's prefill budget was "
+         "spent) | retracted (the step retracted requests: it admits no one) | paused (POST /pause_generation mode "
+         "in_place) | next_step (arrived while a step ran, admitted by the next).", attr="wait_time"),
     Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
          "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.",
          attr="prefill_time"),
@@ -429,6 +436,7 @@ class Metrics:
     tpot: Histogram
     e2e: Histogram
     queue_time: Histogram
+    wait_time: Histogram
     prefill_time: Histogram
     decode_time: Histogram
     tokenize_time: Histogram

@@ -241,6 +241,9 @@ class RequestTelemetry:
         queue = queue_seconds(st)
         if queue is not None:
             self._obs(m and m.queue_time, queue, rt)
+        waits = st.wait_reasons or {}
+        for reason, ns in waits.items():
+            self._obs(m and m.wait_time, ns / 1e9, rt, self.model, reason)
         for metric, a, b in ((m and m.prefill_time, st.scheduled, st.first_token),
                              (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:
@@ -258,6 +261,7 @@ class RequestTelemetry:
         rt.breakdown = {
             "ttft_ms": _ms(rt.arrival, rt.first_recv),
             "queue_ms": round(queue * 1e3, 3) if queue is not None else None, "retractions": rt.retractions,
+            "wait_ms": {reason: round(ns / 1e6, 3) for reason, ns in waits.items()},
             "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
             "tokenize_ms": round(rt.tokenize_ns / 1e6, 3), "detokenize_ms": round(rt.detok_busy_ns / 1e6, 3),
             "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,

@@ -46,6 +46,7 @@ from serving.engine.events import TokenEvent
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore
+from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, keep_running, setup_child
@@ -135,6 +136,8 @@ class Scheduler:
         self.worker_of[msg.rid] = msg.worker
         self.pending_detok[msg.rid] = msg.detok
         req.times.queued = req.times.waiting_since = msg.meta.stamps.sched_recv
+        if self.paused:
+            assign([req], PAUSED, req.times.queued)
         self.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
@@ -166,6 +169,8 @@ class Scheduler:
             log.info("log level set to %s", msg.level)
             return
         was, self.paused = self.paused, msg.epoch if isinstance(msg, PauseReq) else 0
+        if self.paused:  # the queue waits for the pause now; the next step says why it waits after
+            assign(self.core.waiting, PAUSED, now_ns())
         if bool(was) != bool(self.paused):
             log.info("%s with %d running and %d waiting requests", "paused" if self.paused else "resumed",
                      self.core.num_running, self.core.num_waiting)
@@ -194,6 +199,8 @@ class Scheduler:
         st.scheduled, st.first_token, st.finished = t.scheduled, t.first_token, t.finished
         if t.scheduled is not None:
             st.waited = t.waited_ns(t.finished)
+            if ev.finished:
+                st.wait_reasons = dict(t.wait.ns)
         if t.token_times:
             st.last_token = t.token_times[-1]
         out = TokenOut(
