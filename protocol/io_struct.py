@@ -203,6 +203,20 @@ class PhaseHistogram(msgspec.Struct, array_like=True):
     sum: float
 
 
+GAP_CAUSES = ("retraction", "paused", "prefill", "scheduler_loop", "batch_size", "slow_step")  # decode gaps
+
+
+class GapCount(msgspec.Struct, array_like=True):
+    """Decode gaps one Scheduler rank found, of one cause (serving.engine.decode_gaps)."""
+
+    cause: str
+    count: int
+
+
+def _no_gaps() -> list[GapCount]:
+    return [GapCount(c, 0) for c in GAP_CAUSES]
+
+
 class SchedulerStats(_Msg, kw_only=True):
     """Gauges after a step, or a heartbeat when idle; counters are cumulative.
 
@@ -239,6 +253,7 @@ class SchedulerStats(_Msg, kw_only=True):
     retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed
+    decode_gaps: list[GapCount] = msgspec.field(default_factory=_no_gaps)  # cumulative, every cause
 
     @property
     def kv_usage_ratio(self) -> float:

@@ -3,7 +3,8 @@
 Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a retracted
 request waits again, and that `queue` span opens with a `retracted` event saying what it
 had and what the prefix cache kept, and a `wait_reason` event each time the reason it
-was not admitted changed, serving.engine.wait_reasons), one `prefill` per chunk, `decode`,
+was not admitted changed, serving.engine.wait_reasons), one `prefill` per chunk, `decode` (a `decode_gap` event per
+long inter-token gap, serving.engine.decode_gaps),
 `send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
 batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
@@ -46,6 +47,7 @@ class EngineTimes(Protocol):
     finished: int | None
     prefill_chunks: list[tuple[int, int, int]]  # (start, end, tokens)
     token_times: list[int]
+    gaps: list  # of DecodeGap (serving.engine.decode_gaps)
 
 
 class EngineRequest(Protocol):
@@ -132,7 +134,7 @@ class SchedulerSpans:
             self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
                 **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
                 "gen_ai.response.finish_reasons": [reason], "sightline.retractions": len(t.retractions)},
-                error=err, error_message=message)
+                error=err, error_message=message, events=[gap_event(g) for g in t.gaps])
 
 
 def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
@@ -142,6 +144,15 @@ def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
                                 "sightline.retraction.cached_tokens": r.cached,
                                 "sightline.retraction.discarded_tokens": r.computed - r.cached,
                                 "sightline.retraction.output_tokens": r.output_tokens})
+
+
+def gap_event(g) -> tuple[str, int, dict]:
+    """The `decode_gap` span event (at the token that ended the gap): how long, why, and who caused it."""
+    return ("decode_gap", g.end, {"sightline.decode_gap.seconds": g.seconds, "sightline.decode_gap.cause": g.cause,
+                                  "sightline.decode_gap.culprit_rids": list(g.culprits),
+                                  "sightline.decode_gap.prefill_tokens": g.prefill_tokens,
+                                  "sightline.decode_gap.batch_size": g.batch_size,
+                                  "sightline.decode_gap.steps": g.steps})
 
 
 @dataclass

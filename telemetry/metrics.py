@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.io_struct import SchedulerStats
+from protocol.io_struct import GAP_CAUSES, SchedulerStats
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
 from telemetry.stats import EngineView
@@ -226,6 +226,14 @@ SPECS: tuple[Spec, ...] = (
          definition="1 − recomputed ÷ retracted is the cache hit rate of resumptions (0 with "
          "--disable-prefix-cache: everything is recomputed).", source="scheduler",
          read="scheduler.retraction_recomputed_tokens_total"),
+    Spec("sightline_decode_gaps_total", "counter",
+         "Inter-token gaps far above the rank's typical step, by cause.", R + ("cause",),
+         definition="A gap is longer than --decode-gap-factor × the median of the rank's last 64 step intervals and "
+         "than --decode-gap-floor (defaults 4, 50 ms). cause, from the steps in the gap (the first that applies): "
+         "retraction (the request was retracted) | paused (the Scheduler was paused) | prefill (prefill chunks ran "
+         "beside it: the decode span's decode_gap event names them) | scheduler_loop (over half the gap outside any "
+         "step) | batch_size (over twice the median batch) | slow_step (the forward itself). Off with "
+         "--step-timeline-steps 0.", source="scheduler", read="scheduler.decode_gaps"),
     Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler",
          read="scheduler.batch_size"),
     Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler",
@@ -333,6 +341,7 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_worker_failures_total": _each(cause=("exited", "stalled")),
     "sightline_request_dump_errors_total": _each(reason=("write_error", "queue_full")),
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
+    "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 LAZY_SERIES: dict[str, str] = {

@@ -57,6 +57,7 @@ class ReqTimes:
     prefill_chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, tokens)
     token_times: list[int] = field(default_factory=list)  # one stamp per output token
     wait: WaitLedger = field(default_factory=WaitLedger)  # time per wait reason (serving.engine.wait_reasons)
+    gaps: list = field(default_factory=list)  # long inter-token gaps (serving.engine.decode_gaps.DecodeGap)
 
     def waited_ns(self, now: int | None = None) -> int:
         """Time in the queue over every waiting interval (the open one up to `now`)."""

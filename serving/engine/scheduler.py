@@ -42,6 +42,7 @@ from protocol.io_struct import (
     WorkerGone,
 )
 from serving.args import ServerArgs
+from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.events import TokenEvent
 from serving.engine.loader import load_model
 from serving.engine.request import Req
@@ -88,6 +89,9 @@ class Scheduler:
         self.last_token_at: int | None = None
         self._last_stats = 0
         self.paused = 0  # the epoch of the PauseReq in effect: no step runs while it is set
+        self._paused_at = 0
+        self.gaps = DecodeGaps(GapRules(args.decode_gap_factor, args.decode_gap_floor)) \
+            if args.step_timeline_steps else None
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.phases = PhaseTimes(("schedule", "forward", "sample", "output"), stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
@@ -169,8 +173,11 @@ class Scheduler:
             log.info("log level set to %s", msg.level)
             return
         was, self.paused = self.paused, msg.epoch if isinstance(msg, PauseReq) else 0
-        if self.paused:  # the queue waits for the pause now; the next step says why it waits after
-            assign(self.core.waiting, PAUSED, now_ns())
+        if self.paused and not was:  # the queue waits for the pause now; the next step says why it waits after
+            self._paused_at = now_ns()
+            assign(self.core.waiting, PAUSED, self._paused_at)
+        elif was and not self.paused and self.gaps is not None:
+            self.gaps.paused(self._paused_at, now_ns())
         if bool(was) != bool(self.paused):
             log.info("%s with %d running and %d waiting requests", "paused" if self.paused else "resumed",
                      self.core.num_running, self.core.num_waiting)
@@ -252,6 +259,7 @@ class Scheduler:
             "prefill_tokens_total": self.prefill_tokens_total, "stale_drops": self.drops.snapshot(),
             "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
             "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
+            **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
         }
 
     # -- the loop ---------------------------------------------------------------------
@@ -267,6 +275,8 @@ class Scheduler:
         st = self.core.last_step
         t_out = now_ns()
         self.prefill_tokens_total += st.num_prefill_tokens
+        if self.gaps is not None:
+            self.gaps.stepped(st, events)
         if st.rids:
             self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
                 "sightline.batch.size": st.batch_size, "sightline.batch.decode": st.num_decode,

@@ -313,6 +313,7 @@ class SchedulerCore:
             step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
             sample_seconds=(self._sample_ns + t2 - t1) / 1e9, started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
+            prefill_rids=tuple(r.rid for r, _ in chunks),
         )
         return events
 
