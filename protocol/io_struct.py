@@ -11,15 +11,15 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
 
 Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
 have their own receiving socket):
-  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq,
+  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, StepTimelineReq,
                                         PauseReq, ContinueReq, SetLogLevelReq (operator controls)
   Scheduler → Detokenizer               BatchTokenIDOutput
   Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`)
   Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
-                                        Ready, FlushCacheReqOutput
+                                        Ready, FlushCacheReqOutput, StepTimelineOutput
 With one worker the TokenizerManager owns the control socket.  With several, the main
 process (the hub: supervisor and telemetry owner) does, and speaks to each worker:
-  hub → worker       EngineStatus, FlushCacheReqOutput, SnapshotReq, HubReply
+  hub → worker       EngineStatus, FlushCacheReqOutput, StepTimelineOutput, SnapshotReq, HubReply
   worker → hub       WorkerStats, HubQuery, Snapshot
   hub → Scheduler, Detokenizer   WorkerGone (a worker died: drop its rids)
 """
@@ -84,6 +84,14 @@ class FlushCacheReq(_Msg):
 
     id: str  # matches the reply
     force: bool = False
+    worker: int = 0  # who asked: the reply goes back there
+
+
+class StepTimelineReq(_Msg):
+    """Send the recent engine steps (GET /debug/timeline): those that ended in the last `seconds`."""
+
+    id: str  # matches the reply
+    seconds: float = 10.0
     worker: int = 0  # who asked: the reply goes back there
 
 
@@ -155,6 +163,14 @@ class BatchStrOutput(_Msg):
     outputs: list[StrOut]
 
 
+class SpanEventRecord(msgspec.Struct):
+    """One event of a forwarded span (a retraction, a wait reason, a decode gap...)."""
+
+    name: str
+    time_ns: int  # wall clock, ns since the epoch
+    attributes: dict[str, str | int | float | bool | list[str]] = {}
+
+
 class SpanRecord(msgspec.Struct, kw_only=True):
     """A finished span, forwarded to the main process for /debug/requests and tail sampling (the
     head-sampled ones are exported by their own process)."""
@@ -174,6 +190,7 @@ class SpanRecord(msgspec.Struct, kw_only=True):
     sampled: bool = True  # False: recorded for tail sampling only (exported if the request's end keeps it)
     link_ids: list[str] = []  # "<trace_id>-<span_id>" of each link (a kept trace is exported with them)
     status_message: str = ""
+    events: list[SpanEventRecord] = []
 
 
 class DropCount(msgspec.Struct, array_like=True):
@@ -370,6 +387,30 @@ class HubQuery(_Msg):
     arg: str = ""
 
 
+class StepRecord(msgspec.Struct, array_like=True):
+    """One engine step, as the step timeline keeps it (monotonic ns; durations in ns)."""
+
+    start: int
+    end: int
+    schedule: int
+    forward: int
+    sample: int
+    output: int
+    num_decode: int
+    prefill_tokens: int
+    retracted: int
+    rids: list[str]  # decodes first, then the prefill chunks
+    prefill_rids: list[str]
+    trace_ids: list[str]  # per rid, "" when not traced
+
+
+class StepTimelineOutput(_Msg):
+    id: str  # the StepTimelineReq's
+    worker: int = 0  # the StepTimelineReq's
+    dp_rank: int = 0
+    steps: list[StepRecord] = []
+
+
 class HubReply(_Msg):
     id: str
     status: int = 200
@@ -379,5 +420,5 @@ class HubReply(_Msg):
 Message = Union[
     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
     BatchStrOutput, DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
-    SnapshotReq, Snapshot, HubQuery, HubReply,
+    SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput,
 ]

@@ -4,6 +4,7 @@ gap, and it is named; a retraction is the cause of the retracted request's gap."
 from __future__ import annotations
 
 from protocol.sampling_params import SamplingParams
+from serving.engine import decode_gaps
 from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.scheduler_core import SchedulerCore
 from tests.helpers import make_core
@@ -18,9 +19,10 @@ def step(core: SchedulerCore, gaps: DecodeGaps) -> None:
     gaps.stepped(core.last_step, events)
 
 
-def test_a_long_prefill_beside_streams_is_their_gap_and_names_the_culprit(tiny):
+def test_a_long_prefill_beside_streams_is_their_gap_and_names_the_culprit(tiny, monkeypatch):
+    monkeypatch.setattr(decode_gaps, "MAX_GAPS", 10_000)  # a loaded CPU's noise gaps must not crowd it out
     core = make_core(tiny, max_prefill_tokens=4096, max_step_tokens=4096)  # the long prompt in one chunk
-    n = min(1500, core.context_len - 64)
+    n = min(1000, core.context_len - 64)
     gaps = DecodeGaps(GapRules(factor=3.0, floor_s=0.0))
     streams = [core.add_request(f"s{i}", [5 + i, 6, 7, 8], params(80)) for i in range(3)]
     for _ in range(30):  # the streams decode; the typical step is theirs
@@ -37,7 +39,8 @@ def test_a_long_prefill_beside_streams_is_their_gap_and_names_the_culprit(tiny):
     assert not [g for g in long.times.gaps if g.cause == "prefill"]
 
 
-def test_a_retracted_requests_gap_is_the_retraction(tiny):
+def test_a_retracted_requests_gap_is_the_retraction(tiny, monkeypatch):
+    monkeypatch.setattr(decode_gaps, "MAX_GAPS", 10_000)  # every gap kept: the counter must equal them
     core = make_core(tiny, max_total_tokens=200)
     gaps = DecodeGaps(GapRules(factor=3.0, floor_s=0.0))
     reqs = [core.add_request(f"r{i}", [5 + i] * 16, params(60)) for i in range(6)]
