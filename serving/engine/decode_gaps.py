@@ -18,8 +18,8 @@ Its cause, from the steps that ended inside the gap (the first that applies):
 - `slow_step`: none of those: the forward itself took long.
 
 Engine restarts (the requests fail with it) and Detokenizer lag (after the Scheduler) are
-not seen here.  Each gap is kept on the request (at most `MAX_GAPS` per request, for its
-`decode` span's events) and counted by cause.
+not seen here.  Every gap is counted by cause; the request keeps its `MAX_GAPS` longest
+(its `decode` span's events).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Iterable
 from protocol.io_struct import GAP_CAUSES, GapCount
 from serving.engine.events import StepStats, TokenEvent
 
-MAX_GAPS = 16  # gaps kept per request (its span events); the counters count every one
+MAX_GAPS = 16  # the longest gaps kept per request (its span events); the counters count every one
 MAX_CULPRITS = 8  # rids named per gap
 STEPS_KEPT = 512  # recent steps a gap's cause is looked up in
 MAX_PAUSES = 16
@@ -58,6 +58,17 @@ class DecodeGap:
     @property
     def seconds(self) -> float:
         return (self.end - self.start) / 1e9
+
+
+def keep(gaps: list[DecodeGap], gap: DecodeGap) -> None:
+    """Keep the request's `MAX_GAPS` longest gaps (in the order they happened)."""
+    if len(gaps) < MAX_GAPS:
+        gaps.append(gap)
+        return
+    i = min(range(len(gaps)), key=lambda j: gaps[j].end - gaps[j].start)
+    if gap.end - gap.start > gaps[i].end - gaps[i].start:
+        del gaps[i]
+        gaps.append(gap)
 
 
 class DecodeGaps:
@@ -89,8 +100,7 @@ class DecodeGaps:
             if ev.new_token_ids and len(tt) >= 2 and tt[-1] - tt[-2] > self.threshold_ns:
                 gap = self._explain(ev.req, tt[-2], tt[-1])
                 self.counts[gap.cause] += 1
-                if len(ev.req.times.gaps) < MAX_GAPS:
-                    ev.req.times.gaps.append(gap)
+                keep(ev.req.times.gaps, gap)
                 found.append(gap)
         if len(self.steps) > 1:
             self.intervals.append(st.ended_ns - self.steps[-2].ended_ns)

@@ -12,13 +12,13 @@ import pytest
 
 from tests.server_util import ServerProc, samples, scrape, sse_events, wait_until
 
-LONG_PROMPT = 1000  # tokens: one prefill chunk of ~0.1 s, 40 decode steps' time (floor 30 ms: not the noise)
+LONG_PROMPT = 2000  # tokens: one prefill chunk, over 10 decode steps' time
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProc("--max-running-requests", "3", "--max-prefill-tokens", "2048", "--max-step-tokens", "2048",
-                     "--decode-gap-factor", "3", "--decode-gap-floor", "0.03", "--heartbeat-interval", "0.2",
+                     "--decode-gap-factor", "3", "--decode-gap-floor", "0.005", "--heartbeat-interval", "0.2",
                      tmpdir=tmp_path_factory.mktemp("why"))
     yield srv
     srv.stop()
@@ -68,13 +68,15 @@ def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
     long_rid = r.headers["x-request-id"]
     for s in streams:
         s.join(300)
-    gaps = []
+    gaps, every = [], []
     for s in streams:
         decode = next(x for x in entry(server, s.rid, "decode")["spans"] if x["name"] == "decode")
+        every += [(e["attributes"]["sightline.decode_gap.cause"], e["attributes"]["sightline.decode_gap.seconds"])
+                  for e in decode["events"] if e["name"] == "decode_gap"]
         gaps += [e for e in decode["events"] if e["name"] == "decode_gap"
                  and e["attributes"]["sightline.decode_gap.cause"] == "prefill"]
     by_long = [g for g in gaps if long_rid in g["attributes"]["sightline.decode_gap.culprit_rids"]]
-    assert len(by_long) == 2, gaps  # each stream's gap names the long prompt
+    assert len(by_long) == 2, (gaps, every, r.json()["meta_info"])  # each stream's gap names the long prompt
     assert all(g["attributes"]["sightline.decode_gap.prefill_tokens"] >= LONG_PROMPT for g in by_long)
     wait_until(lambda: counter(server, "sightline_decode_gaps_total", cause="prefill") - before == len(gaps), 10,
                "the counter to move by exactly the prefill gaps")
@@ -117,3 +119,14 @@ def test_held_back_by_the_running_limit_and_a_pause(server):
     assert waits.get("running_limit", 0) > 0 and waits.get("paused", 0) > 0, waits
     assert abs(sum(waits.values()) - breakdown["queue_ms"]) < 0.01 * len(waits), breakdown
     wait_until(lambda: reasons_count("paused") == paused_before + 1, 10, "one paused wait observed")
+    # the caller sees the same numbers in Server-Timing; the server span carries them as vLLM names them
+    timing = dict(part.split(";dur=") for part in done["r"].headers["server-timing"].split(", "))
+    assert set(timing) == {"queue", "prefill", "decode", "tokenize", "total"}, timing
+    assert abs(float(timing["queue"]) - breakdown["queue_ms"]) < 0.002 and float(timing["total"]) > 0
+    rid = done["r"].headers["x-request-id"]
+    (root,) = [x for x in entry(server, rid, "queue")["spans"] if x["kind"] == "SERVER"]
+    attrs = root["attributes"]
+    assert abs(attrs["gen_ai.latency.time_in_queue"] * 1e3 - breakdown["queue_ms"]) < 0.002
+    assert {"gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e", "gen_ai.latency.time_in_model_prefill",
+            "gen_ai.latency.time_in_model_decode", "gen_ai.latency.time_in_model_inference"} <= set(attrs)
+    assert attrs["sightline.wait.paused_seconds"] > 0
