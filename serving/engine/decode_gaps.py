@@ -36,6 +36,7 @@ MAX_GAPS = 16  # the longest gaps kept per request (its span events); the counte
 MAX_CULPRITS = 8  # rids named per gap
 STEPS_KEPT = 512  # recent steps a gap's cause is looked up in
 MAX_PAUSES = 16
+MEDIAN_EVERY = 8  # steps between two updates of the medians
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class DecodeGaps:
         self.threshold_ns = int(self.rules.floor_s * 1e9)
         self._floor_ns = self.threshold_ns
         self._median_batch = 0
+        self._n = 0
 
     def paused(self, start: int, end: int) -> None:
         """The Scheduler ran no step in [start, end]."""
@@ -105,8 +107,10 @@ class DecodeGaps:
         if len(self.steps) > 1:
             self.intervals.append(st.ended_ns - self.steps[-2].ended_ns)
             self.batches.append(st.batch_size)
-            self.threshold_ns = max(int(self.rules.factor * median_low(self.intervals)), self._floor_ns)
-            self._median_batch = median_low(self.batches)
+            self._n += 1
+            if self._n % MEDIAN_EVERY == 0 or self._n < MEDIAN_EVERY:  # the medians move slowly: not every step
+                self.threshold_ns = max(int(self.rules.factor * median_low(self.intervals)), self._floor_ns)
+                self._median_batch = median_low(self.batches)
         return found
 
     def _explain(self, req, a: int, b: int) -> DecodeGap:
