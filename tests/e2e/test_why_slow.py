@@ -10,9 +10,11 @@ import threading
 import httpx
 import pytest
 
+from tests.e2e.test_debug_ui import Rows, chromium, headless
 from tests.server_util import ServerProc, samples, scrape, sse_events, wait_until
 
 LONG_PROMPT = 2000  # tokens: one prefill chunk, over 10 decode steps' time
+SEEN: dict[str, str] = {}  # what the first test made, for the inspector's
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,7 @@ def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
     by_long = [g for g in gaps if long_rid in g["attributes"]["sightline.decode_gap.culprit_rids"]]
     assert len(by_long) == 2, (gaps, every, r.json()["meta_info"])  # each stream's gap names the long prompt
     assert all(g["attributes"]["sightline.decode_gap.prefill_tokens"] >= LONG_PROMPT for g in by_long)
+    SEEN.update(stream=streams[0].rid, long=long_rid)
     wait_until(lambda: counter(server, "sightline_decode_gaps_total", cause="prefill") - before == len(gaps), 10,
                "the counter to move by exactly the prefill gaps")
 
@@ -96,6 +99,20 @@ def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
         assert flow[0]["ph"] == "s" and flow[-1]["ph"] == "f" and len(flow) >= 20, flow[:3]
         assert all(e["args"]["rid"] == s.rid for e in flow)
         assert trace_id in long_step[0]["args"]["trace_ids"]  # the streams decoded beside the long prefill
+
+
+def test_the_inspector_marks_the_gap_and_links_the_culprit(server, tmp_path):
+    browser = chromium()
+    if not SEEN:
+        pytest.skip("needs the gap of test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it")
+    dom = headless(browser, tmp_path, f"{server.url}/debug/ui#rid={SEEN['stream']}", "--dump-dom")
+    parsed = Rows()
+    parsed.feed(dom)
+    gaps = [r for r in parsed.rows if r.get("data-source") == "gap"]
+    assert any(r["data-cause"] == "prefill" and SEEN["long"] in r["data-culprits"].split() for r in gaps), gaps
+    rows = dom.split('class="row"')
+    assert any('data-source="gap"' in r and 'data-cause="prefill"' in r and f'data-rid="{SEEN["long"]}"' in r
+               for r in rows)  # the gap's row links to the culprit's own page
 
 
 def test_held_back_by_the_running_limit_and_a_pause(server):
