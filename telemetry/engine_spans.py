@@ -3,8 +3,9 @@
 Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a retracted
 request waits again, and that `queue` span opens with a `retracted` event saying what it
 had and what the prefix cache kept, and a `wait_reason` event each time the reason it
-was not admitted changed, serving.engine.wait_reasons), one `prefill` per chunk, `decode` (a `decode_gap` event per
-long inter-token gap, serving.engine.decode_gaps),
+was not admitted changed, serving.engine.wait_reasons, and an `admitted` or `resumed` event
+where it ends in an admission), one `prefill` per chunk, `decode` (a `decode_gap` event per
+long inter-token gap, serving.engine.decode_gaps, and a `finished` event),
 `send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
 batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
@@ -121,6 +122,8 @@ class SchedulerSpans:
             after = t.retractions[i - 1:i] if i else []
             reasons = [("wait_reason", at, {"sightline.wait.reason": r})
                        for at, r in t.wait.changes if start <= at < end]
+            if end != t.finished:  # it was admitted at the end of this wait (not ended in the queue)
+                reasons.append(("resumed" if i else "admitted", end, {"sightline.queue.after_retractions": i}))
             self.tracing.record("queue", ctx, start, end, attributes={
                 **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
                 error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
@@ -134,7 +137,8 @@ class SchedulerSpans:
             self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
                 **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
                 "gen_ai.response.finish_reasons": [reason], "sightline.retractions": len(t.retractions)},
-                error=err, error_message=message, events=[gap_event(g) for g in t.gaps])
+                error=err, error_message=message, events=[gap_event(g) for g in t.gaps] + [
+                    ("finished", t.finished, {"gen_ai.response.finish_reasons": [reason]})])
 
 
 def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:

@@ -42,6 +42,8 @@ def test_a_retracted_request_has_a_queue_span_per_wait_and_a_retracted_event(tin
             (event,) = [e for e in span.events if e.name == "retracted"]
             reasons = [e.attributes["sightline.wait.reason"] for e in span.events if e.name == "wait_reason"]
             assert reasons[0] == "retracted"  # why it waited, from the retraction on
+            assert [e.name for e in span.events][-1] == "resumed"
             assert event.name == "retracted" and event.attributes["sightline.retraction.reason"] == "kv_exhausted"
             assert event.attributes["sightline.retraction.computed_tokens"] == r.computed
             assert event.attributes["sightline.retraction.discarded_tokens"] == r.computed - r.cached == 0
+        assert [e.name for e in queues[0].events][-1] == "admitted"
