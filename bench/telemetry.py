@@ -111,7 +111,8 @@ def micro(requests: int = 300, tokens: int = 64) -> None:
                 producer.end()
             t = now_ns()
             st = Stamps(arrival=rt.arrival, tokenized=t, sched_recv=t, scheduled=t, first_token=t, detok_recv=t,
-                        detok_done=t, sched_sent=t)
+                        detok_done=t, sched_sent=t, waited=6000,
+                        wait_reasons={"running_limit": 5000, "next_step": 1000})  # as a request that waited
             for k in range(tokens):
                 out = StrOut(rid=f"r{i}", text="x", output_ids=[1], meta=ReqMeta(trace=carrier, stamps=st))
                 tel.on_batch(BatchStrOutput(outputs=[out], sent_at=now_ns()), now_ns())

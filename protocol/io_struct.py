@@ -11,15 +11,15 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
 
 Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
 have their own receiving socket):
-  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq,
+  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, StepTimelineReq,
                                         PauseReq, ContinueReq, SetLogLevelReq (operator controls)
   Scheduler → Detokenizer               BatchTokenIDOutput
   Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`)
   Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
-                                        Ready, FlushCacheReqOutput
+                                        Ready, FlushCacheReqOutput, StepTimelineOutput
 With one worker the TokenizerManager owns the control socket.  With several, the main
 process (the hub: supervisor and telemetry owner) does, and speaks to each worker:
-  hub → worker       EngineStatus, FlushCacheReqOutput, SnapshotReq, HubReply
+  hub → worker       EngineStatus, FlushCacheReqOutput, StepTimelineOutput, SnapshotReq, HubReply
   worker → hub       WorkerStats, HubQuery, Snapshot
   hub → Scheduler, Detokenizer   WorkerGone (a worker died: drop its rids)
 """
@@ -41,6 +41,7 @@ class Stamps(msgspec.Struct, kw_only=True, omit_defaults=True):
     sched_recv: int | None = None  # Scheduler received it; it waits in the queue from here
     scheduled: int | None = None  # first admitted into a batch
     waited: int | None = None  # ns in the Scheduler's queue over every waiting interval (retractions re-queue)
+    wait_reasons: dict[str, int] | None = None  # `waited` by reason (serving.engine.wait_reasons), on the last output
     first_token: int | None = None  # first output token sampled
     last_token: int | None = None  # latest output token sampled
     finished: int | None = None  # finished or aborted in the Scheduler
@@ -83,6 +84,14 @@ class FlushCacheReq(_Msg):
 
     id: str  # matches the reply
     force: bool = False
+    worker: int = 0  # who asked: the reply goes back there
+
+
+class StepTimelineReq(_Msg):
+    """Send the recent engine steps (GET /debug/timeline): those that ended in the last `seconds`."""
+
+    id: str  # matches the reply
+    seconds: float = 10.0
     worker: int = 0  # who asked: the reply goes back there
 
 
@@ -154,6 +163,14 @@ class BatchStrOutput(_Msg):
     outputs: list[StrOut]
 
 
+class SpanEventRecord(msgspec.Struct):
+    """One event of a forwarded span (a retraction, a wait reason, a decode gap...)."""
+
+    name: str
+    time_ns: int  # wall clock, ns since the epoch
+    attributes: dict[str, str | int | float | bool | list[str]] = {}
+
+
 class SpanRecord(msgspec.Struct, kw_only=True):
     """A finished span, forwarded to the main process for /debug/requests and tail sampling (the
     head-sampled ones are exported by their own process)."""
@@ -173,6 +190,7 @@ class SpanRecord(msgspec.Struct, kw_only=True):
     sampled: bool = True  # False: recorded for tail sampling only (exported if the request's end keeps it)
     link_ids: list[str] = []  # "<trace_id>-<span_id>" of each link (a kept trace is exported with them)
     status_message: str = ""
+    events: list[SpanEventRecord] = []
 
 
 class DropCount(msgspec.Struct, array_like=True):
@@ -200,6 +218,20 @@ class PhaseHistogram(msgspec.Struct, array_like=True):
     bounds: list[float]  # upper bounds of the finite buckets
     counts: list[int]  # observations per bucket (not cumulative); one more than bounds: the +Inf bucket
     sum: float
+
+
+GAP_CAUSES = ("retraction", "paused", "prefill", "scheduler_loop", "batch_size", "slow_step")  # decode gaps
+
+
+class GapCount(msgspec.Struct, array_like=True):
+    """Decode gaps one Scheduler rank found, of one cause (serving.engine.decode_gaps)."""
+
+    cause: str
+    count: int
+
+
+def _no_gaps() -> list[GapCount]:
+    return [GapCount(c, 0) for c in GAP_CAUSES]
 
 
 class SchedulerStats(_Msg, kw_only=True):
@@ -239,6 +271,7 @@ class SchedulerStats(_Msg, kw_only=True):
     retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed
+    decode_gaps: list[GapCount] = msgspec.field(default_factory=_no_gaps)  # cumulative, every cause
 
     @property
     def kv_usage_ratio(self) -> float:
@@ -359,6 +392,30 @@ class HubQuery(_Msg):
     arg: str = ""
 
 
+class StepRecord(msgspec.Struct, array_like=True):
+    """One engine step, as the step timeline keeps it (monotonic ns; durations in ns)."""
+
+    start: int
+    end: int
+    schedule: int
+    forward: int
+    sample: int
+    output: int
+    num_decode: int
+    prefill_tokens: int
+    retracted: int
+    rids: list[str]  # decodes first, then the prefill chunks
+    prefill_rids: list[str]
+    trace_ids: list[str]  # per rid, "" when not traced
+
+
+class StepTimelineOutput(_Msg):
+    id: str  # the StepTimelineReq's
+    worker: int = 0  # the StepTimelineReq's
+    dp_rank: int = 0
+    steps: list[StepRecord] = []
+
+
 class HubReply(_Msg):
     id: str
     status: int = 200
@@ -368,5 +425,5 @@ class HubReply(_Msg):
 Message = Union[
     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
     BatchStrOutput, DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
-    SnapshotReq, Snapshot, HubQuery, HubReply,
+    SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput,
 ]

@@ -105,6 +105,13 @@ class ServerArgs:
     port: int = _opt(8000, "Port the HTTP server listens on.")
     log_level: str = _opt("info", "Log level of every process: debug, info, warning, error.")
     heartbeat_interval: float = _opt(0.5, "Seconds between the idle Scheduler's stats/heartbeat messages.")
+    decode_gap_factor: float = _opt(4.0, "An inter-token gap longer than this many times the median of the rank's "
+                                         "recent step intervals (and than --decode-gap-floor) is a decode gap: its "
+                                         "cause is recorded (sightline_decode_gaps_total, the decode span).")
+    decode_gap_floor: float = _opt(0.05, "Seconds: no inter-token gap shorter than this is a decode gap.")
+    step_timeline_steps: int = _opt(4096, "Recent engine steps each Scheduler rank keeps for GET /debug/timeline and "
+                                          "for finding decode gaps' causes; 0 turns the step timeline and decode-gap "
+                                          "detection off.")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
     max_prompt_chars: int | None = _opt(None, "Most characters in a prompt (or all chat messages together), refused "

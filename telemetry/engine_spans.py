@@ -2,8 +2,11 @@
 
 Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a retracted
 request waits again, and that `queue` span opens with a `retracted` event saying what it
-had and what the prefix cache kept), one `prefill` per chunk, `decode`, `send detokenizer` (PRODUCER, first
-output) — all in the rid's trace — and one
+had and what the prefix cache kept, and a `wait_reason` event each time the reason it
+was not admitted changed, serving.engine.wait_reasons, and an `admitted` or `resumed` event
+where it ends in an admission), one `prefill` per chunk, `decode` (a `decode_gap` event per
+long inter-token gap, serving.engine.decode_gaps, and a `finished` event),
+`send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
 batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
 (PRODUCER) for the first output, and `detokenize` over the rid's life there.
@@ -30,8 +33,14 @@ class EngineRetraction(Protocol):
     reason: str
 
 
+class WaitLedger(Protocol):
+    ns: dict[str, int]
+    changes: list[tuple[int, str]]  # (at, reason)
+
+
 class EngineTimes(Protocol):
     queued: int
+    wait: WaitLedger
     scheduled: int | None
     waits: list[tuple[int, int]]
     retractions: list  # of EngineRetraction
@@ -39,6 +48,7 @@ class EngineTimes(Protocol):
     finished: int | None
     prefill_chunks: list[tuple[int, int, int]]  # (start, end, tokens)
     token_times: list[int]
+    gaps: list  # of DecodeGap (serving.engine.decode_gaps)
 
 
 class EngineRequest(Protocol):
@@ -110,9 +120,13 @@ class SchedulerSpans:
         waits = t.waits or [(t.queued, t.finished or t.queued)]
         for i, (start, end) in enumerate(waits):  # the first wait, then one after each retraction
             after = t.retractions[i - 1:i] if i else []
+            reasons = [("wait_reason", at, {"sightline.wait.reason": r})
+                       for at, r in t.wait.changes if start <= at < end]
+            if end != t.finished:  # it was admitted at the end of this wait (not ended in the queue)
+                reasons.append(("resumed" if i else "admitted", end, {"sightline.queue.after_retractions": i}))
             self.tracing.record("queue", ctx, start, end, attributes={
                 **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
-                error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after])
+                error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
         for i, (start, end, n) in enumerate(t.prefill_chunks):
             self.tracing.record("prefill", ctx, start, end, attributes={
                 **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,
@@ -123,7 +137,8 @@ class SchedulerSpans:
             self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
                 **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
                 "gen_ai.response.finish_reasons": [reason], "sightline.retractions": len(t.retractions)},
-                error=err, error_message=message)
+                error=err, error_message=message, events=[gap_event(g) for g in t.gaps] + [
+                    ("finished", t.finished, {"gen_ai.response.finish_reasons": [reason]})])
 
 
 def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
@@ -133,6 +148,15 @@ def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
                                 "sightline.retraction.cached_tokens": r.cached,
                                 "sightline.retraction.discarded_tokens": r.computed - r.cached,
                                 "sightline.retraction.output_tokens": r.output_tokens})
+
+
+def gap_event(g) -> tuple[str, int, dict]:
+    """The `decode_gap` span event (at the token that ended the gap): how long, why, and who caused it."""
+    return ("decode_gap", g.end, {"sightline.decode_gap.seconds": g.seconds, "sightline.decode_gap.cause": g.cause,
+                                  "sightline.decode_gap.culprit_rids": list(g.culprits),
+                                  "sightline.decode_gap.prefill_tokens": g.prefill_tokens,
+                                  "sightline.decode_gap.batch_size": g.batch_size,
+                                  "sightline.decode_gap.steps": g.steps})
 
 
 @dataclass

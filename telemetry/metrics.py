@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.io_struct import SchedulerStats
+from protocol.io_struct import GAP_CAUSES, SchedulerStats
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
 from telemetry.stats import EngineView
@@ -66,6 +66,13 @@ SPECS: tuple[Spec, ...] = (
          "Every waiting interval summed: Scheduler received the request (`sched_recv`) → first admitted into a "
          "batch (`scheduled`), plus, for each retraction, retracted → admitted again (`waited`).",
          attr="queue_time"),
+    Spec("sightline_request_wait_seconds", "histogram", "Time in the Scheduler's queue, by why the request was not "
+         "admitted.", M + ("reason",), "stage", "Per request, one observation per reason it waited for (summed over "
+         "its waiting intervals; the reasons sum to sightline_request_queue_time_seconds). reason: kv_capacity (the "
+         "head of the queue did not fit in the KV available) | queue_order (behind a head waiting for KV: admission "
+         "is strict FCFS) | running_limit (--max-running-requests run) | step_budget (the step's prefill budget was "
+         "spent) | retracted (the step retracted requests: it admits no one) | paused (POST /pause_generation mode "
+         "in_place) | next_step (arrived while a step ran, admitted by the next).", attr="wait_time"),
     Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
          "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.",
          attr="prefill_time"),
@@ -220,6 +227,14 @@ SPECS: tuple[Spec, ...] = (
          definition="1 − recomputed ÷ retracted is the cache hit rate of resumptions (0 with "
          "--disable-prefix-cache: everything is recomputed).", source="scheduler",
          read="scheduler.retraction_recomputed_tokens_total"),
+    Spec("sightline_decode_gaps_total", "counter",
+         "Inter-token gaps far above the rank's typical step, by cause.", R + ("cause",),
+         definition="A gap is longer than --decode-gap-factor × the median of the rank's last 64 step intervals and "
+         "than --decode-gap-floor (defaults 4, 50 ms). cause, from the steps in the gap (the first that applies): "
+         "retraction (the request was retracted) | paused (the Scheduler was paused) | prefill (prefill chunks ran "
+         "beside it: the decode span's decode_gap event names them) | scheduler_loop (over half the gap outside any "
+         "step) | batch_size (over twice the median batch) | slow_step (the forward itself). Off with "
+         "--step-timeline-steps 0.", source="scheduler", read="scheduler.decode_gaps"),
     Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler",
          read="scheduler.batch_size"),
     Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler",
@@ -342,6 +357,7 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_worker_failures_total": _each(cause=("exited", "stalled")),
     "sightline_request_dump_errors_total": _each(reason=("write_error", "queue_full")),
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
+    "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 LAZY_SERIES: dict[str, str] = {
@@ -445,6 +461,7 @@ class Metrics:
     tpot: Histogram
     e2e: Histogram
     queue_time: Histogram
+    wait_time: Histogram
     prefill_time: Histogram
     decode_time: Histogram
     tokenize_time: Histogram

@@ -35,8 +35,8 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     outcome: str  # telemetry.outcomes: stop | length | rejected | shed | ... (one per request)
     finish_reason: str | None = None
     status: int = 200
-    breakdown: dict = {}  # ttft_ms, queue_ms (every wait in the queue), prefill_ms, decode_ms, tokenize_ms,
-    # detokenize_ms, e2e_ms, tpot_ms
+    breakdown: dict = {}  # ttft_ms, queue_ms (every wait in the queue), wait_ms (queue_ms by reason), prefill_ms,
+    # decode_ms, tokenize_ms, detokenize_ms, e2e_ms, tpot_ms
     trace_id: str | None = None  # the exported trace (head-sampled or kept by tail sampling)
     prompt_chars: int = 0
     prompt_sha256: str = ""

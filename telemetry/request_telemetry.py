@@ -50,6 +50,17 @@ def queue_seconds(st: Stamps) -> float | None:
         return (st.scheduled - st.sched_recv) / 1e9
     return None
 
+SERVER_TIMING = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("decode", "decode_ms"),
+                 ("tokenize", "tokenize_ms"), ("total", "e2e_ms"))
+
+
+def server_timing(breakdown: dict) -> str:
+    """The `Server-Timing` header of a finished request (W3C Server Timing; durations in ms) from its breakdown:
+    queue (every wait), prefill, decode, tokenize and total (arrival → the TokenizerManager's finish)."""
+    return ", ".join(f"{name};dur={breakdown[key]:.3f}" for name, key in SERVER_TIMING
+                     if breakdown.get(key) is not None)
+
+
 class TracedRequest(Protocol):
     """What telemetry reads and writes on a request (the front end's `ReqState`)."""
 
@@ -76,6 +87,18 @@ class TracedRequest(Protocol):
     completion_tokens: int
 
     def exemplar(self) -> dict[str, str] | None: ...
+
+
+def vllm_latencies(st: Stamps) -> dict[str, float]:
+    """The engine intervals under the span attribute names vLLM gives them (seconds): prefill is admission →
+    first token, decode first token → finished, inference the two together."""
+    out = {}
+    for name, a, b in (("time_in_model_prefill", st.scheduled, st.first_token),
+                       ("time_in_model_decode", st.first_token, st.finished),
+                       ("time_in_model_inference", st.scheduled, st.finished)):
+        if a is not None and b is not None:
+            out[f"gen_ai.latency.{name}"] = (b - a) / 1e9
+    return out
 
 
 def _ms(start: int | None, end: int | None) -> float | None:
@@ -241,6 +264,9 @@ class RequestTelemetry:
         queue = queue_seconds(st)
         if queue is not None:
             self._obs(m and m.queue_time, queue, rt)
+        waits = st.wait_reasons or {}
+        for reason, ns in waits.items():
+            self._obs(m and m.wait_time, ns / 1e9, rt, self.model, reason)
         for metric, a, b in ((m and m.prefill_time, st.scheduled, st.first_token),
                              (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:
@@ -258,6 +284,7 @@ class RequestTelemetry:
         rt.breakdown = {
             "ttft_ms": _ms(rt.arrival, rt.first_recv),
             "queue_ms": round(queue * 1e3, 3) if queue is not None else None, "retractions": rt.retractions,
+            "wait_ms": {reason: round(ns / 1e6, 3) for reason, ns in waits.items()},
             "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
             "tokenize_ms": round(rt.tokenize_ns / 1e6, 3), "detokenize_ms": round(rt.detok_busy_ns / 1e6, 3),
             "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,
@@ -268,7 +295,7 @@ class RequestTelemetry:
             self.genai.record(rt.operation, e2e, ttft=ttft, input_tokens=rt.prompt_tokens,
                               output_tokens=completion_tokens,
                               error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
-        self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st)
+        self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e)
         summary = {"rid": rt.rid, "route": rt.route, "finish_reason": finish_reason, "status": rt.status,
                    "prompt_tokens": rt.prompt_tokens, "completion_tokens": completion_tokens, **rt.breakdown}
         if abort_reason:
@@ -292,16 +319,19 @@ class RequestTelemetry:
             if rt.span is not None:
                 rt.span.set_attribute("sightline.tail_sampling.reason", reason)
 
-    def _annotate_span(self, rt, finish_reason, completion_tokens, abort_reason, error, ttft, st) -> None:
+    def _annotate_span(self, rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e) -> None:
         if rt.span is None or not (rt.trace_id or rt.tail_id):
             return
         attrs = {"gen_ai.response.finish_reasons": [finish_reason], "gen_ai.usage.output_tokens": completion_tokens,
-                 "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens}
+                 "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens, "gen_ai.latency.e2e": e2e}
         if ttft is not None:
-            attrs["sightline.ttft_seconds"] = ttft
+            attrs["sightline.ttft_seconds"] = attrs["gen_ai.latency.time_to_first_token"] = ttft
         queue = queue_seconds(st)
         if queue is not None:
-            attrs["sightline.queue_seconds"] = queue
+            attrs["sightline.queue_seconds"] = attrs["gen_ai.latency.time_in_queue"] = queue
+        for reason, ns in (st.wait_reasons or {}).items():
+            attrs[f"sightline.wait.{reason}_seconds"] = ns / 1e9
+        attrs.update(vllm_latencies(st))
         if rt.retractions:
             attrs["sightline.retractions"] = rt.retractions
         stall = self.loop_lag.worst_between(rt.arrival, now_ns()) if self.loop_lag is not None else None

@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, 
 from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from protocol.io_struct import SpanRecord
+from protocol.io_struct import SpanEventRecord, SpanRecord
 from telemetry.clock import WallAnchor, now_ns
 from telemetry.tail_sampling import TailSampler
 
@@ -225,6 +225,8 @@ class _RecordProcessor(SpanProcessor):
             links=len(span.links), sampled=ctx.trace_flags.sampled,
             link_ids=[f"{lk.context.trace_id:032x}-{lk.context.span_id:016x}" for lk in span.links],
             status_message=span.status.description or "",
+            events=[SpanEventRecord(e.name, e.timestamp, {k: _attr(v) for k, v in (e.attributes or {}).items()})
+                    for e in span.events],
         ))
 
 

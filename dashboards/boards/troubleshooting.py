@@ -2,7 +2,8 @@
 
 The first row follows the troubleshooting table of SGLang's TokenizerManager (symptoms of
 lost, slow or stale outputs), the second the reliability machinery (watchdog restarts,
-load shedding, deadlines), the third the front-end event loops, the fourth the prefix cache:
+load shedding, deadlines), the third the front-end event loops, the fourth the prefix cache, the
+fifth why requests were slow (why they waited, what caused their decode gaps):
 each panel's title is the question a symptom raises and its description says how to read the answer.
 """
 
@@ -46,6 +47,32 @@ def event_loop() -> list:
             "1 with a late loop: the loop waits on something blocking (a synchronous call, a GC pause, a starved host) "
             "— take a stack with py-spy dump.", "percentunit",
             [(q.rate("sightline_process_cpu_seconds_total", FRONT_END, by=role), "{{instance}} {{role}}")]),
+    ]
+
+
+def why_slow() -> list:
+    """Why requests waited (the Scheduler's reason per request per step) and what caused their decode gaps."""
+    wait = "sightline_request_wait_seconds"
+    return [
+        timeseries_panel(
+            "Requests waited: why were they not admitted?",
+            "Seconds spent in the Scheduler's queue per second, by reason (stacked: the total is the queue time "
+            "of every request). kv_capacity: the head of the queue did not fit in the KV pool (add KV: "
+            "--max-total-tokens; shorter max_tokens; --admission estimate); queue_order: behind such a head "
+            "(admission is strict FCFS); running_limit: --max-running-requests run; step_budget: the step's prefill "
+            "budget was spent (--max-prefill-tokens, --max-step-tokens); retracted: steps that retracted requests "
+            "admit no one; paused: an operator paused generation; next_step: arrived while a step ran (the floor). "
+            "A slow request's breakdown (wait_ms) and its queue spans' wait_reason events say the same for it.",
+            "s", [(q.rate(f"{wait}_sum", by=("reason",)), "{{reason}}")], stack=True),
+        timeseries_panel(
+            "Streams stalled: what caused the decode gaps?",
+            "Inter-token gaps far above the rank's typical step (over --decode-gap-factor × the median step "
+            "interval and --decode-gap-floor), per rate interval by cause. prefill: long prompts prefilled beside "
+            "the streams (the decode span's decode_gap event names them: lower --max-step-tokens); retraction: KV "
+            "ran out (Engine → Admission and retraction); paused: an operator pause; scheduler_loop: the Scheduler "
+            "spent the gap outside steps (a starved host, GC); batch_size: the batch more than doubled; slow_step: "
+            "the forward itself. GET /debug/timeline shows the steps.", "short",
+            [(q.rate("sightline_decode_gaps_total", by=("cause",), fn="increase"), "{{cause}}")], stack=True),
     ]
 
 
@@ -134,6 +161,7 @@ def board() -> Board:
             right={"B": "s", "C": "s"}),
     )
     b.row("Is the TokenizerManager loop blocked?", *event_loop())
+    b.row("Why was it slow?", *why_slow())
     b.row(
         "Prefix cache",
         timeseries_panel(

@@ -37,7 +37,8 @@ class StepStats:
     sample_seconds: float = 0.0  # logits → tokens, finish checks
     started_ns: int = 0
     ended_ns: int = 0
-    rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links)
+    rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links), decodes first
+    prefill_rids: tuple[str, ...] = ()  # the requests it fed prefill chunks (the last of `rids`)
     num_retracted: int = 0  # requests taken out of the batch before it ran
 
     def stats(self) -> dict[str, int | float]:

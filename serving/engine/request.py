@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from protocol.sampling_params import SamplingParams
+from serving.engine.wait_reasons import WaitLedger
 from telemetry.clock import now_ns
 from telemetry.outcomes import FinishReason  # one table of how requests end, the engine's finish reasons included
 
@@ -55,6 +56,8 @@ class ReqTimes:
     finished: int | None = None
     prefill_chunks: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, tokens)
     token_times: list[int] = field(default_factory=list)  # one stamp per output token
+    wait: WaitLedger = field(default_factory=WaitLedger)  # time per wait reason (serving.engine.wait_reasons)
+    gaps: list = field(default_factory=list)  # long inter-token gaps (serving.engine.decode_gaps.DecodeGap)
 
     def waited_ns(self, now: int | None = None) -> int:
         """Time in the queue over every waiting interval (the open one up to `now`)."""

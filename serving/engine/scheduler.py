@@ -37,15 +37,19 @@ from protocol.io_struct import (
     ReqMeta,
     SchedulerStats,
     SetLogLevelReq,
+    StepTimelineOutput,
+    StepTimelineReq,
     TokenizedGenerateReqInput,
     TokenOut,
     WorkerGone,
 )
 from serving.args import ServerArgs
+from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.events import TokenEvent
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore
+from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, keep_running, setup_child
@@ -54,6 +58,7 @@ from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
 from telemetry.stats import PhaseTimes
+from telemetry.step_timeline import StepRing, trace_id_of
 from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -87,6 +92,11 @@ class Scheduler:
         self.last_token_at: int | None = None
         self._last_stats = 0
         self.paused = 0  # the epoch of the PauseReq in effect: no step runs while it is set
+        self._paused_at = 0
+        self.gaps = DecodeGaps(GapRules(args.decode_gap_factor, args.decode_gap_floor)) \
+            if args.step_timeline_steps else None
+        self.ring = StepRing(args.step_timeline_steps) if args.step_timeline_steps else None
+        self.trace_of: dict[str, str] = {}  # rid → its trace id, for the step timeline's flows
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.phases = PhaseTimes(("schedule", "forward", "sample", "output"), stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
@@ -109,6 +119,10 @@ class Scheduler:
                     self._abort(msg)
                 elif isinstance(msg, FlushCacheReq):
                     self._flush_cache(msg)
+                elif isinstance(msg, StepTimelineReq):
+                    steps = self.ring.since(msg.seconds) if self.ring is not None else []
+                    self.to_tm.send(self.codec.encode(StepTimelineOutput(id=msg.id, worker=msg.worker,
+                                                                         dp_rank=self.dp_rank, steps=steps)))
                 elif isinstance(msg, WorkerGone):
                     self._worker_gone(msg.worker)
                 elif isinstance(msg, (PauseReq, ContinueReq, SetLogLevelReq)):
@@ -134,7 +148,11 @@ class Scheduler:
         self.meta[msg.rid] = msg.meta
         self.worker_of[msg.rid] = msg.worker
         self.pending_detok[msg.rid] = msg.detok
+        if self.ring is not None and msg.meta.trace:
+            self.trace_of[msg.rid] = trace_id_of(msg.meta.trace)
         req.times.queued = req.times.waiting_since = msg.meta.stamps.sched_recv
+        if self.paused:
+            assign([req], PAUSED, req.times.queued)
         self.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
@@ -157,6 +175,7 @@ class Scheduler:
             self.meta.pop(rid, None)
             self.pending_detok.pop(rid, None)
             self.worker_of.pop(rid, None)
+            self.trace_of.pop(rid, None)
             self.drops.forget(rid, "worker_gone")
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
 
@@ -166,6 +185,11 @@ class Scheduler:
             log.info("log level set to %s", msg.level)
             return
         was, self.paused = self.paused, msg.epoch if isinstance(msg, PauseReq) else 0
+        if self.paused and not was:  # the queue waits for the pause now; the next step says why it waits after
+            self._paused_at = now_ns()
+            assign(self.core.waiting, PAUSED, self._paused_at)
+        elif was and not self.paused and self.gaps is not None:
+            self.gaps.paused(self._paused_at, now_ns())
         if bool(was) != bool(self.paused):
             log.info("%s with %d running and %d waiting requests", "paused" if self.paused else "resumed",
                      self.core.num_running, self.core.num_waiting)
@@ -194,6 +218,8 @@ class Scheduler:
         st.scheduled, st.first_token, st.finished = t.scheduled, t.first_token, t.finished
         if t.scheduled is not None:
             st.waited = t.waited_ns(t.finished)
+            if ev.finished:
+                st.wait_reasons = dict(t.wait.ns)
         if t.token_times:
             st.last_token = t.token_times[-1]
         out = TokenOut(
@@ -216,6 +242,7 @@ class Scheduler:
             del self.meta[ev.rid]
             self.pending_detok.pop(ev.rid, None)
             self.worker_of.pop(ev.rid, None)
+            self.trace_of.pop(ev.rid, None)
             self.drops.forget(ev.rid, out.finish_reason)
             self.spans.finished(req, out.finish_reason, error_type, error)
         return out
@@ -245,6 +272,7 @@ class Scheduler:
             "prefill_tokens_total": self.prefill_tokens_total, "stale_drops": self.drops.snapshot(),
             "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
             "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
+            **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
         }
 
     # -- the loop ---------------------------------------------------------------------
@@ -259,7 +287,10 @@ class Scheduler:
         self.steps += 1
         st = self.core.last_step
         t_out = now_ns()
+        traces = tuple(self.trace_of.get(r, "") for r in st.rids) if self.ring is not None else ()  # before finishes
         self.prefill_tokens_total += st.num_prefill_tokens
+        if self.gaps is not None:
+            self.gaps.stepped(st, events)
         if st.rids:
             self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
                 "sightline.batch.size": st.batch_size, "sightline.batch.decode": st.num_decode,
@@ -274,9 +305,12 @@ class Scheduler:
             self.last_token_at = now_ns()
         self.flush()
         if st.batch_size:
+            t_end = now_ns()
             for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
-                                   ("sample", st.sample_seconds), ("output", (now_ns() - t_out) / 1e9)):
+                                   ("sample", st.sample_seconds), ("output", (t_end - t_out) / 1e9)):
                 self.phases.observe(phase, seconds)
+            if self.ring is not None:
+                self.ring.add(st, traces, t_end - t_out)
 
     def _emit(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> None:
         """Queue the rid's output; if building it fails, end that rid alone with an explicit error."""

@@ -55,6 +55,7 @@ from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
 from serving.engine.sampling import sample
 from serving.engine.stopping import eos_ids, finish_reason
+from serving.engine.wait_reasons import KV_CAPACITY, RETRACTED, RUNNING_LIMIT, STEP_BUDGET, assign
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 
@@ -207,11 +208,16 @@ class SchedulerCore:
                 chunks.append((req, n))
                 budget, room = budget - n, room - n
         committed = self.policy.committed(self.running) if admit_new else 0.0
-        while admit_new and self.waiting and budget > 0 and len(self.running) < self.args.max_running_requests:
+        blocked = None if admit_new else RETRACTED  # why the head of the queue stays there (wait_reasons)
+        while admit_new and self.waiting:
+            if budget <= 0 or len(self.running) >= self.args.max_running_requests:
+                blocked = STEP_BUDGET if budget <= 0 else RUNNING_LIMIT
+                break
             req = self.waiting[0]
             match = self.cache.match(req)
             need = self.policy.need(req) - match.length  # it allocates only what the cache does not hold
             if committed + match.gain + need > self.cache.available:
+                blocked = KV_CAPACITY
                 break  # strict arrival order: no overtaking by smaller requests
             self.waiting.popleft()
             self.cache.attach(req, match)
@@ -222,11 +228,13 @@ class SchedulerCore:
             n = min(budget, room, req.prefill_len - match.length)
             chunks.append((req, n))
             budget, room = budget - n, room - n
+        assign(self.waiting, blocked, now_ns())
         return chunks
 
     def _admitted(self, req: Req, m: int) -> None:
         t, now = req.times, now_ns()
         t.waits.append((t.waiting_since or now, now))
+        t.wait.close(now, t.waiting_since or now)
         t.waiting_since = None
         if t.scheduled is None:
             t.scheduled = now
@@ -264,6 +272,7 @@ class SchedulerCore:
         self.running.remove(req)
         req.times.waiting_since = t = now_ns()
         req.times.retractions.append(Retraction(t, computed, kept, len(req.output_ids)))
+        req.times.wait.set(RETRACTED, t, t)
         req.retracted_computed = computed
         req.prefill_len = req.total_len  # it resumes by computing its prompt and output, then samples
         req.status = ReqStatus.WAITING
@@ -305,6 +314,7 @@ class SchedulerCore:
             step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
             sample_seconds=(self._sample_ns + t2 - t1) / 1e9, started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
+            prefill_rids=tuple(r.rid for r, _ in chunks),
         )
         return events
 
@@ -381,6 +391,7 @@ class SchedulerCore:
         req.times.finished = now_ns()
         if req.times.waiting_since is not None:  # aborted in the queue: the interval ends here
             req.times.waits.append((req.times.waiting_since, req.times.finished))
+            req.times.wait.close(req.times.finished, req.times.waiting_since)
             req.times.waiting_since = None
         del self.reqs[req.rid]
 

@@ -234,6 +234,22 @@ def test_a_rank_that_does_not_confirm_is_named(fleet):
     assert fleet.post("/v1/completions", {"prompt": "after", "max_tokens": 2}).status_code == 200
 
 
+def test_the_step_timeline_merges_every_rank_whichever_worker_answers(fleet):
+    """Each answer comes from whichever worker accepted the connection; the replies of both ranks reach it."""
+    async def load():  # concurrent: the dispatcher spreads them over both ranks
+        async with httpx.AsyncClient(base_url=fleet.url, timeout=60) as client:
+            rs = await asyncio.gather(*[client.post("/v1/completions", json={"prompt": f"timeline {i}",
+                                                                             "max_tokens": 32}) for i in range(8)])
+        assert all(r.status_code == 200 for r in rs)
+    asyncio.run(load())
+    for _ in range(4):
+        events = httpx.get(fleet.url + "/debug/timeline?seconds=600", timeout=30).json()["traceEvents"]
+        names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        assert names == {0: "scheduler dp0", 1: "scheduler dp1"}
+        steps = [e for e in events if e["ph"] == "X" and e["name"] == "step"]
+        assert {e["pid"] for e in steps} == {0, 1}, "both ranks' steps"
+
+
 def test_kill_9_one_worker_ends_only_its_streams_and_leaves_nothing_behind(fleet):
     """Runs last in this module: it replaces one of the fixture's workers."""
     done: dict[int, tuple[str, float, int]] = {}

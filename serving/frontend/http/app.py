@@ -36,6 +36,7 @@ ROUTES = [
     Route("/debug/state", debug.debug_state, methods=["GET"]),
     Route("/debug/requests", debug.debug_requests, methods=["GET"]),
     Route("/debug/requests/{rid}", debug.debug_request, methods=["GET"]),
+    Route("/debug/timeline", debug.debug_timeline, methods=["GET"]),
     Route("/debug/profile", debug_profile, methods=["POST"]),
     Route("/debug/ui", debug_ui, methods=["GET"]),
     Route("/flush_cache", ops.flush_cache, methods=["POST"]),

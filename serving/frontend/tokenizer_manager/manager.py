@@ -34,6 +34,8 @@ from protocol.io_struct import (
     Ready,
     ReqMeta,
     Stamps,
+    StepTimelineOutput,
+    StepTimelineReq,
     StrOut,
     TokenizedGenerateReqInput,
 )
@@ -73,6 +75,7 @@ class TokenizerManager:
         self.rid_to_state: dict[str, ReqState] = {}
         self.finished_total = 0
         self._flushes: dict[str, _FlushReplies] = {}  # awaiting every rank's reply
+        self._timelines: dict[str, _RankReplies] = {}  # the same, for GET /debug/timeline
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -115,6 +118,11 @@ class TokenizerManager:
                     self.drops.drop("FlushCacheReqOutput", msg.id, {})
                 else:
                     pending.add(msg)
+                return
+            if isinstance(msg, StepTimelineOutput):
+                waiting = self._timelines.get(msg.id)
+                if waiting is not None:  # else its caller timed out
+                    waiting.add(msg.dp_rank, msg)
                 return
             applied = self.engine.handle(msg)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the loop
@@ -273,6 +281,18 @@ class TokenizerManager:
         finally:
             del self._flushes[fid]
 
+    async def step_timeline(self, seconds: float, timeout: float = 10.0) -> list[StepTimelineOutput]:
+        """Every Scheduler rank's steps of the last `seconds`, by rank; raises TimeoutError when one does not
+        answer."""
+        tid = uuid.uuid4().hex
+        pending = self._timelines[tid] = _RankReplies(self.args.dp_size)
+        try:
+            for rank in range(self.args.dp_size):
+                self.transport.send(StepTimelineReq(id=tid, seconds=seconds, worker=self.worker), rank)
+            return await asyncio.wait_for(pending.done, timeout)
+        finally:
+            del self._timelines[tid]
+
     def broadcast(self, msg: Message) -> None:
         """One control message (pause, continue, log level) to every Scheduler rank."""
         for rank in range(self.args.dp_size):
@@ -316,3 +336,17 @@ class _FlushReplies:
             self.done.set_result(FlushCacheReqOutput(
                 id=reply.id, success=not failed, message=failed[0].message if failed else "",
                 flushed_tokens=sum(r.flushed_tokens for r in self.replies.values())))
+
+
+class _RankReplies:
+    """One reply from every rank, in rank order."""
+
+    def __init__(self, ranks: int) -> None:
+        self.replies: dict[int, Any] = {}
+        self.ranks = ranks
+        self.done: asyncio.Future[list] = asyncio.get_running_loop().create_future()
+
+    def add(self, rank: int, reply: Any) -> None:
+        self.replies[rank] = reply
+        if len(self.replies) == self.ranks and not self.done.done():
+            self.done.set_result([self.replies[r] for r in sorted(self.replies)])

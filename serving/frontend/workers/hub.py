@@ -32,7 +32,16 @@ import zmq.asyncio
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from protocol.io_struct import FlushCacheReqOutput, HubQuery, HubReply, MetricFamily, Snapshot, SnapshotReq, WorkerStats
+from protocol.io_struct import (
+    FlushCacheReqOutput,
+    HubQuery,
+    HubReply,
+    MetricFamily,
+    Snapshot,
+    SnapshotReq,
+    StepTimelineOutput,
+    WorkerStats,
+)
 from serving import __version__
 from serving.args import ServerArgs
 from serving.frontend.supervision.children import stop_children
@@ -124,7 +133,7 @@ class Hub:
                     task = asyncio.create_task(self.answer(msg))
                     self.answering.add(task)  # held until done: the loop keeps only weak references
                     task.add_done_callback(self.answering.discard)
-                elif isinstance(msg, FlushCacheReqOutput):
+                elif isinstance(msg, (FlushCacheReqOutput, StepTimelineOutput)):  # to the worker that asked
                     self.fleet.send(msg.worker, msg)
                 elif msg is not None and not self.monitor.handle(msg):
                     self.codec.undecodable += 1

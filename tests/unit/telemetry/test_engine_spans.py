@@ -37,9 +37,13 @@ def test_a_retracted_request_has_a_queue_span_per_wait_and_a_retracted_event(tin
     for req in reqs:
         queues = sorted(by_rid[req.rid], key=lambda s: s.attributes["sightline.queue.after_retractions"])
         assert len(queues) == 1 + req.num_retractions
-        assert not queues[0].events
+        assert not [e for e in queues[0].events if e.name == "retracted"]
         for span, r in zip(queues[1:], req.times.retractions):
-            (event,) = span.events
+            (event,) = [e for e in span.events if e.name == "retracted"]
+            reasons = [e.attributes["sightline.wait.reason"] for e in span.events if e.name == "wait_reason"]
+            assert reasons[0] == "retracted"  # why it waited, from the retraction on
+            assert [e.name for e in span.events][-1] == "resumed"
             assert event.name == "retracted" and event.attributes["sightline.retraction.reason"] == "kv_exhausted"
             assert event.attributes["sightline.retraction.computed_tokens"] == r.computed
             assert event.attributes["sightline.retraction.discarded_tokens"] == r.computed - r.cached == 0
+        assert [e.name for e in queues[0].events][-1] == "admitted"

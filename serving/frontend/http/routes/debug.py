@@ -1,6 +1,8 @@
 """The request inspector's data: /debug/state, /debug/requests (recent, or in flight) and
 /debug/requests/{rid}.  Behind several tokenizer workers each worker holds only its own
-requests, so these ask the hub, which gathers every worker's answer."""
+requests, so these ask the hub, which gathers every worker's answer.  /debug/timeline asks
+every Scheduler rank for its recent steps (the replies come back through the hub to the
+worker that asked) and merges them into one Chrome Trace Event file."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from serving.frontend.http.state import ServerState
+from telemetry.step_timeline import chrome_trace
+
+MAX_TIMELINE_SECONDS = 3600.0
 
 
 async def debug_state(request: Request) -> Response:
@@ -39,6 +44,23 @@ async def debug_request(request: Request) -> Response:
         return JSONResponse({"error": {"message": f"no finished request {rid!r} in the timeline buffer",
                                        "type": "not_found_error", "param": "rid", "code": None}}, status_code=404)
     return JSONResponse(entry)
+
+
+async def debug_timeline(request: Request) -> Response:
+    """The engine steps of the last `seconds` (default 10) on every rank, as Chrome Trace Event JSON."""
+    state: ServerState = request.app.state.server
+    try:
+        seconds = min(max(float(request.query_params.get("seconds", "10")), 0.0), MAX_TIMELINE_SECONDS)
+    except ValueError:
+        return JSONResponse({"error": {"message": "seconds must be a number", "type": "invalid_request_error",
+                                       "param": "seconds", "code": None}}, status_code=400)
+    try:
+        replies = await state.tm.step_timeline(seconds)
+    except TimeoutError:
+        return JSONResponse({"error": {"message": "an engine rank did not answer", "type": "unavailable",
+                                       "param": None, "code": None}}, status_code=503)
+    body = chrome_trace((r.dp_rank, r.steps) for r in replies)
+    return JSONResponse(body, headers={"content-disposition": 'inline; filename="sightline-timeline.json"'})
 
 
 def _hub_json(reply) -> Response:

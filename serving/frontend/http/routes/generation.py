@@ -34,6 +34,7 @@ from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
 from telemetry.clock import now_ns
+from telemetry.request_telemetry import server_timing
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -164,6 +165,8 @@ async def generation(request: Request, kind: Kind) -> Response:
         return error_response(err, headers)
     out = full(result)
     (out["meta_info"] if kind.route == "/generate" else out)["sightline"] = req.breakdown
+    if req.breakdown:
+        headers["server-timing"] = server_timing(req.breakdown)
     tel.end(req, 200)
     return JSONResponse(out, headers=headers)
 
