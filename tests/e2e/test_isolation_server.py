@@ -176,6 +176,8 @@ def test_detokenizer_survives_undecodable_tokens(server):
     assert events[-1] == "[DONE]" and "could not be detokenized" in events[-2]["error"]["message"]
     assert_finished_normally(good, expected)
     wait_for(lambda: server.debug()["scheduler"]["num_running"] == 0)  # the victim was aborted in the Scheduler
+    # the Detokenizer's counters reach /debug with its next stats message, not with the error event
+    wait_for(lambda: server.debug()["detokenizer"].get("handling_errors", 0) - errors_before >= 2)
     assert server.debug()["detokenizer"]["handling_errors"] - errors_before == 2
     assert_still_serving(server)
 

@@ -18,10 +18,14 @@ import time
 import httpx
 import pytest
 
+from serving.args import ServerArgs
 from tests.server_util import ServerProc, value, wait_until
 
 FAULT_SEED = 4242
 LONG = 1500  # tokens of the long streams: seconds of decoding on tiny-random
+# the front end charges a request what the Scheduler first expects it to need: one long stream
+# fits in the token budget, the long stream and a 1200-token request do not
+BUDGET = ServerArgs().expected_tokens(4, LONG) + 500
 TTFT_MS = 500
 
 
@@ -30,7 +34,7 @@ def srv(otlp, tmp_path_factory):
     s = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
                    "--otel-sampling-ratio", "0", "--tail-sampling-ttft-ms", str(TTFT_MS),
                    "--tail-sampling-tpot-ms", "0",
-                   "--max-running-requests", "1", "--max-inflight-tokens", str(LONG + 1000),
+                   "--max-running-requests", "1", "--max-inflight-tokens", str(BUDGET),
                    "--startup-timeout", "120", tmpdir=tmp_path_factory.mktemp("outcomes"),
                    env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "100"})
     yield s
