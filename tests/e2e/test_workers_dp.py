@@ -166,8 +166,20 @@ def _every_worker(fleet, n: int = 8) -> list[httpx.Response]:
     return [httpx.get(fleet.url + "/health", headers={"connection": "close"}) for _ in range(n)]
 
 
+def _settled(read, quiet: float = 0.5, timeout: float = 15.0):
+    """`read()` once it has stopped changing for `quiet` seconds (what was in flight has arrived)."""
+    deadline, last = time.monotonic() + timeout, read()
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = read()
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"still changing after {timeout} s: {last}")
+
+
 def test_control_actions_reach_every_worker_and_rank(fleet):
-    long = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    long = {"max_new_tokens": 2000, "temperature": 0, "ignore_eos": True}  # near the 2048 context: seconds
     r = fleet.post("/control/log_level", {"level": "debug"})
     assert r.status_code == 200, r.text
     assert r.json()["processes"] == ["hub", *(f"worker-{w}" for w in r.json()["workers"]), "scheduler_dp0",
@@ -185,8 +197,7 @@ def test_control_actions_reach_every_worker_and_rank(fleet):
         assert r.status_code == 200 and r.json()["in_flight"] == 6 and len(r.json()["workers"]) == 2, r.text
         state = fleet.debug()
         assert all(s["paused"] for s in state["schedulers"]), state["schedulers"]
-        time.sleep(0.3)  # tokens already on their way arrive
-        seen = [len(s.events) for s in streams]
+        seen = _settled(lambda: [len(s.events) for s in streams])  # tokens already on their way arrive
         assert all(h.status_code == 503 and h.json()["reason"] == "paused" for h in _every_worker(fleet))
         refused = fleet.post("/v1/completions", {"prompt": "no", "max_tokens": 2})
         assert refused.status_code == 503 and refused.json()["error"]["code"] == "paused", refused.text
