@@ -109,14 +109,14 @@ def test_in_place_keeps_requests_and_kv_and_resumes_with_the_same_tokens(server)
 
 
 def test_drain_lets_running_requests_finish_and_refuses_new_ones(server):
-    s = Stream(server, "drain me", {**LONG, "max_new_tokens": 300})
+    s = Stream(server, "drain me", LONG)  # long enough to be still running when the drain starts
     wait_until(lambda: len(s.events) >= 2, 60, "the stream under way")
     r = control(server, "/pause_generation", {"mode": "drain"})
     assert r.status_code == 200 and r.json()["in_flight"] == 1, r.text
     assert_paused_refusals(server)
     s.join(120)
     TALLY["length"] += 1
-    assert s.events[-1] == "[DONE]" and len(s.tokens()) == 300
+    assert s.events[-1] == "[DONE]" and len(s.tokens()) == LONG["max_new_tokens"]
     assert control(server, "/continue_generation").json()["resumed"] == "drain"
     assert httpx.get(server.url + "/health").status_code == 200
 
