@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from serving.models.layers.native_quant import QuantKernel, QuantWeight
+from serving.models.layers.native_quant import PackedWeight, QuantKernel, QuantWeight
 
 
 @dataclass
 class Embedding:
     table: torch.Tensor | None  # [vocab, hidden] in the compute dtype; None when quantized
-    quant: QuantWeight | None = None
+    quant: QuantWeight | PackedWeight | None = None
     kernel: QuantKernel | None = None
     dtype: torch.dtype = torch.float32
 

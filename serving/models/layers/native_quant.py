@@ -1,8 +1,10 @@
 """Linear layers on GGUF-quantized weights, on the native kernel (kernels/quant_linear.cpp).
 
-A weight stays in its GGUF block layout (`QuantWeight`: [rows, bytes per row] uint8, a view of
-the file's memory map or quantized at load), which the kernel reads as it is: memory is the
-quantized size.  Activations are quantized to int8 per 32 values inside the kernel, so every
+A weight comes in its GGUF block layout (`QuantWeight`: [rows, bytes per row] uint8, a view of
+the file's memory map or quantized at load).  Where this build has an interleaved layout for its
+type (Q8_0, Q4_0, Q4_1, Q4_K on AVX-512 VNNI: kernels/quant_interleaved.h) `QuantLinear` repacks
+it once (`PackedWeight`, the same size within a few bytes per block) and the kernel runs 16
+output rows per instruction; otherwise the kernel reads the file's layout as it is.  Activations are quantized to int8 per 32 values inside the kernel, so every
 type runs integer dot products.  `QuantLinear` runs several weights over one input in one call
 (fused Q/K/V, gate/up), each in its own type: a GGUF file may mix them (Q4_K_M: Q5_0 Q/K with a
 Q8_0 V).  Types the kernel has no decoder for are for the caller to expand (`supports`).
@@ -43,6 +45,18 @@ class QuantWeight:
         return gguf.GGML_QUANT_SIZES[self.qtype][0]
 
 
+@dataclass
+class PackedWeight:
+    """A `QuantWeight` repacked for the interleaved kernel: `layout` is the kernel's type id,
+    `qtype` the type it came from (the values are the same)."""
+
+    qtype: gguf.GGMLQuantizationType
+    layout: int
+    data: torch.Tensor
+    rows: int
+    cols: int
+
+
 class QuantKernel:
     """The loaded library: matmuls and row lookups on `QuantWeight`s."""
 
@@ -57,10 +71,28 @@ class QuantKernel:
         self._acts.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _PTR]
         self._supported = lib.quant_supported
         self._supported.argtypes = [_INT]
+        self._il_layout = lib.quant_il_layout
+        self._il_layout.argtypes = [_INT]
+        self._il_bytes = lib.quant_il_bytes
+        self._il_bytes.argtypes, self._il_bytes.restype = [_INT, _I64, _I64], _I64
+        self._il_pack = lib.quant_il_pack
+        self._il_pack.argtypes, self._il_pack.restype = [_INT, _PTR, _I64, _I64, _I64, _PTR], None
+        self._il_rows = lib.quant_il_rows
+        self._il_rows.argtypes, self._il_rows.restype = [_INT, _PTR, _I64, _PTR, _I64, _PTR], None
         self.vnni = bool(lib.quant_vnni())
 
     def supports(self, qtype: gguf.GGMLQuantizationType) -> bool:
         return bool(self._supported(int(qtype)))
+
+    def interleave(self, w: QuantWeight) -> "PackedWeight | None":
+        """`w` repacked into this build's VNNI layout (kernels/quant_interleaved.h), or None where
+        its type has none here (or the CPU lacks AVX-512 VNNI): the row-major kernel runs it."""
+        layout = self._il_layout(int(w.qtype))
+        if layout < 0:
+            return None
+        out = torch.empty(self._il_bytes(int(w.qtype), w.rows, w.cols), dtype=torch.uint8)
+        self._il_pack(int(w.qtype), w.data.data_ptr(), w.rows, w.cols, w.data.shape[1], out.data_ptr())
+        return PackedWeight(w.qtype, layout, out, w.rows, w.cols)
 
     def matmul(self, x: torch.Tensor, parts: "_Parts") -> torch.Tensor:
         """x [M, K] fp32 contiguous → [M, N]."""
@@ -70,12 +102,13 @@ class QuantKernel:
                          out.data_ptr(), parts.n)
         return out
 
-    def dequant_rows(self, w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:
+    def dequant_rows(self, w: QuantWeight | PackedWeight, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of `w` in fp32, shaped [*ids.shape, cols] (embedding lookups)."""
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty((flat.shape[0], w.cols), dtype=torch.float32)
         if flat.shape[0]:
-            self._rows(int(w.qtype), w.data.data_ptr(), w.cols, flat.data_ptr(), flat.shape[0], out.data_ptr())
+            rows = self._il_rows if isinstance(w, PackedWeight) else self._rows
+            rows(_type_id(w), w.data.data_ptr(), w.cols, flat.data_ptr(), flat.shape[0], out.data_ptr())
         return out.view(*ids.shape, w.cols)
 
     def activations(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -88,11 +121,15 @@ class QuantKernel:
         return d, s, qs
 
 
+def _type_id(w: QuantWeight | PackedWeight) -> int:
+    return w.layout if isinstance(w, PackedWeight) else int(w.qtype)
+
+
 @dataclass
 class _Parts:
     """The ctypes arrays one call passes, built once per layer."""
 
-    weights: Sequence[QuantWeight]
+    weights: Sequence[QuantWeight | PackedWeight]
     count: int = 0
     n: int = 0
     types: ctypes.Array = field(init=False)
@@ -101,7 +138,7 @@ class _Parts:
 
     def __post_init__(self) -> None:
         self.count, self.n = len(self.weights), sum(w.rows for w in self.weights)
-        self.types = (ctypes.c_int32 * self.count)(*(int(w.qtype) for w in self.weights))
+        self.types = (ctypes.c_int32 * self.count)(*(_type_id(w) for w in self.weights))
         self.ptrs = (ctypes.c_void_p * self.count)(*(w.data.data_ptr() for w in self.weights))
         self.rows = (ctypes.c_int64 * self.count)(*(w.rows for w in self.weights))
 
@@ -116,7 +153,8 @@ class QuantLinear:
         for w in parts:
             if w.cols != k or k % w.block or not kernel.supports(w.qtype) or not w.data.is_contiguous():
                 raise ValueError(f"cannot run a {w.qtype.name} [{w.rows}, {w.cols}] weight with input size {k}")
-        self.kernel, self.parts, self.in_features = kernel, list(parts), k
+        self.kernel, self.in_features = kernel, k
+        self.parts: list[QuantWeight | PackedWeight] = [kernel.interleave(w) or w for w in parts]
         self.bias = None if bias is None else bias.float()
         self._parts = _Parts(self.parts)
         self.out_features = self._parts.n

@@ -11,6 +11,7 @@
 // of rows of x (as many rows as fit in X_BLOCK_BYTES, reused by every group from cache).
 #include <vector>
 
+#include "quant_interleaved.h"
 #include "quant_types.h"
 #include "team.h"
 
@@ -89,6 +90,9 @@ void group(const Part& p, int64_t n0, int64_t cols, const XBlock* xq, int64_t xs
   }
 }
 
+// Output rows per chunk of a part: a register tile's weight rows (an interleaved group of 16).
+int64_t group_rows(int type) { return type >= il::S8 && type <= il::U4F ? il::ROWS : CMAX; }
+
 std::vector<XBlock>& scratch() {
   static thread_local std::vector<XBlock> buf;
   return buf;
@@ -100,6 +104,7 @@ extern "C" {
 
 // Whether this build runs the ggml type id natively.
 int quant_supported(int type) {
+  if (type >= il::S8 && type <= il::U4F) return il::layout_of(q::Q8_0) >= 0;
   return q::with_type(type, [](auto) {}) ? 1 : 0;
 }
 
@@ -111,8 +116,8 @@ int quant_vnni() {
 #endif
 }
 
-// y[M, N] = x[M, K] · [W_0; W_1; ...]ᵀ.  Part i: ggml type `types[i]`, `rows[i]` rows of K values at
-// `weights[i]`; its outputs are columns [sum(rows[:i]), + rows[i]) of y.  K is a multiple of every
+// y[M, N] = x[M, K] · [W_0; W_1; ...]ᵀ.  Part i: ggml type `types[i]` (or an interleaved layout,
+// quant_interleaved.h), `rows[i]` rows of K values at `weights[i]`; its outputs are columns [sum(rows[:i]), + rows[i]) of y.  K is a multiple of every
 // part's block size (the caller checks).
 void quant_linear(const float* x, int64_t M, int64_t K, int nparts, const int32_t* types,
                   const uint8_t* const* weights, const int64_t* rows, float* y, int64_t N) {
@@ -122,7 +127,7 @@ void quant_linear(const float* x, int64_t M, int64_t K, int nparts, const int32_
   for (int i = 0; i < nparts && i < 8; ++i) {
     parts[i] = {types[i], weights[i], rows[i], col};
     col += rows[i];
-    groups_before[i + 1] = groups_before[i] + (rows[i] + CMAX - 1) / CMAX;
+    groups_before[i + 1] = groups_before[i] + (rows[i] + group_rows(types[i]) - 1) / group_rows(types[i]);
   }
   const int64_t groups = groups_before[nparts], xs = K / 32;
   std::vector<XBlock>& xq = scratch();
@@ -139,8 +144,9 @@ void quant_linear(const float* x, int64_t M, int64_t K, int nparts, const int32_
     int i = 0;
     while (g >= groups_before[i + 1]) ++i;
     const Part& p = parts[i];
-    const int64_t n0 = (g - groups_before[i]) * CMAX;
-    const int64_t cols = p.rows - n0 < CMAX ? p.rows - n0 : CMAX;
+    const int64_t gr = group_rows(p.type), n0 = (g - groups_before[i]) * gr;
+    const int64_t cols = p.rows - n0 < gr ? p.rows - n0 : gr;
+    if (gr == il::ROWS) return il::group(p.type, p.w, n0, cols, xqp, xs, m0, m1, y + p.col, N, K);
     q::with_type(p.type, [&](auto t) { group<decltype(t)>(p, n0, cols, xqp, xs, m0, m1, y, N, K); });
   });
 }

@@ -62,10 +62,12 @@ inline __m256i bits_to_bytes(const uint8_t* p) {
   return _mm256_cmpeq_epi8(_mm256_or_si256(bytes, mask), _mm256_set1_epi64x(-1));
 }
 
-// One block of activations: x[i] ~= d * q[i], and s = d * sum(q) (the term a weight's offset multiplies).
+// One block of activations: x[i] ~= d * q[i], s = d * sum(q) (the term a weight's offset multiplies)
+// and sum = sum(q) itself (the interleaved kernel's exact correction for its unsigned Q8_0 weights).
 struct XBlock {
   float d;
   float s;
+  int32_t sum;
   int8_t q[32];
 };
 
@@ -92,8 +94,12 @@ inline void quantize_row(const float* x, int64_t k, XBlock* out) {
     const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
     const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b),
                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+    const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
     out[b].d = d;
-    out[b].s = d * static_cast<float>(hsum(_mm256_cvtepi32_ps(sum)));
+    out[b].s = d * static_cast<float>(total);
+    out[b].sum = total;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), i8);
   }
 }

@@ -114,3 +114,21 @@ def test_unrunnable_weights_are_refused(kernel):
         QuantLinear(kernel, [random_blocks(Q.Q8_0, 4, 64, 0), random_blocks(Q.Q8_0, 4, 96, 0)])
     with pytest.raises(ValueError):
         quantize(torch.randn(4, 576), "q4_k")  # 576 is not a multiple of 256
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda t: t.name)
+def test_vnni_builds_interleave_and_keep_every_value(qtype):
+    """On a CPU with AVX-512 VNNI these types run repacked (16 rows per instruction); their row
+    lookups (a tied embedding reads the repacked lm_head) give the file's values exactly."""
+    kernel = native_quant.load()
+    w = random_blocks(qtype, 37, 512, seed=7)
+    packed = kernel.interleave(w)
+    flags = open("/proc/cpuinfo").read()
+    if " avx512_vnni" not in flags or " avx512bw" not in flags:
+        assert packed is None and native_quant.load(march="haswell").interleave(w) is None
+        return
+    assert packed is not None and packed.qtype == qtype and packed.rows == 37
+    assert native_quant.load(march="haswell").interleave(w) is None  # AVX2: the row-major kernel
+    assert isinstance(QuantLinear(kernel, [w]).parts[0], native_quant.PackedWeight)
+    ids = torch.tensor([0, 15, 16, 36, 5])
+    assert torch.equal(kernel.dequant_rows(packed, ids), dequantize(w)[ids])

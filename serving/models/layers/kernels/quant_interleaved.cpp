@@ -1,0 +1,221 @@
+// The interleaved quantized layouts (quant_interleaved.h): repacking at load, the VNNI tile and
+// row lookups (a tied embedding reads the lm_head's repacked table).
+#include "quant_interleaved.h"
+
+#include <cstring>
+
+#include "quant_types.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define IL_ENABLED 1
+#else
+#define IL_ENABLED 0
+#endif
+
+namespace il {
+namespace {
+
+constexpr int64_t wbytes(int layout) { return layout == S8 ? 512 : 256; }
+constexpr int64_t block_bytes(int layout) { return wbytes(layout) + (layout == S8 ? 32 : layout == U4 ? 64 : 128); }
+
+// One 32-value block of a row, decoded to what the layout stores: u[32], and d, m as floats.
+struct Block {
+  uint8_t u[32];
+  float d, m;
+};
+
+void decode(int type, const uint8_t* row, int64_t c, Block& o) {
+  switch (type) {
+    case q::Q8_0: {
+      const uint8_t* b = row + c * 34;
+      o.d = q::fp16(b), o.m = -128.0f * o.d;
+      for (int i = 0; i < 32; ++i) o.u[i] = b[2 + i] ^ 0x80;
+      return;
+    }
+    case q::Q4_0:
+    case q::Q4_1: {
+      const bool one = type == q::Q4_1;
+      const uint8_t* b = row + c * (one ? 20 : 18);
+      o.d = q::fp16(b), o.m = one ? q::fp16(b + 2) : -8.0f * o.d;
+      const uint8_t* qs = b + (one ? 4 : 2);
+      for (int i = 0; i < 16; ++i) o.u[i] = qs[i] & 15, o.u[16 + i] = qs[i] >> 4;
+      return;
+    }
+    case q::Q4_K: {
+      const uint8_t* b = row + (c / 8) * 144;
+      const int s = c % 8;
+      uint8_t sc[8], mn[8];
+      q::k_scales(b + 4, sc, mn);
+      o.d = q::fp16(b) * sc[s], o.m = -q::fp16(b + 2) * mn[s];
+      const uint8_t* qs = b + 16 + 32 * (s / 2);
+      for (int i = 0; i < 32; ++i) o.u[i] = s % 2 ? qs[i] >> 4 : qs[i] & 15;
+      return;
+    }
+  }
+}
+
+uint16_t half(float f) { return _cvtss_sh(f, 0); }
+
+#if IL_ENABLED
+template <int L, int R>
+void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, float* y, int64_t ldy, int cols) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b, w += block_bytes(L)) {
+    __m512i wv[8];
+    if constexpr (L != S8) {
+      for (int k = 0; k < 4; ++k) {
+        const __m512i v = _mm512_loadu_si512(w + 64 * k);
+        wv[2 * k] = _mm512_and_si512(v, low);
+        wv[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    } else {
+      for (int j = 0; j < 8; ++j) wv[j] = _mm512_loadu_si512(w + 64 * j);
+    }
+    const uint8_t* sc = w + wbytes(L);
+    const __m512 d = L == U4F ? _mm512_loadu_ps(sc) : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
+    // S8: u = w + 128, so dot(u, x) - 128 sum(x) is the exact integer dot product, and m unused
+    const __m512 m = L == U4F ? _mm512_loadu_ps(sc + 64)
+                     : L == U4 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)))
+                               : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const q::XBlock& xb = x[r * xs + b];
+      const int32_t* xq = reinterpret_cast<const int32_t*>(xb.q);
+      __m512i a0 = L == S8 ? _mm512_set1_epi32(-128 * xb.sum) : _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        a0 = _mm512_dpbusd_epi32(a0, wv[j], _mm512_set1_epi32(xq[j]));
+        a1 = _mm512_dpbusd_epi32(a1, wv[j + 1], _mm512_set1_epi32(xq[j + 1]));
+      }
+      const __m512 f = _mm512_cvtepi32_ps(_mm512_add_epi32(a0, a1));
+      acc[r] = _mm512_fmadd_ps(f, _mm512_mul_ps(d, _mm512_set1_ps(xb.d)), acc[r]);
+      if constexpr (L != S8) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xb.s), acc[r]);
+    }
+  }
+  const __mmask16 keep = cols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << cols) - 1);
+  for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
+}
+
+constexpr int RMAX = 4;
+
+template <int L, int R = RMAX>
+void rows_of_x(int64_t r, const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, float* y, int64_t ldy,
+               int cols) {
+  if constexpr (R > 1) {
+    if (r < R) return rows_of_x<L, R - 1>(r, x, xs, w, blocks, y, ldy, cols);
+  }
+  tile<L, R>(x, xs, w, blocks, y, ldy, cols);
+}
+
+template <int L>
+void run_group(const uint8_t* w, int64_t n0, int64_t cols, const q::XBlock* xq, int64_t xs, int64_t m0, int64_t m1,
+               float* y, int64_t ldy, int64_t k) {
+  const int64_t blocks = k / 32;
+  const uint8_t* g = w + n0 / ROWS * blocks * block_bytes(L);
+  for (int64_t r0 = m0; r0 < m1; r0 += RMAX) {
+    const int64_t r = m1 - r0 < RMAX ? m1 - r0 : RMAX;
+    rows_of_x<L>(r, xq + r0 * xs, xs, g, blocks, y + r0 * ldy + n0, ldy, static_cast<int>(cols));
+  }
+}
+#endif
+
+}  // namespace
+
+int layout_of(int type) {
+  if (!IL_ENABLED) return -1;
+  switch (type) {
+    case q::Q8_0: return S8;
+    case q::Q4_0:
+    case q::Q4_1: return U4;
+    case q::Q4_K: return U4F;
+    default: return -1;
+  }
+}
+
+void group(int layout, const uint8_t* w, int64_t n0, int64_t cols, const q::XBlock* xq, int64_t xs, int64_t m0,
+           int64_t m1, float* y, int64_t ldy, int64_t k) {
+#if IL_ENABLED
+  if (layout == S8) return run_group<S8>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
+  if (layout == U4) return run_group<U4>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
+  return run_group<U4F>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
+#endif
+}
+
+}  // namespace il
+
+extern "C" {
+
+// The interleaved layout a ggml type repacks into (il::S8, il::U4), or -1 (none, or not this build).
+int quant_il_layout(int type) { return il::layout_of(type); }
+
+// Bytes of a [rows, k] weight repacked (rows padded to a multiple of 16).
+int64_t quant_il_bytes(int type, int64_t rows, int64_t k) {
+  const int layout = il::layout_of(type);
+  if (layout < 0) return 0;
+  return (rows + il::ROWS - 1) / il::ROWS * (k / 32) * il::block_bytes(layout);
+}
+
+// Repack a row-major [rows, k] weight of ggml type `type` (k a multiple of its block) into `out`.
+void quant_il_pack(int type, const uint8_t* w, int64_t rows, int64_t k, int64_t row_bytes, uint8_t* out) {
+  const int layout = il::layout_of(type);
+  if (layout < 0) return;
+  const int64_t blocks = k / 32, wb = il::wbytes(layout);
+  const int64_t groups = (rows + il::ROWS - 1) / il::ROWS;
+  std::memset(out, 0, groups * blocks * il::block_bytes(layout));
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* dst = out + (g * blocks + b) * il::block_bytes(layout);
+      uint8_t* sc = dst + wb;
+      for (int rr = 0; rr < il::ROWS && g * il::ROWS + rr < rows; ++rr) {
+        il::Block blk;
+        il::decode(type, w + (g * il::ROWS + rr) * row_bytes, b, blk);
+        if (layout == il::U4F) {
+          std::memcpy(sc + 4 * rr, &blk.d, 4);
+          std::memcpy(sc + 64 + 4 * rr, &blk.m, 4);
+        } else {
+          const uint16_t dm[2] = {il::half(blk.d), il::half(blk.m)};
+          std::memcpy(sc + 2 * rr, dm, 2);
+          if (layout == il::U4) std::memcpy(sc + 32 + 2 * rr, dm + 1, 2);
+        }
+        if (layout != il::S8) {
+          for (int kk = 0; kk < 4; ++kk)
+            for (int i = 0; i < 4; ++i)
+              dst[(kk * il::ROWS + rr) * 4 + i] = blk.u[8 * kk + i] | blk.u[8 * kk + 4 + i] << 4;
+        } else {
+          for (int j = 0; j < 8; ++j)
+            for (int i = 0; i < 4; ++i) dst[(j * il::ROWS + rr) * 4 + i] = blk.u[4 * j + i];
+        }
+      }
+    }
+  }
+}
+
+// out[i, :] = row ids[i] of a repacked [rows, k] weight, dequantized (a tied embedding's lookups).
+void quant_il_rows(int layout, const uint8_t* w, int64_t k, const int64_t* ids, int64_t n, float* out) {
+  const int64_t blocks = k / 32, wb = il::wbytes(layout), bb = il::block_bytes(layout);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t g = ids[i] / il::ROWS, rr = ids[i] % il::ROWS;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* src = w + (g * blocks + b) * bb;
+      const uint8_t* sc = src + wb;
+      float d, m;
+      if (layout == il::U4F) {
+        std::memcpy(&d, sc + 4 * rr, 4);
+        std::memcpy(&m, sc + 64 + 4 * rr, 4);
+      } else {
+        uint16_t h[2];
+        std::memcpy(h, sc + 2 * rr, 2);
+        if (layout == il::U4) std::memcpy(h + 1, sc + 32 + 2 * rr, 2);
+        d = _cvtsh_ss(h[0]), m = layout == il::S8 ? 0.0f : _cvtsh_ss(h[1]);
+      }
+      float* o = out + i * k + b * 32;
+      for (int c = 0; c < 32; ++c) {
+        const int u = layout == il::S8 ? src[((c / 4) * il::ROWS + rr) * 4 + c % 4]
+                                       : src[((c / 8) * il::ROWS + rr) * 4 + c % 4] >> (c % 8 < 4 ? 0 : 4) & 15;
+        o[c] = layout == il::S8 ? d * static_cast<float>(u - 128) : d * static_cast<float>(u) + m;
+      }
+    }
+  }
+}
+
+}  // extern "C"
