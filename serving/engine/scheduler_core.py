@@ -38,6 +38,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+
 import torch
 
 from protocol.sampling_params import SamplingParams

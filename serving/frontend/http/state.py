@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState, Hub
 from serving.frontend.supervision.engine_monitor import EngineMonitor
+from serving.frontend.tenants.store import KeyStore
 from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.ipc import Endpoints
 from telemetry.clock import now_ns
@@ -31,6 +32,7 @@ class ServerState:
     loop_lag: LoopLagMonitor = field(default_factory=lambda: LoopLagMonitor(None))
     monitor: EngineMonitor | None = None  # where this process supervises the engine (one worker): control, /debug/state
     hub: Hub | None = None  # one of several tokenizer workers: /metrics and /debug/* ask the hub
+    keys: KeyStore | None = None  # the API keys in force (the auth middleware's), reloaded in place
 
     def health(self) -> tuple[bool, str]:
         return self.engine.health(self.tm.oldest_arrival())
@@ -43,6 +45,7 @@ class ServerState:
         return [{"rid": s.rid, "route": s.route, "state": "running" if s.started else "queued",
                  "age_ms": round((now - s.arrival) / 1e6, 3), "stream": s.stream, "prompt_tokens": s.prompt_tokens,
                  "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens, "dp_rank": s.dp_rank,
+                 "tenant": s.tenant,
                  "trace_id": s.trace_id, **worker} for s in states]
 
     def debug_state(self) -> dict:
