@@ -213,7 +213,9 @@ class RadixCache:
             freed.append(leaf.value)
             count += len(leaf.value)
             self.total_slots -= len(leaf.value)
-            if parent is not self.root and not parent.children and not parent.lock_ref:
+            if parent.ns is not None and not parent.children and not parent.lock_ref:
+                del self.root.children[parent.ns]  # type: ignore[arg-type]  # an emptied namespace: no slots
+            elif parent is not self.root and not parent.children and not parent.lock_ref:
                 heapq.heappush(heap, parent)
         return torch.cat(freed) if freed else _EMPTY
 
