@@ -117,4 +117,4 @@ def test_namespaces_follow_the_sharing_policy():
     with pytest.raises(APIError) as err:
         cache_namespace("global", "a", "s")
     assert err.value.status == 400 and err.value.code == "cache_salt_unsupported"
-    assert "a" not in cache_namespace("tenant", "a", None)  # a digest, not the name
+    assert "acme" not in cache_namespace("tenant", "acme", None)  # a digest, not the name
