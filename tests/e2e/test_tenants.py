@@ -216,7 +216,7 @@ def test_a_limit_holds_across_tokenizer_workers(tmp_path, keys_file):
     s = ServerProc("--api-keys-file", str(keys_file), "--tokenizer-worker-num", "2",
                    tmpdir=tmp_path, env={"SIGHTLINE_API_KEY": ADMIN})
     try:
-        hogs = [Streamer(s, KEY_A, 1500) for _ in range(2)]
+        hogs = [Streamer(s, KEY_A, 500) for _ in range(2)]
         wait_until(lambda: all(len(h.times) > 1 for h in hogs), 30, "tenant a's two streams")
         statuses = [complete(s, KEY_A, f"more {i}").status_code for i in range(8)]  # new connections: both workers
         assert statuses == [429] * 8, statuses  # 2 in flight in all, not 2 per worker
