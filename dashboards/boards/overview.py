@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dashboards import promql as q
+from dashboards.boards.tenants import tenant_panels
 from dashboards.panels import Board, annotation, latency_panel, stat_panel, timeseries_panel
 
 REQ = "sightline_requests_total"
@@ -233,5 +234,6 @@ def board() -> Board:
         cpu_per_token(),
     )
     b.row("Workers and ranks", *workers_and_ranks())
+    b.row("Tenants", *tenant_panels())
     b.annotate(*control_annotations())
     return b
