@@ -233,7 +233,7 @@ def board() -> Board:
                          [(q.gauge("sightline_generation_throughput_tokens_per_second"), "generation")]),
         cpu_per_token(),
     )
-    b.row("Workers and ranks", *workers_and_ranks())
     b.row("Tenants", *tenant_panels())
+    b.row("Workers and ranks", *workers_and_ranks())
     b.annotate(*control_annotations())
     return b
