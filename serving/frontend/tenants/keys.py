@@ -99,9 +99,9 @@ class KeyTable:
         return self.tenants.get(tenant, TenantPolicy())
 
 
-def _int_field(where: str, name: str, value: object, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise KeysFileError(f"{where}: {name} must be an integer >= {low}")
+def _int_field(where: str, name: str, value: object, low: int, high: int = 2**62) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise KeysFileError(f"{where}: {name} must be an integer in [{low}, {high}]")
     return value
 
 
@@ -130,7 +130,7 @@ def parse(text: str, where: str = "keys file") -> tuple[KeyTable, bool]:
         if not isinstance(spec, dict) or set(spec) - _TENANT_FIELDS:
             raise KeysFileError(f"{where}: tenants.{name}: fields are {sorted(_TENANT_FIELDS)}")
         table.tenants[name] = TenantPolicy(
-            priority=_int_field(f"tenants.{name}", "priority", spec.get("priority", 0), -1000),
+            priority=_int_field(f"tenants.{name}", "priority", spec.get("priority", 0), -1000, 1000),
             max_concurrent_requests=None if "max_concurrent_requests" not in spec else
             _int_field(f"tenants.{name}", "max_concurrent_requests", spec["max_concurrent_requests"], 1),
             tokens_per_minute=None if "tokens_per_minute" not in spec else

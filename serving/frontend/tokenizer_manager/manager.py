@@ -221,6 +221,8 @@ class TokenizerManager:
         check_salt(obj.cache_salt)
         namespace = cache_namespace(self.args.prefix_cache_sharing, state.tenant, obj.cache_salt)
         tenant = self.policy(state.tenant)
+        if obj.priority is not None and not -1000 <= obj.priority <= 1000:
+            raise bad_request("priority must be an integer in [-1000, 1000]", param="priority")
         priority = tenant.priority if obj.priority is None else min(tenant.priority, obj.priority)
         self.admission.check_queue()
         check_size(obj, ready.context_len, self.input_limits(ready))
