@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, scrape, samples, sse_events, value, wait_until
+from tests.server_util import ServerProc, samples, scrape, sse_events, value, wait_until
 
 ADMIN = "sk-admin-0123456789abcdef"  # --api-key: tenant default, admin
 KEY_A, KEY_B, KEY_C = "sk-tenant-a-0123456789", "sk-tenant-b-0123456789", "sk-tenant-c-0123456789"
