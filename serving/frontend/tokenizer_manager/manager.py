@@ -244,7 +244,7 @@ class TokenizerManager:
         state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))
         self.rid_to_state[rid] = state
         self.admission.admit(budget)
-        state.dp_rank = self.dispatcher.pick(ids, budget)
+        state.dp_rank = self.dispatcher.pick(ids, budget, namespace)
         if obj.timeout:
             state.timer = asyncio.get_running_loop().call_later(
                 obj.timeout, self.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
