@@ -149,6 +149,7 @@ def test_a_tenant_at_its_limit_gets_429_and_the_other_keeps_its_pace(srv):
     wait_until(lambda: all(len(h.times) > 1 for h in hogs), 30, "tenant a's two streams")
     b = Streamer(srv, KEY_B, 60)
     refused = [complete(srv, KEY_A, "one more") for _ in range(10)]
+    assert srv.debug()["tenants"]["a"]["in_flight"] == 2
     for r in refused:
         assert r.status_code == 429 and r.json()["error"]["code"] == "tenant_concurrency", r.text
         assert int(r.headers["retry-after"]) >= 1 and "limit is 2" in r.json()["error"]["message"]

@@ -52,4 +52,5 @@ class ServerState:
         """/debug/state of a single-process server (with workers the hub answers it)."""
         return {"in_flight": len(self.tm.rid_to_state), **self.monitor.debug_state(self.tm.counts()),
                 "runtime_dir": self.endpoints.runtime_dir, "model": self.model_name,
-                "event_loop_lag_seconds": {"last": self.loop_lag.last, "worst": self.loop_lag.worst}}
+                "event_loop_lag_seconds": {"last": self.loop_lag.last, "worst": self.loop_lag.worst},
+                "tenants": self.tm.tenants.limiter.snapshot() if hasattr(self.tm.tenants, "limiter") else {}}

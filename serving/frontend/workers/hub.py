@@ -245,7 +245,7 @@ class Hub:
                    for w in self.fleet.workers.values()}
         state = {"in_flight": sum(w["in_flight"] for w in workers.values()), **self.monitor.debug_state(front),
                  "workers": workers, "engine_generation": self.fleet.generation,
-                 "runtime_dir": self.endpoints.runtime_dir, "model": self.name}
+                 "runtime_dir": self.endpoints.runtime_dir, "model": self.name, "tenants": self.limiter.snapshot()}
         return HubReply(id="", body=json.dumps(state).encode())
 
     async def _request(self, rid: str) -> HubReply:
