@@ -77,6 +77,8 @@ class TokenizedGenerateReqInput(_Msg):
     detok: DetokParams
     meta: ReqMeta
     worker: int = 0  # the tokenizer worker holding the rid's ReqState: its outputs go back there
+    priority: int = 0  # its tenant's: higher is admitted first and retracted last
+    cache_namespace: str = ""  # the prefix-cache namespace it reads and fills (a digest; "" is shared)
 
 
 class FlushCacheReq(_Msg):
@@ -132,6 +134,7 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int = 0  # of the prompt, reused from the prefix cache (no prefill computed)
     completion_tokens: int = 0  # generated so far, these included
     retractions: int = 0  # times the engine took it out of the batch (for others' KV) and resumed it
+    cpu_ns: int = 0  # its share of the engine steps' CPU time so far (serving.engine.cpu_share)
     detok: DetokParams | None = None  # only on the rid's first output
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
     worker: int = 0  # the tokenizer worker the Detokenizer sends it to
@@ -155,6 +158,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     cached_tokens: int = 0
     completion_tokens: int = 0
     retractions: int = 0
+    cpu_ns: int = 0
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
     worker: int = 0  # the tokenizer worker it goes to
 

@@ -152,6 +152,16 @@ class ServerArgs:
     shutdown_grace: float = _opt(30.0, "On SIGTERM, seconds in-flight requests may finish before they are aborted.")
     api_key: str | None = _opt(None, "Require 'Authorization: Bearer KEY' on /v1/* and /generate (default: "
                                      "$SIGHTLINE_API_KEY; prefer the variable: flags show in ps).")
+    api_keys_file: str | None = _opt(None, "A TOML file of API keys, each naming a tenant and a role (user | admin), "
+                                           "and the tenants' priorities and limits (docs/reliability.md, Tenants and "
+                                           "isolation); reloaded on SIGHUP and when it changes. With --api-key too, "
+                                           "that key is tenant 'default', role admin.")
+    prefix_cache_sharing: str = _opt("tenant", "Who may reuse whose cached prefixes: 'tenant' (only requests of one "
+                                               "tenant, and of one cache_salt when given), 'salt-only' (every "
+                                               "request without a cache_salt shares; a salt isolates) or 'global' "
+                                               "(everyone shares; cache_salt is refused).")
+    max_tenant_labels: int = _opt(32, "Most tenants with their own `tenant` label value in the per-tenant metrics "
+                                      "(the keys file's, in name order); the rest are counted as 'other'.")
     auth_debug: bool = _opt(True, "With an API key, also require it on /debug/*.")
     auth_metrics: bool = _opt(False, "With an API key, also require it on /metrics.")
     control_from_anywhere: bool = _opt(False, "Without an API key, also accept the control endpoints "
@@ -295,6 +305,10 @@ class ServerArgs:
             raise ValueError("--max-connections must be >= 1")
         if self.max_queued_requests < 1 or self.max_request_bytes < 1024 or self.shutdown_grace < 0:
             raise ValueError("--max-queued-requests >= 1, --max-request-bytes >= 1024, --shutdown-grace >= 0")
+        if self.prefix_cache_sharing not in ("tenant", "global", "salt-only"):
+            raise ValueError("--prefix-cache-sharing must be tenant, global or salt-only")
+        if self.max_tenant_labels < 1:
+            raise ValueError("--max-tenant-labels must be >= 1")
         if self.api_key is None:
             self.api_key = os.environ.get("SIGHTLINE_API_KEY") or None
         for origin in (self.allowed_origins or "").split(","):

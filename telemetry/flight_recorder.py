@@ -131,8 +131,9 @@ class FlightRecorder:
         obj, out = rt.dump_input, rt.dump_output or OutputDigest(self.content)
         rec = RequestRecord(
             arrival=round(time.time() - (now_ns() - rt.arrival) / 1e9, 6), rid=rt.rid, route=rt.route,
-            operation=rt.operation, model=self.model, stream=rt.stream,
-            params=sampling_params(obj, bool(rt.rid)) if obj is not None else {}, prompt_tokens=rt.prompt_tokens,
+            operation=rt.operation, model=self.model, stream=rt.stream, tenant=getattr(rt, "tenant", "default"),
+            user=getattr(obj, "user", None), params=sampling_params(obj, bool(rt.rid)) if obj is not None else {},
+            prompt_tokens=rt.prompt_tokens,
             completion_tokens=n, cached_tokens=rt.cached_tokens, retractions=rt.retractions, outcome=outcome,
             finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace_id,
             output_chars=out.chars, output_sha256=out.sha.hexdigest())

@@ -104,12 +104,37 @@ SPECS: tuple[Spec, ...] = (
          attr="prompt_tokens_total"),
     Spec("sightline_generation_tokens_total", "counter", "Output tokens of finished requests (as in `usage`).", M,
          attr="generation_tokens_total"),
+    Spec("sightline_tenant_requests_total", "counter", "Generation requests that ended, by tenant and outcome.",
+         ("tenant", "outcome"), definition="tenant: the tenant the request's API key names (the keys file's, at "
+         "most --max-tenant-labels of them; any other is `other`; `default` without a keys file). outcome: as in "
+         "sightline_requests_total, which `sum without (tenant)` equals exactly.", attr="tenant_requests"),
+    Spec("sightline_tenant_prompt_tokens_total", "counter", "Prompt tokens of finished requests, by tenant.",
+         ("tenant",), definition="Sums over tenants to sightline_prompt_tokens_total exactly.",
+         attr="tenant_prompt_tokens"),
+    Spec("sightline_tenant_cached_tokens_total", "counter",
+         "Of those prompt tokens, the ones reused from the tenant's own prefix-cache namespace, by tenant.",
+         ("tenant",), definition="The sum of `usage.prompt_tokens_details.cached_tokens` of the tenant's finished "
+         "requests. A tenant only ever reuses its own namespace's prefixes (--prefix-cache-sharing tenant).",
+         attr="tenant_cached_tokens"),
+    Spec("sightline_tenant_generation_tokens_total", "counter", "Output tokens of finished requests, by tenant.",
+         ("tenant",), definition="Sums over tenants to sightline_generation_tokens_total exactly.",
+         attr="tenant_generation_tokens"),
+    Spec("sightline_tenant_cpu_seconds_total", "counter", "Engine CPU time of finished requests, by tenant.",
+         ("tenant",), definition="Each engine step's CPU time (the Scheduler process's, every thread) split between "
+         "the requests of its batch in proportion to the tokens it fed each (1 per decode, a prefill chunk's "
+         "length), summed over a request's steps and counted when it ends. Time outside steps is not attributed.",
+         attr="tenant_cpu"),
+    Spec("sightline_api_key_reloads_total", "counter", "Reloads of the API keys file, by result.", ("result",),
+         definition="result: ok | failed (the file failed its checks: the previous keys stay in force; the log says "
+         "why). Counted by every front-end process (each tokenizer worker reloads on its own).",
+         attr="key_reloads"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
          "/pause_generation mode abort).", attr="aborts"),
     Spec("sightline_requests_shed_total", "counter", "Requests refused with 429 because the server was full.",
          M + ("reason",), definition="reason: queue_full (--max-queued-requests) | tokens_full "
-         "(--max-inflight-tokens).", attr="shed"),
+         "(--max-inflight-tokens) | tenant_concurrency, tenant_tokens (the tenant's max_concurrent_requests or "
+         "tokens_per_minute in the keys file).", attr="shed"),
     Spec("sightline_engine_failures_total", "counter", "Engine process failures seen by the watchdog.",
          ("role", "cause"), definition="role: scheduler (scheduler_dp0, scheduler_dp1... with several ranks) | "
          "detokenizer. cause: exited | stalled (no heartbeat for "
@@ -336,7 +361,9 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     # the (finish_reason, status, outcome) triples requests end with
     "sightline_requests_total": requests_series(),  # one per way a request ends (telemetry.outcomes.ENDINGS)
     "sightline_request_aborts_total": _each(reason=ABORT_REASONS),
-    "sightline_requests_shed_total": _each(reason=("queue_full", "tokens_full")),
+    "sightline_requests_shed_total": _each(reason=("queue_full", "tokens_full", "tenant_concurrency",
+                                                   "tenant_tokens")),
+    "sightline_api_key_reloads_total": _each(result=("ok", "failed")),
     "sightline_engine_failures_total": _each(cause=("exited", "stalled", "startup_timeout")),
     "sightline_http_stream_stalls_total": _each(cause=("stalled", "deadline")),
     "sightline_health_checks_total": _each(healthy=("true", "false")),
@@ -360,7 +387,13 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
+_TENANT_LAZY = ("the tenant values come from the keys file: each tenant's series are made at 0 when the keys load "
+                "(telemetry.tenant_usage)")
 LAZY_SERIES: dict[str, str] = {
+    **{name: _TENANT_LAZY for name in ("sightline_tenant_requests_total", "sightline_tenant_prompt_tokens_total",
+                                       "sightline_tenant_cached_tokens_total",
+                                       "sightline_tenant_generation_tokens_total",
+                                       "sightline_tenant_cpu_seconds_total")},
     "sightline_http_requests_total": "route x method x status is bounded but large (thousands of combinations, "
                                      "most of which never happen)",
     "sightline_process_cpu_seconds_total": "measured, not counted: each live process's series is there at every "
@@ -475,6 +508,12 @@ class Metrics:
     generation_tokens_total: Counter
     aborts: Counter
     shed: Counter
+    tenant_requests: Counter
+    tenant_prompt_tokens: Counter
+    tenant_cached_tokens: Counter
+    tenant_generation_tokens: Counter
+    tenant_cpu: Counter
+    key_reloads: Counter
     engine_failures: Counter
     engine_restarts: Counter
     http_requests: Counter

@@ -27,6 +27,8 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     operation: str  # gen_ai.operation.name: text_completion | chat | generate
     model: str
     stream: bool = False
+    tenant: str = "default"  # the tenant its API key named
+    user: str | None = None  # the client's OpenAI `user` field
     params: dict = {}  # sampling parameters as the engine ran them (max_new_tokens, temperature, top_p, ...)
     prompt_tokens: int = 0
     completion_tokens: int = 0

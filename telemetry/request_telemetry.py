@@ -26,6 +26,7 @@ from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
 from telemetry.outcomes import finished_outcome, refused_outcome
 from telemetry.tail_sampling import TailPolicy, TailSampler
+from telemetry.tenant_usage import TenantUsage
 from telemetry.timeline import Timeline
 from telemetry.tracing import (
     PRODUCER_KEY,
@@ -72,6 +73,8 @@ class TracedRequest(Protocol):
     prompt_tokens: int
     cached_tokens: int
     retractions: int  # times the engine took it out of the batch and resumed it
+    tenant: str  # the tenant its API key names
+    cpu_ns: int  # its share of the engine steps' CPU time
     meta: ReqMeta
     first_recv: int | None
     last_recv: int | None
@@ -118,6 +121,11 @@ class RequestTelemetry:
         self.tail: TailSampler | None = None  # tail sampling: every span of this front end and of the engine
         self.tail_policy = TailPolicy()
         self.recorder: FlightRecorder | None = None  # --dump-requests: one record per request, at its end
+        self.tenants = TenantUsage(metrics)  # per-tenant counters, their label bounded
+
+    def tenants_from(self, tenants: list[str], cap: int) -> None:
+        """The tenants the keys name (at start and after each reload): the per-tenant label's values."""
+        self.tenants.set_tenants(tenants or ["default"], cap)
 
     def shutdown(self) -> None:
         """Export what is left: spans, kept traces, OTLP metrics, request records."""
@@ -163,6 +171,7 @@ class RequestTelemetry:
         before it was read (`client_gone`: a client abort, like one that leaves mid-generation)."""
         outcome = refused_outcome(status, error_type)
         self._inc(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status), outcome)
+        self.tenants.request(rt.tenant, outcome)
         self._tail_decide(rt, outcome, None, None)
         if client_gone:
             self._inc(self.m and self.m.aborts, self.model, "client_disconnect")
@@ -279,6 +288,8 @@ class RequestTelemetry:
         self._inc(m and m.requests, self.model, finish_reason, str(rt.status), outcome)
         self._inc(m and m.prompt_tokens_total, self.model, amount=rt.prompt_tokens)
         self._inc(m and m.generation_tokens_total, self.model, amount=completion_tokens)
+        self.tenants.request(rt.tenant, outcome)
+        self.tenants.usage(rt.tenant, rt.prompt_tokens, rt.cached_tokens, completion_tokens, rt.cpu_ns)
         if abort_reason:
             self._inc(m and m.aborts, self.model, abort_reason)
         rt.breakdown = {
@@ -296,7 +307,8 @@ class RequestTelemetry:
                               output_tokens=completion_tokens,
                               error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e)
-        summary = {"rid": rt.rid, "route": rt.route, "finish_reason": finish_reason, "status": rt.status,
+        summary = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
+                   "status": rt.status,
                    "prompt_tokens": rt.prompt_tokens, "completion_tokens": completion_tokens, **rt.breakdown}
         if abort_reason:
             summary["abort_reason"] = abort_reason

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dashboards import promql as q
+from dashboards.boards.tenants import tenant_panels
 from dashboards.panels import Board, annotation, latency_panel, stat_panel, timeseries_panel
 
 REQ = "sightline_requests_total"
@@ -232,6 +233,7 @@ def board() -> Board:
                          [(q.gauge("sightline_generation_throughput_tokens_per_second"), "generation")]),
         cpu_per_token(),
     )
+    b.row("Tenants", *tenant_panels())
     b.row("Workers and ranks", *workers_and_ranks())
     b.annotate(*control_annotations())
     return b

@@ -101,7 +101,7 @@ class DetokenizerManager:
         return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", engine_running=not final,
                       error="the output of this request could not be detokenized",
                       prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
-                      completion_tokens=out.completion_tokens, meta=out.meta, worker=out.worker)
+                      cpu_ns=out.cpu_ns, completion_tokens=out.completion_tokens, meta=out.meta, worker=out.worker)
 
     def _one(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         state = self.states.get(out.rid)
@@ -123,7 +123,7 @@ class DetokenizerManager:
             finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
             abort_reason=out.abort_reason,
             prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
-            completion_tokens=state.consumed,
+            cpu_ns=out.cpu_ns, completion_tokens=state.consumed,
             meta=out.meta, worker=out.worker,
         )
         if emitted.matched_stop is not None:

@@ -9,7 +9,9 @@ A running request's row points at: positions [0, tree_len) in the prefix cache, 
 handed to the cache (`give_to_tree`) so a request arriving next reuses it.  Finishing
 leaves every computed position in the cache, unlocked; retraction does too, and pins it
 (`RadixCache.inc_pin`: evicted after every unpinned entry) until the request runs again.
-Without the prefix cache, finishing and retraction free the request's slots.
+Without the prefix cache, finishing and retraction free the request's slots.  Every lookup
+and insertion stays in the request's namespace (`Req.namespace`), so no request reuses a
+prefix another namespace computed.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class CacheManager:
         """What the cache holds of `req`'s positions to compute, all but the last (its logits give the next token)."""
         if self.tree is None:
             return Match(_EMPTY, None, 0)
-        slots, node = self.tree.match_prefix(req.seq[:req.prefill_len - 1])
+        slots, node = self.tree.match_prefix(req.seq[:req.prefill_len - 1], req.namespace)
         return Match(slots, node, self.tree.lock_gain(node))
 
     def attach(self, req: Req, match: Match) -> None:
@@ -86,13 +88,13 @@ class CacheManager:
             return
         ids = req.seq[:n]
         row = pool.req_to_token[req.row]
-        present = tree.insert(ids, row[:n])
+        present = tree.insert(ids, row[:n], req.namespace)
         if present < req.tree_len:
             raise RuntimeError("prefix cache lost a locked prefix (accounting bug)")
         if present > req.tree_len:
             pool.free(row[req.tree_len:present].clone())
         if keep_lock:
-            slots, node = tree.match_prefix(ids)
+            slots, node = tree.match_prefix(ids, req.namespace)
             tree.inc_lock(node)
             if req.tree_node is not None:
                 tree.dec_lock(req.tree_node)
@@ -123,7 +125,7 @@ class CacheManager:
             self.give_to_tree(req, keep_lock=False)
             kept = req.num_computed
             if kept:
-                _, node = tree.match_prefix(req.seq[:kept])
+                _, node = tree.match_prefix(req.seq[:kept], req.namespace)
                 tree.inc_pin(node)
                 req.pinned = node
             if req.tree_node is not None:

@@ -40,6 +40,7 @@ class StepStats:
     rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links), decodes first
     prefill_rids: tuple[str, ...] = ()  # the requests it fed prefill chunks (the last of `rids`)
     num_retracted: int = 0  # requests taken out of the batch before it ran
+    tokens: tuple[int, ...] = ()  # tokens it fed each of `rids` (1 per decode, a prefill chunk's length)
 
     def stats(self) -> dict[str, int | float]:
         """The step's part of `SchedulerStats`, by field name."""

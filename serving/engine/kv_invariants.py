@@ -89,6 +89,10 @@ def check_kv_invariants(pool: KVPool, running: Collection[Req], waiting: Collect
 def _check_tree(tree: RadixCache, claim) -> None:
     nodes = list(tree.nodes())
     for node in nodes:
+        if node.ns is not None:  # a namespace: no tokens, the root's child under its name
+            assert not node.key and not len(node.value) and node.parent is tree.root, "bad namespace node"
+            assert tree.root.children.get(node.ns) is node, "namespace link broken"
+            continue
         assert node.key and len(node.key) == len(node.value), "tree node with an empty or mismatched key"
         assert node.parent is not None and node.parent.children.get(node.key[0]) is node, "tree link broken"
         claim(node.value.tolist(), "tree")

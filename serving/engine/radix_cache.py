@@ -16,6 +16,13 @@ Pins: a request retracted from the batch pins the node its computed positions en
 pinned one, so a retracted request usually resumes as a cache hit.  An evicted node keeps
 its parent pointer, so unpinning from it still reaches the ancestors left in the tree.
 The tree only does bookkeeping: the KV pool frees what `evict`/`reset` return.
+
+Namespaces: a prefix is reused only by requests of the namespace that cached it (a tenant,
+a cache salt: `--prefix-cache-sharing`).  The default namespace "" is the root itself; any
+other is one node under the root (no tokens, keyed by its name instead of a first token),
+so a lookup never leaves its namespace, while eviction still sees one tree: one LRU order
+over every namespace's leaves, pins last.  A namespace node left without children is
+evicted too.
 """
 
 from __future__ import annotations
@@ -29,9 +36,10 @@ _EMPTY = torch.zeros(0, dtype=torch.int64)
 
 
 class TreeNode:
-    __slots__ = ("key", "value", "children", "parent", "lock_ref", "pin_ref", "last_access")
+    __slots__ = ("key", "value", "children", "parent", "lock_ref", "pin_ref", "last_access", "ns")
 
-    def __init__(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None) -> None:
+    def __init__(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None,
+                 ns: str | None = None) -> None:
         self.key = key  # token ids of this edge
         self.value = value  # int64 KV slots of those positions, same length
         self.children: dict[int, TreeNode] = {}  # by first token of the child's key
@@ -39,6 +47,7 @@ class TreeNode:
         self.lock_ref = 0  # running requests whose reused prefix goes through this node
         self.pin_ref = 0  # retracted requests whose computed positions go through this node
         self.last_access = 0  # the tree's clock at the latest match/insert through it (LRU)
+        self.ns = ns  # a namespace node's name (no key, no slots; the root's child under that name)
 
     def __lt__(self, other: TreeNode) -> bool:  # heap order for eviction: unpinned first, then LRU
         return (self.pin_ref > 0, self.last_access) < (other.pin_ref > 0, other.last_access)
@@ -78,14 +87,27 @@ class RadixCache:
         return self._clock
 
     # -- lookup and insertion -------------------------------------------------
-    def match_prefix(self, ids: Sequence[int]) -> tuple[torch.Tensor, TreeNode]:
-        """Longest cached prefix of `ids`: (its slots, the node it ends at).
+    def _top(self, ns: str, create: bool) -> TreeNode | None:
+        """Where namespace `ns` starts: the root for "", else its node (made on first insert)."""
+        if not ns:
+            return self.root
+        top = self.root.children.get(ns)  # type: ignore[call-overload]
+        if top is None and create:
+            top = self.root.children[ns] = TreeNode((), _EMPTY, self.root, ns=ns)  # type: ignore[index]
+        return top
+
+    def match_prefix(self, ids: Sequence[int], ns: str = "") -> tuple[torch.Tensor, TreeNode]:
+        """Longest cached prefix of `ids` in namespace `ns`: (its slots, the node it ends at).
 
         A match ending inside a node splits it, so the returned node covers exactly the
         match and locking it protects no more than the caller uses.
         """
         now = self._tick()
-        node, i, parts = self.root, 0, []
+        node, i, parts = self._top(ns, create=False) or self.root, 0, []
+        if node is not self.root:
+            node.last_access = now
+            if not ids or ids[0] not in node.children:
+                return _EMPTY, self.root  # nothing of it cached: lock nothing, not even the namespace
         while i < len(ids):
             child = node.children.get(ids[i])
             if child is None:
@@ -98,8 +120,9 @@ class RadixCache:
             node, i = child, i + k
         return (torch.cat(parts) if parts else _EMPTY), node
 
-    def insert(self, ids: Sequence[int], slots: torch.Tensor) -> int:
-        """Make the tree hold `ids` with `slots`; returns how many leading positions it already had.
+    def insert(self, ids: Sequence[int], slots: torch.Tensor, ns: str = "") -> int:
+        """Make the tree hold `ids` with `slots` in namespace `ns`; returns how many leading positions it
+        already had there.
 
         The tree keeps its own slots for those; the caller frees its copies that differ.
         The new positions' slots are copied, so the caller's table may change afterwards.
@@ -107,7 +130,8 @@ class RadixCache:
         if len(slots) != len(ids):
             raise ValueError("insert needs one slot per token")
         now = self._tick()
-        node, i = self.root, 0
+        node, i = self._top(ns, create=bool(ids)) or self.root, 0
+        node.last_access = now
         while i < len(ids):
             child = node.children.get(ids[i])
             if child is None:
@@ -185,11 +209,13 @@ class RadixCache:
             leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
-            del parent.children[leaf.key[0]]
+            del parent.children[leaf.key[0] if leaf.ns is None else leaf.ns]  # type: ignore[arg-type]
             freed.append(leaf.value)
             count += len(leaf.value)
             self.total_slots -= len(leaf.value)
-            if parent is not self.root and not parent.children and not parent.lock_ref:
+            if parent.ns is not None and not parent.children and not parent.lock_ref:
+                del self.root.children[parent.ns]  # type: ignore[arg-type]  # an emptied namespace: no slots
+            elif parent is not self.root and not parent.children and not parent.lock_ref:
                 heapq.heappush(heap, parent)
         return torch.cat(freed) if freed else _EMPTY
 

@@ -84,7 +84,8 @@ class Req:
     stop_ids: frozenset[int] = frozenset()  # params.stop_token_ids, for an O(1) check per token
     error: str | None = None  # why the engine failed it (finish_reason ERROR)
     prefill_len: int = 0  # positions computed before it decodes: the prompt, or on resumption prompt + output
-    priority: int = 0  # retraction takes lower priorities first (every request has 0 today)
+    priority: int = 0  # its tenant's: higher is admitted first and retracted last (serving.engine.wait_queue)
+    namespace: str = ""  # the prefix-cache namespace it reads and fills ("" the shared one)
     pinned: TreeNode | None = None  # retracted: the prefix-cache node its computed positions end at
     retracted_computed: int = 0  # positions it had at its latest retraction (recomputation is measured against it)
     times: ReqTimes = field(default_factory=lambda: _new_times())

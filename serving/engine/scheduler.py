@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import zmq
 
@@ -44,6 +45,7 @@ from protocol.io_struct import (
     WorkerGone,
 )
 from serving.args import ServerArgs
+from serving.engine.cpu_share import CpuLedger
 from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.events import TokenEvent
 from serving.engine.loader import load_model
@@ -100,6 +102,7 @@ class Scheduler:
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.phases = PhaseTimes(("schedule", "forward", "sample", "output"), stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
+        self.cpu = CpuLedger()  # each rid's share of the steps' CPU time (per-tenant usage)
 
     # -- intake -------------------------------------------------------------------
     def recv_requests(self, timeout_ms: int) -> None:
@@ -136,7 +139,7 @@ class Scheduler:
     def _add(self, msg: TokenizedGenerateReqInput) -> None:
         msg.meta.stamps.sched_recv = now_ns()
         try:
-            req = self.core.add_request(msg.rid, msg.input_ids, msg.sampling)
+            req = self.core.add_request(msg.rid, msg.input_ids, msg.sampling, msg.priority, msg.cache_namespace)
         except Exception as exc:  # noqa: BLE001 - the TM validates first; this is the last line of defence
             if not isinstance(exc, ValueError):  # ValueError: a client error, said to the client
                 self.errors.report(f"could not queue request {msg.rid[:64]!r}", exc)
@@ -176,6 +179,7 @@ class Scheduler:
             self.pending_detok.pop(rid, None)
             self.worker_of.pop(rid, None)
             self.trace_of.pop(rid, None)
+            self.cpu.of(rid, done=True)
             self.drops.forget(rid, "worker_gone")
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
 
@@ -227,7 +231,7 @@ class Scheduler:
             finish_reason=ev.finish_reason.value if ev.finish_reason else None,
             matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
             completion_tokens=len(req.output_ids), retractions=req.num_retractions,
-            detok=self.pending_detok.pop(ev.rid, None), meta=meta,
+            cpu_ns=self.cpu.of(ev.rid, ev.finished), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
             worker=self.worker_of.get(ev.rid, 0),
         )
         if out.detok is not None:
@@ -277,6 +281,7 @@ class Scheduler:
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> None:
+        cpu0 = time.process_time_ns()
         try:
             events = self.core.step()
         except Exception as exc:  # noqa: BLE001 - a bug outside any one request: fail the batch, not hang it
@@ -286,6 +291,7 @@ class Scheduler:
             return
         self.steps += 1
         st = self.core.last_step
+        self.cpu.charge(st.rids, st.tokens, time.process_time_ns() - cpu0)
         t_out = now_ns()
         traces = tuple(self.trace_of.get(r, "") for r in st.rids) if self.ring is not None else ()  # before finishes
         self.prefill_tokens_total += st.num_prefill_tokens

@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections import deque
 
 import torch
 
@@ -55,6 +54,7 @@ from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
 from serving.engine.sampling import sample
 from serving.engine.stopping import eos_ids, finish_reason
+from serving.engine.wait_queue import WaitQueue
 from serving.engine.wait_reasons import KV_CAPACITY, RETRACTED, RUNNING_LIMIT, STEP_BUDGET, assign
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
@@ -71,7 +71,7 @@ class SchedulerCore:
         self.context_len = self.runner.context_len
         self.vocab_size = self.runner.vocab_size
         self.eos_ids = eos_ids(loaded)
-        self.waiting: deque[Req] = deque()
+        self.waiting = WaitQueue()
         self.running: list[Req] = []
         self.reqs: dict[str, Req] = {}
         self._seed_rng = random.Random(args.random_seed)
@@ -93,7 +93,8 @@ class SchedulerCore:
         self.recomputed_tokens = 0  # of those, computed again when they resumed (the cache no longer held them)
 
     # -- intake ---------------------------------------------------------------
-    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> Req:
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, priority: int = 0,
+                    namespace: str = "") -> Req:
         """Queue a request; raises ValueError (a client error) when it can never run."""
         if rid in self.reqs:
             raise ValueError(f"duplicate request id {rid!r}")
@@ -109,7 +110,8 @@ class SchedulerCore:
         params.validate(self.vocab_size)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         req = Req(rid=rid, input_ids=list(input_ids), params=params,
-                  generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids))
+                  generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids),
+                  priority=priority, namespace=namespace)
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
         self.reqs[rid] = req
         self.waiting.append(req)
@@ -314,8 +316,7 @@ class SchedulerCore:
             step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
             sample_seconds=(self._sample_ns + t2 - t1) / 1e9, started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
-            prefill_rids=tuple(r.rid for r, _ in chunks),
-        )
+            prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group))
         return events
 
     def _run(self, group: list[tuple[Req, int]]) -> list[tuple[Req, int]]:

@@ -25,6 +25,8 @@ from serving.frontend.supervision.children import stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
 from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.frontend.supervision.supervisor import EngineSupervisor, Supervised
+from serving.frontend.tenants.keys import KeysFileError
+from serving.frontend.tenants.keys import load as load_keys
 from serving.frontend.tokenizer_manager.transport import ZmqTransport
 from serving.frontend.workers.hub import run_hub
 from serving.ipc import Endpoints, runtime_parent
@@ -67,6 +69,11 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
 def run_server(args: ServerArgs) -> int:
     set_title("hub" if args.tokenizer_worker_num > 1 else "main")
     setup_logging("main", args.log_level, args.log_format)
+    try:
+        load_keys(args.api_keys_file, args.api_key)  # a keys file that fails its checks stops the start here
+    except KeysFileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     try:
         tokenizer, path = load_tokenizer(args.model, args.cache_dir_path)  # converts the model once, here
     except ModelLoadError as exc:

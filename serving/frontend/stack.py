@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from typing import Any, Callable
 
 from serving import __version__
@@ -20,6 +21,8 @@ from serving.frontend.engine_state import EngineState
 from serving.frontend.http.app import build_app
 from serving.frontend.http.server import HTTPServer
 from serving.frontend.http.state import ServerState
+from serving.frontend.tenants.gate import HubGate, LocalGate
+from serving.frontend.tenants.store import KeyStore
 from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import Endpoints, engine_roles
@@ -72,24 +75,42 @@ class FrontEnd:
         self.tel, timeline, self.metrics = front_telemetry(args, name, instance_id, where,
                                                            "main" if worker is None else f"worker-{worker}")
         self.engine = make_engine(self.tel, timeline, self.metrics)
-        self.tm = TokenizerManager(args, transport, tokenizer, self.engine, self.tel, worker=worker or 0)
+        self.keys = KeyStore(args.api_keys_file, args.api_key)  # checked before the children start (launch)
+        self.tel.tenants_from(self.keys.tenants(), args.max_tenant_labels)
+        self.keys.on_reload = self._keys_reloaded
+        gate = LocalGate(self.keys.policy) if worker is None else HubGate(self.engine, self.keys.policy)
+        self.tm = TokenizerManager(args, transport, tokenizer, self.engine, self.tel, worker=worker or 0,
+                                   tenants=gate, policy=self.keys.policy)
         self.tm.start()
         single = worker is None  # this process supervises the engine; a worker's HubLink asks the hub instead
         self.state = ServerState(args=args, tm=self.tm, engine=self.engine, tel=self.tel, timeline=timeline,
                                  metrics=self.metrics, model_name=name, endpoints=endpoints, loop_lag=self.tel.loop_lag,
-                                 monitor=self.engine if single else None, hub=None if single else self.engine)
+                                 monitor=self.engine if single else None, hub=None if single else self.engine,
+                                 keys=self.keys)
         if self.metrics is not None:  # the engine's numbers are observed where it is supervised (launch, hub)
             self.metrics.watch(None, lambda: len(self.tm.rid_to_state))
 
+    def _keys_reloaded(self, result: str) -> None:
+        if result == "ok":
+            self.tel.tenants_from(self.keys.tenants(), self.state.args.max_tenant_labels)
+        if self.metrics is not None:
+            self.metrics.key_reloads.labels(result).inc()
+
     async def serve(self, stop: asyncio.Event) -> None:
-        """Answer HTTP until `stop` is set, then drain (`close` afterwards, once the engine is stopped)."""
+        """Answer HTTP until `stop` is set, then drain (`close` afterwards, once the engine is stopped).
+        The keys file is watched meanwhile, and reloaded on SIGHUP."""
         self.state.loop_lag.start()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.keys.reload)
+        watch = asyncio.create_task(self.keys.watch())
 
         async def shutdown_trigger() -> None:
             await stop.wait()
             await self.drain()
 
-        await HTTPServer(build_app(self.state), self.state.args, self.metrics).serve(shutdown_trigger)
+        try:
+            await HTTPServer(build_app(self.state), self.state.args, self.metrics).serve(shutdown_trigger)
+        finally:
+            watch.cancel()
 
     async def close(self) -> None:
         await self.state.loop_lag.stop()

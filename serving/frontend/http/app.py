@@ -87,7 +87,7 @@ def build_app(state: ServerState) -> Starlette:
                     Middleware(ResponseIdsMiddleware),
                     *_cors(state.args),
                     Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
-                    Middleware(AuthMiddleware, args=state.args)],
+                    Middleware(AuthMiddleware, args=state.args, keys=state.keys)],
     )
     app.state.server = state
     return app

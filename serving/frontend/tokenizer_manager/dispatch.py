@@ -25,17 +25,18 @@ class DataParallelDispatcher:
         self.routed = [0] * dp_size  # requests sent to each rank (cumulative)
         self.affine = 0  # of those, sent where the prefix hash pointed
 
-    def affinity(self, ids: list[int]) -> int | None:
+    def affinity(self, ids: list[int], namespace: str = "") -> int | None:
         if len(ids) < AFFINITY_TOKENS:
             return None
-        return zlib.crc32(array("q", ids[:AFFINITY_TOKENS]).tobytes()) % self.dp_size
+        return zlib.crc32(namespace.encode() + array("q", ids[:AFFINITY_TOKENS]).tobytes()) % self.dp_size
 
-    def pick(self, ids: list[int], tokens: int) -> int:
-        """The rank for a request of `tokens` tokens; counts them in its load until `release`."""
+    def pick(self, ids: list[int], tokens: int, namespace: str = "") -> int:
+        """The rank for a request of `tokens` tokens; counts them in its load until `release`.  The prefix
+        hash includes the request's prefix-cache namespace: only its own namespace's prefixes can help it."""
         rank = 0
         if self.dp_size > 1:
             least = min(range(self.dp_size), key=self.load.__getitem__)
-            pref = self.affinity(ids)
+            pref = self.affinity(ids, namespace)
             rank = pref if pref is not None and self.load[pref] <= self.load[least] + tokens else least
             self.affine += rank == pref
         self.load[rank] += tokens

@@ -42,6 +42,9 @@ from protocol.io_struct import (
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState, FrontCounts, check_available
 from serving.frontend.errors import bad_request, http_status
+from serving.frontend.tenants.gate import TenantGate, refused
+from serving.frontend.tenants.keys import TenantPolicy
+from serving.frontend.tenants.namespace import cache_namespace, check_salt
 from serving.frontend.tokenizer_manager.admission import Admission
 from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
@@ -59,9 +62,12 @@ PROMPT_TAIL = 5  # prompt tokens the Detokenizer decodes the first output token 
 
 class TokenizerManager:
     def __init__(self, args: ServerArgs, transport: EngineTransport, tokenizer: Any, engine: EngineState,
-                 telemetry: RequestTelemetry, worker: int = 0) -> None:
+                 telemetry: RequestTelemetry, worker: int = 0, tenants: TenantGate | None = None,
+                 policy: Any = None) -> None:
         self.args = args
         self.worker = worker
+        self.tenants = tenants  # per-tenant limits (None: none), decided for the whole server
+        self.policy = policy or (lambda tenant: TenantPolicy())  # a tenant's priority and limits (the keys)
         self.dispatcher = DataParallelDispatcher(args.dp_size)
         self.tel = telemetry
         self.tokenizer = tokenizer
@@ -154,6 +160,7 @@ class TokenizerManager:
         state.completion_tokens = out.completion_tokens
         state.cached_tokens = max(state.cached_tokens, out.cached_tokens)
         state.retractions = max(state.retractions, out.retractions)
+        state.cpu_ns = max(state.cpu_ns, out.cpu_ns)
         if not state.started:
             state.started = True
             self.admission.started()
@@ -170,6 +177,8 @@ class TokenizerManager:
         self.rid_to_state.pop(state.rid, None)
         self.finished_total += 1
         self.admission.release(state.budget_tokens, state.started)
+        if self.tenants is not None:
+            self.tenants.release(state.tenant, state.rid, state.completion_tokens)
         self.dispatcher.release(state.dp_rank, state.budget_tokens)
         if state.timer is not None:
             state.timer.cancel()
@@ -209,6 +218,12 @@ class TokenizerManager:
         if obj.rid is not None and not _RID.match(obj.rid):
             raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
         rid = uuid.uuid4().hex
+        check_salt(obj.cache_salt)
+        namespace = cache_namespace(self.args.prefix_cache_sharing, state.tenant, obj.cache_salt)
+        tenant = self.policy(state.tenant)
+        if obj.priority is not None and not -1000 <= obj.priority <= 1000:
+            raise bad_request("priority must be an integer in [-1000, 1000]", param="priority")
+        priority = tenant.priority if obj.priority is None else min(tenant.priority, obj.priority)
         self.admission.check_queue()
         check_size(obj, ready.context_len, self.input_limits(ready))
         t0 = now_ns()
@@ -220,19 +235,23 @@ class TokenizerManager:
         self.admission.check_queue()  # others may have been admitted meanwhile
         budget = self.args.expected_tokens(len(ids), obj.sampling.max_new_tokens)  # what the Scheduler first expects
         self.admission.check_tokens(budget, others_in_flight=bool(self.rid_to_state))
+        if self.tenants is not None and (refusal := await self.tenants.acquire(state.tenant, rid, len(ids))):
+            self.tel.shed(f"tenant_{refusal.limit}")
+            raise refused(refusal)
         state.rid, state.client_rid, state.prompt_tokens, state.budget_tokens = rid, obj.rid or rid, len(ids), budget
         self.tel.tokenized(state, t0, t1)
         carrier, producer = self.tel.producer(state)
         state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))
         self.rid_to_state[rid] = state
         self.admission.admit(budget)
-        state.dp_rank = self.dispatcher.pick(ids, budget)
+        state.dp_rank = self.dispatcher.pick(ids, budget, namespace)
         if obj.timeout:
             state.timer = asyncio.get_running_loop().call_later(
                 obj.timeout, self.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
         detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:])
         self.transport.send(TokenizedGenerateReqInput(rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok,
-                                                      meta=state.meta, worker=self.worker), state.dp_rank)
+                                                      meta=state.meta, worker=self.worker, priority=priority,
+                                                      cache_namespace=namespace), state.dp_rank)
         if producer is not None:
             producer.end()
         return state

@@ -29,6 +29,9 @@ class GenerateReqInput:
     rid: str | None = None
     param_names: dict[str, str] = field(default_factory=dict)  # engine field → API field, for errors
     timeout: float | None = None  # seconds until the request is aborted with a timeout error
+    cache_salt: str | None = None  # narrows the prefix-cache namespace (vLLM's field)
+    priority: int | None = None  # lowers the tenant's priority for this request (never raises it)
+    user: str | None = None  # OpenAI's end-user id: on the span and the request record
 
 
 @dataclass
@@ -45,6 +48,7 @@ class ReqState:
     operation: str  # gen_ai.operation.name
     arrival: int  # monotonic ns: the HTTP handler was entered
     stream: bool = False
+    tenant: str = "default"  # the tenant its API key names (auth middleware): usage, limits, cache namespace
     # -- identity and admission (TokenizerManager.submit) --
     rid: str = ""  # internal: always a fresh uuid, used to route
     client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route
@@ -61,6 +65,7 @@ class ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     started: bool = False  # the engine produced its first output (it no longer counts as queued)
     completion_tokens: int = 0
+    cpu_ns: int = 0  # its share of the engine steps' CPU time so far (per-tenant usage)
     first_recv: int | None = None  # monotonic ns: first output token received
     last_recv: int | None = None
     tokenize_ns: int = 0

@@ -13,7 +13,9 @@ must see every worker at once:
   spans, which reach the hub in the children's stats;
 * `/debug/requests` (recent, or `in_flight=1`): every worker's list, merged;
 * `/debug/state`: the engine's state, every worker's, and the dispatch counters;
-* the control POSTs (`control_relay.py`): applied by every worker and rank, confirmed by all.
+* the control POSTs (`control_relay.py`): applied by every worker and rank, confirmed by all;
+* the tenants' limits (`tenants/limits.TenantLimiter`): a worker asks before it admits a request
+  of a limited tenant and says when it ended, so a limit holds over every worker.
 
 SIGTERM/SIGINT: every worker drains (`--shutdown-grace`), then the engine stops.
 """
@@ -21,8 +23,10 @@ SIGTERM/SIGINT: every worker drains (`--shutdown-grace`), then the engine stops.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import signal
 import uuid
 
@@ -48,6 +52,8 @@ from serving.frontend.supervision.children import stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
 from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.frontend.supervision.supervisor import EngineSupervisor, Supervised
+from serving.frontend.tenants.limits import TenantLimiter
+from serving.frontend.tenants.store import KeyStore
 from serving.frontend.workers.control_relay import ControlRelay
 from serving.frontend.workers.fleet import WorkerFleet
 from serving.ipc import Codec, Endpoints, engine_roles, make_socket
@@ -84,6 +90,8 @@ class Hub:
         self.gathering: dict[str, tuple[set[int], dict[int, Snapshot], asyncio.Future]] = {}
         self.controls = ControlRelay(self.monitor, self.fleet, self.gather, self.send_status)
         self.answering: set[asyncio.Task] = set()
+        self.keys = KeyStore(args.api_keys_file, args.api_key)  # the tenants' limits, reloaded as the workers'
+        self.limiter = TenantLimiter(self.keys.policy)  # one count per tenant over every worker
         if self.metrics is not None:
             self.metrics.watch(lambda: self.monitor.view(self._front_counts()), None)
             self.metrics.workers_up.set_function(lambda: len(self.fleet.up()))
@@ -129,6 +137,8 @@ class Hub:
                     self._tail_decisions(msg)
                 elif isinstance(msg, Snapshot):
                     self._snapshot(msg)
+                elif isinstance(msg, HubQuery) and msg.kind.startswith("tenant_"):
+                    self._tenant_query(msg)  # at once, in order: an acquire's answer must see every release
                 elif isinstance(msg, HubQuery):
                     task = asyncio.create_task(self.answer(msg))
                     self.answering.add(task)  # held until done: the loop keeps only weak references
@@ -143,7 +153,8 @@ class Hub:
     async def relay(self) -> None:
         """Replace dead workers; tell every worker what the engine is up to."""
         while True:
-            self.fleet.reap()
+            for worker in self.fleet.reap():
+                self.limiter.drop_worker(worker)  # its requests died with it
             self.monitor.watch_workers({f"worker-{w.id}": w.proc for w in self.fleet.workers.values()})
             self.send_status()
             await asyncio.sleep(STATUS_INTERVAL)
@@ -157,6 +168,23 @@ class Hub:
                                                throughput=self.monitor.throughput.rate(now_ns()),
                                                last_token_at=self.monitor.last_token_at,
                                                down_at=self.monitor.down_at, paused=self.monitor.paused))
+
+    def _tenant_query(self, q: HubQuery) -> None:
+        """A worker's `tenant_acquire` (answered: 200, or 429 with the refusal) or `tenant_release`."""
+        arg = json.loads(q.arg)
+        if q.kind == "tenant_release":
+            self.limiter.release((q.worker, arg["rid"]), arg["output_tokens"])
+            return
+        refusal = self.limiter.acquire(arg["tenant"], (q.worker, arg["rid"]), arg["prompt_tokens"])
+        body = json.dumps(dataclasses.asdict(refusal)).encode() if refusal else b""
+        self.fleet.send(q.worker, HubReply(id=q.id, status=429 if refusal else 200, body=body))
+
+    def reload_keys(self) -> None:
+        """SIGHUP: reload here and in every worker (each also watches the file)."""
+        self.keys.reload()
+        for w in self.fleet.workers.values():
+            if w.proc.is_alive() and w.proc.pid:
+                os.kill(w.proc.pid, signal.SIGHUP)
 
     # -- answers over every worker ---------------------------------------------------------
     def _snapshot(self, snap: Snapshot) -> None:
@@ -217,7 +245,7 @@ class Hub:
                    for w in self.fleet.workers.values()}
         state = {"in_flight": sum(w["in_flight"] for w in workers.values()), **self.monitor.debug_state(front),
                  "workers": workers, "engine_generation": self.fleet.generation,
-                 "runtime_dir": self.endpoints.runtime_dir, "model": self.name}
+                 "runtime_dir": self.endpoints.runtime_dir, "model": self.name, "tenants": self.limiter.snapshot()}
         return HubReply(id="", body=json.dumps(state).encode())
 
     async def _request(self, rid: str) -> HubReply:
@@ -274,6 +302,7 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hub.reload_keys)
     crash = CrashDumper.from_args(args, hub.monitor, endpoints.runtime_dir, hub.metrics, role="hub",
                                   in_flight_async=hub.in_flight, records_dir=args.dump_requests)
     supervisor = EngineSupervisor(Supervised(args, hub.monitor, hub, hub.metrics, endpoints, name, crash),
@@ -281,7 +310,7 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
     hub.fleet.start(args.tokenizer_worker_num)
     log.info("hub: %d tokenizer workers, %d Scheduler ranks, serving on http://%s:%d", args.tokenizer_worker_num,
              args.dp_size, args.host, args.port)
-    tasks = [asyncio.create_task(t) for t in (hub.receive(), hub.relay(), supervisor.run())]
+    tasks = [asyncio.create_task(t) for t in (hub.receive(), hub.relay(), supervisor.run(), hub.keys.watch())]
     try:
         await stop.wait()
         log.info("shutting down: the workers drain, then the engine stops")

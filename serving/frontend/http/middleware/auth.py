@@ -1,16 +1,20 @@
-"""Optional API key: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
-the control endpoints, and on /debug/* and /metrics when configured.  The probes (/health, /livez) are
-never protected, nor is the static page of /debug/ui (no data in it: a browser opening it cannot
-send a header; every fetch the page makes sends the key).
+"""Optional API keys: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
+the control endpoints, and on /debug/* and /metrics when configured.  Each key names a tenant
+and a role (`serving.frontend.tenants.keys`): a `user` key opens generation and /v1/models,
+only an `admin` key opens /debug/*, /flush_cache, the control endpoints and a protected
+/metrics (they show or change every tenant's requests): 403 `admin_required` otherwise.
+The probes (/health, /livez) are never protected, nor is the static page of /debug/ui (no
+data in it: a browser opening it cannot send a header; every fetch the page makes sends
+the key).
 
 The control endpoints (`/pause_generation`, `/continue_generation`, `/control/*`: they
 change what the server does for everyone) need the key when one is set; without a key
 they answer only loopback clients (403 `control_forbidden` to any other) unless
 `--control-from-anywhere`.
 
-The comparison is constant-time over fixed-size SHA-256 digests, so neither how much of
-a wrong key matches nor its length changes how long the check takes.  The key is never
-logged (ServerArgs hides it in its repr).
+The comparison is constant-time over fixed-size SHA-256 digests (against every known key),
+so neither how much of a wrong key matches nor its length changes how long the check
+takes.  A key is never logged (ServerArgs hides it in its repr).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import ipaddress
 import msgspec
 
 from serving.args import ServerArgs
+from serving.frontend.tenants.keys import ANONYMOUS, Principal
+from serving.frontend.tenants.store import KeyStore
 
 _BODY = msgspec.json.encode({"error": {
     "message": "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
@@ -80,28 +86,56 @@ def protected(path: str, args: ServerArgs) -> bool:
     return path == "/metrics" and args.auth_metrics
 
 
-class AuthMiddleware:
-    """Pure ASGI: refuses before the body is read; streams untouched."""
+PRINCIPAL = "sightline.principal"  # the scope key the request's Principal is kept under (tenant, role)
+_ADMIN_ONLY = msgspec.json.encode({"error": {
+    "message": "This endpoint needs an admin key: it shows or changes what every tenant's requests see.",
+    "type": "permission_error", "param": None, "code": "admin_required"}})
 
-    def __init__(self, app, args: ServerArgs) -> None:
+
+def admin_only(path: str) -> bool:
+    """Of the protected endpoints, those that see or change every tenant's requests: /debug/*, /flush_cache,
+    control, /metrics."""
+    return path == "/flush_cache" or is_control(path) or path.startswith("/debug") or path == "/metrics"
+
+
+def principal_of(scope) -> Principal:
+    return scope.get(PRINCIPAL) or ANONYMOUS
+
+
+async def _refuse(send, status: int, body: bytes, extra: tuple = ()) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), *extra, (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AuthMiddleware:
+    """Pure ASGI: refuses before the body is read; streams untouched.  The request's `Principal` (tenant,
+    role) goes in the scope (`principal_of`): the tenant every later step counts and limits it by."""
+
+    def __init__(self, app, args: ServerArgs, keys: KeyStore | None = None) -> None:
         self.app = app
         self.args = args
-        self.digest = hashlib.sha256(args.api_key.encode()).digest() if args.api_key else None
+        self.keys = keys or KeyStore(args.api_keys_file, args.api_key)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and is_control(scope["path"]) \
-                and control_decision(scope, self.args, self.digest is not None) == "forbid":
-            await send({"type": "http.response.start", "status": 403, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(_FORBIDDEN)).encode())]})
-            await send({"type": "http.response.body", "body": _FORBIDDEN})
-            return
-        if self.digest is None or scope["type"] != "http" or not protected(scope["path"], self.args):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if key_matches(self.digest, presented_key(dict(scope["headers"]))):
+        path, enabled = scope["path"], self.keys.enabled
+        if is_control(path) and control_decision(scope, self.args, enabled) == "forbid":
+            await _refuse(send, 403, _FORBIDDEN)
+            return
+        if not enabled or not protected(path, self.args):
+            scope[PRINCIPAL] = ANONYMOUS if not enabled else self.keys.table.lookup(
+                presented_key(dict(scope["headers"]))) or ANONYMOUS
             await self.app(scope, receive, send)
             return
-        await send({"type": "http.response.start", "status": 401, "headers": [
-            (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-            (b"content-length", str(len(_BODY)).encode())]})
-        await send({"type": "http.response.body", "body": _BODY})
+        who = self.keys.table.lookup(presented_key(dict(scope["headers"])))
+        if who is None:
+            await _refuse(send, 401, _BODY, ((b"www-authenticate", b"Bearer"),))
+            return
+        if admin_only(path) and not who.admin:
+            await _refuse(send, 403, _ADMIN_ONLY)
+            return
+        scope[PRINCIPAL] = who
+        await self.app(scope, receive, send)

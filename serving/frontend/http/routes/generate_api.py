@@ -31,6 +31,8 @@ class GenerateRequest(msgspec.Struct, kw_only=True):
     sampling_params: GenerateSampling = msgspec.field(default_factory=GenerateSampling)
     stream: bool = False
     rid: str | None = None
+    cache_salt: str | None = None  # narrows the prefix-cache namespace, as on the OpenAI routes
+    priority: int | None = None  # higher first, at most the tenant's
 
 
 def generate_input(req: GenerateRequest, max_stop: int) -> GenerateReqInput:
@@ -47,7 +49,7 @@ def generate_input(req: GenerateRequest, max_stop: int) -> GenerateReqInput:
     return GenerateReqInput(
         prompt=req.text if req.text is not None else req.input_ids, sampling=SamplingParams(max_new_tokens=1, **fields),
         max_new_tokens=sp.max_new_tokens, stop=stop, skip_special_tokens=sp.skip_special_tokens, stream=req.stream,
-        rid=req.rid,
+        rid=req.rid, cache_salt=req.cache_salt, priority=req.priority,
     )
 
 

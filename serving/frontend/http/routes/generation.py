@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
+from serving.frontend.http.middleware.auth import principal_of
 from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest,
@@ -119,6 +120,8 @@ def _request_attributes(obj: GenerateReqInput) -> dict:
         attrs["gen_ai.request.max_tokens"] = obj.max_new_tokens
     if sp.seed is not None:
         attrs["gen_ai.request.seed"] = sp.seed
+    if obj.user is not None:
+        attrs["user.id"] = obj.user
     return attrs
 
 
@@ -126,8 +129,9 @@ async def generation(request: Request, kind: Kind) -> Response:
     """Every generation endpoint: decode → submit → stream or collect; telemetry around it."""
     state: ServerState = request.app.state.server
     tel = state.tel
-    req = ReqState(route=kind.route, operation=kind.operation, arrival=now_ns())
-    tel.begin(req, request.headers, "POST", {})
+    req = ReqState(route=kind.route, operation=kind.operation, arrival=now_ns(),
+                   tenant=principal_of(request.scope).tenant)
+    tel.begin(req, request.headers, "POST", {"sightline.tenant": req.tenant})
     try:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)

@@ -36,7 +36,9 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    user: str | None = None  # the end user's id: on the request's span and record
+    cache_salt: str | None = None  # vLLM's: narrows the prefix-cache namespace (--prefix-cache-sharing)
+    priority: int | None = None  # vLLM's field, our order: higher first, at most the tenant's (docs/api.md)
     # extensions, as vLLM / SGLang accept them
     top_k: int = -1
     min_p: float = 0.0
@@ -44,6 +46,18 @@ class _SamplingFields(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     stop_token_ids: list[int] = []
     skip_special_tokens: bool = True
+    # other servers' fields this one refuses (400 unsupported_parameter) rather than ignore
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+    lora_request: Any = None
+    prompt_logprobs: Any = None
+
+
+REFUSED_EXTENSIONS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                      "lora_request", "prompt_logprobs")
 
 
 class CompletionRequest(_SamplingFields, kw_only=True):
@@ -101,6 +115,10 @@ def _common(req: _SamplingFields, served: str, max_stop: int) -> tuple[SamplingP
     if req.n != 1:
         raise bad_request(f"n must be 1 (got {req.n}): this server returns one choice per request", param="n")
     _unsupported(bool(req.logit_bias), "logit_bias", "logit_bias")
+    for name in REFUSED_EXTENSIONS:
+        _unsupported(getattr(req, name) is not None, name, name)
+    if req.user is not None and len(req.user) > 256:
+        raise bad_request("user must be at most 256 characters", param="user")
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options is only allowed when stream is true", param="stream_options")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
@@ -143,7 +161,7 @@ def completion_input(req: CompletionRequest, served: str, max_stop: int) -> Gene
                           "(batched prompts are not supported)", param="prompt")
     return GenerateReqInput(prompt=prompt, sampling=params, max_new_tokens=_max_tokens(req.max_tokens, "max_tokens"),
                             stop=stop, skip_special_tokens=req.skip_special_tokens, stream=req.stream,
-                            param_names={"max_new_tokens": "max_tokens"})
+                            param_names={"max_new_tokens": "max_tokens"}, **_tenancy(req))
 
 
 def chat_input(req: ChatCompletionRequest, served: str, max_stop: int) -> GenerateReqInput:
@@ -170,7 +188,11 @@ def chat_input(req: ChatCompletionRequest, served: str, max_stop: int) -> Genera
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     return GenerateReqInput(messages=messages, sampling=params, max_new_tokens=_max_tokens(limit, param), stop=stop,
                             skip_special_tokens=req.skip_special_tokens, stream=req.stream,
-                            param_names={"max_new_tokens": param})
+                            param_names={"max_new_tokens": param}, **_tenancy(req))
+
+
+def _tenancy(req: _SamplingFields) -> dict:
+    return {"cache_salt": req.cache_salt, "priority": req.priority, "user": req.user}
 
 
 def include_usage(req: _SamplingFields) -> bool:
