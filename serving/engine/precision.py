@@ -7,10 +7,12 @@ fused gate/up projection) in float32 and in bfloat16 with torch and keeps the fa
 with bf16 matrix units (AMX, AVX512-BF16) run bf16 2-3x faster, CPUs without them
 (AVX2 only) run it several times slower than float32.  The numbers go to the log.
 
-`--quantization auto` serves every model unquantized, a GGUF file expanded to float32 on the
-native kernels: on the CPU measured (docs/engine.md, "Quantized weights") the packed GGUF kernels
-beat it at one stream only, and prefill and batches ran 2-3x slower.  `--quantization gguf` serves
-a GGUF file in its own types (a quarter of the memory).  The quantized kernel computes in float32
+`--quantization auto` serves a GGUF file in its own types (as `gguf`, and as llama.cpp does) where
+the quantized kernel has its interleaved VNNI layouts (AVX-512 VNNI: kernels/quant_interleaved.h),
+which beat float32 at every batch size and in prefill (docs/engine.md, "Quantized weights"); on a
+CPU without them the row-major kernel beats float32 at one stream only and prefill and batches ran
+2-3x slower, so there a GGUF file is expanded to float32.  A Hugging Face directory stays in its
+dtype: nothing is quantized unless asked.  The quantized kernel computes in float32
 (activations are quantized inside it), so with it `--dtype auto` is float32 and only what stays
 unquantized (norms, the KV cache) follows --dtype.
 """
@@ -63,11 +65,16 @@ def _quantized(args: ServerArgs, quantization: str) -> tuple[Precision, str]:
         f"activations; other weights: {how}"
 
 
+def _interleaves(args: ServerArgs) -> bool:
+    quant = native_quant.load(args.cache_dir_path)
+    return quant is not None and quant.interleaves
+
+
 def choose(args: ServerArgs, dims: ModelDims, gguf: bool = False) -> tuple[Precision, str]:
     """(precision, why) for these flags on this CPU and model (`gguf`: a .gguf file, whose types `auto` keeps)."""
     quantization = args.quantization
-    if quantization == "auto":  # see the module docstring: the packed kernels are slower on batches here
-        quantization = "none"
+    if quantization == "auto":  # see the module docstring: packed where the interleaved kernel runs
+        quantization = "gguf" if gguf and _interleaves(args) else "none"
     if quantization == "gguf" and not gguf:
         raise ValueError("--quantization gguf serves a .gguf file's own types: this model is not a GGUF file")
     if quantization == "int8":

@@ -16,6 +16,7 @@ import pytest
 
 from loadtest.server import REPO, free_port
 from serving.engine.loader import load_model
+from serving.models.layers import native_quant
 from tests.family_models import FAMILIES, SLIDING_WINDOW, build, gguf
 from tests.helpers import collect, greedy, make_core
 from tests.server_util import ServerProc
@@ -61,7 +62,9 @@ def test_family_serves_over_http_from_gguf(servers, family):
     card = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]
     assert card["id"] == gguf(family).name and card["architecture"] == model.architecture
     assert card["max_model_len"] == core.context_len  # the model's, capped by the default --max-total-tokens
-    assert (card["dtype"], card["quantization"]) == ("float32", "none")  # auto: a GGUF expanded (docs/engine.md)
+    # auto: a GGUF in its own types where the interleaved kernel runs, else expanded (docs/engine.md)
+    own = native_quant.load().interleaves
+    assert (card["dtype"], card["quantization"]) == ("float32", "gguf" if own else "none")
     assert card["sliding_window"] == SLIDING_WINDOW.get(family)
     body = {"model": card["id"], "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     out = srv.post("/v1/completions", body).json()

@@ -14,7 +14,7 @@ PROMPTS = ["Translate 'hello world' into Chinese.", "Reply with three emojis tha
 
 @pytest.fixture(scope="module")
 def smollm_server(tmp_path_factory):
-    srv = ServerProc(model="smollm2-135m", tmpdir=tmp_path_factory.mktemp("smollm-server"))
+    srv = ServerProc("--quantization", "none", model="smollm2-135m", tmpdir=tmp_path_factory.mktemp("smollm-server"))
     yield srv
     srv.stop()
 

@@ -15,6 +15,7 @@ from bench.accuracy import MODES, PROMPTS, all_logits, compare, runner_for
 from serving.args import ServerArgs
 from serving.engine.precision import choose
 from serving.models.base import ModelDims
+from serving.models.layers import native_quant
 from tests.helpers import collect, encode, greedy, make_core
 
 MODE_IDS = ["bfloat16", "int8"]  # reduced precision in bf16; the quantized kernel's modes below
@@ -85,7 +86,10 @@ def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     assert precision.dtype == "float32" and precision.native is not None and "native" in why
     assert choose(ServerArgs(model="tiny-random", dtype="float32"), dims)[0].dtype == "float32"
     assert choose(ServerArgs(model="tiny-random", quantization="int8"), dims)[0].quantization == "int8"
-    assert choose(ServerArgs(model="tiny-random"), dims, gguf=True)[0].quantization == "none"  # auto: expanded
+    packed = native_quant.load().interleaves  # auto: a GGUF in its own types where they interleave (VNNI)
+    assert choose(ServerArgs(model="tiny-random"), dims, gguf=True)[0].quantization == ("gguf" if packed else "none")
+    assert packed == (" avx512_vnni" in open("/proc/cpuinfo").read() and " avx512bw" in open("/proc/cpuinfo").read())
+    assert choose(ServerArgs(model="tiny-random"), dims)[0].quantization == "none"  # not a GGUF: never quantized
     assert choose(ServerArgs(model="tiny-random", quantization="gguf"), dims, gguf=True)[0].quantization == "gguf"
     q8 = choose(ServerArgs(model="tiny-random", quantization="q8_0"), dims)[0]
     assert (q8.dtype, q8.quantization) == ("float32", "q8_0") and q8.quant is not None
