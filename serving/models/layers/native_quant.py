@@ -2,10 +2,11 @@
 
 A weight comes in its GGUF block layout (`QuantWeight`: [rows, bytes per row] uint8, a view of
 the file's memory map or quantized at load).  Where this build has an interleaved layout for its
-type (Q8_0, Q4_0, Q4_1, Q4_K on AVX-512 VNNI: kernels/quant_interleaved.h) `QuantLinear` repacks
+type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K on AVX-512 VNNI: kernels/quant_interleaved.h) `QuantLinear` repacks
 it once (`PackedWeight`: the same size, Q4_K a third more for its exact fp32 scales) and the
 kernel runs 16 output rows per instruction; otherwise the kernel reads the file's layout as it
-is.  Activations are quantized to int8 per 32 values inside the kernel, so every type runs integer dot products.  `QuantLinear` runs several weights over one input in one call
+is.  Activations are quantized to int8 per 32 values inside the kernel, so every type
+runs integer dot products.  `QuantLinear` runs several weights over one input in one call
 (fused Q/K/V, gate/up), each in its own type: a GGUF file may mix them (Q4_K_M: Q5_0 Q/K with a
 Q8_0 V).  Types the kernel has no decoder for are for the caller to expand (`supports`).
 """

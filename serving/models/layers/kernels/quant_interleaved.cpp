@@ -15,8 +15,8 @@
 namespace il {
 namespace {
 
-constexpr int64_t wbytes(int layout) { return layout == S8 ? 512 : 256; }
-constexpr int64_t block_bytes(int layout) { return wbytes(layout) + (layout == S8 ? 32 : layout == U4 ? 64 : 128); }
+constexpr int64_t wbytes(int layout) { return layout == S8 ? 512 : layout == U5 ? 320 : 256; }
+constexpr int64_t block_bytes(int layout) { return wbytes(layout) + (layout == S8 ? 32 : layout == U4F ? 128 : 64); }
 
 // One 32-value block of a row, decoded to what the layout stores: u[32], and d, m as floats.
 struct Block {
@@ -39,6 +39,20 @@ void decode(int type, const uint8_t* row, int64_t c, Block& o) {
       o.d = q::fp16(b), o.m = one ? q::fp16(b + 2) : -8.0f * o.d;
       const uint8_t* qs = b + (one ? 4 : 2);
       for (int i = 0; i < 16; ++i) o.u[i] = qs[i] & 15, o.u[16 + i] = qs[i] >> 4;
+      return;
+    }
+    case q::Q5_0:
+    case q::Q5_1: {
+      const bool one = type == q::Q5_1;
+      const uint8_t* b = row + c * (one ? 24 : 22);
+      o.d = q::fp16(b), o.m = one ? q::fp16(b + 2) : -16.0f * o.d;
+      uint32_t qh;
+      std::memcpy(&qh, b + (one ? 4 : 2), 4);
+      const uint8_t* qs = b + (one ? 8 : 6);
+      for (int i = 0; i < 16; ++i) {
+        o.u[i] = (qs[i] & 15) | ((qh >> i) & 1) << 4;
+        o.u[16 + i] = (qs[i] >> 4) | ((qh >> (16 + i)) & 1) << 4;
+      }
       return;
     }
     case q::Q4_K: {
@@ -70,6 +84,14 @@ void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, floa
         wv[2 * k] = _mm512_and_si512(v, low);
         wv[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
+      if constexpr (L == U5) {
+        const __m512i five = _mm512_set1_epi8(0x10);
+        for (int j = 0; j < 8; ++j) {
+          uint64_t bits;
+          std::memcpy(&bits, w + 256 + 8 * j, 8);
+          wv[j] = _mm512_or_si512(wv[j], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), five));
+        }
+      }
     } else {
       for (int j = 0; j < 8; ++j) wv[j] = _mm512_loadu_si512(w + 64 * j);
     }
@@ -77,7 +99,7 @@ void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, floa
     const __m512 d = L == U4F ? _mm512_loadu_ps(sc) : _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc)));
     // S8: u = w + 128, so dot(u, x) - 128 sum(x) is the exact integer dot product, and m unused
     const __m512 m = L == U4F ? _mm512_loadu_ps(sc + 64)
-                     : L == U4 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)))
+                     : L != S8 ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 32)))
                                : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const q::XBlock& xb = x[r * xs + b];
@@ -127,6 +149,8 @@ int layout_of(int type) {
     case q::Q8_0: return S8;
     case q::Q4_0:
     case q::Q4_1: return U4;
+    case q::Q5_0:
+    case q::Q5_1: return U5;
     case q::Q4_K: return U4F;
     default: return -1;
   }
@@ -137,6 +161,7 @@ void group(int layout, const uint8_t* w, int64_t n0, int64_t cols, const q::XBlo
 #if IL_ENABLED
   if (layout == S8) return run_group<S8>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
   if (layout == U4) return run_group<U4>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
+  if (layout == U5) return run_group<U5>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
   return run_group<U4F>(w, n0, cols, xq, xs, m0, m1, y, ldy, k);
 #endif
 }
@@ -175,12 +200,16 @@ void quant_il_pack(int type, const uint8_t* w, int64_t rows, int64_t k, int64_t 
         } else {
           const uint16_t dm[2] = {il::half(blk.d), il::half(blk.m)};
           std::memcpy(sc + 2 * rr, dm, 2);
-          if (layout == il::U4) std::memcpy(sc + 32 + 2 * rr, dm + 1, 2);
+          if (layout != il::S8) std::memcpy(sc + 32 + 2 * rr, dm + 1, 2);
         }
         if (layout != il::S8) {
           for (int kk = 0; kk < 4; ++kk)
             for (int i = 0; i < 4; ++i)
-              dst[(kk * il::ROWS + rr) * 4 + i] = blk.u[8 * kk + i] | blk.u[8 * kk + 4 + i] << 4;
+              dst[(kk * il::ROWS + rr) * 4 + i] = (blk.u[8 * kk + i] & 15) | (blk.u[8 * kk + 4 + i] & 15) << 4;
+          for (int c = 0; layout == il::U5 && c < 32; ++c) {
+            const int bit = (c % 4) + 4 * rr;  // mask c / 4, value 4 (c / 4) + c % 4
+            dst[256 + 8 * (c / 4) + bit / 8] |= static_cast<uint8_t>((blk.u[c] >> 4) << (bit % 8));
+          }
         } else {
           for (int j = 0; j < 8; ++j)
             for (int i = 0; i < 4; ++i) dst[(j * il::ROWS + rr) * 4 + i] = blk.u[4 * j + i];
@@ -205,13 +234,15 @@ void quant_il_rows(int layout, const uint8_t* w, int64_t k, const int64_t* ids, 
       } else {
         uint16_t h[2];
         std::memcpy(h, sc + 2 * rr, 2);
-        if (layout == il::U4) std::memcpy(h + 1, sc + 32 + 2 * rr, 2);
+        if (layout != il::S8) std::memcpy(h + 1, sc + 32 + 2 * rr, 2);
         d = _cvtsh_ss(h[0]), m = layout == il::S8 ? 0.0f : _cvtsh_ss(h[1]);
       }
       float* o = out + i * k + b * 32;
       for (int c = 0; c < 32; ++c) {
-        const int u = layout == il::S8 ? src[((c / 4) * il::ROWS + rr) * 4 + c % 4]
-                                       : src[((c / 8) * il::ROWS + rr) * 4 + c % 4] >> (c % 8 < 4 ? 0 : 4) & 15;
+        int u = layout == il::S8 ? src[((c / 4) * il::ROWS + rr) * 4 + c % 4]
+                                 : src[((c / 8) * il::ROWS + rr) * 4 + c % 4] >> (c % 8 < 4 ? 0 : 4) & 15;
+        const int bit = (c % 4) + 4 * static_cast<int>(rr);
+        if (layout == il::U5) u |= (src[256 + 8 * (c / 4) + bit / 8] >> (bit % 8) & 1) << 4;
         o[c] = layout == il::S8 ? d * static_cast<float>(u - 128) : d * static_cast<float>(u) + m;
       }
     }

@@ -2,10 +2,12 @@
 // so that one 512-bit `vpdpbusd` multiplies 4 values of 16 rows by 4 broadcast values of one row of
 // x (64 products, no horizontal sums), and each decoded block serves every row of x in the tile.
 //
-// Three layouts, per group of 16 rows (zero-padded) and per block b, blocks of a group contiguous:
+// Four layouts, per group of 16 rows (zero-padded) and per block b, blocks of a group contiguous:
 //   S8 (from Q8_0):  512 bytes: byte [j][row][i] = w[row][4j + i] ^ 0x80 (u8), then fp16 d[16]
 //   U4 (from Q4_0, Q4_1): 256 bytes of nibbles, byte [k][row][i] = w[row][8k + i] |
 //      w[row][8k + 4 + i] << 4 (unsigned), then fp16 d[16], fp16 m[16]
+//   U5 (from Q5_0, Q5_1): U4's nibbles of the low 4 bits, then the fifth bits as 8 64-bit masks
+//      (mask j, bit 4 row + i: value 4j + i of that row), then fp16 d[16], fp16 m[16]
 //   U4F (from Q4_K): U4's nibbles, then fp32 d[16], fp32 m[16] (a sub-block's 6-bit scale times its
 //      super-block's fp16 scale needs 17 bits: exact in fp32, not in fp16)
 // so that w[row][c] = d[row] * u[row][c] + m[row] (S8: u = w + 128, m = -128 d), exactly as in the
@@ -20,7 +22,7 @@
 namespace il {
 
 constexpr int ROWS = 16;
-constexpr int S8 = 1001, U4 = 1002, U4F = 1003;  // type ids for the quantized linear call, beside ggml's
+constexpr int S8 = 1001, U4 = 1002, U4F = 1003, U5 = 1004;  // type ids for the quantized linear call, beside ggml's
 
 // The layout a ggml type repacks into, or -1.
 int layout_of(int ggml_type);

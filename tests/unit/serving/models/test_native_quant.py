@@ -116,7 +116,7 @@ def test_unrunnable_weights_are_refused(kernel):
         quantize(torch.randn(4, 576), "q4_k")  # 576 is not a multiple of 256
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K], ids=lambda t: t.name)
 def test_vnni_builds_interleave_and_keep_every_value(qtype):
     """On a CPU with AVX-512 VNNI these types run repacked (16 rows per instruction); their row
     lookups (a tied embedding reads the repacked lm_head) give the file's values exactly."""
