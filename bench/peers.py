@@ -78,7 +78,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",  # no web UI, and no download of one at build time
 )
-LLAMA_TARGETS = ("llama-server", "llama-quantize")
+LLAMA_TARGETS = ("llama-server", "llama-quantize", "llama-perplexity")
 CONVERT_REQUIREMENT = "sentencepiece==0.2.3"  # convert_hf_to_gguf.py imports it even for BPE vocabularies
 
 

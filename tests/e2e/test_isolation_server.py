@@ -165,7 +165,8 @@ def test_scheduler_survives_malformed_requests(server):
 
 def test_detokenizer_survives_undecodable_tokens(server):
     expected = reference(server, 0)
-    good, victim = Stream(server, prompt(0)), Stream(server, prompt(1))
+    # the victim runs to the context's end (2048) so it is still decoding when the bad output arrives
+    good, victim = Stream(server, prompt(0)), Stream(server, prompt(1), n=2040)
     assert good.started.wait(60) and victim.started.wait(60) and victim.rid
     errors_before = server.debug()["detokenizer"].get("handling_errors", 0)
     push(server, "detokenizer", BatchTokenIDOutput(outputs=[
