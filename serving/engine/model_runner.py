@@ -5,6 +5,7 @@ The forward is the registry's implementation for the loaded model's architecture
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from contextlib import contextmanager
@@ -52,6 +53,7 @@ class ModelRunner:
         self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
+        release_free_heap()
 
     def _build(self, family: type[CausalLM], loaded: LoadedModel) -> CausalLM:
         """The forward over the GGUF file's own tensors (`--quantization gguf`), else the transformers model's."""
@@ -59,6 +61,7 @@ class ModelRunner:
             return family.from_hf(loaded.hf_model, self.precision)
         src = GGUFWeights(loaded.gguf, loaded.hf_model.config)
         model = family.from_weights(src, self.precision)
+        src.release_pages()
         src.log_expanded()
         return model
 
@@ -82,3 +85,12 @@ class ModelRunner:
         except BaseException:
             self.pool.free(fb.out_slots)
             raise
+
+
+def release_free_heap() -> None:
+    """Hand the heap the build freed (repacking's and the loader's temporaries) back to the OS: glibc
+    keeps freed memory below its trim threshold, which would stay resident for the server's life."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

@@ -8,8 +8,10 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define IL_ENABLED 1
+#define IL_512 1
 #else
-#define IL_ENABLED 0
+#define IL_ENABLED 1  // quant_simd.h requires AVX2 + FMA + F16C: the 256-bit tile below
+#define IL_512 0
 #endif
 
 namespace il {
@@ -70,7 +72,7 @@ void decode(int type, const uint8_t* row, int64_t c, Block& o) {
 
 uint16_t half(float f) { return _cvtss_sh(f, 0); }
 
-#if IL_ENABLED
+#if IL_512
 template <int L, int R>
 void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, float* y, int64_t ldy, int cols) {
   __m512 acc[R];
@@ -118,6 +120,62 @@ void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, floa
   for (int r = 0; r < R; ++r) _mm512_mask_storeu_ps(y + r * ldy, keep, acc[r]);
 }
 
+#else
+// AVX2: the same layouts, each 16-row vector taken as two 8-row halves (rows 8h..8h+7 are bytes
+// 32h..32h+31 of it).  Without VNNI the u8 x s8 product is `vpmaddubsw`, which would saturate on
+// S8's unsigned w + 128: S8 is turned back into signed values and multiplied as |w| x sign(w)·x
+// (llama.cpp's trick on AVX2), exact in int16 since |x| <= 127; the 4- and 5-bit values are <= 31.
+template <int L>
+inline __m256i half_vector(const uint8_t* w, int j, int h) {
+  if constexpr (L == S8) return q::load32(w + 64 * j + 32 * h);
+  const __m256i v = q::load32(w + 64 * (j / 2) + 32 * h);
+  __m256i u = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0F));
+  if constexpr (L == U5) u = _mm256_or_si256(u, _mm256_and_si256(q::bits_to_bytes(w + 256 + 8 * j + 4 * h),
+                                                                  _mm256_set1_epi8(0x10)));
+  return u;
+}
+
+template <int L, int R>
+void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, float* y, int64_t ldy, int cols) {
+  for (int h = 0; h < 2 && 8 * h < cols; ++h) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    const uint8_t* wb = w;
+    for (int64_t b = 0; b < blocks; ++b, wb += block_bytes(L)) {
+      __m256i ai[R];
+      for (int r = 0; r < R; ++r) ai[r] = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        __m256i u = half_vector<L>(wb, j, h), sgn = u;
+        if constexpr (L == S8) sgn = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80))),
+                               u = _mm256_abs_epi8(sgn);
+        for (int r = 0; r < R; ++r) {
+          int32_t xj;
+          std::memcpy(&xj, x[r * xs + b].q + 4 * j, 4);
+          __m256i xv = _mm256_set1_epi32(xj);
+          if constexpr (L == S8) xv = _mm256_sign_epi8(xv, sgn);
+          ai[r] = _mm256_add_epi32(ai[r], q::dot_u8s8(u, xv));
+        }
+      }
+      const uint8_t* sc = wb + wbytes(L);
+      const __m256 d = L == U4F ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc) + 8 * h)
+                                : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * h)));
+      const __m256 m = L == U4F ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc + 64) + 8 * h)
+                       : L != S8 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32 + 16 * h)))
+                                 : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const q::XBlock& xb = x[r * xs + b];
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r]), _mm256_mul_ps(d, _mm256_set1_ps(xb.d)), acc[r]);
+        if constexpr (L != S8) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb.s), acc[r]);
+      }
+    }
+    const int n = cols - 8 * h >= 8 ? 8 : cols - 8 * h;
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, keep, acc[r]);
+  }
+}
+#endif
+
+#if IL_ENABLED
 constexpr int RMAX = 4;
 
 template <int L, int R = RMAX>

@@ -1,4 +1,4 @@
-// Quantized weights repacked once at load for VNNI: 16 output rows interleaved per 32-value block,
+// Quantized weights repacked once at load: 16 output rows interleaved per 32-value block,
 // so that one 512-bit `vpdpbusd` multiplies 4 values of 16 rows by 4 broadcast values of one row of
 // x (64 products, no horizontal sums), and each decoded block serves every row of x in the tile.
 //
@@ -11,8 +11,8 @@
 //   U4F (from Q4_K): U4's nibbles, then fp32 d[16], fp32 m[16] (a sub-block's 6-bit scale times its
 //      super-block's fp16 scale needs 17 bits: exact in fp32, not in fp16)
 // so that w[row][c] = d[row] * u[row][c] + m[row] (S8: u = w + 128, m = -128 d), exactly as in the
-// file.  AVX-512 (F, BW, VNNI) builds only: elsewhere `layout_of` answers -1 and the row-major
-// kernel runs.
+// file.  AVX-512 (F, BW, VNNI) builds run a 512-bit `vpdpbusd` tile; AVX2 builds the same layouts
+// as two 8-row halves with `vpmaddubsw` (the signed trick for S8).
 #pragma once
 
 #include <cstdint>
