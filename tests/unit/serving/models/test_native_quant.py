@@ -116,7 +116,7 @@ def test_unrunnable_weights_are_refused(kernel):
         quantize(torch.randn(4, 576), "q4_k")  # 576 is not a multiple of 256
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_these_types_interleave_and_keep_every_value(kernel, qtype):
     """These types run repacked, 16 rows per group (one 512-bit `vpdpbusd` with AVX-512 VNNI, two
     256-bit halves on AVX2); their row lookups (a tied embedding reads the repacked lm_head) give
