@@ -4,9 +4,10 @@ Where the model comes from (bundled GGUF, tiny-random, a local directory) and it
 one-time conversion are `serving.model_files`; which architectures are served is the
 model registry (`serving.models.registry`).
 
-A GGUF file's converted fp32 weights are loaded only when something uses them (`LazyHFModel`):
-served in its own types (`--quantization gguf`), the engine reads the
-file itself (`serving.models.gguf_weights`) and never holds the fp32 copy.
+The transformers model is loaded only when something uses it (`LazyHFModel`): the engine builds
+its forward from the GGUF file itself (`serving.models.gguf_weights`, `--quantization gguf`) or
+from the directory's safetensors (`serving.models.safetensors_weights`), so a Scheduler never
+imports transformers' model classes.  A directory without safetensors (.bin) is loaded eagerly.
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     from transformers import AutoConfig
 
     from serving.models.registry import architecture, resolve  # lazily, like torch: importing this stays light
+    from serving.models.safetensors_weights import weight_files
 
     t0 = time.perf_counter()
     path, converted = prepare_model_dir(spec, cache_dir)
@@ -142,7 +144,9 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
     gguf = _gguf_source(path)
-    model = LazyHFModel(path, config) if gguf is not None else _load_weights(path)
+    # the engine builds from the GGUF file or the safetensors themselves (serving.models.*_weights): the
+    # transformers model is loaded only if something asks for it (a reference in the tests, --linear torch paths)
+    model = LazyHFModel(path, config) if gguf is not None or weight_files(path) else _load_weights(path)
     return LoadedModel(model_name(spec, path, served_name), model, path, architecture(config),
                        time.perf_counter() - t0, converted, gguf)
 

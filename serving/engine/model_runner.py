@@ -16,10 +16,11 @@ import torch
 from serving.args import TEAM_SPIN_US, ServerArgs
 from serving.engine.batch import Work, build_batch
 from serving.engine.kv_pool import KVPool
-from serving.engine.loader import LoadedModel
+from serving.engine.loader import LazyHFModel, LoadedModel
 from serving.engine.precision import choose
 from serving.models.base import CausalLM, ModelDims
 from serving.models.gguf_weights import GGUFWeights
+from serving.models.safetensors_weights import SafetensorsWeights, weight_files
 from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
 from serving.models.registry import resolve
@@ -56,14 +57,20 @@ class ModelRunner:
         release_free_heap()
 
     def _build(self, family: type[CausalLM], loaded: LoadedModel) -> CausalLM:
-        """The forward over the GGUF file's own tensors (`--quantization gguf`), else the transformers model's."""
-        if self.precision.quantization != "gguf":
-            return family.from_hf(loaded.hf_model, self.precision)
-        src = GGUFWeights(loaded.gguf, loaded.hf_model.config)
-        model = family.from_weights(src, self.precision)
-        src.release_pages()
-        src.log_expanded()
-        return model
+        """The forward over the GGUF file's own tensors (`--quantization gguf`), else over the directory's
+        safetensors, else over a transformers model already loaded."""
+        if self.precision.quantization == "gguf":
+            src = GGUFWeights(loaded.gguf, loaded.hf_model.config)
+            model = family.from_weights(src, self.precision)
+            src.release_pages()
+            src.log_expanded()
+            return model
+        if isinstance(loaded.hf_model, LazyHFModel) and not loaded.hf_model.loaded and weight_files(loaded.path):
+            files = SafetensorsWeights(loaded.path, loaded.hf_model.config)
+            model = family.from_weights(files, self.precision)
+            files.finish()
+            return model
+        return family.from_hf(loaded.hf_model, self.precision)
 
     def forward(self, decodes: list[Work], extends: list[Work]) -> torch.Tensor:
         """Allocate KV for every fed token, run the model, return logits of the rows that need them."""
