@@ -1,20 +1,21 @@
-"""Decode gaps that arise after the Scheduler: the Detokenizer's lag, the TokenizerManager's own loop, an
-engine restart.
+"""Decode gaps that arise after the Scheduler: the Detokenizer's lag, the TokenizerManager's loop, an engine
+restart.
 
 The Scheduler finds the gaps between the tokens it samples (`serving.engine.decode_gaps`); a
 client sees the gaps between the outputs the TokenizerManager receives, and those also
 grow when the Detokenizer falls behind or the TokenizerManager's event loop is held.  Every
 output carries the stamps to tell them apart: the Scheduler sent it (`sched_sent`), the
-Detokenizer finished it (`detok_done`), the TokenizerManager received it (`recv`).  For two
-consecutive outputs of a request, the growth of `detok_done − sched_sent` is lag the
-Detokenizer added and the growth of `recv − detok_done` lag the TokenizerManager added (its
-loop did not read the socket: a blocking callback, a GC pause, the process stopped).
+Detokenizer finished it (`detok_done`), the TokenizerManager received it (`recv`).
 
-A gap between two outputs is long when it exceeds `max(factor × median, floor)` (the median
-of this process's last `window` gaps, updated every `MEDIAN_EVERY` outputs; the factor and
-floor are the Scheduler's, --decode-gap-factor and --decode-gap-floor).  It is counted here
-when over half of it arose downstream: cause `detokenizer` or `main_loop`, the larger of the
-two growths.  A gap mostly made in the Scheduler is the Scheduler's to count.
+A gap between two outputs of a request is long when it exceeds `max(factor × median, floor)`
+(the median of this process's last `window` gaps, updated every `MEDIAN_EVERY` outputs; the
+factor and floor are the Scheduler's, --decode-gap-factor and --decode-gap-floor).  It is
+counted here when over half of it passed after the Scheduler sent the output that ended it
+(`recv − sched_sent`; a few ms when nothing lags): cause `detokenizer` when most of that is
+Scheduler sent → Detokenizer done (its socket's queue, a stopped or starved process), else
+`main_loop` (Detokenizer done → received: the TokenizerManager's loop did not read its socket,
+held by a blocking callback, a GC pause, a backlog, the process stopped).  A gap mostly made
+before the Scheduler sent it is the Scheduler's to count.
 
 `engine_restart`: an engine failure ends every request in flight (the streams end with an
 error, then the engine restarts), so no gap spans a restart; a stream that had its first
@@ -22,7 +23,8 @@ token and was cut that way counts one `engine_restart` gap, its last token → t
 
 Counted by (the request's dp_rank, cause) into `sightline_decode_gaps_total`; the request's
 server span gets a `decode_gap` event (at most `MAX_EVENTS` per request).  Per output the
-cost is a few integer operations; the state per request is two ints and an event count.
+cost is a subtraction, a deque append and a comparison; no state per request but its count
+of events.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from opentelemetry.trace import Span
 
 from protocol.io_struct import DOWNSTREAM_GAP_CAUSES, GapCount, Stamps
 
-MEDIAN_EVERY = 8
+MEDIAN_EVERY = 32  # outputs between two updates of the median (it moves slowly)
 MAX_EVENTS = 16  # decode_gap events per request's span; the counter counts every gap
 
 
@@ -52,20 +54,17 @@ class DownstreamGaps:
 
     def output(self, rt, st: Stamps, recv: int) -> str | None:
         """A non-first output of `rt` with tokens arrived at `recv`: a downstream gap's cause, or None."""
-        sent, done = st.sched_sent, st.detok_done
-        if sent is None or done is None:
-            return None
-        prev, rt.downstream = rt.downstream, (done - sent, recv - done)
         gap = recv - rt.last_recv
         self.gaps.append(gap)
         self._n += 1
         if self._n % MEDIAN_EVERY == 0 or self._n < MEDIAN_EVERY:
             self.threshold_ns = max(int(self.factor * median_low(self.gaps)), self.floor_ns)
-        if gap <= self.threshold_ns or prev is None:
+        if gap <= self.threshold_ns:
             return None
-        detok, loop = rt.downstream[0] - prev[0], rt.downstream[1] - prev[1]
-        if detok + loop <= gap / 2:
+        sent, done = st.sched_sent, st.detok_done
+        if sent is None or done is None or recv - sent <= gap / 2:
             return None
+        detok, loop = done - sent, recv - done
         cause = "detokenizer" if detok >= loop else "main_loop"
         self._count(rt, cause, gap, recv, detok, loop)
         return cause

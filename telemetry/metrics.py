@@ -260,9 +260,10 @@ SPECS: tuple[Spec, ...] = (
          "beside it: the decode span's decode_gap event names them) | scheduler_loop (over half the gap outside any "
          "step) | batch_size (over twice the median batch) | slow_step (the forward itself); off with "
          "--step-timeline-steps 0. Downstream of the Scheduler, the TokenizerManager counts a gap between two "
-         "outputs it received (longer than the factor × its median gap and the floor) of which over half arose "
-         "after the Scheduler sent them: detokenizer (Scheduler sent → Detokenizer done grew) | main_loop "
-         "(Detokenizer done → received in the TokenizerManager grew: its event loop lagged); and engine_restart: a "
+         "outputs it received (longer than the factor × its median gap and the floor) of which over half passed "
+         "after the Scheduler sent the output that ended it: detokenizer (most of that before the Detokenizer was "
+         "done with it) | main_loop (most of it after: the TokenizerManager's event loop did not read it); and "
+         "engine_restart: a "
          "stream cut by an engine failure after its first token (whatever the wait). dp_rank: the rank that ran "
          "the request.", source="all", read="decode_gaps"),
     Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler",

@@ -70,7 +70,6 @@ class ReqState:
     last_recv: int | None = None
     tokenize_ns: int = 0
     detok_busy_ns: int = 0
-    downstream: tuple[int, int] | None = None  # latest output's (detok_done - sched_sent, recv - detok_done)
     gap_events: int = 0  # decode_gap events put on its span (telemetry.downstream_gaps)
     # -- outcome (set once, by TokenizerManager._finish) --
     finished: bool = False

@@ -20,7 +20,7 @@ class Span:
 
 
 def request(rank: int = 0):
-    return SimpleNamespace(dp_rank=rank, downstream=None, last_recv=None, gap_events=0, span=Span())
+    return SimpleNamespace(dp_rank=rank, last_recv=None, gap_events=0, span=Span())
 
 
 def feed(gaps: DownstreamGaps, rt, sent: int, done: int, recv: int) -> str | None:
