@@ -16,10 +16,12 @@ import time
 import httpx
 import pytest
 
+from tests.e2e.test_debug_ui import Rows, chromium, headless
 from tests.e2e.test_why_slow import Stream, counter, entry, generate
 from tests.server_util import ServerProc, wait_until
 
 STOP_S = 1.0
+SEEN: dict[str, str] = {}  # a stream with a detokenizer gap, for the inspector's test
 TOKENS = 2000  # per stream: tiny-random decodes two streams at hundreds of tokens/s
 
 
@@ -88,12 +90,23 @@ def stopped(srv: ServerProc, pid: int, cause: str) -> None:
             assert g["sightline.decode_gap.cause"] in (cause, "main_loop"), found
             causes[g["sightline.decode_gap.cause"]] = causes.get(g["sightline.decode_gap.cause"], 0) + 1
     assert causes[cause] == 2, causes  # one per stream
+    SEEN[cause] = streams[0].rid
     wait_until(lambda: {c: gaps(srv, c) for c in before} == {c: before[c] + causes.get(c, 0) for c in before}, 10,
                f"the counter moved by exactly those gaps {causes}")
 
 
 def test_a_stopped_detokenizer_is_each_streams_detokenizer_gap(server):
     stopped(server, server.debug()["pids"]["detokenizer"], "detokenizer")
+
+
+def test_the_inspector_marks_the_detokenizer_gap_in_the_main_lane(server, tmp_path):
+    browser = chromium()
+    if "detokenizer" not in SEEN:
+        pytest.skip("needs the gap of test_a_stopped_detokenizer_is_each_streams_detokenizer_gap")
+    parsed = Rows()
+    parsed.feed(headless(browser, tmp_path, f"{server.url}/debug/ui#rid={SEEN['detokenizer']}", "--dump-dom"))
+    gaps = [r for r in parsed.rows if r.get("data-source") == "gap"]
+    assert any(r["data-cause"] == "detokenizer" and r["data-lane"] == "main" for r in gaps), gaps
 
 
 def test_a_stopped_main_process_is_each_streams_main_loop_gap(server):

@@ -1,11 +1,15 @@
 """Why it waited and why it missed the cache when KV runs out, on one real tiny-random server with a KV pool
-the running streams outgrow: a retraction (the retracted stream's reasons: retracted, then kv_capacity; its gap's
-cause: retraction), a request queued behind it (queue_order), a request on an idle engine (next_step); every
-request's reasons sum to its queue time, and the counters move by exactly what those requests went through.
+the running streams outgrow: a retraction (the retracted stream waited `retracted`; its gap's cause: retraction),
+a long prompt that does not fit beside them (kv_capacity) and a request queued behind it (queue_order), a
+request on an idle engine (next_step); every request's reasons sum to its queue time, and the counters move by
+exactly what those requests went through.
 A prompt the streams pushed out of the prefix cache misses as `evicted` (where its match ended, how much had
 been evicted), a new one as `never_seen` — in its prefill span and the counter, never in the response."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
@@ -15,6 +19,7 @@ from tests.server_util import ServerProc, wait_until
 POOL = 1536  # KV slots: four streams of 8 + 600 tokens need 2432
 STREAMS, STREAM_TOKENS = 4, 600
 PROMPT = [100 + j % 500 for j in range(200)]  # one leaf of 200 + 1 computed positions once it has run
+BIG = [20000 + j for j in range(1400)]  # fits the empty pool, not beside four streams of 40+ tokens
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +66,19 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
     retractions = counter(server, "sightline_retractions_total")
     gaps = counter(server, "sightline_decode_gaps_total", cause="retraction")
     streams = [Stream(server, [7000 + i, 6, 7, 8, 9, 10, 11, 12], STREAM_TOKENS) for i in range(STREAMS)]
-    wait_until(lambda: counter(server, "sightline_retractions_total") > retractions, 120, "a retraction")
-    wait_until(lambda: server.debug()["scheduler"]["num_waiting"] >= 1, 30, "the retracted stream waiting")
-    behind = generate(server, [9000, 1, 2, 3], 4)  # queued behind the retracted stream, which waits for KV
+    wait_until(lambda: all(len(s.events) >= 30 for s in streams), 120, "the streams holding over 150 slots")
+    answers: dict = {}  # a long prompt that cannot fit beside them waits for KV until they end; one more behind it
+    big = threading.Thread(target=lambda: answers.setdefault("big", generate(server, BIG, 2)), daemon=True)
+    big.start()
+    time.sleep(0.3)  # it reaches the Scheduler first
+    behind = generate(server, [9000, 1, 2, 3], 4)
+    big.join(300)
     for s in streams:
         s.join(300)
     assert all(s.events[-1] == "[DONE]" and len(s.events) > STREAM_TOKENS // 2 for s in streams)
+    assert counter(server, "sightline_retractions_total") > retractions  # the streams outgrew the pool
 
-    rids = [s.rid for s in streams] + [behind.headers["x-request-id"]]
+    rids = [s.rid for s in streams] + [answers["big"].headers["x-request-id"], behind.headers["x-request-id"]]
     done = {rid: summary(server, rid) for rid in rids}
     for b, _ in done.values():
         sums_to_queue(b)
@@ -80,8 +90,8 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
         decode = next(s for s in spans if s["name"] == "decode")
         assert any(e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction"
                    for e in decode["events"]), decode["events"]
-    assert any(b["wait_ms"].get("kv_capacity", 0) > 0 for b, _ in done.values()), done
-    assert done[rids[-1]][0]["wait_ms"].get("queue_order", 0) > 0, done[rids[-1]][0]
+    assert done[rids[-2]][0]["wait_ms"].get("kv_capacity", 0) > 0, done[rids[-2]][0]  # the head that did not fit
+    assert done[rids[-1]][0]["wait_ms"].get("queue_order", 0) > 0, done[rids[-1]][0]  # behind it
     caused = sum(1 for _, spans in done.values() for s in spans if s["name"] == "decode" for e in s["events"]
                  if e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction")
     wait_until(lambda: counter(server, "sightline_retractions_total") - retractions
