@@ -20,10 +20,10 @@ from serving.engine.loader import LazyHFModel, LoadedModel
 from serving.engine.precision import choose
 from serving.models.base import CausalLM, ModelDims
 from serving.models.gguf_weights import GGUFWeights
-from serving.models.safetensors_weights import SafetensorsWeights, weight_files
 from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
 from serving.models.registry import resolve
+from serving.models.safetensors_weights import SafetensorsWeights, weight_files
 
 log = logging.getLogger(__name__)
 
