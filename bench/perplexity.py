@@ -9,7 +9,8 @@ cut it into chunks of `--ctx` tokens (the first token of each replaced by BOS wh
 each chunk as one prompt, and score the second half of it (token j+1 from the logits at j, for j
 in [ctx/2, ctx-1)).  Ours runs the engine in-process on the file in its own types (`gguf`; the
 F32 file on the float32 kernel); llama-perplexity is built by bench.peers (`llama-perplexity`
-target).  The token counts of both are printed: they must agree for the numbers to compare.
+target).  Both print the chunks they scored; llama.cpp tokenizes the text itself, so the F32
+file's two numbers agreeing is what says the tokens are the same.
 """
 
 from __future__ import annotations
@@ -42,32 +43,32 @@ def chunks(tokens: list[int], ctx: int, n: int, bos: int | None) -> list[list[in
 
 
 def ours(path: Path, text: str, ctx: int, n: int) -> tuple[float, int]:
-    """(perplexity, tokens of the text) of our engine on the file, scored as llama-perplexity scores."""
+    """(perplexity, chunks scored) of our engine on the file, scored as llama-perplexity scores."""
     model = load_model(str(path))
     fields = GGUFIndex(path).fields
     bos = model.tokenizer.bos_token_id if fields.get("tokenizer.ggml.add_bos_token") else None
     tokens = ([bos] if bos is not None else []) + model.tokenizer(text, add_special_tokens=False)["input_ids"]
     runner = runner_for(model, "float32", "gguf")
     nll, count, first = 0.0, 0, ctx // 2
-    for chunk in chunks(tokens, ctx, n, bos):
+    parts = chunks(tokens, ctx, n, bos)
+    for chunk in parts:
         logp = torch.log_softmax(all_logits(runner, chunk)[first:ctx - 1].double(), dim=-1)
         nll -= logp.gather(1, torch.tensor(chunk[first + 1:ctx])[:, None]).sum().item()
         count += ctx - 1 - first
-    return math.exp(nll / count), len(tokens)
+    return math.exp(nll / count), len(parts)
 
 
 def llama(bindir: Path, path: Path, text_file: Path, ctx: int, n: int) -> tuple[float, int]:
-    """(perplexity, tokens) from llama-perplexity's own output."""
+    """(perplexity, chunks scored) from llama-perplexity's own output."""
     res = subprocess.run([str(bindir / "llama-perplexity"), "-m", str(path), "-f", str(text_file), "-c", str(ctx),
                           "--chunks", str(n), "-b", str(ctx), "-t", str(max(1, len(_cores())))],
                          capture_output=True, text=True, timeout=1800)
     out = res.stdout + res.stderr
     final = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
-    tokens = re.search(r"tokenizes to only (\d+)|calculating perplexity over (\d+) chunks", out)
-    if res.returncode != 0 or final is None:
+    scored = re.search(r"calculating perplexity over (\d+) chunks", out)
+    if res.returncode != 0 or final is None or scored is None:
         raise RuntimeError(f"llama-perplexity failed ({res.returncode}): {out[-1500:]}")
-    n_tok = re.search(r"n_tokens = (\d+)|(\d+) tokens", out)
-    return float(final.group(1)), int(n_tok.group(1) or n_tok.group(2)) if n_tok and tokens else -1
+    return float(final.group(1)), int(scored.group(1))
 
 
 def _cores() -> list[int]:
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
             ppl, n_tok = ours(path, text, a.ctx, a.chunks)
             ref, ref_tok = llama(bindir, path, text_file, a.ctx, a.chunks) if bindir else (float("nan"), -1)
             rows.append((t, ppl, ref, n_tok, ref_tok))
-            print(f"{t}: sightline {ppl:.4f} ({n_tok} tokens), llama-perplexity {ref:.4f} ({ref_tok} tokens)",
+            print(f"{t}: sightline {ppl:.4f} ({n_tok} chunks), llama-perplexity {ref:.4f} ({ref_tok} chunks)",
                   flush=True)
     f32 = next((r[1] for r in rows if r[0] == "F32"), None)
     print(f"\n{a.chunks} chunks of {a.ctx} tokens of docs/*.md, the second half of each scored\n")
