@@ -11,7 +11,8 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
 
 Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
 have their own receiving socket):
-  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, TokenizedEmbeddingReqInput, AbortReq, FlushCacheReq, StepTimelineReq,
+  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, TokenizedEmbeddingReqInput, AbortReq,
+                                        FlushCacheReq, StepTimelineReq,
                                         PauseReq, ContinueReq, SetLogLevelReq (operator controls)
   Scheduler → Detokenizer               BatchTokenIDOutput, BatchEmbeddingOutput
   Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`), BatchEmbeddingOutput (passed
@@ -467,6 +468,7 @@ class HubReply(_Msg):
 
 Message = Union[
     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
-    BatchStrOutput, TokenizedEmbeddingReqInput, BatchEmbeddingOutput, DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
+    BatchStrOutput, TokenizedEmbeddingReqInput, BatchEmbeddingOutput,
+    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
     SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput,
 ]
