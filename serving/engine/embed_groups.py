@@ -35,6 +35,7 @@ class EmbedGroup:
     cpu_ns: int = 0
     scheduled: int | None = None
     waited: int = 0
+    wait_reasons: dict[str, int] = field(default_factory=dict)
     finished: int | None = None
     dim: int = 0
 
@@ -97,7 +98,9 @@ class EmbedGroups:
         g.cpu_ns += s.cpu.of(ev.rid, True)
         if t.scheduled is not None:
             g.scheduled = t.scheduled if g.scheduled is None else min(g.scheduled, t.scheduled)
-            g.waited = max(g.waited, t.waited_ns(t.finished))
+            waited = t.waited_ns(t.finished)
+            if waited >= g.waited:  # the request's queue time and its reasons are its longest-waiting input's
+                g.waited, g.wait_reasons = waited, dict(t.wait.ns)
         g.cached_tokens += req.cached_tokens
         g.finished = t.finished
         if ev.finish_reason is FinishReason.STOP and error is None and req.embedding is not None:
@@ -113,6 +116,7 @@ class EmbedGroups:
         st = g.msg.meta.stamps
         st.scheduled, st.finished, st.first_token = g.scheduled, g.finished, g.finished
         st.waited = g.waited if g.scheduled is not None else None
+        st.wait_reasons = g.wait_reasons or None
         if g.finished is not None:
             st.last_token = g.finished
 
