@@ -88,6 +88,7 @@ def test_refusals_truncation_and_encode(st_server):
     assert error({"input": []})["param"] == "input"
     assert error({"input": ["a", [1, 2]]})["code"] == "invalid_type"
     assert error({"input": "x", "encoding_format": "int8"})["param"] == "encoding_format"
+    assert error({"input": "x", "model": "nope"})["code"] == "model_not_found"
     long = list(range(1, 170))
     r = post("/v1/embeddings", {"input": long, "truncate_prompt_tokens": 10, "encoding_format": "base64"})
     assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 10

@@ -72,6 +72,9 @@ def input_list(value: Any, param: str) -> tuple[list, bool]:
 
 
 def openai_input(body: EmbeddingRequest, state: ServerState) -> tuple[EmbedReqInput, bool]:
+    if body.model is not None and body.model != state.model_name:
+        raise APIError(400, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
+                       param="model", code="model_not_found")
     if body.encoding_format not in ("float", "base64"):
         raise bad_request("encoding_format must be float or base64", param="encoding_format")
     inputs, _ = input_list(body.input, "input")
