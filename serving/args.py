@@ -242,11 +242,12 @@ class ServerArgs:
                                     "prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
     # -- flight recorder and crash dumps (telemetry/flight_recorder.py, serving/frontend/supervision/crash_dump.py) --
-    dump_requests: str | None = _opt(None, "Directory to record every generation request in, one JSON line each "
-                                           "(telemetry/request_record.py: arrival, route, sampling parameters, token "
-                                           "counts, outcome, latency breakdown, prompt/output lengths and SHA-256), in "
-                                           "rotating requests-*.jsonl files; crash dumps go there too. Written by a "
-                                           "background thread: a write error is counted, never a failed request.")
+    dump_requests: str | None = _opt(None, "Directory to record every generation or embeddings request in, one "
+                                           "JSON line each (telemetry/request_record.py: arrival, route, sampling "
+                                           "parameters, token counts, outcome, latency breakdown, prompt/output "
+                                           "lengths and SHA-256), in rotating requests-*.jsonl files; crash dumps go "
+                                           "there too. Written by a background thread: a write error is counted, "
+                                           "never a failed request.")
     dump_content: bool = _opt(False, "With --dump-requests, also record the prompt (or chat messages), stop strings "
                                      "and output text (by default only their lengths and SHA-256).")
     dump_requests_max_file_mb: float = _opt(64.0, "With --dump-requests, MiB after which a new requests-*.jsonl file "

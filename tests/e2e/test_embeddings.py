@@ -21,8 +21,9 @@ import openai
 import pytest
 import torch
 
+from telemetry.request_record import read_records
 from tests import family_models
-from tests.server_util import ServerProc
+from tests.server_util import ServerProc, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -45,8 +46,10 @@ def st_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def st_server(st_model, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("st")
     srv = ServerProc("--served-model-name", "st-llama", "--max-embedding-inputs", "8", "--context-length", "160",
-                     model=str(st_model), tmpdir=tmp_path_factory.mktemp("st"))
+                     "--dump-requests", str(tmp / "dump"), "--dump-content", model=str(st_model), tmpdir=tmp)
+    srv.dump = tmp / "dump"
     yield srv
     srv.stop()
 
@@ -126,6 +129,23 @@ def test_embedding_model_matches_sentence_transformers_and_refuses_generation(st
         assert abs(np.linalg.norm(item["embedding"]) - 1) < 1e-5
     r = st_server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["code"] == "generation_not_supported"
+
+
+def test_spans_in_every_process_and_the_flight_record(st_server):
+    r = st_server.post("/v1/embeddings", {"input": [[5, 6, 7], [8, 9]], "dimensions": 8})
+    rid = r.headers["x-request-id"]
+
+    def spans():
+        entry = httpx.get(f"{st_server.url}/debug/requests/{rid}", timeout=10).json()
+        names = [s["name"] for s in entry.get("spans", [])]
+        return names if "receive detokenizer" in names and names.count("prefill") >= 2 else None
+    names = wait_until(spans, 10, "the embeddings request's spans from the three processes")
+    assert {"POST /v1/embeddings", "tokenize", "receive scheduler", "receive detokenizer"} <= set(names)
+    assert names.count("queue") == 2  # one per input
+    record = wait_until(lambda: [x for x in read_records(st_server.dump) if x.rid == rid], 10, "the record")[0]
+    assert (record.route, record.operation, record.prompt_tokens, record.outcome) == (
+        "/v1/embeddings", "embeddings", 5, "stop")
+    assert record.params["inputs"] == 2 and record.params["dimensions"] == 8 and record.prompt == [[5, 6, 7], [8, 9]]
 
 
 def test_embed_load_at_16_clients_reconciles(st_server, tmp_path):
