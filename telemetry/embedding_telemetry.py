@@ -11,31 +11,26 @@ server span gets the usage and latency attributes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from telemetry.clock import now_ns
 from telemetry.logs import log_request
 from telemetry.outcomes import finished_outcome
 from telemetry.tracing import set_error
 
-if TYPE_CHECKING:
-    from telemetry.request_telemetry import RequestTelemetry, TracedRequest
-
 
 def _ms(a: int | None, b: int | None) -> float | None:
     return None if a is None or b is None else round((b - a) / 1e6, 3)
 
 
-def finish_embedding(tel: "RequestTelemetry", rt: "TracedRequest", finish_reason: str, abort_reason: str | None,
-                     error: str | None) -> dict:
-    from telemetry.request_telemetry import queue_seconds
-
+def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | None, error: str | None,
+                     queue: float | None) -> dict:
+    """`tel`: the RequestTelemetry, `rt`: the request (its TracedRequest), `queue`: its queue seconds."""
     end, m, model = now_ns(), tel.m, tel.model
     st = rt.meta.stamps
     e2e = (end - rt.arrival) / 1e9
     outcome = finished_outcome(finish_reason, abort_reason)
     tel._tail_decide(rt, outcome, None, None)
-    queue = queue_seconds(st)
     prefill = (st.finished - st.scheduled) / 1e9 if st.finished is not None and st.scheduled is not None else None
     lat = m and m.embed_latency
     for kind, value in (("e2e", e2e), ("queue", queue), ("prefill", prefill), ("tokenize", rt.tokenize_ns / 1e9)):
@@ -76,7 +71,7 @@ def finish_embedding(tel: "RequestTelemetry", rt: "TracedRequest", finish_reason
     return rt.breakdown
 
 
-def _annotate(rt: "TracedRequest", finish_reason: str, abort_reason: str | None, error: str | None, e2e: float,
+def _annotate(rt: Any, finish_reason: str, abort_reason: str | None, error: str | None, e2e: float,
               queue: float | None) -> None:
     if rt.span is None or not (rt.trace_id or rt.tail_id):
         return

@@ -262,7 +262,7 @@ class RequestTelemetry:
         """The request ended in the TM (its `status` already decided): observe everything once;
         returns the breakdown."""
         if rt.operation == "embeddings":  # its own families (telemetry.embedding_telemetry)
-            return finish_embedding(self, rt, finish_reason, abort_reason, error)
+            return finish_embedding(self, rt, finish_reason, abort_reason, error, queue_seconds(rt.meta.stamps))
         end, m = now_ns(), self.m
         st = rt.meta.stamps
         completion_tokens = rt.completion_tokens

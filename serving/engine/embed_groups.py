@@ -15,15 +15,12 @@ Each input records its own `queue` and `prefill` spans in the request's trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from protocol.io_struct import DetokParams, EmbeddingOut, TokenizedEmbeddingReqInput, TokenOut
 from protocol.sampling_params import SamplingParams
 from serving.engine.events import TokenEvent
 from serving.engine.request import FinishReason
-
-if TYPE_CHECKING:
-    from serving.engine.scheduler import Scheduler
 
 
 @dataclass
@@ -41,7 +38,9 @@ class EmbedGroup:
 
 
 class EmbedGroups:
-    def __init__(self, sched: "Scheduler") -> None:
+    def __init__(self, sched: Any) -> None:
+        """`sched`: the Scheduler process (serving.engine.scheduler), whose core, outbox, spans and counters
+        these requests use."""
         self.sched = sched
         self.groups: dict[str, EmbedGroup] = {}
         self.parent: dict[str, tuple[str, int]] = {}  # input rid -> (request rid, index)

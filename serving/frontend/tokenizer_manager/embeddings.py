@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -35,11 +35,10 @@ from serving.frontend.engine_state import check_available
 from serving.frontend.errors import APIError, bad_request
 from serving.frontend.tenants.gate import refused
 from serving.frontend.tenants.namespace import cache_namespace, check_salt
+from serving.frontend.tokenizer_manager.req_state import ReqState
 from telemetry.clock import now_ns
 
-if TYPE_CHECKING:
-    from serving.frontend.tokenizer_manager.manager import TokenizerManager
-    from serving.frontend.tokenizer_manager.req_state import ReqState
+TokenizerManager = Any  # serving.frontend.tokenizer_manager.manager's, which imports this module
 
 EMBEDDINGS = "embeddings"  # the requests' gen_ai.operation.name
 
@@ -81,7 +80,7 @@ class _Text:
         self.prompt = text
 
 
-async def tokenize(tm: "TokenizerManager", obj: EmbedReqInput, ready: Ready) -> list[list[int]]:
+async def tokenize(tm: TokenizerManager, obj: EmbedReqInput, ready: Ready) -> list[list[int]]:
     context_len, vocab_size, max_chars = ready.context_len, ready.vocab_size, tm.input_limits(ready).max_chars
     out = []
     k = obj.truncate_prompt_tokens
@@ -110,7 +109,7 @@ async def tokenize(tm: "TokenizerManager", obj: EmbedReqInput, ready: Ready) -> 
     return out
 
 
-async def submit(tm: "TokenizerManager", obj: EmbedReqInput, state: "ReqState") -> "ReqState":
+async def submit(tm: TokenizerManager, obj: EmbedReqInput, state: ReqState) -> ReqState:
     """`TokenizerManager.submit` for embeddings; raises APIError (4xx/503) before anything is sent."""
     ready = check_available(tm.engine, tm.oldest_arrival())
     if not ready.pooling:
@@ -162,7 +161,7 @@ async def submit(tm: "TokenizerManager", obj: EmbedReqInput, state: "ReqState") 
     return state
 
 
-def handle_output(tm: "TokenizerManager", batch: BatchEmbeddingOutput) -> None:
+def handle_output(tm: TokenizerManager, batch: BatchEmbeddingOutput) -> None:
     """Each `EmbeddingOut` finishes its request (one message, the whole answer)."""
     for out in batch.outputs:
         state = tm.rid_to_state.get(out.rid)
@@ -178,7 +177,7 @@ def handle_output(tm: "TokenizerManager", batch: BatchEmbeddingOutput) -> None:
         state.event.set()
 
 
-async def collect(tm: "TokenizerManager", state: "ReqState") -> tuple[EmbeddingOut | None, APIError | None]:
+async def collect(tm: TokenizerManager, state: ReqState) -> tuple[EmbeddingOut | None, APIError | None]:
     """The request's result, or the error it ended with (an engine error, a timeout, a shutdown...)."""
     from serving.frontend.errors import result_error
 
