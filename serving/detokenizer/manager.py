@@ -18,6 +18,9 @@ Outputs go to the tokenizer worker that holds the rid (`TokenOut.worker`), one P
 socket per worker, opened on first use; stats and Ready go to the control socket.  When
 the hub says a worker is gone (`WorkerGone`), its rids' states are dropped and its socket
 closed: nothing queues for a process that will never read it.
+
+Embeddings have nothing to decode: a `BatchEmbeddingOutput` is passed through to the rids'
+workers, stamped (`detok_recv`, `detok_done`), with this hop's spans (`handle_embeddings`).
 """
 
 from __future__ import annotations

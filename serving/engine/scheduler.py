@@ -4,6 +4,9 @@
       → add / abort requests → one engine step → BatchTokenIDOutput to the Detokenizer
       → SchedulerStats to the TokenizerManager (after every step; a heartbeat when idle)
 
+An embeddings request (`TokenizedEmbeddingReqInput`) is one prefill-only engine request per
+input, answered once with a `BatchEmbeddingOutput` (`serving.engine.embed_groups`).
+
 It never awaits: the forward pass owns the CPU.  Per-rid `ReqMeta` (trace carrier and
 timestamps) arrives with the request and leaves, updated, with every output.
 
