@@ -59,11 +59,12 @@ test-unit: setup
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-# Engine (every precision mode), HTTP pipeline (float32, int8), admission (clients with and without max_tokens,
+# Engine (every precision mode), HTTP pipeline (float32; each GGUF file llama-server serves, on that file), admission (clients with and without max_tokens,
 # per --admission policy), the peer servers (transformers serve in
 # results/bench/peers/transformers/venv; llama.cpp's llama-server on F32/Q8_0/Q4_K_M/Q4_1 GGUF, built once from
 # source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
-# accuracy; JSON under results/bench/, then one table of it all, each peer beside our run of its precision.
+# accuracy, resident memory on the bundled GGUF, perplexity beside llama-perplexity on each GGUF file; JSON under
+# results/bench/, then one table of it all, each peer beside our run of its precision.
 # make bench ARGS=--quick: fewer levels and tokens, no accuracy report (a few minutes once the peers are built);
 # ARGS=--skip-peers: no peer servers.
 comma := ,
@@ -71,16 +72,21 @@ BENCH_QUICK := $(findstring --quick,$(ARGS))
 ENGINE_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32 --baseline-requests 1,--concurrency 1$(comma)16$(comma)64)
 HTTP_RUN := $(if $(BENCH_QUICK),--concurrency 1$(comma)16 --gen-len 32,--concurrency 1$(comma)16$(comma)64 --gen-len 64)
 PEERS_RUN := $(HTTP_RUN) $(findstring --skip-peers,$(ARGS))
+BENCH_GGUF := $(if $(findstring --skip-peers,$(ARGS)),Q4_1,Q8_0 Q4_K_M Q4_1)
 FRONTEND_RUN := $(if $(BENCH_QUICK),--repeats 1 --duration 5 --gen-len 16,)
 bench: setup
 	$(PY) -m bench.kernels --json results/bench/kernels.json
-	$(PY) -m bench.engine --modes float32,bfloat16,int8 --linear torch,native --json results/bench/engine.json $(ENGINE_RUN)
+	$(PY) -m bench.engine --modes float32,bfloat16,gguf,q8_0,q4_k,int8 --linear torch,native --json results/bench/engine.json $(ENGINE_RUN)
 	$(PY) -m bench.http --server-arg=--dtype=float32 --json results/bench/http.json $(HTTP_RUN)
-	$(PY) -m bench.http --skip-engine --server-arg=--quantization=int8 --json results/bench/http-int8.json $(HTTP_RUN)
+	@for t in $(BENCH_GGUF); do m=$$($(PY) -m bench.peers --gguf-path $$t | tail -1); \
+	  if [ -f "$$m" ]; then $(PY) -m bench.http --skip-engine --model "$$m" --json results/bench/http-gguf-$$t.json $(HTTP_RUN); \
+	  else echo "bench: no $$t GGUF file here (llama.cpp not built): no sightline row for it"; fi; done
 	$(PY) -m bench.peers --json results/bench/peers.json $(PEERS_RUN)
 	$(PY) -m bench.frontend --json results/bench/frontend.json $(FRONTEND_RUN)
 	$(PY) -m bench.admission --json results/bench/admission.json $(if $(BENCH_QUICK),--quick,)
 	$(if $(BENCH_QUICK),,$(PY) -m bench.accuracy)
+	$(PY) -m bench.memory --json results/bench/memory.json
+	$(if $(BENCH_QUICK)$(findstring --skip-peers,$(ARGS)),,$(PY) -m bench.perplexity)
 	$(PY) -m bench.table --dir results/bench
 
 # Locust load test (see docs/loadtest.md): make loadtest ARGS="--url http://127.0.0.1:8000 ..."

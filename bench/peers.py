@@ -354,7 +354,7 @@ def make_peers() -> list[Peer]:
             name=f"llama-server-{t}",
             label="llama-server",
             precision=f"GGUF {t}" + (" (bundled)" if t == "Q4_1" else ""),
-            pair="float32" if t == "F32" else "int8",
+            pair="float32" if t == "F32" else f"GGUF {t}",  # ours on the same file beside it
             requirement=f"llama.cpp vendored in llama-cpp-python {LLAMA_CPP_VERSION}",
             prepare=lambda t=t: prepare_llama_server(t),
             command=lambda bindir, port, seq, t=t: llama_server_command(bindir, port, seq, t),
@@ -490,17 +490,23 @@ def run_peer(peer: Peer, prompts: dict[int, list[str]], gen_len: int, pp_text: l
     return record
 
 
-OUR_PP_RUNS = {"float32": ["--dtype=float32"], "int8": ["--quantization=int8"]}  # as make bench's http*.json
+def our_run(pair: str) -> tuple[str, list[str]]:
+    """(model, flags) of our server in a pair, as make bench's http*.json start it: float32 on the bundled
+    model, a GGUF pair on the very file its llama-server peer serves, in its own types (the default)."""
+    if pair == "float32":
+        return BUNDLED_MODEL, ["--dtype=float32"]
+    return str(gguf_path(pair.split()[1])), []
 
 
-def run_our_pp(pair: str, flags: list[str], pp_ids: list[list[int]], pp_len: int) -> dict:
+def run_our_pp(pair: str, pp_ids: list[list[int]], pp_len: int) -> dict:
     """Our server's pp, started as bench.http starts it (bench.common.start_server)."""
     from loadtest.server import free_port
 
-    record: dict = {"server_args": flags}
+    model, flags = our_run(pair)
+    record: dict = {"server_args": flags, "model": model}
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            server = start_server(BUNDLED_MODEL, free_port(), Path(tmp) / "server.log", flags)
+            server = start_server(model, free_port(), Path(tmp) / "server.log", flags)
             try:
                 one_request(server.url, pp_ids[0][::-1], 1)  # warm-up, a prompt nobody else sends
                 record.update(pp_summary(measure_pp(server.url, pp_ids), pp_len))
@@ -522,6 +528,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--peers", default=",".join(PEER_NAMES),
                     help=f"comma-separated, of {', '.join(PEER_NAMES)}; `llama-server` means all four of it")
     ap.add_argument("--install-only", action="store_true", help="build / install the peers and stop")
+    ap.add_argument("--gguf-path", metavar="TYPE", choices=GGUF_TYPES,
+                    help="make llama-server's GGUF file of TYPE if missing, print its path and stop")
     ap.add_argument("--skip-peers", action="store_true", help="run nothing; record every peer as skipped")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args(argv)
@@ -541,6 +549,15 @@ def main(argv: list[str] | None = None) -> None:
     from bench.table import render
 
     a = parse_args(argv)
+    if a.gguf_path:  # the last line printed is the path (or nothing, when it cannot be made here)
+        try:
+            if a.gguf_path != "Q4_1":  # the bundled file needs no build
+                prepare_llama_server(a.gguf_path)
+            print(gguf_path(a.gguf_path))
+        except Skip as exc:
+            print(f"llama-server-{a.gguf_path}: skipped: {exc}", file=sys.stderr)
+            print()
+        return
     peers = [p for p in make_peers() if p.name in a.peer_names]
     results: dict[str, dict] = {}
     ours: dict[str, dict] = {}
@@ -564,7 +581,7 @@ def main(argv: list[str] | None = None) -> None:
             results[p.name] = run_peer(p, prompts, a.gen_len, pp_text, a.pp_len, seq_tokens)
         if pp_ids:
             for pair in sorted({p.pair for p in peers}):
-                ours[pair] = run_our_pp(pair, OUR_PP_RUNS[pair], pp_ids, a.pp_len)
+                ours[pair] = run_our_pp(pair, pp_ids, a.pp_len)
     doc = {"model": BUNDLED_MODEL, "prompt_len": a.prompt_len, "gen_len": a.gen_len, "pp_len": a.pp_len,
            "cpus": os.cpu_count(), "peers": results, "sightline_pp": ours}
     if a.json:

@@ -9,9 +9,11 @@ prompt processing), whichever exist.  Rows are grouped by the precision pair the
 
 * float32: our engine and server in float32 beside llama-server on an F32 GGUF and
   transformers serve in float32;
-* int8: our `--quantization int8` beside llama-server on Q8_0, Q4_K_M and the bundled Q4_1;
+* GGUF Q8_0, GGUF Q4_K_M, GGUF Q4_1: our server on a GGUF file served in its own types
+  (`--quantization gguf`, the default for a GGUF file) beside llama-server on the same file
+  (Q8_0 and Q4_K_M made by llama.cpp's own `llama-quantize`, Q4_1 the bundled file);
 
-and any other mode (bfloat16) after them.  Within a pair, each concurrency's rows sit
+and any other mode (bfloat16, `--quantization int8`) after them.  Within a pair, each concurrency's rows sit
 together, with each server's output tok/s also as a multiple of our HTTP server's, and a
 `pp` row last (a lone `pp_len`-token prompt, max_tokens 1: prompt tokens ÷ TTFT).  TTFT and
 ITL are measured by the same client code for our server and the peers.  Missing files and
@@ -29,16 +31,26 @@ from bench.common import summary
 HEAD = ("| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
         "| ITL p99 ms |\n"
         "|---|---:|---|---|---:|---:|---:|---:|---:|")
-PAIR_ORDER = ("float32", "int8")
+GGUF_PAIRS = ("GGUF Q8_0", "GGUF Q4_K_M", "GGUF Q4_1")
+PAIR_ORDER = ("float32", *GGUF_PAIRS, "int8")
 HTTP = "sightline HTTP"
 
 
+def gguf_pair(model: str) -> str:
+    """The pair of a GGUF file served in its own types, by the type its name says (llama.cpp's naming)."""
+    name = Path(model).name.upper()
+    return next((p for p in GGUF_PAIRS if p.split()[1] in name), "GGUF")
+
+
 def _pair_of_http(http: dict) -> str:
-    """Which pair one http*.json belongs to: int8 when quantized, else the dtype it computed in."""
+    """Which pair one http*.json belongs to: the GGUF file's type when served in its own types, the
+    quantization mode when quantized at load, else the dtype it computed in."""
     info = http.get("engine_info") or {}
     args = " ".join(http.get("server_args") or [])
-    if info.get("quantization", "none") != "none" or "--quantization=int8" in args:
-        return "int8"
+    if info.get("quantization") == "gguf":
+        return gguf_pair(http.get("model", ""))
+    if info.get("quantization", "none") != "none" or "--quantization=" in args:
+        return info.get("quantization") or args.split("--quantization=")[1].split()[0]
     if info.get("dtype"):
         return info["dtype"]
     return next((d for d in ("float32", "bfloat16") if f"--dtype={d}" in args), "?")
@@ -48,7 +60,7 @@ def _pair_of_peer(p: dict) -> str:
     if p.get("pair"):
         return p["pair"]
     precision = p.get("precision", "")
-    return "float32" if precision in ("float32", "GGUF F32") else "int8"
+    return "float32" if precision in ("float32", "GGUF F32") else precision.split(" (")[0]
 
 
 def _fmt(x: float | None, digits: int) -> str:
@@ -73,12 +85,15 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
             attention, linear = r.get("attention", "auto"), r.get("linear", "auto")
             precision = r["mode"] + ("" if attention == "auto" else f", {attention} attention") + \
                 ("" if linear == "auto" else f", {linear} linear")
-            add(r["mode"], r["concurrency"], 0, "sightline engine, in-process", precision, r["out_tok_s"])
+            pair = "GGUF Q4_1" if r["mode"] == "gguf" else r["mode"]  # bench.engine serves the bundled file
+            add(pair, r["concurrency"], 0, "sightline engine, in-process", precision, r["out_tok_s"])
     http_pairs = {}
     for http in https:
         pair, info = _pair_of_http(http), http.get("engine_info") or {}
         precision = "+".join(v for k, v in sorted(info.items()) if v != "none") or "?"
         flags = " ".join(http.get("server_args") or [])
+        if pair in GGUF_PAIRS:
+            flags = " ".join([Path(http.get("model", "")).name, flags]).strip()
         label = HTTP + (f" ({flags})" if flags else "")
         http_pairs.setdefault(pair, label)
         notes.append(f"{label}: {http['prompt_len']}-token prompts, {http['gen_len']} new tokens per request")
@@ -91,7 +106,8 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
         notes.append(f"peers: {peers['prompt_len']}-token prompts, {peers['gen_len']} new tokens per request"
                      + (f", {peers.get('cpus')} CPUs" if peers.get("cpus") else ""))
         for pair, r in (peers.get("sightline_pp") or {}).items():
-            label = http_pairs.get(pair, HTTP + f" ({' '.join(r.get('server_args') or [])})")
+            flags = ([Path(r["model"]).name] if r.get("model") else []) + (r.get("server_args") or [])
+            label = http_pairs.get(pair, HTTP + f" ({' '.join(flags)})")
             if "skipped" in r:
                 notes.append(f"{label}: pp skipped: {r['skipped']}")
             else:
@@ -136,6 +152,7 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
 # bits per weight a decode step reads, by the precision column of a row (GGUF types: llama.cpp's nominal sizes)
 BITS = {"float32": 32.0, "GGUF F32": 32.0, "bfloat16": 16.0, "bfloat16+int8": 8.0, "GGUF Q8_0": 8.5,
         "GGUF Q4_K_M": 4.85, "GGUF Q4_1": 5.0}
+PAIR_BITS = {"GGUF Q8_0": 8.5, "GGUF Q4_K_M": 4.85, "GGUF Q4_1": 5.0}  # our rows of a GGUF pair read the file's bits
 
 
 def roofline(kernels: dict | None, table: str) -> list[str]:
@@ -152,7 +169,7 @@ def roofline(kernels: dict | None, table: str) -> list[str]:
         if len(cells) < 5 or cells[1] not in ("1", "64") or cells[2].startswith("sightline engine"):
             continue
         tok_s = float(cells[4])
-        bits = BITS.get(cells[3].split(" (")[0])
+        bits = BITS.get(cells[3].split(" (")[0]) or PAIR_BITS.get(cells[0])
         if cells[1] == "1" and bits:
             gbs = tok_s * params * bits / 8 / 1e9
             out.append(f"  c=1 {cells[2]} ({cells[3]}): {gbs:.1f} GB/s of weights, "

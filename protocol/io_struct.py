@@ -260,18 +260,32 @@ class PhaseHistogram(msgspec.Struct, array_like=True):
     sum: float
 
 
-GAP_CAUSES = ("retraction", "paused", "prefill", "scheduler_loop", "batch_size", "slow_step")  # decode gaps
+ENGINE_GAP_CAUSES = ("retraction", "paused", "prefill", "scheduler_loop", "batch_size", "slow_step")  # the Scheduler's
+DOWNSTREAM_GAP_CAUSES = ("detokenizer", "main_loop", "engine_restart")  # the TokenizerManager's
+GAP_CAUSES = ENGINE_GAP_CAUSES + DOWNSTREAM_GAP_CAUSES  # decode gaps
 
 
 class GapCount(msgspec.Struct, array_like=True):
-    """Decode gaps one Scheduler rank found, of one cause (serving.engine.decode_gaps)."""
+    """Decode gaps of one cause: one Scheduler rank's (serving.engine.decode_gaps), or a TokenizerManager's
+    of the requests of rank `dp_rank` (telemetry.downstream_gaps)."""
 
     cause: str
+    count: int
+    dp_rank: int = 0
+
+
+MISS_REASONS = ("evicted", "never_seen", "too_short")  # prefix-cache misses
+
+
+class MissCount(msgspec.Struct, array_like=True):
+    """Prefix-cache misses one Scheduler rank explained, of one reason (serving.engine.prefix_misses)."""
+
+    reason: str
     count: int
 
 
 def _no_gaps() -> list[GapCount]:
-    return [GapCount(c, 0) for c in GAP_CAUSES]
+    return [GapCount(c, 0) for c in ENGINE_GAP_CAUSES]
 
 
 class SchedulerStats(_Msg, kw_only=True):
@@ -312,6 +326,7 @@ class SchedulerStats(_Msg, kw_only=True):
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed
     decode_gaps: list[GapCount] = msgspec.field(default_factory=_no_gaps)  # cumulative, every cause
+    prefix_misses: list[MissCount] = msgspec.field(default_factory=lambda: [MissCount(r, 0) for r in MISS_REASONS])
 
     @property
     def kv_usage_ratio(self) -> float:
@@ -384,6 +399,7 @@ class WorkerStats(_Msg):
     stale_drops: list[DropCount] = []  # the TokenizerManager's, cumulative
     undecodable: int = 0
     handling_errors: int = 0
+    decode_gaps: list[GapCount] = []  # the TokenizerManager's (downstream causes), cumulative
     tail_kept: list[str] = []  # trace ids whose tail-sampling decision since the last one was: export
     tail_dropped: list[str] = []  # ... and: drop (the hub holds their engine spans)
 

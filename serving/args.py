@@ -78,8 +78,8 @@ class ServerArgs:
     dtype: str = _opt("auto", "What the engine computes in: 'float32' (exact), 'bfloat16', or 'auto' (whichever a "
                               "short matmul measurement at start-up finds faster on this CPU; logged).")
     quantization: str = _opt("auto", "Linear-layer weights (lm_head included): 'auto' (a .gguf file in its own types "
-                                     "where the CPU has AVX-512 VNNI, whose interleaved kernel beats float32; "
-                                     "elsewhere expanded, faster there on batches; any other model as 'none'), "
+                                     "wherever the interleaved quantized kernel builds (AVX2 or AVX-512 VNNI), "
+                                     "faster than float32 there; else expanded; any other model as 'none'), "
                                      "'gguf' (a .gguf file's own types, a quarter of the memory: Q8_0, "
                                      "Q4_0/1, Q5_0/1, Q4_K, Q5_K, Q6_K on a native int8 kernel; others expanded, "
                                      "logged), 'q8_0', 'q4_0', 'q4_1', 'q5_0', 'q5_1', 'q4_k', 'q6_k' (quantized at "

@@ -4,7 +4,8 @@ Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a 
 request waits again, and that `queue` span opens with a `retracted` event saying what it
 had and what the prefix cache kept, and a `wait_reason` event each time the reason it
 was not admitted changed, serving.engine.wait_reasons, and an `admitted` or `resumed` event
-where it ends in an admission), one `prefill` per chunk, `decode` (a `decode_gap` event per
+where it ends in an admission), one `prefill` per chunk (the first says why the prefix cache
+matched no more: `sightline.prefix_cache.*`, serving.engine.prefix_misses), `decode` (a `decode_gap` event per
 long inter-token gap, serving.engine.decode_gaps, and a `finished` event),
 `send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
@@ -51,6 +52,10 @@ class EngineTimes(Protocol):
     gaps: list  # of DecodeGap (serving.engine.decode_gaps)
 
 
+class PrefixMissInfo(Protocol):
+    def attributes(self) -> dict[str, str | int]: ...
+
+
 class EngineRequest(Protocol):
     """What the stage spans read from an engine request (`serving.engine.request.Req`)."""
 
@@ -58,6 +63,7 @@ class EngineRequest(Protocol):
     times: EngineTimes
     output_ids: list[int]
     cached_tokens: int  # prompt tokens reused from the prefix cache
+    prefix_miss: PrefixMissInfo | None  # why the cache matched no more (serving.engine.prefix_misses)
 
     @property
     def prompt_len(self) -> int: ...
@@ -127,10 +133,12 @@ class SchedulerSpans:
             self.tracing.record("queue", ctx, start, end, attributes={
                 **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
                 error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
+        miss = req.prefix_miss.attributes() if req.prefix_miss is not None else {}
         for i, (start, end, n) in enumerate(t.prefill_chunks):
             self.tracing.record("prefill", ctx, start, end, attributes={
                 **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,
-                "gen_ai.usage.input_tokens": req.prompt_len, "gen_ai.usage.cache_read.input_tokens": req.cached_tokens})
+                "gen_ai.usage.input_tokens": req.prompt_len, "gen_ai.usage.cache_read.input_tokens": req.cached_tokens,
+                **(miss if i == 0 else {})})
         if t.first_token is not None and t.finished is not None:
             n = len(req.output_ids)
             mean_itl = (t.token_times[-1] - t.first_token) / 1e9 / (n - 1) if n > 1 else 0.0

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.io_struct import GAP_CAUSES, SchedulerStats
+from protocol.io_struct import GAP_CAUSES, MISS_REASONS, SchedulerStats
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
 from telemetry.stats import EngineView
@@ -270,8 +270,14 @@ SPECS: tuple[Spec, ...] = (
          "than --decode-gap-floor (defaults 4, 50 ms). cause, from the steps in the gap (the first that applies): "
          "retraction (the request was retracted) | paused (the Scheduler was paused) | prefill (prefill chunks ran "
          "beside it: the decode span's decode_gap event names them) | scheduler_loop (over half the gap outside any "
-         "step) | batch_size (over twice the median batch) | slow_step (the forward itself). Off with "
-         "--step-timeline-steps 0.", source="scheduler", read="scheduler.decode_gaps"),
+         "step) | batch_size (over twice the median batch) | slow_step (the forward itself); off with "
+         "--step-timeline-steps 0. Downstream of the Scheduler, the TokenizerManager counts a gap between two "
+         "outputs it received (longer than the factor × its median gap and the floor) of which over half passed "
+         "after the Scheduler sent the output that ended it: detokenizer (most of that before the Detokenizer was "
+         "done with it) | main_loop (most of it after: the TokenizerManager's event loop did not read it); and "
+         "engine_restart: a "
+         "stream cut by an engine failure after its first token (whatever the wait). dp_rank: the rank that ran "
+         "the request.", source="all", read="decode_gaps"),
     Spec("sightline_batch_size", "gauge", "Requests in the latest engine step.", R, source="scheduler",
          read="scheduler.batch_size"),
     Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler",
@@ -296,6 +302,14 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_prefix_cache_evicted_tokens_total", "counter",
          "Cached KV slots evicted (least recently used first) to make room for new K/V.", R, source="scheduler",
          read="scheduler.prefix_evicted_tokens_total"),
+    Spec("sightline_prefix_cache_misses_total", "counter",
+         "Admitted requests whose prompt the prefix cache matched only in part, by why it matched no more.",
+         R + ("reason",), definition="Counted at a request's first admission when fewer than its prompt's positions "
+         "but the last were cached. reason, from the block (16 tokens) after the match: evicted (a bounded log of the "
+         "last 16384 evicted block hashes, per namespace, holds it: cached, then evicted or flushed) | never_seen (not "
+         "in the log) | too_short (the rest ends before the next block boundary). The request's first prefill span "
+         "says where the match ended (sightline.prefix_cache.*); no response does.", source="scheduler",
+         read="scheduler.prefix_misses"),
     Spec("sightline_prefix_cache_tokens", "gauge",
          "KV slots the prefix cache holds (part of sightline_kv_slots_used; evictable unless a running request "
          "reuses them).", R, source="scheduler", read="scheduler.prefix_cached_tokens"),
@@ -397,6 +411,7 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_request_dump_errors_total": _each(reason=("write_error", "queue_full")),
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
     "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
+    "sightline_prefix_cache_misses_total": _each(reason=MISS_REASONS),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 _TENANT_LAZY = ("the tenant values come from the keys file: each tenant's series are made at 0 when the keys load "

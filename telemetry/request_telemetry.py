@@ -20,12 +20,13 @@ from prometheus_client import Counter, Histogram
 
 from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
 from telemetry.clock import now_ns
+from telemetry.downstream_gaps import DownstreamGaps
 from telemetry.embedding_telemetry import finish_embedding
 from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
-from telemetry.outcomes import finished_outcome, refused_outcome
+from telemetry.outcomes import ENGINE_FAILURE, finished_outcome, refused_outcome
 from telemetry.tail_sampling import TailPolicy, TailSampler
 from telemetry.tenant_usage import TenantUsage
 from telemetry.timeline import Timeline
@@ -123,6 +124,7 @@ class RequestTelemetry:
         self.tail_policy = TailPolicy()
         self.recorder: FlightRecorder | None = None  # --dump-requests: one record per request, at its end
         self.tenants = TenantUsage(metrics)  # per-tenant counters, their label bounded
+        self.gaps: DownstreamGaps | None = DownstreamGaps(wall=tracing.wall)  # gaps after the Scheduler
 
     def tenants_from(self, tenants: list[str], cap: int) -> None:
         """The tenants the keys name (at start and after each reload): the per-tenant label's values."""
@@ -256,6 +258,8 @@ class RequestTelemetry:
             gap = (recv - rt.last_recv) / 1e9 / n
             for _ in range(n):
                 self._obs(m and m.itl, gap, rt)
+            if self.gaps is not None:
+                self.gaps.output(rt, st, recv)
         rt.last_recv = recv
 
     def finish(self, rt: TracedRequest, finish_reason: str, abort_reason: str | None, error: str | None) -> dict:
@@ -295,6 +299,8 @@ class RequestTelemetry:
         self.tenants.usage(rt.tenant, rt.prompt_tokens, rt.cached_tokens, completion_tokens, rt.cpu_ns)
         if abort_reason:
             self._inc(m and m.aborts, self.model, abort_reason)
+            if abort_reason == ENGINE_FAILURE and self.gaps is not None:
+                self.gaps.cut(rt, end)
         rt.breakdown = {
             "ttft_ms": _ms(rt.arrival, rt.first_recv),
             "queue_ms": round(queue * 1e3, 3) if queue is not None else None, "retractions": rt.retractions,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from protocol.io_struct import DetokenizerStats, DropCount, PhaseHistogram, Ready, SchedulerStats
+from protocol.io_struct import DetokenizerStats, DropCount, GapCount, PhaseHistogram, Ready, SchedulerStats
 
 
 @dataclass
@@ -27,6 +27,7 @@ class EngineView:
     rss: dict[str, float] = field(default_factory=dict)  # bytes, by process role
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds, by process role
     engine_info: list[Ready] = field(default_factory=list)  # the Scheduler's Ready: model, dtype, quantization
+    decode_gaps: list[GapCount] = field(default_factory=list)  # every rank's and the front's, dp_rank set
 
     # -- the whole server's numbers, one per pod whatever --dp-size (an inference router reads these) --
     @property

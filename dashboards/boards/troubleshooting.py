@@ -2,8 +2,8 @@
 
 The first row follows the troubleshooting table of SGLang's TokenizerManager (symptoms of
 lost, slow or stale outputs), the second the reliability machinery (watchdog restarts,
-load shedding, deadlines), the third the front-end event loops, the fourth the prefix cache, the
-fifth why requests were slow (why they waited, what caused their decode gaps):
+load shedding, deadlines), the third the front-end event loops, the fourth why requests were slow
+(why they waited, what caused their decode gaps), the fifth the prefix cache (its hit ratio, why it missed):
 each panel's title is the question a symptom raises and its description says how to read the answer.
 """
 
@@ -71,7 +71,10 @@ def why_slow() -> list:
             "the streams (the decode span's decode_gap event names them: lower --max-step-tokens); retraction: KV "
             "ran out (Engine → Admission and retraction); paused: an operator pause; scheduler_loop: the Scheduler "
             "spent the gap outside steps (a starved host, GC); batch_size: the batch more than doubled; slow_step: "
-            "the forward itself. GET /debug/timeline shows the steps.", "short",
+            "the forward itself. After the Scheduler (the TokenizerManager's count, a decode_gap event on the "
+            "server span): detokenizer: the Detokenizer fell behind (Engine → Detokenizer); main_loop: the "
+            "TokenizerManager's event loop was held (the row above); engine_restart: streams cut by an engine "
+            "failure. GET /debug/timeline shows the steps.", "short",
             [(q.rate("sightline_decode_gaps_total", by=("cause",), fn="increase"), "{{cause}}")], stack=True),
     ]
 
@@ -175,6 +178,16 @@ def board() -> Board:
             [(q.quantile(0.5, "sightline_time_to_first_token_seconds"), "TTFT p50"),
              (q.quantile(0.99, "sightline_time_to_first_token_seconds"), "TTFT p99"),
              (PREFIX_HIT_RATIO, "prefix-cache hit ratio")],
-            width=24, right={"C": "percentunit"}),
+            right={"C": "percentunit"}),
+        timeseries_panel(
+            "Why did the prefix cache miss?",
+            "Admitted requests whose prompt the prefix cache matched only in part, per rate interval by why it "
+            "matched no more (stacked). evicted: the rest had been cached and was evicted to make room (or "
+            "flushed): more KV (--max-total-tokens) keeps it; never_seen: no request of that namespace had it (new "
+            "prompts; a shared system prompt that is not byte-identical, or another namespace's); too_short: the "
+            "rest is under one 16-token block. A request's first prefill span says where its match ended "
+            "(sightline.prefix_cache.*).", "short",
+            [(q.rate("sightline_prefix_cache_misses_total", by=("reason",), fn="increase"), "{{reason}}")],
+            stack=True),
     )
     return b

@@ -12,6 +12,10 @@ leaves every computed position in the cache, unlocked; retraction does too, and 
 Without the prefix cache, finishing and retraction free the request's slots.  Every lookup
 and insertion stays in the request's namespace (`Req.namespace`), so no request reuses a
 prefix another namespace computed.
+
+At a request's first admission a partial match is explained (`prefix_misses`: where the match
+ended, and whether the rest had been cached and evicted) against the log of what the tree
+evicted; `Req.prefix_miss` keeps it for its `prefill` span.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from serving.engine.kv_pool import KVPool
+from serving.engine.prefix_misses import PrefixMisses
 from serving.engine.radix_cache import RadixCache, TreeNode
 from serving.engine.request import Req
 
@@ -45,6 +50,9 @@ class CacheManager:
         self.pool = pool
         self.tree = tree
         pool.tree = tree
+        self.misses = PrefixMisses() if tree is not None else None
+        if tree is not None and self.misses is not None:
+            tree.evicted = self.misses.log
 
     @property
     def available(self) -> int:
@@ -61,6 +69,8 @@ class CacheManager:
     def attach(self, req: Req, match: Match) -> None:
         """Give an admitted request a row pointing at its cached prefix, locked; a retracted one's pin goes."""
         m = match.length
+        if self.misses is not None and req.times.scheduled is None:  # its first admission
+            req.prefix_miss = self.misses.explain(req.seq[:req.prefill_len - 1], m, req.namespace)
         req.row = self.pool.admit(req.prefill_len - m + match.gain)
         if self.tree is not None and match.node is not None:
             self.tree.inc_lock(match.node)

@@ -17,9 +17,9 @@ Its cause, from the steps that ended inside the gap (the first that applies):
 - `batch_size`: those steps ran more than twice the recent median batch;
 - `slow_step`: none of those: the forward itself took long.
 
-Engine restarts (the requests fail with it) and Detokenizer lag (after the Scheduler) are
-not seen here.  Every gap is counted by cause; the request keeps its `MAX_GAPS` longest
-(its `decode` span's events).
+What happens after the Scheduler (Detokenizer lag, the TokenizerManager's loop, an engine
+restart) is not seen here: `telemetry.downstream_gaps` finds those.  Every gap is counted by
+cause; the request keeps its `MAX_GAPS` longest (its `decode` span's events).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from statistics import median_low
 from typing import Iterable
 
-from protocol.io_struct import GAP_CAUSES, GapCount
+from protocol.io_struct import ENGINE_GAP_CAUSES, GapCount
 from serving.engine.events import StepStats, TokenEvent
 
 MAX_GAPS = 16  # the longest gaps kept per request (its span events); the counters count every one
@@ -81,7 +81,7 @@ class DecodeGaps:
         self.intervals: deque[int] = deque(maxlen=self.rules.window)
         self.batches: deque[int] = deque(maxlen=self.rules.window)
         self.pauses: deque[tuple[int, int]] = deque(maxlen=MAX_PAUSES)
-        self.counts = dict.fromkeys(GAP_CAUSES, 0)
+        self.counts = dict.fromkeys(ENGINE_GAP_CAUSES, 0)
         self.threshold_ns = int(self.rules.floor_s * 1e9)
         self._floor_ns = self.threshold_ns
         self._median_batch = 0

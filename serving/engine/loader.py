@@ -4,16 +4,17 @@ Where the model comes from (bundled GGUF, tiny-random, a local directory) and it
 one-time conversion are `serving.model_files`; which architectures are served is the
 model registry (`serving.models.registry`).
 
-A GGUF file's converted fp32 weights are loaded only when something uses them (`LazyHFModel`):
-served in its own types (`--quantization gguf`), the engine reads the
-file itself (`serving.models.gguf_weights`) and never holds the fp32 copy.
+The transformers model is loaded only when something uses it (`LazyHFModel`): the engine builds
+its forward from the GGUF file itself (`serving.models.gguf_weights`, `--quantization gguf`) or
+from the directory's safetensors (`serving.models.safetensors_weights`), so a Scheduler never
+imports transformers' model classes.  A directory without safetensors (.bin) is loaded eagerly.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +27,50 @@ LOAD_REPORT = ("missing_keys", "unexpected_keys", "mismatched_keys")
 class LoadedModel:
     name: str  # the name clients use in the `model` field
     hf_model: Any  # a transformers *ForCausalLM, fp32, eval mode
-    tokenizer: Any
     path: Path  # the HF directory the weights were read from
     architecture: str  # the registered architecture served, e.g. LlamaForCausalLM
     load_seconds: float
     converted: bool  # True when this load had to convert (cold start)
     gguf: Path | None = None  # the GGUF file the weights came from, if any
+    _tokenizer: Any = field(default=None, repr=False)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The HF tokenizer, loaded on first use: the Scheduler never needs it (~45 MiB resident),
+        the CLI, benchmarks and tests do; the processes that tokenize load their own."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.path)
+        return self._tokenizer
+
+    def eos_token_id(self) -> int | None:
+        """The tokenizer's EOS id, read from its files without loading it (loaded only if they do not say)."""
+        if self._tokenizer is None:
+            found = special_token_id(self.path, "eos_token")
+            if found is not None:
+                return found
+        return self.tokenizer.eos_token_id
+
+
+def special_token_id(path: Path, key: str) -> int | None:
+    """The id of tokenizer_config.json's `key` token (e.g. eos_token) from tokenizer.json, or None."""
+    try:
+        cfg = json.loads((path / "tokenizer_config.json").read_text())
+        tok = json.loads((path / "tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    content = cfg.get(key)
+    if isinstance(content, dict):
+        content = content.get("content")
+    if not isinstance(content, str):
+        return None
+    for added in tok.get("added_tokens") or ():
+        if added.get("content") == content and isinstance(added.get("id"), int):
+            return added["id"]
+    vocab = (tok.get("model") or {}).get("vocab")
+    found = vocab.get(content) if isinstance(vocab, dict) else None
+    return found if isinstance(found, int) else None
 
 
 class LazyHFModel:
@@ -90,23 +129,25 @@ def _load_weights(path: Path) -> Any:
 
 def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_name: str | None = None) -> LoadedModel:
     """Load a model for serving; raises ModelLoadError with a one-line message on failure."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from serving.models.registry import architecture, resolve  # lazily, like torch: importing this stays light
+    from serving.models.safetensors_weights import weight_files
 
     t0 = time.perf_counter()
     path, converted = prepare_model_dir(spec, cache_dir)
     try:
         config = AutoConfig.from_pretrained(path)
         resolve(config)  # before the weights: an unsupported model or config fails fast
-        tokenizer = AutoTokenizer.from_pretrained(path)
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
     gguf = _gguf_source(path)
-    model = LazyHFModel(path, config) if gguf is not None else _load_weights(path)
-    return LoadedModel(model_name(spec, path, served_name), model, tokenizer, path, architecture(config),
+    # the engine builds from the GGUF file or the safetensors themselves (serving.models.*_weights): the
+    # transformers model is loaded only if something asks for it (a reference in the tests, --linear torch paths)
+    model = LazyHFModel(path, config) if gguf is not None or weight_files(path) else _load_weights(path)
+    return LoadedModel(model_name(spec, path, served_name), model, path, architecture(config),
                        time.perf_counter() - t0, converted, gguf)
 
 

@@ -5,6 +5,7 @@ The forward is the registry's implementation for the loaded model's architecture
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from contextlib import contextmanager
@@ -15,13 +16,14 @@ import torch
 from serving.args import TEAM_SPIN_US, ServerArgs
 from serving.engine.batch import Work, build_batch
 from serving.engine.kv_pool import KVPool
-from serving.engine.loader import LoadedModel
+from serving.engine.loader import LazyHFModel, LoadedModel
 from serving.engine.precision import choose
 from serving.models.base import CausalLM, ModelDims
 from serving.models.gguf_weights import GGUFWeights
 from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
 from serving.models.registry import resolve
+from serving.models.safetensors_weights import SafetensorsWeights, weight_files
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +55,23 @@ class ModelRunner:
         self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
+        release_free_heap()
 
     def _build(self, family: type[CausalLM], loaded: LoadedModel) -> CausalLM:
-        """The forward over the GGUF file's own tensors (`--quantization gguf`), else the transformers model's."""
-        if self.precision.quantization != "gguf":
-            return family.from_hf(loaded.hf_model, self.precision)
-        src = GGUFWeights(loaded.gguf, loaded.hf_model.config)
-        model = family.from_weights(src, self.precision)
-        src.log_expanded()
-        return model
+        """The forward over the GGUF file's own tensors (`--quantization gguf`), else over the directory's
+        safetensors, else over a transformers model already loaded."""
+        if self.precision.quantization == "gguf":
+            src = GGUFWeights(loaded.gguf, loaded.hf_model.config)
+            model = family.from_weights(src, self.precision)
+            src.release_pages()
+            src.log_expanded()
+            return model
+        if isinstance(loaded.hf_model, LazyHFModel) and not loaded.hf_model.loaded and weight_files(loaded.path):
+            files = SafetensorsWeights(loaded.path, loaded.hf_model.config)
+            model = family.from_weights(files, self.precision)
+            files.finish()
+            return model
+        return family.from_hf(loaded.hf_model, self.precision)
 
     def forward(self, decodes: list[Work], extends: list[Work]) -> torch.Tensor:
         """Allocate KV for every fed token, run the model, return logits of the rows that need them."""
@@ -89,3 +99,12 @@ class ModelRunner:
         except BaseException:
             self.pool.free(fb.out_slots)
             raise
+
+
+def release_free_heap() -> None:
+    """Hand the heap the build freed (repacking's and the loader's temporaries) back to the OS: glibc
+    keeps freed memory below its trim threshold, which would stay resident for the server's life."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass

@@ -8,10 +8,10 @@ with bf16 matrix units (AMX, AVX512-BF16) run bf16 2-3x faster, CPUs without the
 (AVX2 only) run it several times slower than float32.  The numbers go to the log.
 
 `--quantization auto` serves a GGUF file in its own types (as `gguf`, and as llama.cpp does) where
-the quantized kernel has its interleaved VNNI layouts (AVX-512 VNNI: kernels/quant_interleaved.h),
-which beat float32 at every batch size and in prefill (docs/engine.md, "Quantized weights"); on a
-CPU without them the row-major kernel beats float32 at one stream only and prefill and batches ran
-2-3x slower, so there a GGUF file is expanded to float32.  A Hugging Face directory stays in its
+the quantized kernel builds with its interleaved layouts (kernels/quant_interleaved.h: a 512-bit
+VNNI tile with AVX-512 VNNI, two 256-bit halves on AVX2), which beat float32 at every batch size
+and in prefill (docs/engine.md, "Quantized weights"); where the kernel cannot be built (no g++, no
+AVX2/FMA/F16C) a GGUF file is expanded to float32.  A Hugging Face directory stays in its
 dtype: nothing is quantized unless asked.  The quantized kernel computes in float32
 (activations are quantized inside it), so with it `--dtype auto` is float32 and only what stays
 unquantized (norms, the KV cache) follows --dtype.

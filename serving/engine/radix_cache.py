@@ -23,6 +23,10 @@ other is one node under the root (no tokens, keyed by its name instead of a firs
 so a lookup never leaves its namespace, while eviction still sees one tree: one LRU order
 over every namespace's leaves, pins last.  A namespace node left without children is
 evicted too.
+
+Evicted prefixes: with an `evicted` log (`serving.engine.prefix_misses.EvictedLog`), every leaf
+that eviction or a reset removes is handed to it first (its whole prefix and namespace), so a
+later miss can say the prefix had been cached.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def _common_len(key: Sequence[int], ids: Sequence[int], start: int) -> int:
 class RadixCache:
     def __init__(self) -> None:
         self.root = TreeNode((), _EMPTY, None)  # kept for good: requests with no cached prefix hold it
+        self.evicted = None  # an EvictedLog told of every leaf removed (None: nothing told)
         self.total_slots = 0  # slots owned by the tree
         self.locked_slots = 0  # of those, in nodes with lock_ref > 0
         self._clock = 0
@@ -74,6 +79,10 @@ class RadixCache:
         if self.locked_slots:
             raise RuntimeError("radix cache reset while requests hold locks")
         freed = torch.cat([n.value for n in self.nodes()]) if self.total_slots else _EMPTY
+        if self.evicted is not None:
+            for n in self.nodes():
+                if not n.children:
+                    self._log_evicted(n)
         self.root.children.clear()
         self.total_slots = 0
         return freed
@@ -209,6 +218,8 @@ class RadixCache:
             leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.evicted is not None:
+                self._log_evicted(leaf)
             del parent.children[leaf.key[0] if leaf.ns is None else leaf.ns]  # type: ignore[arg-type]
             freed.append(leaf.value)
             count += len(leaf.value)
@@ -218,6 +229,19 @@ class RadixCache:
             elif parent is not self.root and not parent.children and not parent.lock_ref:
                 heapq.heappush(heap, parent)
         return torch.cat(freed) if freed else _EMPTY
+
+    def _log_evicted(self, leaf: TreeNode) -> None:
+        """Tell the log that `leaf`'s positions leave the tree: its prefix from its namespace's start."""
+        if not leaf.key:
+            return  # a namespace node: no positions
+        keys, ns = [], ""
+        for n in self.path(leaf):
+            if n.ns is not None:
+                ns = n.ns
+            else:
+                keys.append(n.key)
+        ids = [t for key in reversed(keys) for t in key]
+        self.evicted.evicted(ids, len(ids) - len(leaf.key), ns)  # type: ignore[union-attr]
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node but the root."""

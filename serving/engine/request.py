@@ -15,6 +15,7 @@ from telemetry.outcomes import FinishReason  # one table of how requests end, th
 
 if TYPE_CHECKING:
     from serving.engine.embedding import PoolState
+    from serving.engine.prefix_misses import PrefixMiss
     from serving.engine.radix_cache import TreeNode
 
 
@@ -77,6 +78,7 @@ class Req:
     row: int = -1  # row in the KV pool's req_to_token table
     num_computed: int = 0  # positions whose K/V are in the pool
     cached_tokens: int = 0  # prompt positions reused from the prefix cache at admission
+    prefix_miss: PrefixMiss | None = None  # why the cache matched no more at admission (None: a hit, or no cache)
     tree_len: int = 0  # positions [0, tree_len) of its row are prefix-cache slots it locks
     tree_node: TreeNode | None = None  # the RadixCache node it locks (None: not admitted, or no prefix cache)
     max_new_tokens: int = 0  # params.max_new_tokens clamped to the context window

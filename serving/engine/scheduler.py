@@ -295,6 +295,7 @@ class Scheduler:
             "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
             "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
             **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
+            **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
         }
 
     # -- the loop ---------------------------------------------------------------------

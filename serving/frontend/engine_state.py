@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from protocol.io_struct import DropCount, HubReply, Ready
+from protocol.io_struct import DropCount, GapCount, HubReply, Ready
 from serving.frontend.errors import paused_error, starting, unavailable
 
 PAUSED = "paused"  # the health reason while an operator paused generation
@@ -26,6 +26,7 @@ class FrontCounts:
     undecodable: int = 0
     handling_errors: int = 0
     oldest_arrival: int | None = None  # of the requests in flight (None: idle)
+    decode_gaps: list[GapCount] = field(default_factory=list)  # downstream of the Scheduler (telemetry.downstream_gaps)
 
 
 class Rate(Protocol):

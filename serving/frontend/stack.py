@@ -27,6 +27,7 @@ from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import Endpoints, engine_roles
 from telemetry.buckets import parse_bucket_overrides
+from telemetry.downstream_gaps import DownstreamGaps
 from telemetry.flight_recorder import FlightRecorder
 from telemetry.genai_metrics import GenAIMetrics
 from telemetry.loop_lag import LoopLagMonitor
@@ -52,6 +53,8 @@ def front_telemetry(args: ServerArgs, name: str, instance_id: str, where: dict[s
         if args.enable_metrics else None
     loop_lag = LoopLagMonitor(metrics.loop_lag.labels(role).observe if metrics is not None else None)
     tel = RequestTelemetry(tracing, metrics, timeline, name, args.log_requests, loop_lag)
+    tel.gaps = DownstreamGaps(args.decode_gap_factor, args.decode_gap_floor, wall=tracing.wall) \
+        if args.step_timeline_steps else None
     tel.genai = GenAIMetrics.from_args(args, name, instance_id, where=where)  # None unless exported
     tel.tail = tracing.tail_sampler(args.tail_sampling_buffer_traces, metrics.count_tail if metrics else None)
     tel.tail_policy = slo_policy(args.tail_sampling_ttft_ms, args.tail_sampling_tpot_ms)

@@ -1,17 +1,18 @@
 """A GGUF file's weights as they are: quantized tensors stay in their block types, read in place.
 
-The file is memory-mapped (copy-on-write: nothing is written back); a weight the quantized kernel
-runs is a view of its bytes, so resident memory is what the model's forward touches, about the
-file's size.  Copies are made only where the layout must change: the Q/K rows of a Llama-arch
-file, which llama.cpp's converter permuted into its rotary layout (`unpermute_rows` reverses it, as
-transformers' reader does), are gathered back into Hugging Face order, whole rows of blocks at a
+The file is memory-mapped (copy-on-write: nothing is written back) and indexed by `gguf_index`
+(its metadata values are skipped, not parsed).  A weight the quantized kernel runs is a view of its
+bytes or, where the kernel interleaves rows, a repacked copy, after which the file's pages are
+dropped (`release_pages`): resident memory is about the file's size.  Copies are made only where
+the layout must change: the Q/K rows of a Llama-arch file, which llama.cpp's converter permuted
+into its rotary layout (`unpermute_rows` reverses it, as transformers' reader does), are gathered
+back into Hugging Face order, whole rows of blocks at a
 time.  Tensors in types the kernel has no decoder for (F16, BF16, Q2_K, Q3_K, IQ*) are expanded to
 the compute dtype, with one log line per type; F32 weights run on the float32 linear layers.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import Any, Sequence
@@ -21,10 +22,11 @@ import numpy as np
 import torch
 
 from serving.model_files import ModelLoadError
+from serving.models.gguf_index import GGUFIndex
 from serving.models.layers.embedding import Embedding
 from serving.models.layers.linear import FusedLinear, Precision
 from serving.models.layers.native_quant import QuantLinear, QuantWeight
-from serving.models.layers.rope import RotaryTables
+from serving.models.layers.rope import RotaryTables, rope_frequencies
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +36,19 @@ def unpermute_rows(n_rows: int, n_head: int) -> torch.Tensor:
     return torch.arange(n_rows).view(n_head, n_rows // n_head // 2, 2).transpose(1, 2).reshape(-1)
 
 
-def rotary_module(config: Any) -> Any:
-    """transformers' own rotary embedding for this config, built without the model."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    model_cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    module = importlib.import_module(model_cls.__module__)
-    return getattr(module, model_cls.__name__.replace("ForCausalLM", "RotaryEmbedding"))(config)
-
-
 class GGUFWeights:
     """`serving.models.weights.Weights` over a GGUF file; `config` is the corrected HF config of it."""
 
     def __init__(self, path: Path, config: Any) -> None:
         self.path, self.config = path, config
-        reader = gguf.GGUFReader(path, mode="c")
-        self.arch = str(reader.fields["general.architecture"].contents())
-        self.tensors = {t.name: t for t in reader.tensors}
+        try:
+            index = GGUFIndex(path)
+            self._map, self.arch, tensors = index.mmap, str(index.fields["general.architecture"]), index.tensors
+        except (ValueError, KeyError):  # another byte order or version: gguf-py's reader, with all its metadata
+            reader = gguf.GGUFReader(path, mode="c")
+            self._map = getattr(reader.data, "_mmap", None)  # numpy's memmap keeps the mmap object here
+            self.arch, tensors = str(reader.fields["general.architecture"].contents()), reader.tensors
+        self.tensors = {t.name: t for t in tensors}
         arch_id = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == self.arch), None)
         if arch_id is None:
             raise ModelLoadError(f"GGUF architecture {self.arch!r} has no tensor name map in gguf-py")
@@ -125,7 +123,20 @@ class GGUFWeights:
         return embed, self.linear([head], precision)
 
     def rotary(self, max_positions: int) -> RotaryTables:
-        return RotaryTables.from_hf(rotary_module(self.config), max_positions)
+        return RotaryTables.build(*rope_frequencies(self.config), max_positions)
+
+    def release_pages(self) -> None:
+        """Drop the file's resident pages once the model is built.
+
+        Interleaved layouts are copies, so after repacking the mapped bytes are needed only where a
+        tensor is still a view of them (a tied embedding's row lookups, row-major types); those pages
+        fault back in from the page cache as they are read.  Nothing was written to the private
+        mapping, so dropping its pages loses nothing.
+        """
+        if self._map is not None and hasattr(self._map, "madvise"):
+            import mmap
+
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def log_expanded(self) -> None:
         for name, n in sorted(self.expanded.items()):

@@ -11,7 +11,7 @@ import sys
 
 
 def test_kills_under_load_lose_and_hang_nothing():
-    res = subprocess.run([sys.executable, "-m", "loadtest.chaos", "--seconds", "24", "--users", "6",
+    res = subprocess.run([sys.executable, "-m", "loadtest.chaos", "--seconds", "18", "--users", "6",
                           "--min-gap", "1", "--max-gap", "3", "--overlap", "--max-faults", "3", "--warmup", "3",
                           "--interval", "2",
                           "--max-growth", "0.25", "--deadline", "20"], capture_output=True, text=True, timeout=240)

@@ -10,6 +10,7 @@ import threading
 import httpx
 import pytest
 
+from serving.engine.decode_gaps import MAX_GAPS
 from tests.e2e.test_debug_ui import Rows, chromium, headless
 from tests.server_util import ServerProc, samples, scrape, sse_events, wait_until
 
@@ -70,19 +71,22 @@ def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
     long_rid = r.headers["x-request-id"]
     for s in streams:
         s.join(300)
-    gaps, every = [], []
+    gaps, every, capped = [], [], False
     for s in streams:
         decode = next(x for x in entry(server, s.rid, "decode")["spans"] if x["name"] == "decode")
-        every += [(e["attributes"]["sightline.decode_gap.cause"], e["attributes"]["sightline.decode_gap.seconds"])
-                  for e in decode["events"] if e["name"] == "decode_gap"]
+        mine = [(e["attributes"]["sightline.decode_gap.cause"], e["attributes"]["sightline.decode_gap.seconds"])
+                for e in decode["events"] if e["name"] == "decode_gap"]
+        capped |= len(mine) >= MAX_GAPS  # a span keeps its longest gaps only: the counter may count more
+        every += mine
         gaps += [e for e in decode["events"] if e["name"] == "decode_gap"
                  and e["attributes"]["sightline.decode_gap.cause"] == "prefill"]
     by_long = [g for g in gaps if long_rid in g["attributes"]["sightline.decode_gap.culprit_rids"]]
     assert len(by_long) == 2, (gaps, every, r.json()["meta_info"])  # each stream's gap names the long prompt
     assert all(g["attributes"]["sightline.decode_gap.prefill_tokens"] >= LONG_PROMPT for g in by_long)
     SEEN.update(stream=streams[0].rid, long=long_rid)
-    wait_until(lambda: counter(server, "sightline_decode_gaps_total", cause="prefill") - before == len(gaps), 10,
-               "the counter to move by exactly the prefill gaps")
+    moved = (lambda: counter(server, "sightline_decode_gaps_total", cause="prefill") - before >= len(gaps)) if capped \
+        else (lambda: counter(server, "sightline_decode_gaps_total", cause="prefill") - before == len(gaps))
+    wait_until(moved, 10, "the counter to move by exactly the prefill gaps (at least, where a span was full)")
 
     timeline = httpx.get(server.url + "/debug/timeline?seconds=300").json()
     events = timeline["traceEvents"]

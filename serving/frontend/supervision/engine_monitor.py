@@ -22,11 +22,12 @@ from typing import Any, Callable
 import msgspec
 import psutil
 
-from protocol.io_struct import DetokenizerStats, DropCount, Ready, SchedulerStats
+from protocol.io_struct import DetokenizerStats, DropCount, GapCount, Ready, SchedulerStats
 from serving.frontend.engine_state import PAUSED, FrontCounts
 from serving.ipc import engine_roles, scheduler_role
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
+from telemetry.downstream_gaps import merge as merge_gaps
 from telemetry.stats import EngineView
 
 log = logging.getLogger("sightline.engine_monitor")
@@ -348,6 +349,8 @@ class EngineMonitor:
             handling_errors=self._per_component(front.handling_errors, "handling_errors"),
             heartbeat_age={role: (now - t) / 1e9 for role, t in self._last_heartbeat.items()},
             rss=rss, cpu=cpu, engine_info=[r for r in self._ready.values() if r.role != "detokenizer"],
+            decode_gaps=[GapCount(g.cause, g.count, s.dp_rank) for s in ranks for g in s.decode_gaps]
+            + merge_gaps(front.decode_gaps, tuple(s.dp_rank for s in ranks)),
         )
 
     def ranks(self) -> list[SchedulerStats]:

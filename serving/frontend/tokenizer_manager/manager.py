@@ -111,7 +111,7 @@ class TokenizerManager:
 
     def counts(self) -> FrontCounts:
         return FrontCounts(self.drops.snapshot(), self.transport.codec.undecodable, self.handling_errors.count,
-                           self.oldest_arrival())
+                           self.oldest_arrival(), self.tel.gaps.snapshot() if self.tel.gaps is not None else [])
 
     # -- receiving ------------------------------------------------------------------
     def dispatch(self, msg: Message) -> None:

@@ -70,6 +70,7 @@ class ReqState:
     last_recv: int | None = None
     tokenize_ns: int = 0
     detok_busy_ns: int = 0
+    gap_events: int = 0  # decode_gap events put on its span (telemetry.downstream_gaps)
     # -- outcome (set once, by TokenizerManager._finish) --
     finished: bool = False
     finish_reason: str | None = None

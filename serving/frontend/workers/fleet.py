@@ -26,6 +26,7 @@ from serving.frontend.engine_state import FrontCounts
 from serving.frontend.supervision.children import spawn_worker, stop_children
 from serving.frontend.supervision.engine_monitor import merge_drops
 from serving.ipc import Codec, Endpoints, make_socket
+from telemetry.downstream_gaps import merge as merge_gaps
 from telemetry.registry_merge import Retired
 
 log = logging.getLogger("sightline.fleet")
@@ -116,6 +117,7 @@ class WorkerFleet:
             f.stale_drops = merge_drops(f.stale_drops + list(w.stats.stale_drops))
             f.undecodable += w.stats.undecodable
             f.handling_errors += w.stats.handling_errors
+            f.decode_gaps = merge_gaps(f.decode_gaps + list(w.stats.decode_gaps))
         if not self.stopping:
             log.error("tokenizer worker %d exited with code %s; its requests were aborted; replacing it",
                       w.id, w.proc.exitcode, extra={"worker": w.id})
@@ -167,4 +169,5 @@ class WorkerFleet:
             drops += s.stale_drops
         return FrontCounts(merge_drops(drops), self.retired_front.undecodable + sum(s.undecodable for s in stats),
                            self.retired_front.handling_errors + sum(s.handling_errors for s in stats),
-                           min(arrivals, default=None))
+                           min(arrivals, default=None),
+                           merge_gaps(self.retired_front.decode_gaps + [g for s in stats for g in s.decode_gaps]))

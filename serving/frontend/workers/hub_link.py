@@ -104,7 +104,7 @@ class HubLink:
         self.send(WorkerStats(worker=self.worker, pid=os.getpid(), in_flight=in_flight,
                               oldest_arrival=front.oldest_arrival, stale_drops=front.stale_drops,
                               undecodable=front.undecodable, handling_errors=front.handling_errors,
-                              tail_kept=kept, tail_dropped=dropped))
+                              decode_gaps=front.decode_gaps, tail_kept=kept, tail_dropped=dropped))
 
     async def query(self, kind: str, arg: str = "") -> HubReply:
         qid = uuid.uuid4().hex

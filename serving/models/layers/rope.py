@@ -1,7 +1,9 @@
 """Rotary position embedding: cos/sin tables for every position, computed once, applied per layer.
 
-The inverse frequencies and the `attention_scaling` factor come from transformers' rotary
-module of the loaded model, so its rope variants (llama3, yarn, ...) need no code here.
+The inverse frequencies and the `attention_scaling` factor come from transformers: the loaded
+model's rotary module, or for a model built without it (a GGUF file) `rope_frequencies` — the
+default formula its families share, or transformers' own init function of a scaled type (llama3,
+yarn, ...) — so rope variants need no code here and no modeling module is imported for them.
 `NativeRope` applies the same tables in one call with the K/V store (float32, native kernels).
 """
 
@@ -14,6 +16,19 @@ from typing import Any
 import torch
 
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+
+def rope_frequencies(config: Any) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_scaling) for `config` as transformers' rotary embedding computes them."""
+    params = config.rope_parameters
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+    return inv_freq, float(scaling)
 
 
 @dataclass

@@ -51,7 +51,9 @@ def test_llama_server_binds_loopback_and_batches_64_slots_over_every_core(monkey
         model = Path(_flag(argv, "-m"))
         assert model == (Path("/wheel/SmolLM2.Q4_1.gguf") if t == "Q4_1" else peers_mod.gguf_path(t))
         assert model.is_relative_to(peers_mod.REPO / "results") or t == "Q4_1"  # nothing of llama.cpp outside
-        assert (p.pair, p.precision.split()[:2]) == ("float32" if t == "F32" else "int8", ["GGUF", t])
+        assert (p.pair, p.precision.split()[:2]) == ("float32" if t == "F32" else f"GGUF {t}", ["GGUF", t])
+        if t != "F32":  # ours runs on the very file the peer serves, in its own types
+            assert peers_mod.our_run(p.pair) == (str(model), [])
 
 
 def test_the_build_is_redone_when_the_version_or_the_cpu_changes(monkeypatch):
@@ -85,8 +87,9 @@ def level(ttft: list[float], itl: list[float], tok_s: float) -> dict:
     return {"ttft": ttft, "itl": itl, "tok_s": tok_s, "wall": 2.0}
 
 
-def _http(flags: list[str], info: dict, levels: dict) -> dict:
-    return {"prompt_len": 128, "gen_len": 32, "server_args": flags, "engine_info": info, "levels": levels}
+def _http(flags: list[str], info: dict, levels: dict, model: str = "smollm2-135m") -> dict:
+    return {"model": model, "prompt_len": 128, "gen_len": 32, "server_args": flags, "engine_info": info,
+            "levels": levels}
 
 
 def test_pp_is_prompt_tokens_over_the_median_ttft():
@@ -97,12 +100,17 @@ def test_pp_is_prompt_tokens_over_the_median_ttft():
 def test_one_table_puts_each_precision_pair_side_by_side():
     s = summary(level([10.0, 30.0, 20.0], [5.0] * 99 + [50.0], 12.5))
     assert (s["ttft_p50_ms"], s["ttft_max_ms"], s["itl_p50_ms"], s["itl_p99_ms"]) == (20.0, 30.0, 5.0, 50.0)
-    engine = {"prompt_len": 128, "gen_len": 32, "rows": [{"mode": "int8", "concurrency": 16, "out_tok_s": 99.04}]}
+    engine = {"prompt_len": 128, "gen_len": 32, "rows": [{"mode": "int8", "concurrency": 16, "out_tok_s": 99.04},
+                                                         {"mode": "gguf", "concurrency": 16, "out_tok_s": 120.0}]}
     f32 = _http(["--dtype=float32"], {"dtype": "float32", "quantization": "none"},
                 {"1": {"engine": level([1.0], [], 20.0), "http": level([40.0], [50.0, 52.0], 10.0)},
                  "16": {"http": level([400.0], [60.0], 40.0)}})
     int8 = _http(["--quantization=int8"], {"dtype": "bfloat16", "quantization": "int8"},
                  {"16": {"http": level([300.0], [30.0], 50.0)}})
+    q8 = _http([], {"dtype": "float32", "quantization": "gguf"}, {"16": {"http": level([300.0], [30.0], 90.0)}},
+               model="/r/gguf-0.3.36/SmolLM2-135M-Instruct-Q8_0.gguf")
+    q41 = _http([], {"dtype": "float32", "quantization": "gguf"}, {"16": {"http": level([200.0], [25.0], 60.0)}},
+                model="/wheel/SmolLM2-135M-Instruct.Q4_1.gguf")
     peers = {"prompt_len": 128, "gen_len": 32, "pp_len": 512, "cpus": 2, "peers": {
         "transformers": {"label": "transformers serve", "precision": "float32", "pair": "float32",
                          "levels": {"16": level([300.0], [80.0], 20.0)}},
@@ -110,14 +118,17 @@ def test_one_table_puts_each_precision_pair_side_by_side():
                              "command": "/x/bin/llama-server -m /y/m-F32.gguf --host 127.0.0.1 -np 64",
                              "levels": {"1": level([30.0], [20.0], 25.0), "16": level([200.0], [40.0], 80.0)},
                              "pp": {"tok_s": 1024.0, "ttft_p50_ms": 500.0, "ttft": [500.0]}},
-        "llama-server-Q8_0": {"label": "llama-server", "precision": "GGUF Q8_0", "pair": "int8",
+        "llama-server-Q8_0": {"label": "llama-server", "precision": "GGUF Q8_0", "pair": "GGUF Q8_0",
                               "levels": {"16": level([100.0], [20.0], 100.0)}},
-        "llama-server-Q4_K_M": {"label": "llama-server", "precision": "GGUF Q4_K_M", "pair": "int8",
-                                "skipped": "its server exited with 1 on startup"}},
+        "llama-server-Q4_K_M": {"label": "llama-server", "precision": "GGUF Q4_K_M", "pair": "GGUF Q4_K_M",
+                                "skipped": "its server exited with 1 on startup"},
+        "llama-server-Q4_1": {"label": "llama-server", "precision": "GGUF Q4_1 (bundled)", "pair": "GGUF Q4_1",
+                              "levels": {"16": level([100.0], [20.0], 45.0)}}},
         "sightline_pp": {"float32": {"server_args": ["--dtype=float32"], "tok_s": 512.0, "ttft_p50_ms": 1000.0,
                                      "ttft": [1000.0]},
-                         "int8": {"server_args": ["--quantization=int8"], "skipped": "no port"}}}
-    lines = render(engine, [f32, int8], peers).splitlines()
+                         "GGUF Q8_0": {"server_args": [], "model": "/r/gguf-0.3.36/SmolLM2-135M-Instruct-Q8_0.gguf",
+                                       "skipped": "no port"}}}
+    lines = render(engine, [f32, int8, q8, q41], peers).splitlines()
     assert lines[0].startswith("| pair | concurrency | server | precision | output tok/s | × sightline HTTP |")
     table = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| pair")]
     assert table == [
@@ -128,13 +139,19 @@ def test_one_table_puts_each_precision_pair_side_by_side():
         "| float32 | 16 | llama-server | GGUF F32 | 80.0 | 2.00× | 200 | 40.0 | 40.0 |",
         "| float32 | pp 512 | sightline HTTP (--dtype=float32) | float32 | 512.0 | 1.00× | 1000 | – | – |",
         "| float32 | pp 512 | llama-server | GGUF F32 | 1024.0 | 2.00× | 500 | – | – |",
+        "| GGUF Q8_0 | 16 | sightline HTTP (SmolLM2-135M-Instruct-Q8_0.gguf) | float32+gguf | 90.0 | 1.00× | 300 "
+        "| 30.0 | 30.0 |",
+        "| GGUF Q8_0 | 16 | llama-server | GGUF Q8_0 | 100.0 | 1.11× | 100 | 20.0 | 20.0 |",
+        "| GGUF Q4_1 | 16 | sightline engine, in-process | gguf | 120.0 | 2.00× | – | – | – |",
+        "| GGUF Q4_1 | 16 | sightline HTTP (SmolLM2-135M-Instruct.Q4_1.gguf) | float32+gguf | 60.0 | 1.00× | 200 "
+        "| 25.0 | 25.0 |",
+        "| GGUF Q4_1 | 16 | llama-server | GGUF Q4_1 (bundled) | 45.0 | 0.75× | 100 | 20.0 | 20.0 |",
         "| int8 | 16 | sightline engine, in-process | int8 | 99.0 | 1.98× | – | – | – |",
         "| int8 | 16 | sightline HTTP (--quantization=int8) | bfloat16+int8 | 50.0 | 1.00× | 300 | 30.0 | 30.0 |",
-        "| int8 | 16 | llama-server | GGUF Q8_0 | 100.0 | 2.00× | 100 | 20.0 | 20.0 |",
     ]
     notes = lines[len(table) + 2:]
     assert "llama-server-Q4_K_M: skipped: its server exited with 1 on startup" in notes  # one line, with why
-    assert "sightline HTTP (--quantization=int8): pp skipped: no port" in notes
+    assert "sightline HTTP (SmolLM2-135M-Instruct-Q8_0.gguf): pp skipped: no port" in notes
     assert "llama-server command: llama-server -m m-F32.gguf --host 127.0.0.1 -np 64" in notes
 
 
@@ -150,5 +167,5 @@ def test_the_table_works_with_files_missing():
     only_peer = {**skipped, "peers": {"llama-server-Q8_0": {"label": "llama-server", "precision": "GGUF Q8_0",
                                                             "levels": {"1": level([10.0], [5.0], 50.0)}}}}
     lines = render(None, [], only_peer).splitlines()
-    assert "| int8 | 1 | llama-server | GGUF Q8_0 | 50.0 | – | 10 | 5.0 | 5.0 |" in lines
-    assert "int8: no sightline HTTP run of this precision among the http*.json files" in lines
+    assert "| GGUF Q8_0 | 1 | llama-server | GGUF Q8_0 | 50.0 | – | 10 | 5.0 | 5.0 |" in lines
+    assert "GGUF Q8_0: no sightline HTTP run of this precision among the http*.json files" in lines

@@ -118,14 +118,15 @@ def test_slo_and_troubleshooting_boards():
     for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
         assert f"sightline_slo_errors:ratio_rate{window}{{" in slo_text, window
     trouble = lint.panels(boards()["sightline-troubleshooting"])
-    assert len(trouble) == 14 and all(p["title"].endswith("?") for p in trouble)
+    assert len(trouble) == 15 and all(p["title"].endswith("?") for p in trouble)
     text = "\n".join(exprs(boards()["sightline-troubleshooting"]))
     for needle in ("sum by (role, cause) (increase(sightline_engine_failures_total",
                    "increase(sightline_engine_restarts_total", "sum by (reason) (rate(sightline_requests_shed_total",
                    'status!="200"}', 'sightline_request_aborts_total{job=~"$job", instance=~"$instance", '
                    'model_name=~"$model_name", reason="timeout"}',
                    "sum by (reason) (rate(sightline_request_wait_seconds_sum",
-                   "sum by (cause) (increase(sightline_decode_gaps_total"):
+                   "sum by (cause) (increase(sightline_decode_gaps_total",
+                   "sum by (reason) (increase(sightline_prefix_cache_misses_total"):
         assert needle in text, needle
 
 

@@ -1,4 +1,4 @@
-// Quantized weights repacked once at load for VNNI: 16 output rows interleaved per 32-value block,
+// Quantized weights repacked once at load: 16 output rows interleaved per 32-value block,
 // so that one 512-bit `vpdpbusd` multiplies 4 values of 16 rows by 4 broadcast values of one row of
 // x (64 products, no horizontal sums), and each decoded block serves every row of x in the tile.
 //
@@ -10,9 +10,13 @@
 //      (mask j, bit 4 row + i: value 4j + i of that row), then fp16 d[16], fp16 m[16]
 //   U4F (from Q4_K): U4's nibbles, then fp32 d[16], fp32 m[16] (a sub-block's 6-bit scale times its
 //      super-block's fp16 scale needs 17 bits: exact in fp32, not in fp16)
-// so that w[row][c] = d[row] * u[row][c] + m[row] (S8: u = w + 128, m = -128 d), exactly as in the
-// file.  AVX-512 (F, BW, VNNI) builds only: elsewhere `layout_of` answers -1 and the row-major
-// kernel runs.
+//   U5F (from Q5_K): U5's nibbles and fifth-bit masks, then fp32 d[16], fp32 m[16] (as U4F)
+//   S6 (from Q6_K): 512 bytes laid out as S8's, of the 6-bit values u = w + 32, then fp32 d[16]
+//      (values 0-15) and fp32 e[16] (values 16-31): Q6_K keeps a scale per 16 values, so each
+//      half is summed apart and corrected exactly by -32 times its share of sum(x)
+// so that w[row][c] = d[row] * u[row][c] + m[row] (S8: u = w + 128, m = -128 d; S6: (u - 32) times
+// d or e), exactly as in the file.  AVX-512 (F, BW, VNNI) builds run a 512-bit `vpdpbusd` tile; AVX2 builds the same layouts
+// as two 8-row halves with `vpmaddubsw` (the signed trick for S8).
 #pragma once
 
 #include <cstdint>
@@ -22,7 +26,7 @@
 namespace il {
 
 constexpr int ROWS = 16;
-constexpr int S8 = 1001, U4 = 1002, U4F = 1003, U5 = 1004;  // type ids for the quantized linear call, beside ggml's
+constexpr int S8 = 1001, U4 = 1002, U4F = 1003, U5 = 1004, U5F = 1005, S6 = 1006;  // type ids for the quantized linear call, beside ggml's
 
 // The layout a ggml type repacks into, or -1.
 int layout_of(int ggml_type);

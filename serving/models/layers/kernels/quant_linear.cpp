@@ -91,7 +91,7 @@ void group(const Part& p, int64_t n0, int64_t cols, const XBlock* xq, int64_t xs
 }
 
 // Output rows per chunk of a part: a register tile's weight rows (an interleaved group of 16).
-int64_t group_rows(int type) { return type >= il::S8 && type <= il::U5 ? il::ROWS : CMAX; }
+int64_t group_rows(int type) { return type >= il::S8 && type <= il::S6 ? il::ROWS : CMAX; }
 
 std::vector<XBlock>& scratch() {
   static thread_local std::vector<XBlock> buf;
@@ -104,7 +104,7 @@ extern "C" {
 
 // Whether this build runs the ggml type id natively.
 int quant_supported(int type) {
-  if (type >= il::S8 && type <= il::U5) return il::layout_of(q::Q8_0) >= 0;
+  if (type >= il::S8 && type <= il::S6) return il::layout_of(q::Q8_0) >= 0;
   return q::with_type(type, [](auto) {}) ? 1 : 0;
 }
 

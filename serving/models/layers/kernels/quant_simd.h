@@ -68,8 +68,15 @@ struct XBlock {
   float d;
   float s;
   int32_t sum;
+  int32_t sum_lo;  // sum(q[0..16)): the interleaved Q6_K kernel corrects each 16-value half
   int8_t q[32];
 };
+
+inline int32_t hsum_i32(__m256i v) {
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+}
 
 // x[0..k) -> k/32 blocks, round to nearest (ties to even), |q| <= 127.
 inline void quantize_row(const float* x, int64_t k, XBlock* out) {
@@ -94,12 +101,11 @@ inline void quantize_row(const float* x, int64_t k, XBlock* out) {
     const __m256i i16a = _mm256_packs_epi32(i32[0], i32[1]), i16b = _mm256_packs_epi32(i32[2], i32[3]);
     const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16a, i16b),
                                                    _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-    const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+    const int32_t total = hsum_i32(sum), low = hsum_i32(_mm256_add_epi32(i32[0], i32[1]));
     out[b].d = d;
     out[b].s = d * static_cast<float>(total);
     out[b].sum = total;
+    out[b].sum_lo = low;
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out[b].q), i8);
   }
 }

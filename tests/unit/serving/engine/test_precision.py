@@ -86,9 +86,9 @@ def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     assert precision.dtype == "float32" and precision.native is not None and "native" in why
     assert choose(ServerArgs(model="tiny-random", dtype="float32"), dims)[0].dtype == "float32"
     assert choose(ServerArgs(model="tiny-random", quantization="int8"), dims)[0].quantization == "int8"
-    packed = native_quant.load().interleaves  # auto: a GGUF in its own types where they interleave (VNNI)
+    packed = native_quant.load().interleaves  # auto: a GGUF in its own types where they interleave
     assert choose(ServerArgs(model="tiny-random"), dims, gguf=True)[0].quantization == ("gguf" if packed else "none")
-    assert packed == (" avx512_vnni" in open("/proc/cpuinfo").read() and " avx512bw" in open("/proc/cpuinfo").read())
+    assert packed  # AVX2 (+FMA, F16C) is all the interleaved kernel needs: every machine the tests run on
     assert choose(ServerArgs(model="tiny-random"), dims)[0].quantization == "none"  # not a GGUF: never quantized
     assert choose(ServerArgs(model="tiny-random", quantization="gguf"), dims, gguf=True)[0].quantization == "gguf"
     q8 = choose(ServerArgs(model="tiny-random", quantization="q8_0"), dims)[0]

@@ -186,9 +186,11 @@ def test_weights_that_do_not_match_are_refused(tmp_path, edit, match):
         else:  # a Qwen3 tensor in a Qwen2 checkpoint: served as Qwen2 it would be ignored
             sd["model.layers.0.self_attn.q_norm.weight"] = torch.ones(32)
         save_file(sd, weights, metadata={"format": "pt"})
-    with pytest.raises(ModelLoadError, match=match) as err:
-        load_model(str(path))
+    with pytest.raises(ModelLoadError, match=match) as err:  # the engine reads the files: refused there
+        _runner(load_model(str(path)))
     assert "\n" not in str(err.value)
+    with pytest.raises(ModelLoadError, match=match):  # and by transformers' loader, where it loads them
+        load_model(str(path)).hf_model.load()
 
 
 def test_chat_without_a_chat_template_is_a_clear_400(tiny):
