@@ -65,7 +65,7 @@ def _max_tokens(value, what: str) -> Range | None:
 @dataclass(frozen=True)
 class Workload:
     name: str
-    endpoint: str  # chat | completions
+    endpoint: str  # chat | completions | embeddings
     max_tokens: Range | None  # None: the requests set no max_tokens (the openai client's default)
     prompt_tokens: Range | str | None = None  # completions: token-id prompt length, or "context"
     prompts: tuple[str, ...] = ()  # chat: user messages to draw from
@@ -75,16 +75,25 @@ class Workload:
     ignore_eos: bool = False
     temperature: float = 1.0
     timeout_s: float = 300.0
+    inputs: Range | None = None  # embeddings: inputs per request
 
     @classmethod
     def from_dict(cls, name: str, d: dict) -> "Workload":
         d = dict(d)
         endpoint = d.pop("endpoint", "chat")
-        if endpoint not in ("chat", "completions"):
-            raise ConfigError(f"workload {name}: endpoint must be chat or completions")
+        if endpoint not in ("chat", "completions", "embeddings"):
+            raise ConfigError(f"workload {name}: endpoint must be chat, completions or embeddings")
         pt = d.pop("prompt_tokens", None)
         if pt is not None and pt != "context":
             pt = _range(pt, f"workload {name}: prompt_tokens")
+        if endpoint == "embeddings":  # `inputs` token-id inputs of `prompt_tokens` each; nothing generated
+            if pt is None or pt == "context":
+                raise ConfigError(f"workload {name}: embeddings workloads take prompt_tokens (per input)")
+            inputs = _range(d.pop("inputs", 1), f"workload {name}: inputs")
+            try:
+                return cls(name=name, endpoint=endpoint, prompt_tokens=pt, max_tokens=None, inputs=inputs, **d)
+            except TypeError as exc:
+                raise ConfigError(f"workload {name}: {exc}") from None
         if (endpoint == "completions") != (pt is not None):
             raise ConfigError(f"workload {name}: completions workloads take prompt_tokens (exact lengths), "
                               "chat workloads take prompts")

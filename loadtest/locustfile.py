@@ -60,7 +60,7 @@ from loadtest.records import RequestRecord
 from loadtest.replay.readers import reader_class, sent_line
 from loadtest.replay.schedule import SCHEDULE_FILE, SENT_FILE, ReplayItem, ReplayQueue
 from loadtest.server import auth_headers, facts
-from loadtest.sse import StreamReader
+from loadtest.sse import EmbeddingReader, StreamReader
 from loadtest.stats import GOODPUT_KEYS, meets
 from loadtest.workloads import build_request, pick_workload
 
@@ -267,7 +267,7 @@ def run_request(env: Environment, session: requests.Session, rng: random.Random)
     """Send one request of a workload drawn from the mix, read its stream, report it."""
     w = pick_workload(PLAN, rng)
     path, body = build_request(w, PLAN, rng)
-    return send(env, session, w, path, body).rec
+    return send(env, session, w, path, body, EmbeddingReader if w.endpoint == "embeddings" else StreamReader).rec
 
 
 def send(env: Environment, session: requests.Session, w: Workload, path: str, body: dict,

@@ -30,6 +30,8 @@ TTFT = "sightline_time_to_first_token_seconds"
 IN_FLIGHT = "sightline_requests_in_flight"
 PREFIX_HITS = "sightline_prefix_cache_hits_tokens_total"
 PREFIX_QUERIES = "sightline_prefix_cache_queries_tokens_total"
+EMBED_LATENCY = "sightline_embedding_request_latency_seconds"
+EMBED_SIZE = "sightline_embedding_request_size"
 Labels = tuple[tuple[str, str], ...]
 
 
@@ -133,12 +135,19 @@ class Reconciliation:
     server_prefix_queries_tokens: int = 0  # increase of sightline_prefix_cache_queries_tokens_total
     cached_tokens_match: bool = False
     prefix_hit_ratio: float | None = None  # server hits ÷ queries over the run; None without queries
+    # embeddings requests: the client's successful ones vs the server's e2e observations, their inputs vs its sizes
+    client_embedding_requests: int = 0
+    server_embedding_requests: int = 0
+    client_embedding_inputs: int = 0
+    server_embedding_inputs: int = 0
+    embeddings_match: bool = True
 
     @property
     def ok(self) -> bool:
         cached = self.cached_tokens_match or not self.prefix_cache_available
         tokens = (self.tokens_match and cached) or not self.tokens_comparable
-        return self.available and self.counts_match and tokens and self.server_ttft_le_client
+        return (self.available and self.counts_match and tokens and self.server_ttft_le_client
+                and self.embeddings_match)
 
 
 def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | None, model: str,
@@ -181,7 +190,8 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
     for q in ("p50", "p90", "p99"):
         server = histogram_quantile(int(q[1:]) / 100, buckets)
         rec.ttft_ms[q] = {"client": client_ttft_ms.get(q), "server_estimate": server * 1000 if server else None}
-    rec.server_ttft_le_client = bool(buckets) and all(
+    embeddings(rec, recs, d, model)
+    rec.server_ttft_le_client = (bool(buckets) or not client_ttft) and all(
         buckets[b] >= sum(t <= b for t in client_ttft) for b in buckets if b != float("inf"))
     return rec
 
@@ -197,3 +207,17 @@ def prefix_cache(rec: Reconciliation, ok: list[RequestRecord], after: Scrape, de
     rec.cached_tokens_match = rec.client_cached_tokens == rec.server_prefix_hits_tokens
     if rec.server_prefix_queries_tokens > 0:
         rec.prefix_hit_ratio = rec.server_prefix_hits_tokens / rec.server_prefix_queries_tokens
+
+
+def embeddings(rec: Reconciliation, recs: list[RequestRecord], delta: Scrape, model: str) -> None:
+    """Successful embeddings requests and their inputs vs the server's embedding families: exact when every
+    embeddings request succeeded (a failed one may or may not have reached the engine); else shown only."""
+    embed = [r for r in recs if r.endpoint == "embeddings"]
+    ok = [r for r in embed if r.ok]
+    rec.client_embedding_requests = len(ok)
+    rec.client_embedding_inputs = sum(r.inputs or 0 for r in ok)
+    rec.server_embedding_requests = int(delta.total(EMBED_LATENCY + "_count", model_name=model, kind="e2e"))
+    rec.server_embedding_inputs = int(delta.total(EMBED_SIZE + "_sum", model_name=model, kind="inputs"))
+    if len(ok) == len(embed):
+        rec.embeddings_match = (rec.client_embedding_requests, rec.client_embedding_inputs) == (
+            rec.server_embedding_requests, rec.server_embedding_inputs)

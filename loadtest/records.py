@@ -15,7 +15,7 @@ from pathlib import Path
 @dataclass
 class RequestRecord:
     workload: str
-    endpoint: str  # chat | completions
+    endpoint: str  # chat | completions | embeddings
     stage: int  # index of the load stage in effect when the request was sent
     level: float  # that stage's offered load: users (closed loop) or requests/s (Poisson)
     start: float  # wall-clock seconds (time.time()) when the request was sent
@@ -32,6 +32,7 @@ class RequestRecord:
     # usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served;
     # None when the usage chunk had no such field (a server without a prefix cache)
     cached_tokens: int | None = None
+    inputs: int | None = None  # an embeddings request's: vectors received
 
     @property
     def ok(self) -> bool:

@@ -38,8 +38,9 @@ def warm_up(plan: Plan) -> None:
     rng = random.Random(plan.seed)
     for w in plan.workloads:
         path, body = build_request(w, plan, rng)
-        body.update(max_tokens=2, stream=False)
-        body.pop("stream_options")
+        if w.endpoint != "embeddings":
+            body.update(max_tokens=2, stream=False)
+            body.pop("stream_options")
         httpx.post(plan.url + path, json=body, headers=auth_headers(), timeout=w.timeout_s)
 
 

@@ -130,3 +130,27 @@ class StreamReader:
         elif self.rec.error is None and self.rec.finish_reason not in ("stop", "length"):
             self.rec.error = "broken stream: [DONE] without a finish_reason"
         return self.rec
+
+
+class EmbeddingReader:
+    """Reads one /v1/embeddings response (JSON, not a stream) into a RequestRecord: its usage, no output."""
+
+    def __init__(self, record: RequestRecord, sent_at: float) -> None:
+        self.rec, self.sent_at, self.buf = record, sent_at, b""
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        self.buf += chunk
+
+    def finish(self, now: float) -> RequestRecord:
+        rec = self.rec
+        rec.e2e = now - self.sent_at
+        if rec.error is not None:
+            return rec
+        try:
+            obj = json.loads(self.buf)
+            rec.prompt_tokens, rec.completion_tokens = obj["usage"]["prompt_tokens"], 0
+            rec.inputs = len(obj["data"])
+            rec.finish_reason = "stop"
+        except (ValueError, KeyError, TypeError):
+            rec.error = "broken response: not an embeddings list"
+        return rec

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from loadtest.config import Plan, Workload
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 DEFAULT_PROMPTS = (
     "Write a haiku about the sea.",
     "Explain what a hash table is to a ten-year-old.",
@@ -64,6 +64,11 @@ def pick_workload(plan: Plan, rng: random.Random) -> Workload:
 
 
 def build_request(w: Workload, plan: Plan, rng: random.Random) -> tuple[str, dict]:
+    if w.endpoint == "embeddings":  # a batch of token-id inputs (exact lengths), float vectors back
+        lo, hi = w.prompt_tokens
+        inputs = [[rng.randint(*plan.token_id_range) for _ in range(rng.randint(lo, hi))]
+                  for _ in range(rng.randint(*w.inputs))]
+        return PATHS[w.endpoint], {"model": plan.model, "input": inputs}
     body: dict = {"model": plan.model, "temperature": w.temperature, "stream": True,
                   "stream_options": {"include_usage": True}}
     if w.max_tokens is not None:  # else the server's default: what is left of the context window

@@ -11,10 +11,12 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
 
 Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
 have their own receiving socket):
-  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, StepTimelineReq,
+  TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, TokenizedEmbeddingReqInput, AbortReq,
+                                        FlushCacheReq, StepTimelineReq,
                                         PauseReq, ContinueReq, SetLogLevelReq (operator controls)
-  Scheduler → Detokenizer               BatchTokenIDOutput
-  Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`)
+  Scheduler → Detokenizer               BatchTokenIDOutput, BatchEmbeddingOutput
+  Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`), BatchEmbeddingOutput (passed
+                                        through, routed by `EmbeddingOut.worker`)
   Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
                                         Ready, FlushCacheReqOutput, StepTimelineOutput
 With one worker the TokenizerManager owns the control socket.  With several, the main
@@ -81,6 +83,20 @@ class TokenizedGenerateReqInput(_Msg):
     cache_namespace: str = ""  # the prefix-cache namespace it reads and fills (a digest; "" is shared)
 
 
+class TokenizedEmbeddingReqInput(_Msg):
+    """One embeddings request (POST /v1/embeddings, /encode): every input's token ids.  The Scheduler runs each
+    input as its own prefill-only request and answers once for all (`EmbeddingOut`); an error or abort of any
+    input ends the whole request with a `TokenOut` (through the Detokenizer, as for generation)."""
+
+    rid: str
+    inputs: list[list[int]]
+    pooling: str  # last | mean | cls (serving.engine.embedding)
+    meta: ReqMeta
+    worker: int = 0
+    priority: int = 0
+    cache_namespace: str = ""
+
+
 class FlushCacheReq(_Msg):
     """Empty the Scheduler's prefix cache (SGLang's /flush_cache); refused while requests run unless `force`."""
 
@@ -142,6 +158,26 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 class BatchTokenIDOutput(_Msg):
     outputs: list[TokenOut]
+
+
+class EmbeddingOut(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The pooled hidden states of one embeddings request, one per input in input order: little-endian float32
+    bytes of `dim` values each (not normalised: the front end applies normalisation and `dimensions`)."""
+
+    rid: str
+    embeddings: list[bytes]
+    dim: int
+    prompt_tokens: int = 0  # over every input
+    cached_tokens: int = 0  # of those, reused from the prefix cache
+    cpu_ns: int = 0
+    meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
+    worker: int = 0
+
+
+class BatchEmbeddingOutput(_Msg):
+    """Scheduler → Detokenizer → the rids' worker: passed through as it is (there is nothing to decode)."""
+
+    outputs: list[EmbeddingOut]
 
 
 # -- Detokenizer → TokenizerManager ----------------------------------------------------
@@ -327,6 +363,10 @@ class Ready(_Msg, kw_only=True):
     dtype: str = ""  # what the Scheduler computes in (float32 | bfloat16)
     quantization: str = ""  # none | int8
     kv_total: int = 0
+    pooling: str = ""  # the embeddings it serves (last | mean | cls); "" none: POST /v1/embeddings is refused
+    embedding_only: bool = False  # an embedding model: generation is refused
+    normalize: bool = True  # the model's default L2 normalisation of embeddings
+    hidden_size: int = 0  # the embeddings' dimension
 
 
 # -- the hub and its tokenizer workers ----------------------------------------------------
@@ -444,6 +484,7 @@ class HubReply(_Msg):
 
 Message = Union[
     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
-    BatchStrOutput, DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
+    BatchStrOutput, TokenizedEmbeddingReqInput, BatchEmbeddingOutput,
+    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
     SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput,
 ]

@@ -100,6 +100,12 @@ class ServerArgs:
     tokenizer_worker_num: int = _opt(1, "Front-end worker processes, each an HTTP server and TokenizerManager on the "
                                         "same port (SO_REUSEPORT); with more than one, the main process supervises "
                                         "them and owns the metrics every worker answers /metrics with.")
+    pooling: str | None = _opt(None, "Serve embeddings (POST /v1/embeddings, /encode) by pooling the final hidden "
+                                     "states: 'last' (the last token's), 'mean' or 'cls' (the first token's). A "
+                                     "sentence-transformers model directory (modules.json and 1_Pooling) is an "
+                                     "embedding model served with its own pooling, which this overrides; a generative "
+                                     "model refuses embeddings without it.")
+    max_embedding_inputs: int = _opt(256, "Most inputs one embeddings request may carry.")
     random_seed: int = _opt(0, "Seeds the generators of requests that give no seed of their own.")
     # -- server -------------------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address the HTTP server listens on.")
@@ -236,11 +242,12 @@ class ServerArgs:
                                     "prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
     # -- flight recorder and crash dumps (telemetry/flight_recorder.py, serving/frontend/supervision/crash_dump.py) --
-    dump_requests: str | None = _opt(None, "Directory to record every generation request in, one JSON line each "
-                                           "(telemetry/request_record.py: arrival, route, sampling parameters, token "
-                                           "counts, outcome, latency breakdown, prompt/output lengths and SHA-256), in "
-                                           "rotating requests-*.jsonl files; crash dumps go there too. Written by a "
-                                           "background thread: a write error is counted, never a failed request.")
+    dump_requests: str | None = _opt(None, "Directory to record every generation or embeddings request in, one "
+                                           "JSON line each (telemetry/request_record.py: arrival, route, sampling "
+                                           "parameters, token counts, outcome, latency breakdown, prompt/output "
+                                           "lengths and SHA-256), in rotating requests-*.jsonl files; crash dumps go "
+                                           "there too. Written by a background thread: a write error is counted, "
+                                           "never a failed request.")
     dump_content: bool = _opt(False, "With --dump-requests, also record the prompt (or chat messages), stop strings "
                                      "and output text (by default only their lengths and SHA-256).")
     dump_requests_max_file_mb: float = _opt(64.0, "With --dump-requests, MiB after which a new requests-*.jsonl file "
@@ -262,6 +269,10 @@ class ServerArgs:
                      "min_prefill_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.pooling is not None and self.pooling not in ("last", "mean", "cls"):
+            raise ValueError("--pooling must be last, mean or cls")
+        if self.max_embedding_inputs < 1:
+            raise ValueError("--max-embedding-inputs must be >= 1")
         if self.admission not in ("estimate", "reserve"):
             raise ValueError("--admission must be estimate or reserve")
         if not 0 < self.init_new_token_ratio <= 1 or not 0 < self.min_new_token_ratio_factor <= 1:

@@ -84,6 +84,13 @@ def sampling_params(obj: Any, admitted: bool) -> dict:
     return params
 
 
+def _params(obj: Any, admitted: bool) -> dict:
+    """The record's params: an embeddings request's own (`record_params`), else the sampling parameters."""
+    if obj is None:
+        return {}
+    return obj.record_params() if hasattr(obj, "record_params") else sampling_params(obj, admitted)
+
+
 class FlightRecorder:
     def __init__(self, directory: str | None, model: str, *, content: bool = False, max_file_mb: float = 64.0,
                  max_files: int = 10, ring: int = 200, prefix: str = "requests-", metrics: Any = None) -> None:
@@ -132,7 +139,7 @@ class FlightRecorder:
         rec = RequestRecord(
             arrival=round(time.time() - (now_ns() - rt.arrival) / 1e9, 6), rid=rt.rid, route=rt.route,
             operation=rt.operation, model=self.model, stream=rt.stream, tenant=getattr(rt, "tenant", "default"),
-            user=getattr(obj, "user", None), params=sampling_params(obj, bool(rt.rid)) if obj is not None else {},
+            user=getattr(obj, "user", None), params=_params(obj, bool(rt.rid)),
             prompt_tokens=rt.prompt_tokens,
             completion_tokens=n, cached_tokens=rt.cached_tokens, retractions=rt.retractions, outcome=outcome,
             finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace_id,

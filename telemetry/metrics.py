@@ -91,9 +91,21 @@ SPECS: tuple[Spec, ...] = (
          attr="prompt_tokens"),
     Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens",
          attr="generation_tokens"),
+    # embeddings requests (POST /v1/embeddings, /encode): their own families, one series per kind
+    Spec("sightline_embedding_request_latency_seconds", "histogram", "Embeddings request latency, by kind.",
+         M + ("kind",), "stage", "One observation per embeddings request and kind. kind=e2e: `arrival` → the "
+         "TokenizerManager received its vectors (or its error); queue: its longest-waiting input's time in the "
+         "Scheduler's queue; prefill: the first input admitted (`scheduled`) → the last input pooled (`finished`); "
+         "tokenize: the TokenizerManager's tokenization of every input. Its generation counterparts "
+         "(sightline_e2e_request_latency_seconds...) never include embeddings requests.", attr="embed_latency"),
+    Spec("sightline_embedding_request_size", "histogram", "Embeddings request size, by kind.", M + ("kind",),
+         "tokens", "One observation per embeddings request that reached the engine and kind. kind=inputs: its "
+         "inputs; tokens: their tokens (after truncate_prompt_tokens), all counted in "
+         "sightline_prompt_tokens_total too.", attr="embed_size"),
     # counters observed in the main process
     Spec("sightline_requests_total", "counter",
-         "Generation requests that ended, by finish reason, HTTP status and outcome (exactly one per request).",
+         "Requests (generation and embeddings) that ended, by finish reason, HTTP status and outcome (exactly one "
+         "per request).",
          M + ("finish_reason", "status", "outcome"),
          definition="finish_reason: " + " | ".join(FINISH_REASONS) + ". status: the HTTP status the request "
          "ended with (200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; "
@@ -517,6 +529,8 @@ class Metrics:
     ipc_hop: Histogram
     prompt_tokens: Histogram
     generation_tokens: Histogram
+    embed_latency: Histogram
+    embed_size: Histogram
     loop_lag: Histogram
     requests: Counter
     prompt_tokens_total: Counter

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Histogram
 from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
 from telemetry.clock import now_ns
 from telemetry.downstream_gaps import DownstreamGaps
+from telemetry.embedding_telemetry import finish_embedding
 from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
@@ -264,6 +265,8 @@ class RequestTelemetry:
     def finish(self, rt: TracedRequest, finish_reason: str, abort_reason: str | None, error: str | None) -> dict:
         """The request ended in the TM (its `status` already decided): observe everything once;
         returns the breakdown."""
+        if rt.operation == "embeddings":  # its own families (telemetry.embedding_telemetry)
+            return finish_embedding(self, rt, finish_reason, abort_reason, error, queue_seconds(rt.meta.stamps))
         end, m = now_ns(), self.m
         st = rt.meta.stamps
         completion_tokens = rt.completion_tokens

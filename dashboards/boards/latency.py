@@ -1,7 +1,8 @@
 """Request latency breakdown: where a request's time goes, stage by stage.
 
 Stages in request order: tokenize, TM → Scheduler hop, queue, prefill, decode,
-Scheduler → Detokenizer hop, detokenize, Detokenizer → TM hop.  Quantile panels have
+Scheduler → Detokenizer hop, detokenize, Detokenizer → TM hop; embeddings requests have a row
+of their own (end to end, queue and prefill by kind, throughput).  Quantile panels have
 exemplars on, so a slow point opens its trace in Tempo (datasource link on `trace_id`).
 """
 
@@ -48,6 +49,20 @@ def board() -> Board:
         "Stages (p50 / p90 / p99, exemplars on)",
         *(latency_panel(legend.capitalize(), f"Quantiles of the {legend} stage per request.", h, width=8)
           for legend, h, m in STAGES if not m),
+    )
+    embed, size = "sightline_embedding_request_latency_seconds", "sightline_embedding_request_size"
+    b.row(
+        "Embeddings (POST /v1/embeddings, /encode)",
+        latency_panel("Embeddings end to end", "Quantiles of an embeddings request's time from the HTTP handler to "
+                      "its vectors in the TokenizerManager (every input of the request pooled).", embed,
+                      'kind="e2e"', width=8),
+        latency_panel("Embeddings queue and prefill", "Per embeddings request: its longest-waiting input's time in "
+                      "the Scheduler's queue, and first admission → last input pooled (p50/p90/p99 and mean by "
+                      "kind).", embed, 'kind=~"queue|prefill"', by=("kind",), width=8),
+        timeseries_panel("Embeddings throughput", "Embeddings requests, inputs and input tokens per second.", "ops",
+                         [(q.rate(f"{embed}_count", 'kind="e2e"'), "requests/s"),
+                          (q.rate(f"{size}_sum", 'kind="inputs"'), "inputs/s"),
+                          (q.rate(f"{size}_sum", 'kind="tokens"'), "tokens/s")], width=8),
     )
     b.row(
         "IPC hops",

@@ -84,6 +84,11 @@ class ReplayBodyReader:
         except ValueError:
             rec.error = "broken response: invalid JSON"
             return rec
+        if obj.get("object") == "list":  # /v1/embeddings: its usage, nothing generated
+            self.server = obj.get("sightline")
+            rec.prompt_tokens, rec.completion_tokens, rec.finish_reason = (obj.get("usage") or {}).get(
+                "prompt_tokens"), 0, "stop"
+            return rec
         if "meta_info" in obj:  # /generate
             meta = obj["meta_info"]
             usage = {"prompt_tokens": meta.get("prompt_tokens"), "completion_tokens": meta.get("completion_tokens")}

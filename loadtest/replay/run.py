@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable
 import httpx
 
 from loadtest.replay.report import analyse
-from loadtest.replay.schedule import CHAT, ENDPOINTS, GENERATE, SCHEDULE_FILE, SENT_FILE, ReplayItem
+from loadtest.replay.schedule import CHAT, EMBEDDINGS, ENDPOINTS, GENERATE, SCHEDULE_FILE, SENT_FILE, ReplayItem
 from loadtest.workloads import WORDS
 from telemetry.request_record import RequestRecord, read_records
 
@@ -113,6 +113,11 @@ def synthetic_prompt(rec: RequestRecord, counter: PromptCounter | None) -> tuple
     tokenizer) for a record without content: exactly `rec.prompt_tokens` tokens whenever possible."""
     seed = f"sightline-replay-{rec.rid}"
     n = rec.prompt_tokens
+    if rec.route == EMBEDDINGS:  # the recorded number of token-id inputs, the tokens spread over them (exact)
+        k = max(1, int((rec.params or {}).get("inputs") or 1))
+        rng = random.Random(seed)
+        sizes = [max(1, n // k + (i < n % k)) for i in range(k)]
+        return [[rng.randint(*TOKEN_ID_RANGE) for _ in range(m)] for m in sizes], sum(sizes)
     if rec.route == CHAT:
         if counter is None:  # about one token a word, after a chat template's ~30 tokens of its own
             rng = random.Random(seed)
@@ -129,6 +134,10 @@ def synthetic_prompt(rec: RequestRecord, counter: PromptCounter | None) -> tuple
 def build_request(rec: RequestRecord, prompt: Any, model: str, max_tokens_mode: str = "exact") -> tuple[str, dict]:
     """The path and JSON body that replay `rec` with `prompt` (a text, chat messages or token ids)."""
     p = rec.params or {}
+    if rec.route == EMBEDDINGS:  # as recorded: the inputs and the options that shape the vectors
+        opts = {k: p[k] for k in ("normalize", "dimensions", "truncate_prompt_tokens", "encoding_format")
+                if p.get(k) is not None}
+        return EMBEDDINGS, {"model": model, "input": prompt, **opts}
     sampling = {k: p[k] for k in SAMPLING_KEYS if p.get(k) is not None}
     if max_tokens_mode == "exact":
         max_tokens, ignore_eos, stop = max(1, rec.completion_tokens), True, None
@@ -241,6 +250,8 @@ def warm_up(url: str, items: list[ReplayItem], headers: dict[str, str]) -> None:
         body.pop("stream_options", None)
         if it.path == GENERATE:
             body["sampling_params"]["max_new_tokens"] = 2
+        elif it.path == EMBEDDINGS:
+            body.pop("stream")
         else:
             body["max_tokens"] = 2
         httpx.post(url + it.path, json=body, headers=headers, timeout=120)

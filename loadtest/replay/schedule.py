@@ -9,8 +9,8 @@ from pathlib import Path
 
 SCHEDULE_FILE = "replay_schedule.jsonl"
 SENT_FILE = "replay_sent.jsonl"
-CHAT, COMPLETIONS, GENERATE = "/v1/chat/completions", "/v1/completions", "/generate"
-ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate"}
+CHAT, COMPLETIONS, GENERATE, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings"
+ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate", EMBEDDINGS: "embeddings"}
 SUCCESS = ("stop", "length")
 LATE_S = 0.1  # a request sent more than this after its due time counts as late
 

@@ -18,6 +18,9 @@ Outputs go to the tokenizer worker that holds the rid (`TokenOut.worker`), one P
 socket per worker, opened on first use; stats and Ready go to the control socket.  When
 the hub says a worker is gone (`WorkerGone`), its rids' states are dropped and its socket
 closed: nothing queues for a process that will never read it.
+
+Embeddings have nothing to decode: a `BatchEmbeddingOutput` is passed through to the rids'
+workers, stamped (`detok_recv`, `detok_done`), with this hop's spans (`handle_embeddings`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,16 @@ from collections import OrderedDict
 
 import zmq
 
-from protocol.io_struct import BatchStrOutput, BatchTokenIDOutput, DetokenizerStats, Ready, StrOut, TokenOut, WorkerGone
+from protocol.io_struct import (
+    BatchEmbeddingOutput,
+    BatchStrOutput,
+    BatchTokenIDOutput,
+    DetokenizerStats,
+    Ready,
+    StrOut,
+    TokenOut,
+    WorkerGone,
+)
 from serving.args import ServerArgs
 from serving.detokenizer.incremental import DecodeState
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
@@ -76,6 +88,21 @@ class DetokenizerManager:
             if o.finish_reason is not None:
                 self.spans.finished(o.rid, done, o.finish_reason)
         return BatchStrOutput(outputs=outs)
+
+    def handle_embeddings(self, batch: BatchEmbeddingOutput) -> dict[int, BatchEmbeddingOutput]:
+        """Embeddings have nothing to decode: passed through to their workers, stamped, with this hop's spans."""
+        recv = now_ns()
+        by_worker: dict[int, list] = {}
+        for out in batch.outputs:
+            if out.worker in self.gone:
+                self.drops.drop("BatchEmbeddingOutput", out.rid, out.meta.trace)
+                continue
+            st = out.meta.stamps
+            st.detok_recv, st.sched_sent, st.detok_done = recv, batch.sent_at, now_ns()
+            self.spans.output(out.rid, out.meta, recv, st.detok_done, True)
+            self.spans.finished(out.rid, st.detok_done, "stop")
+            by_worker.setdefault(out.worker, []).append(out)
+        return {w: BatchEmbeddingOutput(outputs=outs) for w, outs in by_worker.items()}
 
     def _guarded(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
         """`_one`, except that a failure ends this rid alone, with an explicit error."""
@@ -173,13 +200,18 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
                 data = recv.recv()
                 try:
                     msg = mgr.codec.decode(data)
-                    if isinstance(msg, BatchTokenIDOutput):
-                        for worker, outs in _by_worker(mgr.handle_batch(msg).outputs).items():
+                    if isinstance(msg, (BatchTokenIDOutput, BatchEmbeddingOutput)):
+                        if isinstance(msg, BatchTokenIDOutput):
+                            batches = {w: BatchStrOutput(outputs=outs)
+                                       for w, outs in _by_worker(mgr.handle_batch(msg).outputs).items()}
+                        else:
+                            batches = mgr.handle_embeddings(msg)
+                        for worker, batch in batches.items():
                             sock = to_worker.get(worker)
                             if sock is None:
                                 sock = to_worker[worker] = make_socket(ctx, zmq.PUSH, endpoints.worker_in(worker),
                                                                        do_bind=False)
-                            sock.send(mgr.codec.encode(BatchStrOutput(outputs=outs)))
+                            sock.send(mgr.codec.encode(batch))
                         mgr.spans.producers.sent()
                     elif isinstance(msg, WorkerGone):
                         mgr.worker_gone(msg.worker)

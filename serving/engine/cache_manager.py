@@ -61,8 +61,8 @@ class CacheManager:
 
     def match(self, req: Req) -> Match:
         """What the cache holds of `req`'s positions to compute, all but the last (its logits give the next token)."""
-        if self.tree is None:
-            return Match(_EMPTY, None, 0)
+        if self.tree is None or req.pooling is not None and req.pooling.mode != "last":
+            return Match(_EMPTY, None, 0)  # mean and cls pooling read every (the first) position's hidden state
         slots, node = self.tree.match_prefix(req.seq[:req.prefill_len - 1], req.namespace)
         return Match(slots, node, self.tree.lock_gain(node))
 

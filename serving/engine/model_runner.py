@@ -51,6 +51,7 @@ class ModelRunner:
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
         self.vocab_size = dims.vocab_size
+        self.hidden: torch.Tensor | None = None  # the latest step's pooled rows (embedding requests)
         self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
@@ -78,7 +79,8 @@ class ModelRunner:
             return logits
 
     @contextmanager
-    def step(self, decodes: list[Work], extends: list[Work]) -> Iterator[torch.Tensor]:
+    def step(self, decodes: list[Work], extends: list[Work], hidden_rows: list[int] | None = None
+             ) -> Iterator[torch.Tensor]:
         """`forward` whose KV allocation is undone if it, or the caller's block using its logits, raises.
 
         The K/V written for those positions stay in slots now free again: harmless, since a
@@ -86,9 +88,14 @@ class ModelRunner:
         """
         fb = build_batch(decodes, extends, self.pool, self.window)
         fb.decode_attention = self.decode_attention
+        if hidden_rows:  # embedding requests' pooled rows: their hidden states are left in `self.hidden`
+            fb.hidden_rows = torch.tensor(hidden_rows, dtype=torch.int64)
+        self.hidden = None
         try:
             with torch.inference_mode():
-                yield self.model.forward(fb, self.pool.kv)
+                logits = self.model.forward(fb, self.pool.kv)
+                self.hidden = fb.hidden
+                yield logits
         except BaseException:
             self.pool.free(fb.out_slots)
             raise

@@ -14,6 +14,7 @@ from telemetry.clock import now_ns
 from telemetry.outcomes import FinishReason  # one table of how requests end, the engine's finish reasons included
 
 if TYPE_CHECKING:
+    from serving.engine.embedding import PoolState
     from serving.engine.prefix_misses import PrefixMiss
     from serving.engine.radix_cache import TreeNode
 
@@ -90,6 +91,8 @@ class Req:
     namespace: str = ""  # the prefix-cache namespace it reads and fills ("" the shared one)
     pinned: TreeNode | None = None  # retracted: the prefix-cache node its computed positions end at
     retracted_computed: int = 0  # positions it had at its latest retraction (recomputation is measured against it)
+    pooling: PoolState | None = None  # an embedding request (prefill only): its pooled hidden state so far
+    embedding: torch.Tensor | None = None  # its result, once its prompt has run (float32 [hidden])
     times: ReqTimes = field(default_factory=lambda: _new_times())
 
     @property

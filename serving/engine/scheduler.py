@@ -4,6 +4,9 @@
       → add / abort requests → one engine step → BatchTokenIDOutput to the Detokenizer
       → SchedulerStats to the TokenizerManager (after every step; a heartbeat when idle)
 
+An embeddings request (`TokenizedEmbeddingReqInput`) is one prefill-only engine request per
+input, answered once with a `BatchEmbeddingOutput` (`serving.engine.embed_groups`).
+
 It never awaits: the forward pass owns the CPU.  Per-rid `ReqMeta` (trace carrier and
 timestamps) arrives with the request and leaves, updated, with every output.
 
@@ -28,6 +31,7 @@ import zmq
 
 from protocol.io_struct import (
     AbortReq,
+    BatchEmbeddingOutput,
     BatchTokenIDOutput,
     ContinueReq,
     DetokParams,
@@ -40,6 +44,7 @@ from protocol.io_struct import (
     SetLogLevelReq,
     StepTimelineOutput,
     StepTimelineReq,
+    TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
     TokenOut,
     WorkerGone,
@@ -47,6 +52,8 @@ from protocol.io_struct import (
 from serving.args import ServerArgs
 from serving.engine.cpu_share import CpuLedger
 from serving.engine.decode_gaps import DecodeGaps, GapRules
+from serving.engine.embed_groups import EmbedGroups
+from serving.engine.embedding import pooling_config
 from serving.engine.events import TokenEvent
 from serving.engine.loader import load_model
 from serving.engine.request import Req
@@ -77,6 +84,8 @@ class Scheduler:
         self.model_name = loaded.name
         self.architecture = loaded.architecture
         self.core = SchedulerCore(loaded, args)
+        self.pooling = pooling_config(loaded.path, args.pooling)  # None: generation only
+        self.embeds = EmbedGroups(self)
         self.ctx = zmq.Context()
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
@@ -118,6 +127,8 @@ class Scheduler:
             try:
                 if isinstance(msg, TokenizedGenerateReqInput):
                     self._add(msg)
+                elif isinstance(msg, TokenizedEmbeddingReqInput):
+                    self.embeds.add(msg, now_ns())
                 elif isinstance(msg, AbortReq):
                     self._abort(msg)
                 elif isinstance(msg, FlushCacheReq):
@@ -160,6 +171,8 @@ class Scheduler:
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
     def _abort(self, msg: AbortReq) -> None:
+        if self.embeds.abort(msg.rid, msg.reason):
+            return
         event = self.core.abort(msg.rid)
         if event is None:
             self.drops.drop("AbortReq", msg.rid, msg.meta.trace)
@@ -170,6 +183,7 @@ class Scheduler:
 
     def _worker_gone(self, worker: int) -> None:
         """Its client connections died with it: free its requests without a word (no one to hear it)."""
+        self.embeds.worker_gone(worker)
         rids = [rid for rid, w in self.worker_of.items() if w == worker]
         for rid in rids:
             ev = self.core.abort(rid)
@@ -256,6 +270,10 @@ class Scheduler:
             outputs, self.outbox = self.outbox, []
             self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=outputs)))
             self.spans.producers.sent()
+        if self.embeds.outbox:
+            embedded, self.embeds.outbox = self.embeds.outbox, []
+            self.to_detok.send(self.codec.encode(BatchEmbeddingOutput(outputs=embedded)))
+            self.spans.producers.sent()
 
     def send_stats(self, force: bool = False) -> None:
         now = now_ns()
@@ -321,6 +339,8 @@ class Scheduler:
 
     def _emit(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> None:
         """Queue the rid's output; if building it fails, end that rid alone with an explicit error."""
+        if ev is None or self.embeds.take(ev, error_type, error):  # an embeddings request's input
+            return
         try:
             self.outbox.append(self._token_out(ev, error_type, error))
         except Exception as exc:  # noqa: BLE001
@@ -350,6 +370,9 @@ class Scheduler:
             sliding_window=self.core.runner.window or 0,
             context_len=self.core.context_len, vocab_size=self.core.vocab_size, kv_total=self.core.pool.capacity,
             dtype=self.core.runner.precision.dtype, quantization=self.core.runner.precision.quantization,
+            pooling=self.pooling.mode if self.pooling else "", hidden_size=self.core.runner.model.dims.hidden,
+            embedding_only=bool(self.pooling and self.pooling.embedding_only),
+            normalize=self.pooling.normalize if self.pooling else True,
         )))
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):

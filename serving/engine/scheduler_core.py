@@ -46,6 +46,7 @@ from serving.args import ServerArgs
 from serving.engine.admission import AdmissionPolicy
 from serving.engine.batch import Work
 from serving.engine.cache_manager import CacheManager
+from serving.engine.embedding import PoolState, pool_rows
 from serving.engine.events import StepStats, TokenEvent
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
@@ -94,13 +95,16 @@ class SchedulerCore:
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, priority: int = 0,
-                    namespace: str = "") -> Req:
-        """Queue a request; raises ValueError (a client error) when it can never run."""
+                    namespace: str = "", pooling: str | None = None) -> Req:
+        """Queue a request (an embedding one, prefill only, with `pooling`); raises ValueError (a client error)
+        when it can never run."""
         if rid in self.reqs:
             raise ValueError(f"duplicate request id {rid!r}")
         if not input_ids:
             raise ValueError("prompt is empty")
-        if len(input_ids) >= self.context_len:
+        if pooling is not None and len(input_ids) > self.context_len:
+            raise ValueError(f"input has {len(input_ids)} tokens; the context window is {self.context_len}")
+        if pooling is None and len(input_ids) >= self.context_len:
             raise ValueError(
                 f"prompt has {len(input_ids)} tokens; the context window is {self.context_len} "
                 "and at least one token must be generated"
@@ -113,6 +117,8 @@ class SchedulerCore:
                   generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids),
                   priority=priority, namespace=namespace)
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
+        if pooling is not None:
+            req.pooling, req.max_new_tokens = PoolState(pooling), 0
         self.reqs[rid] = req
         self.waiting.append(req)
         return req
@@ -325,6 +331,7 @@ class SchedulerCore:
         Positions are marked computed only on success; on failure nothing of it remains.
         """
         decode_work, extend_work, sampled_d, sampled_e = [], [], [], []
+        pooled, embedded, hidden_rows, offset = [], [], [], sum(r.prefill_done for r, _ in group)
         for req, n in group:
             if req.prefill_done:
                 decode_work.append(Work(req.row, req.total_len - 1, [req.output_ids[-1]], True))
@@ -332,12 +339,18 @@ class SchedulerCore:
             else:
                 start = req.num_computed
                 completes = start + n >= req.prefill_len
-                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes))
-                if completes:
+                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes and not req.pooling))
+                if req.pooling is not None:  # an embedding request: its pooled rows, no logits
+                    rows = pool_rows(req.pooling.mode, offset, start, n, completes)
+                    hidden_rows.extend(rows)
+                    pooled.append((req, start, len(rows)))
+                    embedded += [req] if completes else []
+                elif completes:
                     sampled_e.append(req)
+                offset += n
         sampled = sampled_d + sampled_e  # the order of the logits rows
         t0 = now_ns()
-        with self.runner.step(decode_work, extend_work) as logits:
+        with self.runner.step(decode_work, extend_work, hidden_rows) as logits:
             t1 = now_ns()
             self._forward_ns += t1 - t0
             if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
@@ -346,7 +359,12 @@ class SchedulerCore:
             self._sample_ns += now_ns() - t1
         for req, n in group:
             req.num_computed += n
-        return list(zip(sampled, tokens))
+        i = 0
+        for req, start, k in pooled:
+            if k:
+                req.pooling.add(self.runner.hidden[i:i + k], start)
+            i += k
+        return list(zip(sampled, tokens)) + [(req, -1) for req in embedded]  # -1: pooled, no token
 
     def _isolate(self, group: list[tuple[Req, int]], exc: Exception
                  ) -> tuple[list[tuple[Req, int]], list[tuple[Req, Exception]]]:
@@ -375,6 +393,11 @@ class SchedulerCore:
         return TokenEvent(req.rid, [], FinishReason.ERROR, req, error=req.error)
 
     def _append_token(self, req: Req, tok: int, t: int) -> TokenEvent:
+        if req.pooling is not None:  # its prompt has run: the embedding is its result
+            req.embedding, req.times.first_token = req.pooling.result(), t
+            self.running.remove(req)
+            self._finish(req, FinishReason.STOP)
+            return TokenEvent(req.rid, [], FinishReason.STOP, req)
         req.output_ids.append(tok)
         req.times.token_times.append(t)
         if req.times.first_token is None:

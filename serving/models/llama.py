@@ -92,5 +92,7 @@ class LlamaForward:
         rope = self.rotary.at(fb.positions)
         for layer in self.layers:
             h = layer(h, rope, kv, fb)
+        if fb.hidden_rows is not None:  # embedding requests pool these (serving.engine.embedding)
+            fb.hidden = self.final_norm(h[fb.hidden_rows]).float()
         last = h[fb.logits_rows] if fb.logits_rows is not None else h
         return self.lm_head(self.final_norm(last)).float()

@@ -18,6 +18,7 @@ from serving.frontend.http.middleware.guard import GuardMiddleware, allowed_host
 from serving.frontend.http.middleware.http_metrics import HTTPMetricsMiddleware
 from serving.frontend.http.middleware.response_ids import ResponseIdsMiddleware, response_ids
 from serving.frontend.http.routes import control, debug, ops
+from serving.frontend.http.routes.embeddings import embeddings, encode
 from serving.frontend.http.routes.generation import chat_completions, completions, generate
 from serving.frontend.http.routes.inspector import debug_ui
 from serving.frontend.http.routes.profiling import debug_profile
@@ -29,6 +30,8 @@ ROUTES = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     Route("/generate", generate, methods=["POST"]),
+    Route("/v1/embeddings", embeddings, methods=["POST"]),
+    Route("/encode", encode, methods=["POST"]),
     Route("/v1/models", ops.models, methods=["GET"]),
     Route("/health", ops.health, methods=["GET"]),
     Route("/livez", ops.livez, methods=["GET"]),

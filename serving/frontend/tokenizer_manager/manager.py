@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator
 
 from protocol.io_struct import (
     AbortReq,
+    BatchEmbeddingOutput,
     BatchStrOutput,
     DetokParams,
     FlushCacheReq,
@@ -45,6 +46,7 @@ from serving.frontend.errors import bad_request, http_status
 from serving.frontend.tenants.gate import TenantGate, refused
 from serving.frontend.tenants.keys import TenantPolicy
 from serving.frontend.tenants.namespace import cache_namespace, check_salt
+from serving.frontend.tokenizer_manager import embeddings
 from serving.frontend.tokenizer_manager.admission import Admission
 from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
@@ -117,6 +119,9 @@ class TokenizerManager:
         try:
             if isinstance(msg, BatchStrOutput):
                 self._handle_str_output(msg)
+                return
+            if isinstance(msg, BatchEmbeddingOutput):
+                embeddings.handle_output(self, msg)
                 return
             if isinstance(msg, FlushCacheReqOutput):
                 pending = self._flushes.get(msg.id)
@@ -215,6 +220,9 @@ class TokenizerManager:
         late outputs or abort.
         """
         ready = check_available(self.engine, self.oldest_arrival())
+        if ready.embedding_only:
+            raise bad_request("this is an embedding model: it serves POST /v1/embeddings and /encode, not generation",
+                              code="generation_not_supported")
         if obj.rid is not None and not _RID.match(obj.rid):
             raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
         rid = uuid.uuid4().hex
@@ -255,6 +263,12 @@ class TokenizerManager:
         if producer is not None:
             producer.end()
         return state
+
+    async def submit_embeddings(self, obj: embeddings.EmbedReqInput, state: ReqState) -> ReqState:
+        """`submit` for an embeddings request (serving.frontend.tokenizer_manager.embeddings)."""
+        if obj.rid is not None and not _RID.match(obj.rid):
+            raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
+        return await embeddings.submit(self, obj, state)
 
     def input_limits(self, ready: Ready) -> InputLimits:
         return InputLimits.for_context(ready.context_len, self.args.max_prompt_chars, self.args.max_messages)

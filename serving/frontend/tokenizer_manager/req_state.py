@@ -85,6 +85,9 @@ class ReqState:
     # -- flight recorder (--dump-requests / --crash-dump-dir; None when it is off) --
     dump_input: GenerateReqInput | None = None  # the request as built: prompt or messages, sampling as run
     dump_output: Any = None  # telemetry.flight_recorder.OutputDigest: the output's length, SHA-256 (text)
+    # -- embeddings (serving.frontend.tokenizer_manager.embeddings) --
+    embed_inputs: int = 0  # inputs of an embeddings request
+    embedding: Any = None  # its protocol.io_struct.EmbeddingOut, once it arrived
 
     def exemplar(self) -> dict[str, str] | None:
         return {"trace_id": self.trace_id} if self.trace_id else None

@@ -32,6 +32,8 @@ class ForwardBatch:
     decode_lens: torch.Tensor | None = None  # [B] each decode request's attended length
     extends: list[ExtendSeg] = field(default_factory=list)
     logits_rows: torch.Tensor | None = None  # flat token indices whose logits are needed
+    hidden_rows: torch.Tensor | None = None  # flat token indices whose final hidden states embeddings pool
+    hidden: torch.Tensor | None = None  # set by the forward: float32 [len(hidden_rows), hidden] (final norm applied)
     # how decode tokens attend: (q [B, H, d], k_pool, v_pool, this batch) -> [B, H, d]
     decode_attention: Callable[..., torch.Tensor] | None = None
 

@@ -93,7 +93,9 @@ def test_latency_board_has_every_stage_stacked_and_exemplars_on():
                   "detokenize", "hop Detokenizer → TM"):
         assert stage in legends, stage
     quantile_panels = [p for p in lint.panels(board) if "histogram_quantile" in p["targets"][0]["expr"]]
-    assert len(quantile_panels) == 6
+    assert len(quantile_panels) == 8  # the six request stages, embeddings end to end and queue/prefill
+    embed = [p for p in quantile_panels if "sightline_embedding_request_latency_seconds" in p["targets"][0]["expr"]]
+    assert [p["title"] for p in embed] == ["Embeddings end to end", "Embeddings queue and prefill"]
     for p in quantile_panels:  # one target shows the exemplars: the p99, where the slow requests are
         [shown] = [t for t in p["targets"] if t.get("exemplar")]
         assert shown["expr"].startswith("histogram_quantile(0.99, "), p["title"]

@@ -71,7 +71,7 @@ def test_speed_divides_every_offset():
 
 def test_refused_requests_are_skipped_unless_asked_and_rejected_ones_always():
     records = [rec(0, 0.0), rec(1, 0.1, outcome="shed", status=429), rec(2, 0.2, outcome="unavailable", status=503),
-               rec(3, 0.3, outcome="rejected", status=400), rec(4, 0.4, route="/v1/embeddings"),
+               rec(3, 0.3, outcome="rejected", status=400), rec(4, 0.4, route="/encode"),
                rec(5, 0.5, prompt_tokens=0), rec(6, 0.6, outcome="client_disconnect", completion_tokens=0)]
     planned, skipped = plan_schedule(records)
     assert [r.rid for r, _ in planned] == ["r0", "r6"]  # a client that left still loaded the engine
@@ -257,3 +257,28 @@ def test_sent_line_round_trip():
     line = json.loads(sent_line(it, 0.25, SimpleNamespace(rec=c, request_id="x", server=None)))
     assert line["index"] == 0 and line["rid"] == "r0" and line["sent_s"] == 0.25
     assert ClientRecord(**line["record"]) == c and asdict(c) == line["record"]
+
+
+def test_embeddings_records_are_replayed_with_their_inputs():
+    """An embeddings record: as many synthetic token-id inputs as recorded, exactly its prompt tokens; recorded
+    inputs sent as they were, with the options that shape the vectors; the body reader takes the response."""
+    from loadtest.replay.run import synthetic_prompt
+    from loadtest.replay.schedule import EMBEDDINGS
+
+    r = rec(0, 0.0, EMBEDDINGS, operation="embeddings", stream=False, prompt_tokens=23, completion_tokens=0,
+            outcome="ok", finish_reason="stop", params={"inputs": 3, "normalize": True, "dimensions": 16,
+                                                       "truncate_prompt_tokens": None, "encoding_format": "float"})
+    prompt, sent = synthetic_prompt(r, None)
+    assert len(prompt) == 3 and sent == 23 == sum(map(len, prompt))
+    path, body = build_request(r, prompt, "m")
+    assert path == EMBEDDINGS and body == {"model": "m", "input": prompt, "normalize": True, "dimensions": 16,
+                                           "encoding_format": "float"}
+    (item,) = make_items([(rec(1, 0.0, EMBEDDINGS, stream=False, prompt=["a b", "c"], params={"inputs": 2}), 0.0)],
+                         "m", None)
+    assert item.body["input"] == ["a b", "c"] and item.endpoint == "embeddings"
+    reader = ReplayBodyReader(ClientRecord("replay", "embeddings", 0, 1.0, T0, 0.0), 1.0)
+    reader.feed(json.dumps({"object": "list", "data": [{"embedding": [0.1]}], "usage": {"prompt_tokens": 4},
+                            "sightline": {"e2e_ms": 3.0}}).encode(), 1.1)
+    out = reader.finish(1.2)
+    assert out.ok and (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (4, 0, "stop")
+    assert reader.server == {"e2e_ms": 3.0}

@@ -1,4 +1,4 @@
-"""Optional API keys: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /flush_cache,
+"""Optional API keys: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /encode, /flush_cache,
 the control endpoints, and on /debug/* and /metrics when configured.  Each key names a tenant
 and a role (`serving.frontend.tenants.keys`): a `user` key opens generation and /v1/models,
 only an `admin` key opens /debug/*, /flush_cache, the control endpoints and a protected
@@ -79,7 +79,7 @@ def control_decision(scope, args: ServerArgs, has_key: bool) -> str:
 def protected(path: str, args: ServerArgs) -> bool:
     if path in PROBE_PATHS:
         return False
-    if path.startswith("/v1/") or path in ("/generate", "/flush_cache") or is_control(path):
+    if path.startswith("/v1/") or path in ("/generate", "/encode", "/flush_cache") or is_control(path):
         return True
     if path.startswith("/debug"):
         return args.auth_debug and path != "/debug/ui"
