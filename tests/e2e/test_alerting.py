@@ -163,7 +163,7 @@ BURST = QUEUE + 4  # sent while the engine is stopped: QUEUE wait, the rest are 
 
 
 async def _load(url: str) -> list[int]:
-    """A few dozen requests: plain, streamed, walked away from mid-stream, and invalid."""
+    """A few dozen requests: plain, streamed, walked away from mid-stream, invalid, and embeddings."""
     import asyncio
 
     import httpx
@@ -190,12 +190,18 @@ async def _load(url: str) -> list[int]:
         async def invalid(i: int) -> int:
             return (await client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})).status_code
 
+        async def embed(i: int) -> int:  # the server pools (--pooling last): the embeddings panels get data
+            r = await client.post("/v1/embeddings", json={"input": [f"Embed {i}", f"and {i} more"]})
+            return r.status_code
+
         async def one(job):
             async with gate:
                 return await job
 
-        jobs = [plain(i) for i in range(16)] + [streamed(i) for i in range(16)]
+        # embeddings first and last: their histograms need observations in more than one scrape
+        jobs = [embed(i) for i in range(3)] + [plain(i) for i in range(16)] + [streamed(i) for i in range(16)]
         jobs += [streamed(i, walk_away=True) for i in range(6)] + [invalid(i) for i in range(2)]
+        jobs += [embed(i) for i in range(3, 6)]
         return await asyncio.gather(*(one(j) for j in jobs))
 
 
@@ -271,7 +277,8 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
     require_tool("prometheus"), require_tool("prometheus-alertmanager")
     t0 = time.monotonic()
     # the watchdog must not restart the stopped engine; the burst must overflow the queue
-    server = ServerProc("--watchdog-timeout", "120", "--max-queued-requests", str(QUEUE), tmpdir=tmp_path)
+    server = ServerProc("--watchdog-timeout", "120", "--max-queued-requests", str(QUEUE), "--pooling", "last",
+                        tmpdir=tmp_path)
     got: list[dict] = []
     pool = ThreadPoolExecutor(BURST)
 

@@ -43,10 +43,14 @@ JOB = 'job="sightline"'
 
 async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
     """`n` requests at once (numbered from `first`), alternating streamed chat and non-streamed
-    completions; each result: status, completion tokens from `usage`, the replica that served it."""
+    completions, every tenth an embeddings request instead; each result: status, completion tokens
+    from `usage`, the replica that served it."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         async def one(i: int) -> dict:
             tokens = 4 + i % 13
+            if i % 10 == 9:  # the replicas pool (--pooling last): the embeddings panels get data too
+                r = await client.post("/v1/embeddings", json={"input": [f"Replica test {i}", "and one more"]})
+                return {"status": r.status_code, "tokens": 0, "replica": r.headers["x-sightline-replica"]}
             if i % 2:
                 r = await client.post("/v1/completions", json={"prompt": f"Replica test {i}:", "max_tokens": tokens})
                 return {"status": r.status_code, "tokens": r.json()["usage"]["completion_tokens"],
@@ -106,7 +110,8 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
     lb = prom = None
     pool = ThreadPoolExecutor(REPLICAS * 4)
     try:
-        starting = [pool.submit(ServerProc, tmpdir=d) for d in dirs]  # in parallel: the model loads dominate
+        # in parallel: the model loads dominate
+        starting = [pool.submit(ServerProc, "--pooling", "last", tmpdir=d) for d in dirs]
         failed = [f.exception(180) for f in starting]
         servers = [f.result() for f, e in zip(starting, failed) if e is None]
         if any(failed):
