@@ -67,7 +67,7 @@ def all_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
         with torch.inference_mode():
             return runner.model.forward(fb, runner.pool.kv).float()
     finally:
-        runner.pool.release(row, len(ids), len(ids))
+        runner.pool.release(row, len(ids))  # its slots too: nothing here is cached
 
 
 def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
