@@ -22,7 +22,7 @@ from serving.model_files import ModelLoadError, one_line
 from serving.models.layers.embedding import Embedding
 from serving.models.layers.linear import FusedLinear, Precision
 from serving.models.layers.rope import RotaryTables, rope_frequencies
-from serving.models.weights import head_precision
+from serving.models.weights import embedding_beside, head_precision
 
 EMBED, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -93,9 +93,7 @@ class SafetensorsWeights:
         table = self._need(self._table)
         head_weight = table if self._head == self._table else self._need(self._head)
         lm_head = FusedLinear.from_weight(head_weight.contiguous(), None, head_precision(precision))
-        if self._head == self._table and lm_head.quant is not None:  # one quantized table serves both
-            return Embedding(None, lm_head.quant.parts[0], precision.quant, precision.torch_dtype), lm_head
-        return Embedding(table.to(precision.torch_dtype)), lm_head
+        return embedding_beside(table, lm_head, self._head == self._table, precision)
 
     def rotary(self, max_positions: int) -> RotaryTables:
         return RotaryTables.build(*rope_frequencies(self.config), max_positions)

@@ -40,6 +40,15 @@ class Weights(Protocol):
         ...
 
 
+def embedding_beside(table: torch.Tensor, lm_head: FusedLinear, tied: bool,
+                     precision: Precision) -> tuple[Embedding, FusedLinear]:
+    """The token embedding and its lm_head: where they are tied and the head is quantized, one
+    quantized table serves both (lookups dequantize its rows)."""
+    if tied and lm_head.quant is not None:
+        return Embedding(None, lm_head.quant.parts[0], precision.quant, precision.torch_dtype), lm_head
+    return Embedding(table.detach().to(precision.torch_dtype)), lm_head
+
+
 def head_precision(precision: Precision) -> Precision:
     """At-load quantization of 4/5-bit types keeps the lm_head at 8 bits."""
     if precision.quantization in AT_LOAD:
@@ -60,10 +69,7 @@ class HFWeights:
     def head(self, precision: Precision) -> tuple[Embedding, FusedLinear]:
         table = self.model.model.embed_tokens.weight
         lm_head = FusedLinear.of(self.model.lm_head, precision=head_precision(precision))
-        tied = self.model.lm_head.weight.data_ptr() == table.data_ptr()
-        if tied and lm_head.quant is not None:
-            return Embedding(None, lm_head.quant.parts[0], precision.quant, precision.torch_dtype), lm_head
-        return Embedding(table.detach().to(precision.torch_dtype)), lm_head
+        return embedding_beside(table, lm_head, self.model.lm_head.weight.data_ptr() == table.data_ptr(), precision)
 
     def rotary(self, max_positions: int) -> RotaryTables:
         return RotaryTables.from_hf(self.model.model.rotary_emb, max_positions)
