@@ -93,6 +93,11 @@ class ServerArgs:
                                           "cached, reading each request's K/V slots in place), 'sdpa' (torch's "
                                           "scaled_dot_product_attention over a padded copy), or 'auto' (native when it "
                                           "builds here, else sdpa; logged).")
+    enforce_eager: bool = _opt(False, "Run every step layer by layer from Python. By default a step whose every "
+                                      "token decodes runs all layers in one native call when the linear layers, "
+                                      "norms, RoPE and attention are all native kernels (float32 or quantized "
+                                      "weights): the same kernels, bit-identical results, without ~12 Python calls "
+                                      "a layer (as vLLM's --enforce-eager turns off its captured graphs).")
     dp_size: int = _opt(1, "Data-parallel Scheduler ranks: N engine processes, each with its own model copy, KV pool "
                            "and --num-threads (default: the cores split between them); each request goes to the rank "
                            "with the fewest in-flight tokens (or, among nearly as idle ones, the rank its prompt's "

@@ -43,6 +43,11 @@ def build_batch(decodes: list[Work], extends: list[Work], pool: KVPool, window: 
         raise
 
 
+def attended(lengths: torch.Tensor, lmax: int) -> torch.Tensor:
+    """[B, lmax] bool: column j of row b is one of the `lengths[b]` positions that row attends."""
+    return torch.arange(lmax)[None, :] < lengths[:, None]
+
+
 def _extend_mask(start: int, n: int, first: int, window: int | None) -> torch.Tensor | None:
     """[n, start + n - first] bool: query i (position start+i) sees key j (position first+j) if causal and in
     the window; None when that is plain causal attention from position 0."""
@@ -63,29 +68,26 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
     pos: list[torch.Tensor] = []
     logits_rows: list[int] = []
 
-    for w in decodes:
-        ids.append(w.token_ids[0])
-        slots.append(pool.extend(w.row, w.start, 1))
-    decode_kv_idx = decode_mask = lengths = None
+    decode_kv_idx = lengths = None
     if decodes:
-        full = torch.tensor([w.start + 1 for w in decodes], dtype=torch.int64)
-        pos.append(full - 1)
-        rows = torch.tensor([w.row for w in decodes], dtype=torch.int64)
-        lengths = full if window is None else full.clamp(max=window)  # positions each decode token attends
-        lmax = int(lengths.max())
-        ar = torch.arange(lmax)
-        valid = ar[None, :] < lengths[:, None]
+        rows, starts = [w.row for w in decodes], [w.start for w in decodes]
+        ids.extend(w.token_ids[0] for w in decodes)
+        slots.append(pool.extend_each(rows, starts))
+        pos.append(torch.tensor(starts, dtype=torch.int64))
+        lens = [s + 1 if window is None else min(s + 1, window) for s in starts]  # positions each token attends
+        lengths, lmax = torch.tensor(lens, dtype=torch.int64), max(lens)
+        row_t = torch.tensor(rows, dtype=torch.int64)
         if window is None:
-            table = pool.req_to_token[rows, :lmax]
+            table = pool.req_to_token[row_t, :lmax]
         else:  # from the window's first position on
-            cols = ar[None, :] + (full - lengths)[:, None]
-            table = pool.req_to_token[rows[:, None], cols.clamp(max=pool.req_to_token.shape[1] - 1)]
-        decode_kv_idx = torch.where(valid, table, PAD_SLOT)
-        decode_mask = valid[:, None, None, :]
-        logits_rows.extend(range(len(decodes)))
+            first = torch.tensor([s + 1 - n for s, n in zip(starts, lens)], dtype=torch.int64)
+            cols = torch.arange(lmax)[None, :] + first[:, None]
+            table = pool.req_to_token[row_t[:, None], cols.clamp(max=pool.req_to_token.shape[1] - 1)]
+        decode_kv_idx = table if min(lens) == lmax else torch.where(attended(lengths, lmax), table, PAD_SLOT)
 
     segs: list[ExtendSeg] = []
     offset = len(decodes)
+    logits_rows.extend(range(offset))
     for w in extends:
         n = len(w.token_ids)
         ids.extend(w.token_ids)
@@ -105,8 +107,8 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
         out_slots=torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64),
         num_decode=len(decodes),
         decode_kv_idx=decode_kv_idx,
-        decode_mask=decode_mask,
         decode_lens=lengths,
         extends=segs,
-        logits_rows=torch.tensor(logits_rows, dtype=torch.int64),
+        # every row when only decode tokens are fed: no gather before the lm_head
+        logits_rows=torch.tensor(logits_rows, dtype=torch.int64) if extends else None,
     )

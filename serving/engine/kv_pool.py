@@ -109,6 +109,19 @@ class KVPool:
 
         Evicts unlocked prefix-cache slots when the free stack is short.
         """
+        t = self._take(n)
+        self.req_to_token[row, start : start + n] = t
+        return t
+
+    def extend_each(self, rows: list[int], positions: list[int]) -> torch.Tensor:
+        """One slot for position `positions[i]` of `rows[i]`, for every i: a decode step's allocation,
+        written into the slot table at once; returns them."""
+        t = self._take(len(rows))
+        self.req_to_token[torch.tensor(rows, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64)] = t
+        return t
+
+    def _take(self, n: int) -> torch.Tensor:
+        """n free slots, evicting unlocked prefix-cache slots when the free stack is short."""
         if n > len(self._free_slots) and self.tree is not None:
             freed = self.tree.evict(n - len(self._free_slots))
             self.evicted_slots += len(freed)
@@ -117,9 +130,7 @@ class KVPool:
             raise RuntimeError("KV pool exhausted: the step allocated more than was available (scheduling bug)")
         slots = self._free_slots[len(self._free_slots) - n :]
         del self._free_slots[len(self._free_slots) - n :]
-        t = torch.tensor(slots, dtype=torch.int64)
-        self.req_to_token[row, start : start + n] = t
-        return t
+        return torch.tensor(slots, dtype=torch.int64)
 
     def free(self, slots: torch.Tensor) -> None:
         """Return slots no one owns any more: those `extend` gave out for positions a failed step

@@ -41,6 +41,12 @@ class ModelRunner:
         log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s", self.precision.dtype,
                  self.precision.quantization, why, torch.get_num_threads(), wait or "default")
         self.model: CausalLM = self._build(family, loaded)
+        if args.enforce_eager and getattr(self.model, "stack", None) is not None:
+            self.model.stack = None
+        stacked = getattr(self.model, "stack", None) is not None
+        log.info("decode-only steps: %s", "one native call for every layer" if stacked else
+                 "layer by layer (--enforce-eager)" if args.enforce_eager else "layer by layer (not every layer is "
+                 "on the native float32 or quantized kernels)")
         self.decode_attention, why = select_decode_attention(args.attention_backend, args.cache_dir_path)
         log.info("decode attention: %s", why)
         dims = self.model.dims

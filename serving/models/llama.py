@@ -17,6 +17,7 @@ import torch
 
 from serving.models.base import ModelDims
 from serving.models.layers.attention import SelfAttention
+from serving.models.layers.decode_stack import DecodeStack
 from serving.models.layers.embedding import Embedding
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
@@ -51,7 +52,8 @@ class LlamaLayer:
                           dims.num_heads, dims.num_kv_heads, dims.head_dim, *norms,
                           rope_kernel=p.native.rope if p.native is not None else None),
             RMSNorm(src.vector(pre + "post_attention_layernorm.weight", dt), eps, norm),
-            GatedMLP(src.linear([m + "gate_proj", m + "up_proj"], p), src.linear([m + "down_proj"], p)),
+            GatedMLP(src.linear([m + "gate_proj", m + "up_proj"], p), src.linear([m + "down_proj"], p),
+                     p.native.silu_mul if p.native is not None else None),
         )
 
     def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
@@ -68,6 +70,7 @@ class LlamaForward:
     final_norm: RMSNorm
     lm_head: FusedLinear
     rotary: RotaryTables
+    stack: DecodeStack | None = None  # decode-only steps in one native call (None: layer by layer)
     QK_NORM: ClassVar[bool] = False  # per-head RMSNorm on Q and K before RoPE (Qwen3)
 
     @classmethod
@@ -82,16 +85,22 @@ class LlamaForward:
         layers = [LlamaLayer.from_weights(i, src, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
                   for i in range(dims.num_layers)]
         embed, lm_head = src.head(precision)
+        rotary = src.rotary(dims.max_positions).to(dt)
+        stack = DecodeStack.build(precision.native.linear.lib, layers, rotary, dims.hidden) \
+            if precision.native is not None else None
         return cls(dims, embed, layers,
                    RMSNorm(src.vector("model.norm.weight", dt), cfg.rms_norm_eps, _norm_kernel(precision)), lm_head,
-                   src.rotary(dims.max_positions).to(dt))
+                   rotary, stack)
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one ragged batch; returns logits [len(fb.logits_rows), vocab]."""
         h = self.embed(fb.input_ids)
-        rope = self.rotary.at(fb.positions)
-        for layer in self.layers:
-            h = layer(h, rope, kv, fb)
+        if self.stack is not None and self.stack.runs(fb, kv):
+            h = self.stack(h, self.rotary, kv, fb)
+        else:
+            rope = self.rotary.at(fb.positions)
+            for layer in self.layers:
+                h = layer(h, rope, kv, fb)
         if fb.hidden_rows is not None:  # embedding requests pool these (serving.engine.embedding)
             fb.hidden = self.final_norm(h[fb.hidden_rows]).float()
         last = h[fb.logits_rows] if fb.logits_rows is not None else h

@@ -34,7 +34,9 @@ def sdpa_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fb:
     """q [B, H, d] → [B, H, d], over a padded, masked copy of each request's K/V."""
     kd = gather(k_pool, fb.decode_kv_idx).transpose(1, 2)  # [B, kvh, L, d]
     vd = gather(v_pool, fb.decode_kv_idx).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=fb.decode_mask, enable_gqa=True)
+    lens = fb.decode_lens
+    mask = (torch.arange(kd.shape[2])[None, :] < lens[:, None])[:, None, None, :]  # [B, 1, 1, L]: attended
+    o = F.scaled_dot_product_attention(q.unsqueeze(2), kd, vd, attn_mask=mask, enable_gqa=True)
     return o.squeeze(2)
 
 

@@ -28,8 +28,7 @@ class ForwardBatch:
     out_slots: torch.Tensor  # [T] where each token's K/V is written
     num_decode: int  # tokens [0, num_decode) are decode tokens
     decode_kv_idx: torch.Tensor | None  # [B, Lmax] slots (the window's, under a sliding window), padded with PAD_SLOT
-    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] True where attended
-    decode_lens: torch.Tensor | None = None  # [B] each decode request's attended length
+    decode_lens: torch.Tensor | None = None  # [B] each decode request's attended length (its first columns)
     extends: list[ExtendSeg] = field(default_factory=list)
     logits_rows: torch.Tensor | None = None  # flat token indices whose logits are needed
     hidden_rows: torch.Tensor | None = None  # flat token indices whose final hidden states embeddings pool

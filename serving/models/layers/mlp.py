@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -9,12 +10,35 @@ import torch.nn.functional as F
 
 from serving.models.layers.linear import FusedLinear
 
+_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class NativeSiluMul:
+    """The fp32 kernel (kernels/activation.cpp): SiLU(gate)·up straight from the fused projection's rows."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._fn = lib.silu_mul_f32
+        self._fn.argtypes = [_PTR, _PTR, _I64, _I64]
+        self._fn.restype = None
+
+    def __call__(self, gu: torch.Tensor) -> torch.Tensor:
+        """gu [M, 2N] (gate columns, then up) → [M, N]."""
+        gu = gu.contiguous()
+        m, n = gu.shape[0], gu.shape[1] // 2
+        out = torch.empty((m, n), dtype=torch.float32)
+        self._fn(gu.data_ptr(), out.data_ptr(), m, n)
+        return out
+
 
 @dataclass
 class GatedMLP:
     gate_up: FusedLinear  # gate rows first, then up rows
     down: FusedLinear
+    act: NativeSiluMul | None = None  # float32 on the native kernels
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gu = self.gate_up(x)
+        if self.act is not None and gu.dtype == torch.float32 and gu.dim() == 2 and gu.shape[0]:
+            return self.down(self.act(gu))
+        gate, up = gu.chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)

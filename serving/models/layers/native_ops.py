@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
+from serving.models.layers.mlp import NativeSiluMul
 from serving.models.layers.native_linear import NativeLinear
 from serving.models.layers.norm import NativeNorm
 from serving.models.layers.rope import NativeRope
@@ -16,7 +17,8 @@ class NativeKernels:
     linear: NativeLinear  # every linear layer, the lm_head included (weights repacked at load)
     norm: NativeNorm  # RMSNorm, fused with the residual add before it
     rope: NativeRope  # RoPE on Q and K, fused with the K/V store
+    silu_mul: NativeSiluMul  # the gated MLP's activation
 
     @classmethod
     def of(cls, lib: ctypes.CDLL) -> "NativeKernels":
-        return cls(NativeLinear(lib), NativeNorm(lib), NativeRope(lib))
+        return cls(NativeLinear(lib), NativeNorm(lib), NativeRope(lib), NativeSiluMul(lib))

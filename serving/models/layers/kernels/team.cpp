@@ -47,6 +47,7 @@ struct Team {
   std::atomic<int64_t> done{0};
   std::atomic<uint32_t> generation{0};  // futex word: bumped for every job
   std::atomic<int> sleeping{0};
+  std::atomic<int> holds{0};  // team::Hold: while > 0, idle workers spin
   std::atomic<team::ChunkFn> fn{nullptr};
   std::atomic<void*> ctx{nullptr};
   std::mutex caller;  // one job at a time; a second caller (another thread, a nested kernel) runs inline
@@ -82,7 +83,8 @@ struct Team {
       }
       const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
       bool woke = false;
-      for (int round = 1; std::chrono::steady_clock::now() < until; ++round) {
+      for (int round = 1; holds.load(std::memory_order_relaxed) > 0 || std::chrono::steady_clock::now() < until;
+           ++round) {
         if (round % 16 == 0) sched_yield();  // a thread of another process waiting for this core runs first
         for (int i = 0; i < 64; ++i) {
           cpu_relax();
@@ -155,6 +157,15 @@ void run(int64_t chunks, ChunkFn fn, void* ctx) {
 }
 
 int size() { return static_cast<int>(the_team()->workers.size()) + 1; }
+
+Hold::Hold() {
+  Team* t = the_team();
+  t->holds.fetch_add(1, std::memory_order_seq_cst);
+  t->generation.fetch_add(1, std::memory_order_seq_cst);  // a worker about to sleep sees it and spins instead
+  if (t->sleeping.load(std::memory_order_seq_cst) > 0) futex_wake_all(&t->generation);
+}
+
+Hold::~Hold() { the_team()->holds.fetch_sub(1, std::memory_order_seq_cst); }
 
 }  // namespace team
 

@@ -23,6 +23,15 @@ void run(int64_t chunks, ChunkFn fn, void* ctx);
 // Threads in the team, the caller included.
 int size();
 
+// While a Hold lives, idle workers spin (yielding now and then) instead of sleeping: for a call
+// that runs many kernels back to back (kernels/decode_stack.cpp), so none pays a wake-up.
+struct Hold {
+  Hold();
+  ~Hold();
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+};
+
 template <class F>
 inline void parallel_for(int64_t chunks, F&& f) {
   using Fn = typename std::remove_reference<F>::type;

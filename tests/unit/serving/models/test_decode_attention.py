@@ -32,7 +32,7 @@ def _batch(lengths: list[int], num_slots: int, gen: torch.Generator) -> ForwardB
     idx = torch.where(valid, slots, 0)
     return ForwardBatch(input_ids=torch.zeros(len(lengths), dtype=torch.long), positions=lens - 1,
                         out_slots=idx[:, 0].clone(), num_decode=len(lengths), decode_kv_idx=idx,
-                        decode_mask=valid[:, None, None, :], decode_lens=lens)
+                        decode_lens=lens)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
