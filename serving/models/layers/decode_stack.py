@@ -23,8 +23,8 @@ from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear
 
 if TYPE_CHECKING:
-    from serving.models.llama import LlamaLayer
     from serving.models.layers.rope import RotaryTables
+    from serving.models.llama import LlamaLayer
 
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
