@@ -61,9 +61,10 @@ def sentence_transformers_pooling(path: Path) -> tuple[str, bool] | None:
     return modes[0], normalize
 
 
-def pooling_config(path: Path, flag: str | None) -> PoolingConfig | None:
+def pooling_config(path: Path, flag: str | None, encoder: bool = False) -> PoolingConfig | None:
     """The server's pooling: the model's own (an embedding model) with `--pooling` overriding its mode, or
-    `--pooling` on a generative model (which then serves both), or None (generation only)."""
+    `--pooling` on a generative model (which then serves both), or None (generation only).  An encoder
+    (BERT) is an embedding model whatever its directory: it needs one or the other, else ModelLoadError."""
     try:
         found = sentence_transformers_pooling(path)
     except (ValueError, OSError) as exc:
@@ -72,7 +73,10 @@ def pooling_config(path: Path, flag: str | None) -> PoolingConfig | None:
         mode, normalize = found
         return PoolingConfig(flag or mode, normalize, True, "flag" if flag else "sentence-transformers")
     if flag:
-        return PoolingConfig(flag, True, False, "flag")
+        return PoolingConfig(flag, True, encoder, "flag")
+    if encoder:
+        raise ModelLoadError(f"{path}: an encoder model serves embeddings only: give --pooling mean|cls|last, or "
+                             "serve a sentence-transformers directory (modules.json, 1_Pooling/config.json)")
     return None
 
 
