@@ -61,6 +61,16 @@ def sentence_transformers_pooling(path: Path) -> tuple[str, bool] | None:
     return modes[0], normalize
 
 
+def max_seq_length(path: Path) -> int | None:
+    """sentence-transformers' `sentence_bert_config.json` max_seq_length (all-MiniLM-L6-v2: 256 of its 512
+    positions), the longest input it embeds; None when the directory has none."""
+    try:
+        found = json.loads((path / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, int) and found > 0 else None
+
+
 def pooling_config(path: Path, flag: str | None, encoder: bool = False) -> PoolingConfig | None:
     """The server's pooling: the model's own (an embedding model) with `--pooling` overriding its mode, or
     `--pooling` on a generative model (which then serves both), or None (generation only).  An encoder

@@ -2,7 +2,8 @@
 
 The forward is the registry's implementation for the loaded model's architecture.  An encoder
 (BERT) runs each input whole in one step and keeps no K/V: its pool holds the slot bookkeeping
-only (no layer storage), and its context is capped by the step's prefill budget too.
+only (no layer storage), and its context is capped by the step's prefill budget and by the
+directory's sentence-transformers `max_seq_length` too.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from serving.args import TEAM_SPIN_US, ServerArgs
 from serving.engine.batch import Work, build_batch
+from serving.engine.embedding import max_seq_length
 from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LazyHFModel, LoadedModel
 from serving.engine.precision import choose
@@ -53,8 +55,9 @@ class ModelRunner:
         ctx = args.context_length or dims.max_positions
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
-        if self.encoder:  # an input is never chunked: it must fit one step's prefill
-            self.context_len = min(self.context_len, args.max_prefill_tokens)
+        if self.encoder:  # an input is never chunked: it must fit one step's prefill (and sentence-transformers' cap)
+            self.context_len = min(self.context_len, args.max_prefill_tokens,
+                                   max_seq_length(loaded.path) or self.context_len)
         self.vocab_size = dims.vocab_size
         self.hidden: torch.Tensor | None = None  # the latest step's pooled rows (embedding requests)
         self.pool = KVPool(0 if self.encoder else dims.num_layers, dims.num_kv_heads, dims.head_dim,

@@ -27,7 +27,9 @@ from serving.models.layers.norm import LayerNorm
 from serving.models.weights import HFWeights, Weights
 
 GELU = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}  # hidden_act → F.gelu's approximate
-UNUSED = ("pooler.", "bert.pooler.", "cls.")  # BertModel's pooler, BertForMaskedLM's head: never computed
+# never computed: BertModel's pooler, BertForMaskedLM's head, the position-ids buffer older checkpoints saved
+# (all-MiniLM-L6-v2's has it; transformers skips it too)
+UNUSED = ("pooler.", "bert.pooler.", "cls.", "embeddings.position_ids", "bert.embeddings.position_ids")
 
 
 def check_bert_config(cfg: Any) -> None:
