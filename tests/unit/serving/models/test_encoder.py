@@ -1,7 +1,8 @@
 """The BERT encoder family on the seeded all-MiniLM-shaped model (tests/encoder_models.py): its pooled
 embeddings through the Scheduler core equal transformers' `BertModel` on the same tokens, alone and
 several in one step; inputs are never chunked; over-long inputs and generation are refused; the
-registry resolves it and refuses what it does not compute; a BertForMaskedLM checkpoint serves the same."""
+registry resolves it and refuses what it does not compute; a BertForMaskedLM checkpoint serves the same;
+bfloat16, int8 and q8_0 stay close."""
 
 from __future__ import annotations
 
@@ -150,3 +151,12 @@ def test_a_masked_lm_checkpoint_and_the_transformers_model_give_the_same_embeddi
     core = make_core(model)
     core.runner.model = from_hf
     assert torch.allclose(embed(core, [ids], "mean")[0][0], want, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", [{"dtype": "bfloat16"}, {"quantization": "int8", "dtype": "bfloat16"},
+                                       {"quantization": "q8_0"}])
+def test_reduced_precision_stays_close(bert, precision):
+    model, tok, ref = bert
+    ids = tok(TEXTS[2])["input_ids"]
+    got = embed(make_core(model, **precision), [ids], "mean")[0][0]
+    assert cos(got, reference(ref, ids, "mean")) >= 0.999, precision
