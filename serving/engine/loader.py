@@ -21,7 +21,6 @@ from typing import Any
 from serving.model_files import BUNDLED_MODEL, ModelLoadError, model_name, one_line, prepare_model_dir
 
 LOAD_REPORT = ("missing_keys", "unexpected_keys", "mismatched_keys")
-ENCODER_UNUSED = ("cls.",)  # serving.models.bert.UNUSED, as AutoModel reports a BertForMaskedLM checkpoint's head
 
 
 @dataclass
@@ -122,12 +121,14 @@ def _load_weights(path: Path, encoder: bool = False) -> Any:
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
+    from serving.models.bert import UNUSED  # the pooler, an MLM head: neither missing nor unexpected matters
+
     auto = AutoModel if encoder else AutoModelForCausalLM
     try:
         model, report = auto.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
-    _check_weights(path, report, ENCODER_UNUSED if encoder else ())
+    _check_weights(path, report, UNUSED if encoder else ())
     return model.eval()
 
 
@@ -161,11 +162,11 @@ def _check_weights(path: Path, report: dict[str, Any], unused: tuple[str, ...] =
 
     transformers fills a missing tensor with random values (and only warns), and skips an
     unexpected one: either would be served as a silently wrong model.  `unused`: prefixes of
-    unexpected tensors that are known and not computed (a BertForMaskedLM checkpoint's MLM head).
+    tensors the forward never computes, missing or not (BERT's pooler, a BertForMaskedLM checkpoint's MLM head).
     """
     for kind in LOAD_REPORT:
         names = sorted(str(n) for n in report.get(kind) or ()
-                       if not (kind == "unexpected_keys" and str(n).startswith(unused)))
+                       if kind == "mismatched_keys" or not str(n).startswith(unused))
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             raise ModelLoadError(f"weights in {path} do not match the architecture: {kind.replace('_', ' ')} "
