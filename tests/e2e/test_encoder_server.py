@@ -3,7 +3,7 @@ sentence-transformers directory (tests/encoder_models.py), mean pooling then Nor
 The official `openai` client's `embeddings.create` for every input form equals transformers' `BertModel`
 pooled the same way on the same tokens ([CLS] ... [SEP] added by the front end's tokenizer); generation is
 refused; an input over the model's 64 positions is refused unless truncated, and truncation keeps
-[CLS] ... [SEP]; the embeddings telemetry counts the requests.  One server for all."""
+[CLS] ... [SEP]; the embeddings telemetry counts the requests and each input has its spans.  One server for all."""
 
 from __future__ import annotations
 
@@ -91,3 +91,15 @@ def test_over_long_inputs_are_refused_unless_truncated(server, reference):
         r = server.post("/v1/embeddings", {"input": item, "truncate_prompt_tokens": k})
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == 64, r.text
         assert cos(r.json()["data"][0]["embedding"], want) >= 0.9999
+
+
+def test_spans_of_each_input(server):
+    r = server.post("/v1/embeddings", {"input": [[2, 7, 9, 3], [2, 8, 3]]})
+    rid = r.headers["x-request-id"]
+
+    def spans():
+        entry = httpx.get(f"{server.url}/debug/requests/{rid}", timeout=10).json()
+        names = [s["name"] for s in entry.get("spans", [])]
+        return names if "receive detokenizer" in names and names.count("prefill") >= 2 else None
+    names = wait_until(spans, 10, "the embeddings request's spans from the three processes")
+    assert {"POST /v1/embeddings", "tokenize", "receive scheduler"} <= set(names) and names.count("queue") == 2
