@@ -1,8 +1,11 @@
 """A small seeded BERT encoder built from all-MiniLM-L6-v2's real config (tests/fixtures/families/bert.json),
 shrunk, saved as a sentence-transformers directory: mean pooling, then Normalize, as that model ships.
 
-Its tokenizer is a BERT WordPiece vocabulary trained here, deterministically, on the fixed text below
-(the hub is not reachable): lower-casing, `[CLS] ... [SEP]` added as BERT tokenizers add them.
+Its tokenizer is a BERT WordPiece vocabulary made here from the fixed text below (the hub is not
+reachable): every word of it, every character alone and as a `##` continuation (so any text of those
+characters tokenizes, unknown words split into pieces), a few suffixes; lower-casing, `[CLS] ... [SEP]`
+added as BERT tokenizers add them.  Built, not trained: the `tokenizers` WordPiece trainer breaks
+frequency ties differently from run to run.
 Built once per cache directory and reused; the directory name carries the seed and a hash of the
 config and the text.
 """
@@ -28,7 +31,8 @@ TEXT = (
     "An embedding maps a sentence to a vector; similar sentences map to nearby vectors.",
     "Sphinx of black quartz, judge my vow. Pack my box with five dozen liquor jugs.",
 )
-VOCAB_SIZE = 400
+SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's, [PAD] first (pad_token_id 0)
+SUFFIXES = ("s", "ed", "er", "ing", "ly", "tion")
 ST_FILES = {  # what all-MiniLM-L6-v2 publishes beside its weights
     "modules.json": [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -42,15 +46,21 @@ ST_FILES = {  # what all-MiniLM-L6-v2 publishes beside its weights
 }
 
 
+def vocab() -> dict[str, int]:
+    """Special tokens, then characters, `##` characters, suffixes and TEXT's words, each once, in a fixed order."""
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    words = sorted({w for line in TEXT for w, _ in BertPreTokenizer().pre_tokenize_str(line.lower())})
+    chars = sorted({c for w in words for c in w})
+    tokens = SPECIAL + chars + ["##" + c for c in chars] + ["##" + x for x in SUFFIXES] + words
+    return {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+
+
 def tokenizer():
-    """The WordPiece tokenizer trained on TEXT, as transformers' BertTokenizer (fast)."""
-    from tokenizers.implementations import BertWordPieceTokenizer
+    """The WordPiece tokenizer of `vocab()`, as transformers' BertTokenizer (fast)."""
     from transformers import BertTokenizerFast
 
-    wp = BertWordPieceTokenizer(lowercase=True)
-    wp.train_from_iterator(TEXT, vocab_size=VOCAB_SIZE, min_frequency=1, show_progress=False)
-    return BertTokenizerFast(vocab=wp.get_vocab(), do_lower_case=True,
-                             model_max_length=SHRINK["max_position_embeddings"])
+    return BertTokenizerFast(vocab=vocab(), do_lower_case=True, model_max_length=SHRINK["max_position_embeddings"])
 
 
 def build(cache_dir: Path | None = None) -> Path:
@@ -58,7 +68,7 @@ def build(cache_dir: Path | None = None) -> Path:
     from transformers import BertConfig, BertModel
 
     cfg = {**real_config("bert"), **SHRINK}
-    digest = hashlib.sha256(json.dumps([cfg, TEXT, VOCAB_SIZE, ST_FILES], sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(json.dumps([cfg, TEXT, SUFFIXES, ST_FILES], sort_keys=True).encode()).hexdigest()[:12]
     out = (cache_dir or default_cache_dir()) / "families" / f"bert-s{SEED}-{digest}"
     if (out / "config.json").is_file():
         return out
