@@ -367,6 +367,7 @@ class Ready(_Msg, kw_only=True):
     embedding_only: bool = False  # an embedding model: generation is refused
     normalize: bool = True  # the model's default L2 normalisation of embeddings
     hidden_size: int = 0  # the embeddings' dimension
+    encoder: bool = False  # an encoder (BERT): truncation keeps an input's head and its last ([SEP]) token
 
 
 # -- the hub and its tokenizer workers ----------------------------------------------------

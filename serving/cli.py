@@ -68,19 +68,23 @@ def _models(ns: argparse.Namespace) -> int:
     from serving.model_files import bundled_models
     from serving.models.registry import FAMILIES
 
-    # Every family is built from the same shared layers, so every engine mode applies to each.
+    # Every family is built from the same shared layers, so every engine mode applies to each; an encoder
+    # (BERT) serves embeddings only, without a prefix cache, and is never read from a GGUF file.
     quantizations = [q for q in QUANTIZATIONS if q != "auto"]
     modes = {"dtype": ["float32", "bfloat16"], "quantization": quantizations, "prefix_cache": True}
+    encoder = {"quantization": [q for q in quantizations if q != "gguf"], "prefix_cache": False,
+               "embeddings_only": True}
     families = [{"family": f.name, "architectures": list(f.architectures), "implementation": f.impl.__name__,
-                 "honours": f.honours, **modes} for f in FAMILIES]
+                 "honours": f.honours, **modes, **(encoder if f.encoder else {})} for f in FAMILIES]
     bundled = bundled_models()
     if ns.json:
         print(json.dumps({"families": families, "bundled": bundled}, indent=2))
         return 0
     print("Model families (--model: a local Hugging Face directory or a .gguf file of any of them):")
     for f in families:
-        print(f"  {f['family']:<8} {', '.join(f['architectures']):<22} {f['honours']}")
-    print(f"  every family: --dtype float32|bfloat16|auto, --quantization {'|'.join(quantizations)}, prefix caching")
+        print(f"  {f['family']:<8} {', '.join(f['architectures']):<26} {f['honours']}")
+    print(f"  every decoder family: --dtype float32|bfloat16|auto, --quantization {'|'.join(quantizations)}, prefix "
+          "caching; encoders: embeddings only, no prefix cache, no GGUF")
     print("Bundled models (--model NAME):")
     for b in bundled:
         print(f"  {b['name']:<13} {b['description']}  [{b['status']}]")

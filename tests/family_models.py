@@ -52,7 +52,7 @@ def _randomise(model: torch.nn.Module) -> None:
     """Norm weights and biases are 1 and 0 at init: make them random too, so they are exercised."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name.lower():  # RMSNorm weights, BERT's LayerNorm
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             elif name.endswith("bias"):
                 p.copy_(0.5 * torch.randn_like(p))

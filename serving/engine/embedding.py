@@ -4,6 +4,7 @@ An embedding request is a prefill-only request (`Req.pooling` set): it is admitt
 chunked and batched with generation like any prompt (the same step budget, so it never
 starves decoding requests), generates no token, and finishes as soon as its last prompt
 chunk has run, with its pooled hidden state (the final norm's output, float32) as result.
+An encoder's (BERT's) input is one chunk, run whole in one step (`SchedulerCore._admit`).
 
 Pooling (`--pooling`, or the model's sentence-transformers `1_Pooling/config.json`):
   last  the hidden state of the last token (Qwen3-Embedding, e5-mistral): a prefix the
@@ -61,9 +62,20 @@ def sentence_transformers_pooling(path: Path) -> tuple[str, bool] | None:
     return modes[0], normalize
 
 
-def pooling_config(path: Path, flag: str | None) -> PoolingConfig | None:
+def max_seq_length(path: Path) -> int | None:
+    """sentence-transformers' `sentence_bert_config.json` max_seq_length (all-MiniLM-L6-v2: 256 of its 512
+    positions), the longest input it embeds; None when the directory has none."""
+    try:
+        found = json.loads((path / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, int) and found > 0 else None
+
+
+def pooling_config(path: Path, flag: str | None, encoder: bool = False) -> PoolingConfig | None:
     """The server's pooling: the model's own (an embedding model) with `--pooling` overriding its mode, or
-    `--pooling` on a generative model (which then serves both), or None (generation only)."""
+    `--pooling` on a generative model (which then serves both), or None (generation only).  An encoder
+    (BERT) is an embedding model whatever its directory: it needs one or the other, else ModelLoadError."""
     try:
         found = sentence_transformers_pooling(path)
     except (ValueError, OSError) as exc:
@@ -72,7 +84,10 @@ def pooling_config(path: Path, flag: str | None) -> PoolingConfig | None:
         mode, normalize = found
         return PoolingConfig(flag or mode, normalize, True, "flag" if flag else "sentence-transformers")
     if flag:
-        return PoolingConfig(flag, True, False, "flag")
+        return PoolingConfig(flag, True, encoder, "flag")
+    if encoder:
+        raise ModelLoadError(f"{path}: an encoder model serves embeddings only: give --pooling mean|cls|last, or "
+                             "serve a sentence-transformers directory (modules.json, 1_Pooling/config.json)")
     return None
 
 

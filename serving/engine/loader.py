@@ -32,6 +32,7 @@ class LoadedModel:
     load_seconds: float
     converted: bool  # True when this load had to convert (cold start)
     gguf: Path | None = None  # the GGUF file the weights came from, if any
+    encoder: bool = False  # an encoder family (BERT): embeddings only, `hf_model` an AutoModel
     _tokenizer: Any = field(default=None, repr=False)
 
     @property
@@ -80,10 +81,10 @@ class LazyHFModel:
     weights; any other attribute, or a call, loads the model once and is forwarded to it.
     """
 
-    def __init__(self, path: Path, config: Any) -> None:
+    def __init__(self, path: Path, config: Any, encoder: bool = False) -> None:
         from transformers import GenerationConfig
 
-        self._path, self._model = path, None
+        self._path, self._model, self._encoder = path, None, encoder
         self.config = config
         try:
             self.generation_config = GenerationConfig.from_pretrained(path)
@@ -96,7 +97,7 @@ class LazyHFModel:
 
     def load(self) -> Any:
         if self._model is None:
-            self._model = _load_weights(self._path)
+            self._model = _load_weights(self._path, self._encoder)
         return self._model
 
     def __getattr__(self, name: str) -> Any:  # only for what __init__ did not set
@@ -115,15 +116,19 @@ def _gguf_source(path: Path) -> Path | None:
     return Path(source) if isinstance(source, str) and source.endswith(".gguf") and Path(source).is_file() else None
 
 
-def _load_weights(path: Path) -> Any:
+def _load_weights(path: Path, encoder: bool = False) -> Any:
+    """The transformers model: a *ForCausalLM, or for an encoder its bare `AutoModel` (BertModel)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
+    from serving.models.bert import UNUSED  # the pooler, an MLM head: neither missing nor unexpected matters
+
+    auto = AutoModel if encoder else AutoModelForCausalLM
     try:
-        model, report = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        model, report = auto.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
-    _check_weights(path, report)
+    _check_weights(path, report, UNUSED if encoder else ())
     return model.eval()
 
 
@@ -131,14 +136,14 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     """Load a model for serving; raises ModelLoadError with a one-line message on failure."""
     from transformers import AutoConfig
 
-    from serving.models.registry import architecture, resolve  # lazily, like torch: importing this stays light
+    from serving.models.registry import architecture, family  # lazily, like torch: importing this stays light
     from serving.models.safetensors_weights import weight_files
 
     t0 = time.perf_counter()
     path, converted = prepare_model_dir(spec, cache_dir)
     try:
         config = AutoConfig.from_pretrained(path)
-        resolve(config)  # before the weights: an unsupported model or config fails fast
+        encoder = family(config).encoder  # before the weights: an unsupported model or config fails fast
     except ModelLoadError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -146,19 +151,22 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     gguf = _gguf_source(path)
     # the engine builds from the GGUF file or the safetensors themselves (serving.models.*_weights): the
     # transformers model is loaded only if something asks for it (a reference in the tests, --linear torch paths)
-    model = LazyHFModel(path, config) if gguf is not None or weight_files(path) else _load_weights(path)
+    model = LazyHFModel(path, config, encoder) if gguf is not None or weight_files(path) \
+        else _load_weights(path, encoder)
     return LoadedModel(model_name(spec, path, served_name), model, path, architecture(config),
-                       time.perf_counter() - t0, converted, gguf)
+                       time.perf_counter() - t0, converted, gguf, encoder)
 
 
-def _check_weights(path: Path, report: dict[str, Any]) -> None:
+def _check_weights(path: Path, report: dict[str, Any], unused: tuple[str, ...] = ()) -> None:
     """Refuse weights that do not match the architecture exactly.
 
     transformers fills a missing tensor with random values (and only warns), and skips an
-    unexpected one: either would be served as a silently wrong model.
+    unexpected one: either would be served as a silently wrong model.  `unused`: prefixes of
+    tensors the forward never computes, missing or not (BERT's pooler, a BertForMaskedLM checkpoint's MLM head).
     """
     for kind in LOAD_REPORT:
-        names = sorted(str(n) for n in report.get(kind) or ())
+        names = sorted(str(n) for n in report.get(kind) or ()
+                       if kind == "mismatched_keys" or not str(n).startswith(unused))
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             raise ModelLoadError(f"weights in {path} do not match the architecture: {kind.replace('_', ' ')} "

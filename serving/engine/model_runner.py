@@ -1,6 +1,9 @@
 """Owns the model forward and the KV pool; runs one ragged batch per call.
 
-The forward is the registry's implementation for the loaded model's architecture.
+The forward is the registry's implementation for the loaded model's architecture.  An encoder
+(BERT) runs each input whole in one step and keeps no K/V: its pool holds the slot bookkeeping
+only (no layer storage), and its context is capped by the step's prefill budget and by the
+directory's sentence-transformers `max_seq_length` too.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 
 from serving.args import TEAM_SPIN_US, ServerArgs
 from serving.engine.batch import Work, build_batch
+from serving.engine.embedding import max_seq_length
 from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LazyHFModel, LoadedModel
 from serving.engine.precision import choose
@@ -22,7 +26,7 @@ from serving.models.base import CausalLM, ModelDims
 from serving.models.gguf_weights import GGUFWeights
 from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
-from serving.models.registry import resolve
+from serving.models.registry import family as family_of
 from serving.models.safetensors_weights import SafetensorsWeights, weight_files
 
 log = logging.getLogger(__name__)
@@ -35,12 +39,13 @@ class ModelRunner:
         if lib is not None:  # before any kernel runs: the team's size and spin are fixed at its start
             team = native.start_team(lib, torch.get_num_threads(), TEAM_SPIN_US[args.thread_wait_policy])
             log.info("native kernels: %d threads, idle workers spin %d µs", team, TEAM_SPIN_US[args.thread_wait_policy])
-        family = resolve(loaded.hf_model.config)
+        fam = family_of(loaded.hf_model.config)
+        self.encoder = fam.encoder  # bidirectional: whole inputs per step, embeddings only, no K/V kept
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config), loaded.gguf is not None)
         wait = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
         log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s", self.precision.dtype,
                  self.precision.quantization, why, torch.get_num_threads(), wait or "default")
-        self.model: CausalLM = self._build(family, loaded)
+        self.model: CausalLM = self._build(fam.impl, loaded)
         if args.enforce_eager and getattr(self.model, "stack", None) is not None:
             self.model.stack = None
         stacked = getattr(self.model, "stack", None) is not None
@@ -56,9 +61,12 @@ class ModelRunner:
         ctx = args.context_length or dims.max_positions
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
+        if self.encoder:  # an input is never chunked: it must fit one step's prefill (and sentence-transformers' cap)
+            self.context_len = min(self.context_len, args.max_prefill_tokens,
+                                   max_seq_length(loaded.path) or self.context_len)
         self.vocab_size = dims.vocab_size
         self.hidden: torch.Tensor | None = None  # the latest step's pooled rows (embedding requests)
-        self.pool = KVPool(dims.num_layers, dims.num_kv_heads, dims.head_dim,
+        self.pool = KVPool(0 if self.encoder else dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
         release_free_heap()

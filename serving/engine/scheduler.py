@@ -83,8 +83,8 @@ class Scheduler:
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
         self.architecture = loaded.architecture
+        self.pooling = pooling_config(loaded.path, args.pooling, loaded.encoder)  # None: generation only
         self.core = SchedulerCore(loaded, args)
-        self.pooling = pooling_config(loaded.path, args.pooling)  # None: generation only
         self.embeds = EmbedGroups(self)
         self.ctx = zmq.Context()
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
@@ -372,7 +372,7 @@ class Scheduler:
             dtype=self.core.runner.precision.dtype, quantization=self.core.runner.precision.quantization,
             pooling=self.pooling.mode if self.pooling else "", hidden_size=self.core.runner.model.dims.hidden,
             embedding_only=bool(self.pooling and self.pooling.embedding_only),
-            normalize=self.pooling.normalize if self.pooling else True,
+            normalize=self.pooling.normalize if self.pooling else True, encoder=self.core.encoder,
         )))
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):

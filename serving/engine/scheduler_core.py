@@ -23,6 +23,10 @@ tokens it would have produced had it never left.  Which slots a request holds, a
 prefix cache's locks and pins, are the cache manager's (`serving.engine.cache_manager`);
 see `check_kv_invariants` for the accounting.
 
+An encoder model (BERT, `ModelRunner.encoder`) serves embeddings only: its inputs attend
+bidirectionally, so each is admitted only when it fits the step whole (never chunked; it
+waits for a step with room), and there is no prefix cache.
+
 One request must never fail another: if the step raises, its K/V allocation is undone
 (positions count as computed only after a success) and the batch is split in halves,
 recursively, until each failing request stands alone; those end with finish_reason
@@ -82,7 +86,9 @@ class SchedulerCore:
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
         self._forward_ns = self._sample_ns = 0  # this step's, over every run of it (isolation reruns too)
-        self.tree: RadixCache | None = None if args.disable_prefix_cache else RadixCache()
+        self.encoder = self.runner.encoder
+        # an encoder's hidden states depend on the whole input: no prefix of it can be reused
+        self.tree: RadixCache | None = None if args.disable_prefix_cache or self.encoder else RadixCache()
         self.cache = CacheManager(self.pool, self.tree)
         self.policy = AdmissionPolicy.from_args(args)
         # cumulative counters (telemetry)
@@ -102,6 +108,8 @@ class SchedulerCore:
             raise ValueError(f"duplicate request id {rid!r}")
         if not input_ids:
             raise ValueError("prompt is empty")
+        if pooling is None and self.encoder:
+            raise ValueError("this model is an encoder: it serves embeddings only")
         if pooling is not None and len(input_ids) > self.context_len:
             raise ValueError(f"input has {len(input_ids)} tokens; the context window is {self.context_len}")
         if pooling is None and len(input_ids) >= self.context_len:
@@ -227,6 +235,9 @@ class SchedulerCore:
             if committed + match.gain + need > self.cache.available:
                 blocked = KV_CAPACITY
                 break  # strict arrival order: no overtaking by smaller requests
+            if self.encoder and req.prefill_len > min(budget, room):  # whole in one step, or not yet
+                blocked = STEP_BUDGET if req.prefill_len > budget else KV_CAPACITY
+                break
             self.waiting.popleft()
             self.cache.attach(req, match)
             committed += need

@@ -80,7 +80,7 @@ class ModelDims:
             hidden=cfg.hidden_size,
             num_layers=cfg.num_hidden_layers,
             num_heads=cfg.num_attention_heads,
-            num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+            num_kv_heads=getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
             max_positions=cfg.max_position_embeddings,
             sliding_window=attention_window(cfg),
@@ -103,5 +103,6 @@ class CausalLM(Protocol):
         ...
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Run one ragged batch, writing its K/V into `kv`; returns float32 logits [len(fb.logits_rows), vocab]."""
+        """Run one ragged batch, writing its K/V into `kv`; returns float32 logits [len(fb.logits_rows), vocab].
+        An encoder (`serving.models.bert`) writes no K/V and is asked for no logits."""
         ...

@@ -114,6 +114,12 @@ class GGUFWeights:
     def vector(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self._float(name, self._tensor(name)).to(dtype)
 
+    def has(self, name: str) -> bool:
+        return self._has(name)
+
+    def ignore(self, prefixes: Sequence[str]) -> None:
+        """Nothing to do: a GGUF file's tensors are never checked for unused ones."""
+
     def head(self, precision: Precision) -> tuple[Embedding, FusedLinear]:
         table = self._tensor("model.embed_tokens.weight")
         quant = self._quant("model.embed_tokens.weight", table, precision)

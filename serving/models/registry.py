@@ -10,10 +10,11 @@ class found here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from serving.model_files import ModelLoadError
 from serving.models.base import CausalLM, check_config
+from serving.models.bert import BertForward, check_bert_config
 from serving.models.llama import LlamaForward
 from serving.models.qwen3 import Qwen3Forward
 
@@ -24,6 +25,8 @@ class Family:
     architectures: tuple[str, ...]  # transformers' class names in config.json's `architectures`
     impl: type[CausalLM]
     honours: str  # what of the family's configs the engine computes, for `sightline models` and docs
+    encoder: bool = False  # bidirectional, no LM head: embeddings only, each input whole in one step
+    check: Callable[[Any], None] = check_config  # raises UnsupportedConfig for what the family cannot compute
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -35,8 +38,12 @@ FAMILIES: tuple[Family, ...] = (
            "Qwen3 dense; per-head Q/K RMSNorm; head_dim independent of hidden size"),
     Family("mistral", ("MistralForCausalLM",), LlamaForward,
            "Mistral; sliding-window attention (sliding_window) or full attention when null"),
+    Family("bert", ("BertModel", "BertForMaskedLM"), BertForward,
+           "BERT encoders (all-MiniLM, bge, e5): embeddings only; absolute positions, token type 0, "
+           "GELU; pooler and MLM head unused", encoder=True, check=check_bert_config),
 )
 ARCHITECTURES: dict[str, type[CausalLM]] = {a: f.impl for f in FAMILIES for a in f.architectures}
+_FAMILY_OF: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}
 
 
 class UnsupportedArchitecture(ModelLoadError):
@@ -68,12 +75,17 @@ def architecture(hf_config: Any) -> str:
     raise UnsupportedArchitecture(f"unsupported architecture {found}; supported: {', '.join(sorted(ARCHITECTURES))}")
 
 
-def resolve(hf_config: Any) -> type[CausalLM]:
-    """The implementation for a transformers config.
+def family(hf_config: Any) -> Family:
+    """The served family of a transformers config, its config checked.
 
     Raises UnsupportedArchitecture naming it and the supported ones, or UnsupportedConfig
     naming the field the engine cannot honour.
     """
-    impl = ARCHITECTURES[architecture(hf_config)]
-    check_config(hf_config)
-    return impl
+    fam = _FAMILY_OF[architecture(hf_config)]
+    fam.check(hf_config)
+    return fam
+
+
+def resolve(hf_config: Any) -> type[CausalLM]:
+    """The implementation for a transformers config (raises as `family` does)."""
+    return family(hf_config).impl

@@ -89,6 +89,12 @@ class SafetensorsWeights:
     def vector(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self._need(name).to(dtype)
 
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def ignore(self, prefixes: Sequence[str]) -> None:
+        self._used.update(n for n in self._where if n.startswith(tuple(prefixes)))
+
     def head(self, precision: Precision) -> tuple[Embedding, FusedLinear]:
         table = self._need(self._table)
         head_weight = table if self._head == self._table else self._need(self._head)

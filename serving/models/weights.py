@@ -29,7 +29,15 @@ class Weights(Protocol):
         ...
 
     def vector(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """A 1-D parameter (a norm's weight) by its full name."""
+        """A parameter that is not a linear layer's (a norm's weight, a position table) by its full name."""
+        ...
+
+    def has(self, name: str) -> bool:
+        """Whether the source holds a parameter of this full name (a checkpoint's naming variant)."""
+        ...
+
+    def ignore(self, prefixes: Sequence[str]) -> None:
+        """Tensors under these prefixes are known and not computed (BERT's pooler): not refused as unused."""
         ...
 
     def head(self, precision: Precision) -> tuple[Embedding, FusedLinear]:
@@ -65,6 +73,16 @@ class HFWeights:
 
     def vector(self, name: str, dtype: torch.dtype) -> torch.Tensor:
         return self.model.get_parameter(name).detach().to(dtype)
+
+    def has(self, name: str) -> bool:
+        try:
+            self.model.get_parameter(name)
+        except AttributeError:
+            return False
+        return True
+
+    def ignore(self, prefixes: Sequence[str]) -> None:
+        """A loaded model's load report already said what it skipped (`loader._check_weights`)."""
 
     def head(self, precision: Precision) -> tuple[Embedding, FusedLinear]:
         table = self.model.model.embed_tokens.weight

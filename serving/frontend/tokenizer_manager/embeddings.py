@@ -8,7 +8,8 @@ prefill-only engine request and answers once (`serving.engine.embed_groups`).
 Checks, each a 400 before anything reaches the engine: the server serves embeddings
 (`Ready.pooling`, from `--pooling` or an embedding model), at most `--max-embedding-inputs`
 inputs, none empty, every input within the context window unless `truncate_prompt_tokens`
-(vLLM's field: keep the last k tokens; -1 the context window) truncates it, `dimensions`
+(vLLM's field: keep the last k tokens; -1 the context window) truncates it (an encoder keeps the
+first k-1 and the last, as a BERT tokenizer truncates: [CLS] ... [SEP]), `dimensions`
 within the model's hidden size.  Post-processing (`finish_vectors`): truncation to
 `dimensions` (Matryoshka-style), then L2 normalisation when `normalize` (the model's default:
 its sentence-transformers Normalize module; true with `--pooling` on a generative model).
@@ -80,6 +81,16 @@ class _Text:
         self.prompt = text
 
 
+def truncate(ids: list[int], keep: int, encoder: bool) -> list[int]:
+    """At most `keep` tokens: the last ones (vLLM's rule), or for an encoder its first `keep - 1` and its last
+    token, so a tokenized input stays `[CLS] ... [SEP]` as the tokenizer's own truncation leaves it."""
+    if len(ids) <= keep:
+        return ids
+    if not encoder:
+        return ids[-keep:]
+    return ids[:keep - 1] + ids[-1:] if keep > 1 else ids[:1]
+
+
 async def tokenize(tm: TokenizerManager, obj: EmbedReqInput, ready: Ready) -> list[list[int]]:
     context_len, vocab_size, max_chars = ready.context_len, ready.vocab_size, tm.input_limits(ready).max_chars
     out = []
@@ -100,7 +111,7 @@ async def tokenize(tm: TokenizerManager, obj: EmbedReqInput, ready: Ready) -> li
         if not ids:
             raise bad_request(f"input {i} is empty", param=obj.param, code="empty_prompt")
         if keep is not None:
-            ids = ids[-keep:]
+            ids = truncate(ids, keep, ready.encoder)
         if len(ids) > context_len:
             raise bad_request(f"This model's maximum context length is {context_len} tokens, but input {i} has "
                               f"{len(ids)} tokens; shorten it or set truncate_prompt_tokens", param=obj.param,

@@ -6,6 +6,9 @@ each extend chunk attends on its own, causally, over its prefix's slots plus its
 are grouped (`enable_gqa=True` / in the kernel), so K/V heads are never repeated in memory.
 A sliding window (Mistral) lives in the ForwardBatch: each token's slots and mask reach back
 only as far as the window, so nothing here depends on it.
+
+`bidirectional_attention` is the encoders' (BERT): each input runs whole in one step and
+attends to all of itself, from this step's K/V alone; nothing is read from or written to the pool.
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | N
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None,
                                            enable_gqa=True)
         out[sl] = o[0].transpose(0, 1)
+    return out
+
+
+def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+    """q, k, v [T, heads, d] of whole inputs (the batch's extend chunks, each from position 0); returns
+    [T, heads, d], each input's tokens attending to every token of that input and of no other."""
+    if fb.num_decode or any(int(fb.positions[seg.start]) != 0 for seg in fb.extends):
+        raise ValueError("bidirectional attention runs whole inputs only: no decode tokens, no chunk after the first")
+    out = torch.empty_like(q)
+    for seg in fb.extends:
+        sl = slice(seg.start, seg.start + seg.length)
+        out[sl] = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
+                                                 v[sl].transpose(0, 1)).transpose(0, 1)
     return out
 
 

@@ -1,4 +1,5 @@
-"""The gated MLP (SwiGLU): down(SiLU(gate(x)) * up(x)), with gate and up fused into one matmul."""
+"""The gated MLP (SwiGLU): down(SiLU(gate(x)) * up(x)), with gate and up fused into one matmul;
+and the plain GELU MLP of BERT encoders: down(GELU(up(x)))."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ class GatedMLP:
             return self.down(self.act(gu))
         gate, up = gu.chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
+
+
+@dataclass
+class GeluMLP:
+    up: FusedLinear  # BERT's `intermediate.dense`
+    down: FusedLinear  # BERT's `output.dense`
+    approximate: str = "none"  # "tanh" for hidden_act gelu_new / gelu_pytorch_tanh
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate=self.approximate))

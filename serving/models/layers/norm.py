@@ -1,5 +1,6 @@
 """RMSNorm, in transformers' op order so fp32 results agree with it bit-closely; on the native
-kernel (kernels/norm.cpp) where the linear layers are native, fused with the residual add before it."""
+kernel (kernels/norm.cpp) where the linear layers are native, fused with the residual add before it.
+LayerNorm (with its bias: the BERT encoder's) is torch's own, as transformers computes it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ctypes
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -68,3 +70,15 @@ class RMSNorm:
             return out, y
         h = h + delta
         return h, rms_norm(h, self.weight, self.eps)
+
+
+@dataclass
+class LayerNorm:
+    """A LayerNorm's weight and bias with its epsilon (`nn.LayerNorm`'s computation, `F.layer_norm`)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)

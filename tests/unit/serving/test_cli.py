@@ -59,10 +59,13 @@ def test_models_lists_every_registered_family_and_the_bundled_models(capsys):
     assert main(["models", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [f["family"] for f in out["families"]] == [f.name for f in FAMILIES] == ["llama", "qwen2", "qwen3",
-                                                                                     "mistral"]
-    assert {a for f in out["families"] for a in f["architectures"]} >= {"Qwen3ForCausalLM", "MistralForCausalLM"}
+                                                                                     "mistral", "bert"]
+    assert {a for f in out["families"] for a in f["architectures"]} >= {"Qwen3ForCausalLM", "MistralForCausalLM",
+                                                                         "BertModel"}
     served = [q for q in QUANTIZATIONS if q != "auto"]
-    assert all(f["quantization"] == served and f["prefix_cache"] for f in out["families"])
+    decoders, (bert,) = out["families"][:-1], out["families"][-1:]
+    assert all(f["quantization"] == served and f["prefix_cache"] for f in decoders)
+    assert bert["embeddings_only"] and not bert["prefix_cache"] and "gguf" not in bert["quantization"]
     assert [b["name"] for b in out["bundled"]] == ["smollm2-135m", "tiny-random"]
     assert main(["models"]) == 0
     table = capsys.readouterr().out

@@ -74,8 +74,8 @@ def test_load_model_refuses_an_unsupported_architecture(tmp_path, write):
     write(tmp_path)
     with pytest.raises(ModelLoadError) as err:
         load_model(str(tmp_path))
-    assert str(err.value) == ("unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
-                              "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
+    assert str(err.value) == ("unsupported architecture 'GPT2LMHeadModel'; supported: BertForMaskedLM, BertModel, "
+                              "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
 
 
 def test_models_do_not_import_the_engine():
