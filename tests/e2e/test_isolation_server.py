@@ -21,6 +21,7 @@ from protocol.io_struct import (
     BatchTokenIDOutput,
     DetokParams,
     ReqMeta,
+    TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
     TokenOut,
 )
@@ -34,7 +35,8 @@ N = 300  # long enough that the good streams are still decoding when the culprit
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("isolation"), env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED)})
+    srv = ServerProc("--pooling", "last", tmpdir=tmp_path_factory.mktemp("isolation"),
+                     env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED)})
     yield srv
     srv.stop()
 
@@ -160,6 +162,31 @@ def test_scheduler_survives_malformed_requests(server):
     # each refused rid got an explicit final output; the TM, which never sent them, counts it stale
     wait_for(lambda: stale(server, "tokenizer_manager", "BatchStrOutput") - before == len(bad) + 1)
     wait_for(lambda: (st := server.debug())["scheduler"]["num_running"] == 0 and st["detokenizer"]["active_rids"] == 0)
+    assert_still_serving(server)
+
+
+def test_an_embedding_input_that_fails_ends_its_whole_request_alone(server):
+    """Several inputs of one embeddings request run as several engine requests: one that fails
+    (too long for the context; an id past the vocabulary) ends the whole request with one explicit
+    error, its sibling inputs are dropped with their KV, and the streams beside them go on."""
+    expected = [reference(server, i) for i in range(GOOD)]
+    before = stale(server, "tokenizer_manager", "BatchStrOutput")
+    streams = [Stream(server, prompt(i)) for i in range(GOOD)]
+    for s in streams:
+        assert s.started.wait(60)
+    bad = [TokenizedEmbeddingReqInput(rid="emb-long", inputs=[prompt(1), prompt(2), list(range(1, 5000))],
+                                      pooling="last", meta=ReqMeta()),
+           TokenizedEmbeddingReqInput(rid="emb-vocab", inputs=[prompt(3), [100, 10**9, 300], prompt(4)],
+                                      pooling="last", meta=ReqMeta())]
+    push(server, "scheduler", *bad)
+    for s, ids in zip(streams, expected):
+        assert_finished_normally(s, ids)
+    # one explicit final output per request (the TM, which never sent them, counts each stale)
+    wait_for(lambda: stale(server, "tokenizer_manager", "BatchStrOutput") - before == len(bad))
+    wait_for(lambda: (st := server.debug()["scheduler"])["num_running"] == 0 and st["num_waiting"] == 0
+             and st["kv_used"] == st["prefix_cached_tokens"] and st["kv_reserved"] == 0)
+    ok = server.post("/v1/embeddings", {"input": [prompt(3), prompt(4)], "model": "tiny-random"})
+    assert ok.status_code == 200 and len(ok.json()["data"]) == 2, ok.text
     assert_still_serving(server)
 
 

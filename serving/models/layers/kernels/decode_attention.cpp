@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "team.h"
+#include "vec_math.h"
 
 namespace {
 
@@ -57,8 +58,9 @@ void decode_attention(const float* q, const T* k, const T* v, const int64_t* kv_
       float mx = -INFINITY;
       for (int64_t l = 0; l < len; ++l) mx = sg[l] > mx ? sg[l] : mx;
       float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
       for (int64_t l = 0; l < len; ++l) {
-        sg[l] = std::exp(sg[l] - mx);
+        sg[l] = vmath::exp_f32(sg[l] - mx);
         sum += sg[l];
       }
       const float inv = 1.f / sum;
