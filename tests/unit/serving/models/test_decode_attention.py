@@ -13,9 +13,10 @@ from serving.models.layers.forward_batch import ForwardBatch
 from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 
 
-@pytest.fixture(scope="module")
-def kernel() -> NativeDecode:
-    lib = native.load()
+@pytest.fixture(scope="module", params=["native", "haswell"])
+def kernel(request) -> NativeDecode:
+    """This CPU's build, and the AVX2 build (the vector code path of an AVX2-only machine)."""
+    lib = native.load(march=request.param)
     if lib is None:  # g++ missing or the build failed: the log says why
         message = "the native decode-attention kernel did not build here (is g++ installed?)"
         if os.environ.get("CI") == "true":
@@ -36,7 +37,8 @@ def _batch(lengths: list[int], num_slots: int, gen: torch.Generator) -> ForwardB
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 16)])
+# vector paths (1 to 8 query heads per K/V head, head_dim a multiple of the vector) and the scalar one
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 16), (4, 2, 24), (12, 1, 24)])
 def test_native_matches_sdpa(kernel, dtype, tol, heads, kv_heads, head_dim):
     gen = torch.Generator().manual_seed(heads * 100 + head_dim)
     num_slots = 600
