@@ -77,7 +77,7 @@ FRONTEND_RUN := $(if $(BENCH_QUICK),--repeats 1 --duration 5 --gen-len 16,)
 bench: setup
 	$(PY) -m bench.kernels --json results/bench/kernels.json
 	$(PY) -m bench.engine --modes float32,bfloat16,gguf,q8_0,q4_k,int8 --linear torch,native --json results/bench/engine.json $(ENGINE_RUN)
-	$(PY) -m bench.http --server-arg=--dtype=float32 --json results/bench/http.json $(HTTP_RUN)
+	$(PY) -m bench.http --server-arg=--dtype=float32 --server-arg=--quantization=none --json results/bench/http.json $(HTTP_RUN)
 	@for t in $(BENCH_GGUF); do m=$$($(PY) -m bench.peers --gguf-path $$t | tail -1); \
 	  if [ -f "$$m" ]; then $(PY) -m bench.http --skip-engine --model "$$m" --json results/bench/http-gguf-$$t.json $(HTTP_RUN); \
 	  else echo "bench: no $$t GGUF file here (llama.cpp not built): no sightline row for it"; fi; done

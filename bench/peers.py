@@ -492,9 +492,10 @@ def run_peer(peer: Peer, prompts: dict[int, list[str]], gen_len: int, pp_text: l
 
 def our_run(pair: str) -> tuple[str, list[str]]:
     """(model, flags) of our server in a pair, as make bench's http*.json start it: float32 on the bundled
-    model, a GGUF pair on the very file its llama-server peer serves, in its own types (the default)."""
+    model (its weights expanded: the default would serve the file's own Q4_1), a GGUF pair on the very file
+    its llama-server peer serves, in its own types (the default)."""
     if pair == "float32":
-        return BUNDLED_MODEL, ["--dtype=float32"]
+        return BUNDLED_MODEL, ["--dtype=float32", "--quantization=none"]
     return str(gguf_path(pair.split()[1])), []
 
 

@@ -30,7 +30,7 @@ from tests.server_util import ServerProc, push
 
 FAULT_SEED = 4242
 GOOD = 3
-N = 300  # long enough that the good streams are still decoding when the culprit arrives
+N = 2000  # long enough that the good streams are still decoding when the culprit arrives (context: 2048)
 
 
 @pytest.fixture(scope="module")

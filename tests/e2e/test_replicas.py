@@ -174,6 +174,7 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
         assert all("instance" not in a["labels"] for a in burn), burn
         prom.wait_for("Prometheus counts every 504", lambda: prom_total(
             f'sum(sightline_requests_total{{{JOB}, status="504"}})') == TIMEOUTS, 20)  # the alert may fire on fewer
+        time.sleep(2)  # an evaluation with the alerts firing inside [start, end]: the query range's last point
         end = time.time()
         time.sleep(2)  # a scrape and an evaluation past `end`
         missing, evaluated = queries_without_data(prom, start, end)

@@ -70,7 +70,7 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
     answers: dict = {}  # a long prompt that cannot fit beside them waits for KV until they end; one more behind it
     big = threading.Thread(target=lambda: answers.setdefault("big", generate(server, BIG, 2)), daemon=True)
     big.start()
-    time.sleep(0.3)  # it reaches the Scheduler first
+    wait_until(lambda: server.debug()["scheduler"]["num_waiting"] >= 1, 30, "the long prompt waiting for KV")
     behind = generate(server, [9000, 1, 2, 3], 4)
     big.join(300)
     for s in streams:

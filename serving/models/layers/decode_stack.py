@@ -13,7 +13,7 @@ every token decodes (`runs`).
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -24,7 +24,6 @@ from serving.models.layers.linear import FusedLinear
 
 if TYPE_CHECKING:
     from serving.models.layers.rope import RotaryTables
-    from serving.models.llama import LlamaLayer
 
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
@@ -60,9 +59,12 @@ def _lin(lin: FusedLinear) -> _Lin | None:
 
 
 class DecodeStack:
-    """The layers' weights as the kernel reads them; K/V pools are bound on the first call with them."""
+    """The layers' weights as the kernel reads them; K/V pools are bound on the first call with them.
 
-    def __init__(self, lib: ctypes.CDLL, layers: Sequence["LlamaLayer"], rows: list[_Layer], hidden: int,
+    `layers` are the Llama-shaped decoder's (`serving.models.llama.LlamaLayer`: attn_norm, attn, mlp_norm,
+    mlp), taken by shape so that this module does not import the model it serves."""
+
+    def __init__(self, lib: ctypes.CDLL, layers: Sequence[Any], rows: list[_Layer], hidden: int,
                  eps: float) -> None:
         self._fn = lib.decode_stack_f32
         self._fn.argtypes = [_PTR, _PTR, _I64] + [_PTR] * 6 + [_I64, ctypes.c_float]
@@ -74,7 +76,7 @@ class DecodeStack:
         self._pools: int | None = None  # data_ptr of the K pool bound into `_rows`
 
     @classmethod
-    def build(cls, lib: ctypes.CDLL, layers: Sequence["LlamaLayer"], rotary: "RotaryTables", hidden: int
+    def build(cls, lib: ctypes.CDLL, layers: Sequence[Any], rotary: "RotaryTables", hidden: int
               ) -> "DecodeStack | None":
         """The stack, or None where a layer has a part the kernel does not run."""
         if rotary.cos.dtype != torch.float32 or not (rotary.cos.is_contiguous() and rotary.sin.is_contiguous()):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from dataclasses import dataclass
 
-from serving.models.layers.mlp import NativeSiluMul
+from serving.models.layers.activation import NativeSiluMul
 from serving.models.layers.native_linear import NativeLinear
 from serving.models.layers.norm import NativeNorm
 from serving.models.layers.rope import NativeRope

@@ -14,7 +14,7 @@ from serving.engine.batch import Work
 from serving.engine.loader import load_model
 from serving.engine.model_runner import ModelRunner
 from serving.models.layers import native
-from serving.models.layers.mlp import NativeSiluMul
+from serving.models.layers.activation import NativeSiluMul
 from tests.family_models import FAMILIES, build
 
 TEXTS = ["The quick brown fox jumps over the lazy dog while the farmer watches from the hill.",
