@@ -9,7 +9,6 @@ been evicted), a new one as `never_seen` — in its prefill span and the counter
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
