@@ -146,3 +146,12 @@ def samples(text: str) -> list:
 
 def value(text: str, name: str, **labels) -> float:
     return sum(s.value for s in samples(text) if s.name == name and labels.items() <= s.labels.items())
+
+
+def span_names(srv: ServerProc, rid: str, inputs: int) -> list[str]:
+    """The names of an embeddings request's spans once those of all three processes arrived (one prefill per input)."""
+    def spans():
+        entry = httpx.get(f"{srv.url}/debug/requests/{rid}", timeout=10).json()
+        names = [s["name"] for s in entry.get("spans", [])]
+        return names if "receive detokenizer" in names and names.count("prefill") >= inputs else None
+    return wait_until(spans, 10, "the embeddings request's spans from the three processes")

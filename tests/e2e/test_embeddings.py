@@ -23,7 +23,7 @@ import torch
 
 from telemetry.request_record import read_records
 from tests import family_models
-from tests.server_util import ServerProc, wait_until
+from tests.server_util import ServerProc, span_names, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,12 +134,7 @@ def test_embedding_model_matches_sentence_transformers_and_refuses_generation(st
 def test_spans_in_every_process_and_the_flight_record(st_server):
     r = st_server.post("/v1/embeddings", {"input": [[5, 6, 7], [8, 9]], "dimensions": 8})
     rid = r.headers["x-request-id"]
-
-    def spans():
-        entry = httpx.get(f"{st_server.url}/debug/requests/{rid}", timeout=10).json()
-        names = [s["name"] for s in entry.get("spans", [])]
-        return names if "receive detokenizer" in names and names.count("prefill") >= 2 else None
-    names = wait_until(spans, 10, "the embeddings request's spans from the three processes")
+    names = span_names(st_server, rid, inputs=2)
     assert {"POST /v1/embeddings", "tokenize", "receive scheduler", "receive detokenizer"} <= set(names)
     assert names.count("queue") == 2  # one per input
     record = wait_until(lambda: [x for x in read_records(st_server.dump) if x.rid == rid], 10, "the record")[0]

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoTokenizer, BertModel
 
 from tests import encoder_models
-from tests.server_util import ServerProc, scrape, value, wait_until
+from tests.server_util import ServerProc, scrape, span_names, value, wait_until
 
 LATENCY = "sightline_embedding_request_latency_seconds_count"
 TEXTS = ["The sea is calm tonight.", "Copper conducts electricity well because its electrons move freely."]
@@ -95,11 +95,5 @@ def test_over_long_inputs_are_refused_unless_truncated(server, reference):
 
 def test_spans_of_each_input(server):
     r = server.post("/v1/embeddings", {"input": [[2, 7, 9, 3], [2, 8, 3]]})
-    rid = r.headers["x-request-id"]
-
-    def spans():
-        entry = httpx.get(f"{server.url}/debug/requests/{rid}", timeout=10).json()
-        names = [s["name"] for s in entry.get("spans", [])]
-        return names if "receive detokenizer" in names and names.count("prefill") >= 2 else None
-    names = wait_until(spans, 10, "the embeddings request's spans from the three processes")
+    names = span_names(server, r.headers["x-request-id"], inputs=2)
     assert {"POST /v1/embeddings", "tokenize", "receive scheduler"} <= set(names) and names.count("queue") == 2
