@@ -73,33 +73,14 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
             apply_penalties(logits[i], rows[i])
     out = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-    vocab = logits.shape[-1]
-    plain = [i for i in random_rows if _unfiltered(rows[i].params, vocab)]
-    filtered = [i for i in random_rows if not _unfiltered(rows[i].params, vocab)]
-    if plain:  # the whole softmax: no sort needed, the CDF in vocabulary order draws the same distribution
-        idx = torch.tensor(plain, dtype=torch.int64)
-        sub = [rows[i] for i in plain]
-        temps = torch.tensor([r.params.temperature for r in sub], dtype=logits.dtype)[:, None]
-        cdf = torch.softmax(logits[idx] / temps, dim=-1).cumsum(-1)
-        out[idx] = _draw(cdf, sub).squeeze(1)
-    if filtered:
-        idx = torch.tensor(filtered, dtype=torch.int64)
-        sub = [rows[i] for i in filtered]
+    if random_rows:
+        idx = torch.tensor(random_rows, dtype=torch.int64)
+        sub = [rows[i] for i in random_rows]
         sorted_ids, probs = _filtered_probs(logits[idx], sub)
-        out[idx] = sorted_ids.gather(1, _draw(probs.cumsum(-1), sub)).squeeze(1)
+        cdf = probs.cumsum(-1)
+        # One uniform per row from the request's own generator: batch mates cannot
+        # shift each other's random streams.
+        u = torch.cat([torch.rand(1, generator=r.generator, dtype=torch.float64) for r in sub]).to(cdf.dtype)
+        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[-1] - 1)
+        out[idx] = sorted_ids.gather(1, pick).squeeze(1)
     return out.tolist()
-
-
-def _unfiltered(p: SamplingParams, vocab: int) -> bool:
-    """No top-k, top-p or min-p cut: every token keeps its softmax probability."""
-    return (p.top_k <= 0 or p.top_k >= vocab) and p.top_p >= 1.0 and p.min_p <= 0.0
-
-
-def _draw(cdf: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """[R, 1] column of `cdf` (unnormalised, per row) each row's uniform lands in.
-
-    One uniform per row from the request's own generator: batch mates cannot shift each other's
-    random streams.  `right`: a token of probability 0 (a flat step of the CDF) is never picked.
-    """
-    u = torch.cat([torch.rand(1, generator=r.generator, dtype=torch.float64) for r in rows]).to(cdf.dtype)
-    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)

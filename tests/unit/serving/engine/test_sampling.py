@@ -59,17 +59,6 @@ def test_frequency_and_presence_penalty_definition():
     assert logits.tolist() == [0.0, -2.5, -1.5, 0.0, 0.0]  # prompt tokens are not frequency-penalised
 
 
-@pytest.mark.parametrize("cut", [{}, {"top_p": 0.999999}], ids=["whole-softmax", "sorted-cdf"])
-def test_draws_follow_the_softmax_and_never_a_zero_probability_token(cut):
-    """Both draws (the whole softmax in vocabulary order, and the sorted CDF any cut needs) sample the
-    distribution: frequencies over 20,000 seeded rows within 0.015 of it; a masked token is never drawn."""
-    want = torch.tensor([0.05, 0.5, 0.0, 0.3, 0.15])
-    logits = torch.log(want)[None].expand(20_000, 5).contiguous()  # log 0 = -inf: masked
-    rows = [Row(SamplingParams(temperature=1.0, **cut), seed=s) for s in range(20_000)]
-    got = torch.bincount(torch.tensor(sample(logits, rows)), minlength=5).float() / 20_000
-    assert got[2] == 0 and (got - want).abs().max() < 0.015, got
-
-
 def test_filters_top_k_top_p_min_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     def support(**kw):
