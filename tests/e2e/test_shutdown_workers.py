@@ -21,7 +21,9 @@ GRACE = 1.0  # short: the native kernels stream tiny-random fast, and the long s
 EXIT_MARGIN = 15.0  # past the grace: HTTP close, workers' exit, the engine's stop, on a busy 2-core machine
 SHORT = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 LONG = {"max_new_tokens": 1900, "temperature": 0, "ignore_eos": True}
-SETUPS = {"workers_and_ranks": ("--tokenizer-worker-num", "2", "--dp-size", "2"), "behind_haproxy": ()}
+# --enforce-eager: decode layer by layer, so that the long streams on tiny-random outlast the grace
+SETUPS = {"workers_and_ranks": ("--tokenizer-worker-num", "2", "--dp-size", "2", "--enforce-eager"),
+          "behind_haproxy": ()}
 
 
 @contextlib.contextmanager
