@@ -1,4 +1,5 @@
-"""Why a request waited and why a stream stalled, on one real tiny-random server: a long prefill beside two
+"""Why a request waited and why a stream stalled, on one real server of a seeded small Llama (its context
+is long enough for a prefill that dwarfs any decode step's noise): a long prefill beside two
 streams is their decode gap and is named as the culprit (span event, counter moved by exactly those gaps);
 a request held back by the running limit and a pause says so, its reasons summing to its queue time; and
 GET /debug/timeline is Chrome Trace Event JSON whose steps lead to those requests' trace ids."""
@@ -11,18 +12,19 @@ import httpx
 import pytest
 
 from serving.engine.decode_gaps import MAX_GAPS
+from tests import family_models
 from tests.e2e.test_debug_ui import Rows, chromium, headless
 from tests.server_util import ServerProc, samples, scrape, sse_events, wait_until
 
-LONG_PROMPT = 2000  # tokens: one prefill chunk, over 10 decode steps' time
+LONG_PROMPT = 4000  # tokens: one prefill chunk, tens of decode steps' time
 SEEN: dict[str, str] = {}  # what the first test made, for the inspector's
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-running-requests", "3", "--max-prefill-tokens", "2048", "--max-step-tokens", "2048",
+    srv = ServerProc("--max-running-requests", "3", "--max-prefill-tokens", "4096", "--max-step-tokens", "4096",
                      "--decode-gap-factor", "3", "--decode-gap-floor", "0.005", "--heartbeat-interval", "0.2",
-                     tmpdir=tmp_path_factory.mktemp("why"))
+                     model=str(family_models.build("llama")), tmpdir=tmp_path_factory.mktemp("why"))
     yield srv
     srv.stop()
 
@@ -63,7 +65,7 @@ def generate(srv: ServerProc, ids: list[int], n: int) -> httpx.Response:
 
 
 def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
-    streams = [Stream(server, [5 + i, 6, 7, 8], 1500) for i in range(2)]  # still decoding when it comes
+    streams = [Stream(server, [5 + i, 6, 7, 8], 800) for i in range(2)]  # still decoding when it comes
     wait_until(lambda: all(len(s.events) >= 20 for s in streams), 120, "two streams under way")
     before = counter(server, "sightline_decode_gaps_total", cause="prefill")
     r = generate(server, [3 + j % 900 for j in range(LONG_PROMPT)], 2)
@@ -123,7 +125,7 @@ def test_held_back_by_the_running_limit_and_a_pause(server):
     def reasons_count(reason):
         return counter(server, "sightline_request_wait_seconds_count", reason=reason)
     paused_before = reasons_count("paused")
-    streams = [Stream(server, [9 + i, 6, 7], 1500) for i in range(3)]  # the running limit
+    streams = [Stream(server, [9 + i, 6, 7], 600) for i in range(3)]  # the running limit
     wait_until(lambda: all(len(s.events) >= 5 for s in streams), 120, "three streams under way")
     done: dict = {}
     waiter = threading.Thread(target=lambda: done.setdefault("r", generate(server, [4, 5, 6], 4)), daemon=True)
