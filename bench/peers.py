@@ -99,6 +99,9 @@ class Peer:
     health_path: str
     home: Path = PEERS_DIR  # its logs and working directory
     log_name: str = "server.log"
+    # flags for a second start when the first dies of a signal on startup (llama-server's weight
+    # repacking segfaults at load on a 2-core Sapphire Rapids VM: it retries with --no-repack)
+    retry_args: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- virtualenvs (transformers, the GGUF converter)
@@ -363,6 +366,7 @@ def make_peers() -> list[Peer]:
             health_path="/health",  # 503 while the model loads, 200 once it serves
             home=LLAMA_DIR,
             log_name=f"server-{t}.log",
+            retry_args=("--no-repack",),
         ))
     return peers
 
@@ -377,9 +381,20 @@ class PeerServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = peer.command(prepared, self.port, seq_tokens)
-        peer.home.mkdir(parents=True, exist_ok=True)
         self.log_path = peer.home / peer.log_name
+        peer.home.mkdir(parents=True, exist_ok=True)
+        argv = peer.command(prepared, self.port, seq_tokens)
+        try:
+            self._start(peer, argv, startup_s)
+        except Skip:
+            if not peer.retry_args or self.died_of is None or self.died_of >= 0:
+                raise
+            print(f"{peer.name}: its server died of signal {-self.died_of} on startup; "
+                  f"starting it again with {' '.join(peer.retry_args)}", flush=True)
+            self._start(peer, argv + list(peer.retry_args), startup_s)
+
+    def _start(self, peer: Peer, argv: list[str], startup_s: float) -> None:
+        self.argv, self.died_of = argv, None  # died_of: its exit status, when it ended on its own
         self._log = open(self.log_path, "wb")
         # No LLAMA_ARG_* from our environment: llama-server reads its flags from them too (--host among them).
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
@@ -389,6 +404,7 @@ class PeerServer:
         deadline = time.monotonic() + startup_s
         while True:
             if self.proc.poll() is not None:
+                self.died_of = self.proc.returncode
                 self.stop()
                 raise Skip(f"its server exited with {self.proc.returncode} on startup "
                            f"(log: {_rel(self.log_path)}): {_last_line(self.log_path)}")

@@ -169,3 +169,35 @@ def test_the_table_works_with_files_missing():
     lines = render(None, [], only_peer).splitlines()
     assert "| GGUF Q8_0 | 1 | llama-server | GGUF Q8_0 | 50.0 | – | 10 | 5.0 | 5.0 |" in lines
     assert "GGUF Q8_0: no sightline HTTP run of this precision among the http*.json files" in lines
+
+
+_CRASHY_SERVER = """
+import http.server, os, signal, sys
+if "--no-repack" not in sys.argv:
+    os.kill(os.getpid(), signal.SIGSEGV)  # what llama-server's weight repacking does on some CPUs
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_peer_that_dies_of_a_signal_on_startup_is_started_again_with_its_retry_flags(tmp_path):
+    import sys
+
+    script = tmp_path / "server.py"
+    script.write_text(_CRASHY_SERVER)
+    peer = peers_mod.Peer(name="crashy", label="crashy", precision="x", pair="x", requirement="",
+                          prepare=lambda: (tmp_path, None),
+                          command=lambda _p, port, _s: [sys.executable, str(script), str(port)],
+                          ignore_eos=lambda n: {}, health_path="/health", home=tmp_path,
+                          retry_args=("--no-repack",))
+    server = peers_mod.PeerServer(peer, tmp_path, 128, startup_s=30)
+    try:
+        assert server.argv[-1] == "--no-repack"  # what the result's `command` records
+        assert peers_mod.httpx.get(server.url + "/health").status_code == 200
+    finally:
+        server.stop()
+    no_retry = peers_mod.Peer(**{**peer.__dict__, "retry_args": ()})
+    with pytest.raises(peers_mod.Skip, match="exited with -11"):
+        peers_mod.PeerServer(no_retry, tmp_path, 128, startup_s=30)

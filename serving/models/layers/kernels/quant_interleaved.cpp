@@ -94,6 +94,18 @@ void decode(int type, const uint8_t* row, int64_t c, Block& o) {
 
 uint16_t half(float f) { return _cvtss_sh(f, 0); }
 
+// Software prefetch PREFETCH_BYTES ahead of the block being read.  A decode step streams every
+// weight once from memory; on the 2-core Sapphire Rapids VM the hardware prefetchers alone left one
+// thread at ~6 GB/s; with it and the coarser chunks of quant_linear.cpp a whole step's linears
+// (Q4_1 layers, Q8_0 lm_head, M = 1, every weight streamed) took 6.2 ms instead of 10.0 (the chunks
+// alone: 7.6).  Groups are contiguous, so it runs on into the next group; 2 KB did as well as 4 KB.
+constexpr int64_t PREFETCH_BYTES = 4096;
+template <int L>
+inline void prefetch_ahead(const uint8_t* w) {
+  for (int64_t o = 0; o < block_bytes(L); o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(w + PREFETCH_BYTES + o), _MM_HINT_T0);
+}
+
 #if IL_512
 template <int L, int R>
 void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, float* y, int64_t ldy, int cols) {
@@ -101,6 +113,7 @@ void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, floa
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < blocks; ++b, w += block_bytes(L)) {
+    prefetch_ahead<L>(w);
     __m512i wv[8];
     if constexpr (!byte_values(L)) {
       for (int k = 0; k < 4; ++k) {
@@ -176,6 +189,7 @@ void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, floa
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     const uint8_t* wb = w;
     for (int64_t b = 0; b < blocks; ++b, wb += block_bytes(L)) {
+      if (h == 0) prefetch_ahead<L>(wb);
       const uint8_t* sc = wb + wbytes(L);
       const __m256 d = fp32_scales(L) ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc) + 8 * h)
                                 : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * h)));
