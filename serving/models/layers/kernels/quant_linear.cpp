@@ -7,8 +7,9 @@
 // outputs side by side in y: x is quantized once.  A register tile is R rows of x by C rows of W: C
 // weight blocks are decoded once and each is dotted with R activation blocks, so at M = 1 the weight
 // is read once (C independent rows keep the pipelines busy) and for batches each decoded block
-// serves R rows.  Threads: the kernels' team (team.h), a chunk per group of C output rows and block
-// of rows of x (as many rows as fit in X_BLOCK_BYTES, reused by every group from cache).
+// serves R rows.  Threads: the kernels' team (team.h), a chunk per span of consecutive groups of
+// output rows and block of rows of x (as many rows as fit in X_BLOCK_BYTES, reused by every group
+// from cache).
 #include <vector>
 
 #include "quant_interleaved.h"
