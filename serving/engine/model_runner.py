@@ -37,8 +37,10 @@ class ModelRunner:
         torch.set_num_threads(args.threads)
         lib = native.load(args.cache_dir_path)
         if lib is not None:  # before any kernel runs: the team's size and spin are fixed at its start
-            team = native.start_team(lib, torch.get_num_threads(), TEAM_SPIN_US[args.thread_wait_policy])
-            log.info("native kernels: %d threads, idle workers spin %d µs", team, TEAM_SPIN_US[args.thread_wait_policy])
+            spin = TEAM_SPIN_US[args.thread_wait_policy]
+            team = native.start_team(lib, torch.get_num_threads(), spin, args.kernel_worker_nice)
+            log.info("native kernels: %d threads, idle workers spin %d µs at nice %d", team, spin,
+                     args.kernel_worker_nice)
         fam = family_of(loaded.hf_model.config)
         self.encoder = fam.encoder  # bidirectional: whole inputs per step, embeddings only, no K/V kept
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config), loaded.gguf is not None)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from serving.models.layers import huge_pages
+
 PAD_SLOT = 0  # a zeroed slot never handed out: padded attention reads land here
 
 
@@ -24,5 +26,7 @@ class KVCache:
               dtype: torch.dtype = torch.float32) -> "KVCache":
         """`num_slots` usable slots plus PAD_SLOT."""
         shape = (num_slots + 1, num_kv_heads, head_dim)
-        return cls([torch.zeros(shape, dtype=dtype) for _ in range(num_layers)],
-                   [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)])
+        # one buffer on huge pages (a decode step reads slots all over it), so the 2 MiB rounding
+        # is paid once, not per layer
+        pools = huge_pages.empty((2, num_layers, *shape), dtype).zero_()
+        return cls(list(pools[0].unbind(0)), list(pools[1].unbind(0)))

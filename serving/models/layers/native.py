@@ -101,9 +101,10 @@ def load(cache_dir: Path | None = None, march: str | None = None) -> ctypes.CDLL
         return None
 
 
-def start_team(lib: ctypes.CDLL, threads: int, spin_us: int) -> int:
-    """Size the kernels' thread team and how long its idle workers spin before sleeping; only the
-    first call, before any kernel runs, has an effect.  Returns the team's threads, caller included."""
+def start_team(lib: ctypes.CDLL, threads: int, spin_us: int, worker_nice: int = 0) -> int:
+    """Size the kernels' thread team, how long its idle workers spin before sleeping and their nice
+    (the calling thread keeps its own); only the first call, before any kernel runs, has an effect.
+    Returns the team's threads, caller included."""
     fn = lib.kernels_team_start
-    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int64], ctypes.c_int
-    return int(fn(threads, spin_us))
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int64, ctypes.c_int], ctypes.c_int
+    return int(fn(threads, spin_us, worker_nice))

@@ -2,7 +2,8 @@
 
 The weight is repacked once, at load, into the kernel's panel layout ([N/P][K][P], zero
 padded; P = the kernel's panel width, 32 columns with AVX-512 or AVX2 alike), and the
-bias padded to whole panels; the unpacked weight is then no longer needed by the layer.
+bias padded to whole panels; the unpacked weight is then no longer needed by the layer.  Packed
+weights lie on huge pages (huge_pages.py), as the kernel streams them.
 The kernel runs every M (a decode batch, a prefill chunk) in one call on the kernels' thread
 team (native.py).  `--linear-backend auto` takes it for float32 whenever it builds here (g++, AVX2
 and FMA at least); `bench.kernels` measures it against torch per shape.
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from serving.models.layers import native
+from serving.models.layers import huge_pages, native
 
 BACKENDS = ("auto", "native", "torch")
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -38,7 +39,8 @@ class NativeLinear:
         padded = -(-n // self.panel) * self.panel
         w = torch.zeros(padded, k, dtype=torch.float32)
         w[:n] = weight.detach().float()
-        return w.view(padded // self.panel, self.panel, k).transpose(1, 2).contiguous()
+        out = huge_pages.WEIGHTS.tensor((padded // self.panel, k, self.panel), torch.float32)
+        return out.copy_(w.view(padded // self.panel, self.panel, k).transpose(1, 2))
 
     def pad_bias(self, bias: torch.Tensor | None, n: int) -> torch.Tensor | None:
         if bias is None:

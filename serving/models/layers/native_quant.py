@@ -22,7 +22,7 @@ from typing import Sequence
 import gguf
 import torch
 
-from serving.models.layers import native
+from serving.models.layers import huge_pages, native
 
 _PTR, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 MAX_PARTS = 8
@@ -92,7 +92,7 @@ class QuantKernel:
         layout = self._il_layout(int(w.qtype))
         if layout < 0:
             return None
-        out = torch.empty(self._il_bytes(int(w.qtype), w.rows, w.cols), dtype=torch.uint8)
+        out = huge_pages.WEIGHTS.bytes(self._il_bytes(int(w.qtype), w.rows, w.cols))  # streamed every step
         self._il_pack(int(w.qtype), w.data.data_ptr(), w.rows, w.cols, w.data.shape[1], out.data_ptr())
         return PackedWeight(w.qtype, layout, out, w.rows, w.cols)
 

@@ -182,52 +182,92 @@ inline __m256i half_vector(const uint8_t* w, int j, int h) {
   return u;
 }
 
+// Without VNNI, vpmaddubsw's int16 pair sums of SUMS16 consecutive steps j are added in int16
+// before one vpmaddwd widens them: a pair sum is at most 2 · umax · 127 (3810 for 4-bit values,
+// 7874 for 5-bit, 16002 for S6's 6-bit, 32512 for S8's |w| <= 128), so 8, 4, 2 and 1 of them fit
+// in 32767.  That takes a vpmaddwd and an add off most steps of the 4- and 5-bit layouts.
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+constexpr bool VNNI = true;
+#else
+constexpr bool VNNI = false;
+#endif
+template <int L>
+constexpr int sums16() {
+  return L == S8 ? 1 : L == S6 ? 2 : five_bits(L) ? 4 : 8;
+}
+
+// Rows of x r < R against both 8-row halves of a group at once when R <= 2 (each broadcast of x
+// serves 16 rows of W), one half at a time for taller tiles (the registers would not hold both).
 template <int L, int R>
 void tile(const q::XBlock* x, int64_t xs, const uint8_t* w, int64_t blocks, float* y, int64_t ldy, int cols) {
-  for (int h = 0; h < 2 && 8 * h < cols; ++h) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  constexpr int HT = R <= 2 ? 2 : 1;  // halves per pass
+  constexpr int PARTS = L == S6 ? 2 : 1;  // S6 sums each 16-value half apart (a scale per half)
+  constexpr int STEPS = 8 / PARTS, G16 = sums16<L>();
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int h0 = 0; h0 < 2 && 8 * h0 < cols; h0 += HT) {
+    __m256 acc[R][HT];
+    for (int r = 0; r < R; ++r)
+      for (int hh = 0; hh < HT; ++hh) acc[r][hh] = _mm256_setzero_ps();
     const uint8_t* wb = w;
     for (int64_t b = 0; b < blocks; ++b, wb += block_bytes(L)) {
-      if (h == 0) prefetch_ahead<L>(wb);
-      const uint8_t* sc = wb + wbytes(L);
-      const __m256 d = fp32_scales(L) ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc) + 8 * h)
-                                : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * h)));
-      const __m256 m = fp32_scales(L) ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc + 64) + 8 * h)
-                       : L != S8 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32 + 16 * h)))
-                                 : _mm256_setzero_ps();
-      // S6 sums each 16-value half apart (a scale per half, -32 sum(x) of it); the others all 32 at once
-      constexpr int PARTS = L == S6 ? 2 : 1;
+      if (h0 == 0) prefetch_ahead<L>(wb);
       for (int part = 0; part < PARTS; ++part) {
-      __m256i ai[R];
-      for (int r = 0; r < R; ++r) {
-        const q::XBlock& xb = x[r * xs + b];
-        ai[r] = L != S6 ? _mm256_setzero_si256()
-                        : _mm256_set1_epi32(-32 * (part == 0 ? xb.sum_lo : xb.sum - xb.sum_lo));
-      }
-      for (int j = 8 / PARTS * part; j < 8 / PARTS * (part + 1); ++j) {
-        __m256i u = half_vector<L>(wb, j, h), sgn = u;
-        if constexpr (L == S8) sgn = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80))),
-                               u = _mm256_abs_epi8(sgn);
+        __m256i ai[R][HT], s16[R][HT];
         for (int r = 0; r < R; ++r) {
-          int32_t xj;
-          std::memcpy(&xj, x[r * xs + b].q + 4 * j, 4);
-          __m256i xv = _mm256_set1_epi32(xj);
-          if constexpr (L == S8) xv = _mm256_sign_epi8(xv, sgn);
-          ai[r] = _mm256_add_epi32(ai[r], q::dot_u8s8(u, xv));
+          const q::XBlock& xb = x[r * xs + b];
+          for (int hh = 0; hh < HT; ++hh)
+            ai[r][hh] = L != S6 ? _mm256_setzero_si256()
+                                : _mm256_set1_epi32(-32 * (part == 0 ? xb.sum_lo : xb.sum - xb.sum_lo));
+        }
+#pragma GCC unroll 8
+        for (int j = STEPS * part; j < STEPS * (part + 1); ++j) {  // unrolled: k below is then a constant
+          __m256i u[HT], sgn[HT];
+          for (int hh = 0; hh < HT; ++hh) {
+            u[hh] = sgn[hh] = half_vector<L>(wb, j, h0 + hh);
+            if constexpr (L == S8) sgn[hh] = _mm256_xor_si256(u[hh], _mm256_set1_epi8(static_cast<char>(0x80))),
+                                   u[hh] = _mm256_abs_epi8(sgn[hh]);
+          }
+          for (int r = 0; r < R; ++r) {
+            int32_t xj;
+            std::memcpy(&xj, x[r * xs + b].q + 4 * j, 4);
+            const __m256i xb = _mm256_set1_epi32(xj);
+            for (int hh = 0; hh < HT; ++hh) {
+              const __m256i xv = L == S8 ? _mm256_sign_epi8(xb, sgn[hh]) : xb;
+              if constexpr (VNNI) {
+                ai[r][hh] = _mm256_add_epi32(ai[r][hh], q::dot_u8s8(u[hh], xv));
+                continue;
+              }
+              const __m256i pairs = _mm256_maddubs_epi16(u[hh], xv);
+              const int k = (j - STEPS * part) % G16;
+              s16[r][hh] = k == 0 ? pairs : _mm256_add_epi16(s16[r][hh], pairs);
+              if (k == G16 - 1) ai[r][hh] = _mm256_add_epi32(ai[r][hh], _mm256_madd_epi16(s16[r][hh], ones));
+            }
+          }
+        }
+        const uint8_t* sc = wb + wbytes(L);
+        for (int hh = 0; hh < HT; ++hh) {
+          const int h = h0 + hh;
+          const __m256 d = fp32_scales(L) ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc) + 8 * h)
+                                   : _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 16 * h)));
+          const __m256 m = fp32_scales(L) ? _mm256_loadu_ps(reinterpret_cast<const float*>(sc + 64) + 8 * h)
+                           : L != S8 ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc + 32 + 16 * h)))
+                                     : _mm256_setzero_ps();
+          const __m256 scale = L == S6 && part == 1 ? m : d;
+          for (int r = 0; r < R; ++r) {
+            const q::XBlock& xb = x[r * xs + b];
+            acc[r][hh] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r][hh]), _mm256_mul_ps(scale, _mm256_set1_ps(xb.d)),
+                                         acc[r][hh]);
+            if constexpr (!byte_values(L)) acc[r][hh] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb.s), acc[r][hh]);
+          }
         }
       }
-      for (int r = 0; r < R; ++r) {
-        const q::XBlock& xb = x[r * xs + b];
-        const __m256 scale = L == S6 && part == 1 ? m : d;
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r]), _mm256_mul_ps(scale, _mm256_set1_ps(xb.d)), acc[r]);
-        if constexpr (!byte_values(L)) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb.s), acc[r]);
-      }
-      }
     }
-    const int n = cols - 8 * h >= 8 ? 8 : cols - 8 * h;
-    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int r = 0; r < R; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, keep, acc[r]);
+    for (int hh = 0; hh < HT; ++hh) {
+      const int n = cols - 8 * (h0 + hh) >= 8 ? 8 : cols - 8 * (h0 + hh);
+      if (n <= 0) break;
+      const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      for (int r = 0; r < R; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * (h0 + hh), keep, acc[r][hh]);
+    }
   }
 }
 #endif

@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <sys/resource.h>
 
 #include <atomic>
 #include <chrono>
@@ -53,6 +54,7 @@ struct Team {
   std::mutex caller;  // one job at a time; a second caller (another thread, a nested kernel) runs inline
   uint32_t job = 0;
   int64_t spin_us = 1000;
+  int worker_nice = 0;
   std::vector<std::thread> workers;
 
   // Claim and run chunks of the job `w` names until none is left; returns how many this thread ran.
@@ -71,6 +73,10 @@ struct Team {
   }
 
   void worker_loop() {
+    // A positive nice makes a core's other work (the Detokenizer, the HTTP front end waking for a
+    // token) preempt this worker rather than the caller: a worker's lost time costs only the chunks
+    // the caller then takes, the caller's stalls the whole step.
+    if (worker_nice != 0) setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), worker_nice);
     uint32_t seen_job = job_of(word.load(std::memory_order_acquire));
     for (;;) {
       uint32_t gen = generation.load(std::memory_order_acquire);
@@ -120,10 +126,11 @@ struct Team {
   }
 };
 
-Team* the_team(int threads = 0, int64_t spin_us = -1) {
+Team* the_team(int threads = 0, int64_t spin_us = -1, int worker_nice = 0) {
   static Team* team = [&] {
     auto* t = new Team;  // never freed: detached workers use it until the process exits
     if (spin_us >= 0) t->spin_us = spin_us;
+    t->worker_nice = worker_nice;
     t->start(threads > 0 ? threads : omp_get_max_threads());
     return t;
   }();
@@ -171,11 +178,12 @@ Hold::~Hold() { the_team()->holds.fetch_sub(1, std::memory_order_seq_cst); }
 
 extern "C" {
 
-// Start the team with `threads` threads in all (the caller included) and workers that spin
-// `spin_us` microseconds before sleeping.  Only the first call (or first kernel) has an effect;
-// without a call the team has omp_get_max_threads() threads (torch's) and spins 1000 µs.
-int kernels_team_start(int threads, int64_t spin_us) {
-  return static_cast<int>(the_team(threads, spin_us)->workers.size()) + 1;
+// Start the team with `threads` threads in all (the caller included), workers that spin
+// `spin_us` microseconds before sleeping and run at nice `worker_nice` (the caller's thread keeps
+// its own).  Only the first call (or first kernel) has an effect; without a call the team has
+// omp_get_max_threads() threads (torch's), spins 1000 µs and keeps the process's nice.
+int kernels_team_start(int threads, int64_t spin_us, int worker_nice) {
+  return static_cast<int>(the_team(threads, spin_us, worker_nice)->workers.size()) + 1;
 }
 
 // For the tests: chunk i adds one to counts[i] (each must end at exactly one), records in

@@ -73,7 +73,10 @@ def test_each_quantized_mode_serves_in_float32_and_keeps_clear_argmaxes(tiny, mo
 def test_smollm_q8_0_within_one_percent_perplexity(smollm):
     reports = {r.mode: r for r in compare(smollm, [MODES["q8_0"], MODES["gguf"]], prompts=PROMPTS[::5])}
     assert abs(reports["q8_0"].perplexity_change) <= 0.01, reports["q8_0"]
-    assert abs(reports["gguf"].perplexity_change) <= 0.01, reports["gguf"]  # the file's Q4_1 against its expansion
+    # the file's Q4_1 against its expansion: only the int8 activations differ, and their rounding
+    # moves a 201-token passage's perplexity by about 1 % either way (AVX2 builds: -1.05 %, AVX-512
+    # VNNI builds: +0.28 %); worse by more than 1 % fails, and so does a shift too large for noise
+    assert -0.02 <= reports["gguf"].perplexity_change <= 0.01, reports["gguf"]
 
 
 def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):

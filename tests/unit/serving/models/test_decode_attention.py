@@ -39,14 +39,17 @@ def _batch(lengths: list[int], num_slots: int, gen: torch.Generator) -> ForwardB
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 # vector paths (1 to 8 query heads per K/V head, head_dim a multiple of the vector) and the scalar one
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 16), (4, 2, 24), (12, 1, 24)])
-def test_native_matches_sdpa(kernel, dtype, tol, heads, kv_heads, head_dim):
+# ragged (padding must not leak into short rows; some of a short row's splits are empty), and
+# batches of one or two streams, whose rows the kernel splits among its threads and recombines
+@pytest.mark.parametrize("lengths", [[1, 7, 40, 100, 3], [700], [33, 290]])
+def test_native_matches_sdpa(kernel, dtype, tol, heads, kv_heads, head_dim, lengths):
     gen = torch.Generator().manual_seed(heads * 100 + head_dim)
-    num_slots = 600
+    num_slots = 1200
     k = torch.randn(num_slots + 1, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(num_slots + 1, kv_heads, head_dim, generator=gen).to(dtype)
     k[0] = v[0] = 0  # PAD_SLOT
-    fb = _batch([1, 7, 40, 100, 3], num_slots, gen)  # ragged: padding must not leak into short rows
-    q = torch.randn(5, heads, head_dim, generator=gen).to(dtype)
+    fb = _batch(lengths, num_slots, gen)
+    q = torch.randn(len(lengths), heads, head_dim, generator=gen).to(dtype)
     want = sdpa_decode(q, k, v, fb).float()
     got = kernel(q, k, v, fb)
     assert got.dtype == dtype and got.shape == q.shape

@@ -92,3 +92,32 @@ for _ in range(3):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert all(int(n) == 2 for n in out.stdout.split()), out.stdout
+
+
+def test_the_workers_run_at_their_nice_and_the_caller_keeps_its_own():
+    """`--kernel-worker-nice`: in a fresh process, the team's worker threads run at the nice given,
+    the calling thread (the Scheduler's) at the process's."""
+    code = """
+import ctypes, os, torch
+from serving.models.layers import native
+lib = native.load()
+assert native.start_team(lib, 2, 1000, 7) == 2
+fn = lib.kernels_team_check
+fn.argtypes = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+fn(50, torch.zeros(50, dtype=torch.int32).data_ptr(), torch.zeros(50, dtype=torch.int32).data_ptr(), 1000)
+nice = {}
+for tid in os.listdir("/proc/self/task"):
+    fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+    nice[int(tid)] = int(fields[16])  # field 19 of stat: nice
+print(nice[os.getpid()], sorted(nice.values()).count(7))
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    caller, niced = map(int, out.stdout.split())
+    assert caller == 0 and niced == 1, out.stdout  # one worker in a team of 2
+
+
+def test_the_worker_nice_is_bounded():
+    from serving.args import ServerArgs
+    with pytest.raises(ValueError, match="kernel-worker-nice"):
+        ServerArgs(model="tiny-random", kernel_worker_nice=20).validate()
