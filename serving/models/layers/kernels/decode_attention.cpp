@@ -13,8 +13,7 @@
 #include "team.h"
 #include "vec_math.h"
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
-#include <immintrin.h>
+#if VM_VECTOR
 #define DA_VECTOR 1
 #endif
 
@@ -37,40 +36,12 @@ inline float load(uint16_t bf16) {  // bfloat16 is the high half of a float32
 }
 
 #if DA_VECTOR
-// One vector of floats: 16 with AVX-512, 8 with AVX2 + FMA (the machine's own build).
+using vmath::vbcast, vmath::vf, vmath::vfma, vmath::vload, vmath::vstore, vmath::vsum, vmath::vzero, vmath::VL;
 #if defined(__AVX512F__)
-using vf = __m512;
-constexpr int64_t VL = 16;
-inline vf vzero() { return _mm512_setzero_ps(); }
-inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
-inline vf vload(const uint16_t* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-      reinterpret_cast<const __m256i*>(p))), 16));
-}
-inline vf vbcast(float x) { return _mm512_set1_ps(x); }
-inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
 inline __m256 half_sum(vf v) {  // lanes i and i + 8 added
   return _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
-inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
 #else
-using vf = __m256;
-constexpr int64_t VL = 8;
-inline vf vzero() { return _mm256_setzero_ps(); }
-inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
-inline vf vload(const uint16_t* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-      reinterpret_cast<const __m128i*>(p))), 16));
-}
-inline vf vbcast(float x) { return _mm256_set1_ps(x); }
-inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(vf v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-}
-inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 inline __m256 half_sum(vf v) { return v; }
 #endif
 

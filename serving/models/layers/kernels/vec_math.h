@@ -10,7 +10,7 @@
 #include <cstring>
 #include <initializer_list>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
@@ -38,29 +38,71 @@ inline float exp_f32(float x) {
   return p * scale;
 }
 
-#if defined(__AVX2__) && defined(__FMA__)
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(LO)), _mm256_set1_ps(HI));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x));
-  __m256 p = _mm256_set1_ps(P0);
-  for (float c : {P1, P2, P3, P4, P5}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+// One vector of floats for this build: 16 with AVX-512, 8 with AVX2 + FMA (VM_VECTOR), and
+// the few operations the kernels write their loops with, so each loop is written once.
+#if defined(__AVX512F__)
+#define VM_VECTOR 1
+using vf = __m512;
+constexpr int64_t VL = 16;
+inline vf vzero() { return _mm512_setzero_ps(); }
+inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vf vload(const uint16_t* p) {  // bfloat16: the high half of a float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(p))), 16));
 }
+inline vf vbcast(float x) { return _mm512_set1_ps(x); }
+inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+inline vf vfnma(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm512_div_ps(a, b); }
+inline vf vclamp(vf x, float lo, float hi) { return _mm512_min_ps(_mm512_max_ps(x, vbcast(lo)), vbcast(hi)); }
+inline vf vround(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vpow2(vf n) {  // 2^n for whole n in the normal range
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+inline float vsum(vf v) { return _mm512_reduce_add_ps(v); }
+inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VM_VECTOR 1
+using vf = __m256;
+constexpr int64_t VL = 8;
+inline vf vzero() { return _mm256_setzero_ps(); }
+inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vf vload(const uint16_t* p) {  // bfloat16: the high half of a float32
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+      reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline vf vbcast(float x) { return _mm256_set1_ps(x); }
+inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+inline vf vfnma(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
+inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
+inline vf vsub(vf a, vf b) { return _mm256_sub_ps(a, b); }
+inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+inline vf vdiv(vf a, vf b) { return _mm256_div_ps(a, b); }
+inline vf vclamp(vf x, float lo, float hi) { return _mm256_min_ps(_mm256_max_ps(x, vbcast(lo)), vbcast(hi)); }
+inline vf vround(vf x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline vf vpow2(vf n) {  // 2^n for whole n in the normal range
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline float vsum(vf v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+}
+inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
 #endif
 
-#if defined(__AVX512F__)
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(LO)), _mm512_set1_ps(HI));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), x));
-  __m512 p = _mm512_set1_ps(P0);
-  for (float c : {P1, P2, P3, P4, P5}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.f));
-  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+#if VM_VECTOR
+inline vf vexp(vf x) {  // exp_f32, a vector at a time
+  x = vclamp(x, LO, HI);
+  const vf n = vround(vmul(x, vbcast(LOG2E)));
+  const vf r = vfnma(n, vbcast(LN2_LO), vfnma(n, vbcast(LN2_HI), x));
+  vf p = vbcast(P0);
+  for (float c : {P1, P2, P3, P4, P5}) p = vfma(p, r, vbcast(c));
+  p = vadd(vfma(vmul(p, r), r, r), vbcast(1.f));
+  return vmul(p, vpow2(n));
 }
 #endif
 
@@ -68,24 +110,14 @@ inline __m512 exp16(__m512 x) {
 inline float exp_shifted(float* x, int64_t n, float shift) {
   int64_t i = 0;
   float sum = 0.f;
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(shift)));
-    _mm512_storeu_ps(x + i, e);
-    acc = _mm512_add_ps(acc, e);
+#if VM_VECTOR
+  vf acc = vzero();
+  for (; i + VL <= n; i += VL) {
+    const vf e = vexp(vsub(vload(x + i), vbcast(shift)));
+    vstore(x + i, e);
+    acc = vadd(acc, e);
   }
-  sum = _mm512_reduce_add_ps(acc);
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(shift)));
-    _mm256_storeu_ps(x + i, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, acc);
-  for (float v : lanes) sum += v;
+  sum = vsum(acc);
 #endif
   for (; i < n; ++i) sum += x[i] = exp_f32(x[i] - shift);
   return sum;
@@ -94,19 +126,10 @@ inline float exp_shifted(float* x, int64_t n, float shift) {
 // out[i] = SiLU(g[i]) · u[i] = g[i] / (1 + exp(-g[i])) · u[i].
 inline void silu_mul(const float* g, const float* u, float* out, int64_t n) {
   int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m512 gv = _mm512_loadu_ps(g + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.f), e)),
-                                            _mm512_loadu_ps(u + i)));
-  }
-#elif defined(__AVX2__) && defined(__FMA__)
-  for (; i + 8 <= n; i += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e)),
-                                            _mm256_loadu_ps(u + i)));
+#if VM_VECTOR
+  for (; i + VL <= n; i += VL) {
+    const vf gv = vload(g + i);
+    vstore(out + i, vmul(vdiv(gv, vadd(vbcast(1.f), vexp(vsub(vzero(), gv)))), vload(u + i)));
   }
 #endif
   for (; i < n; ++i) out[i] = g[i] / (1.f + exp_f32(-g[i])) * u[i];
