@@ -46,19 +46,28 @@ def advise(t: torch.Tensor) -> bool:
     return _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_HUGEPAGE) == 0
 
 
+def _typed(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The first numel(shape) elements of uint8 `buf` as a `dtype` tensor of `shape`."""
+    return buf.view(dtype)[: torch.Size(shape).numel()].view(shape)
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+
+
 def empty(shape: tuple[int, ...] | int, dtype: torch.dtype) -> torch.Tensor:
-    """torch.empty on huge pages: a tensor of its own, 2 MiB-aligned (for the KV pool's layers)."""
+    """torch.empty on huge pages: a tensor of its own, 2 MiB-aligned (the KV pool, a large weight)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    nbytes = max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+    nbytes = _nbytes(shape, dtype)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     off = -raw.data_ptr() % HUGE_PAGE
     out = raw[off:off + nbytes]
     advise(out)
-    return out.view(dtype)[: torch.Size(shape).numel()].view(shape)
+    return _typed(out, shape, dtype)
 
 
 class Arena:
-    """Byte buffers carved in order out of huge-page slabs; a buffer of a slab's size or more gets
+    """Byte buffers carved in order out of huge-page slabs; a buffer of half a slab or more gets
     its own.  A buffer keeps its slab alive; the arena holds only the slab it is filling."""
 
     def __init__(self, slab_bytes: int = SLAB_BYTES) -> None:
@@ -78,9 +87,7 @@ class Arena:
 
     def tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """An uninitialised tensor of `shape` carved from the arena."""
-        n = torch.Size(shape).numel()
-        size = torch.empty((), dtype=dtype).element_size()
-        return self.bytes(max(1, n) * size).view(dtype)[:n].view(shape)
+        return _typed(self.bytes(_nbytes(shape, dtype)), shape, dtype)
 
 
 WEIGHTS = Arena()  # the kernels' repacked weights, for every model this process loads
