@@ -284,11 +284,11 @@ def send(env: Environment, session: requests.Session, w: Workload, path: str, bo
     except gevent.Timeout as exc:
         if exc is not timer:
             raise
-        rec.error, rec.status = f"timeout after {w.timeout_s:g} s", CLIENT_CLOSED
+        rec.error, rec.unanswered, rec.status = f"timeout after {w.timeout_s:g} s", not rec.status, CLIENT_CLOSED
     except GreenletExit:
         # a plan run counts it (the server does: abort/499); plain Locust, like its own HTTP
         # clients, reports nothing for a request it cut when the test stopped
-        rec.error, rec.status = "stopped by locust before the end", CLIENT_CLOSED
+        rec.error, rec.unanswered, rec.status = "stopped by locust before the end", not rec.status, CLIENT_CLOSED
         report(env, reader.finish(time.perf_counter()), to_locust=PLAN_MODE)
         raise
     except requests.RequestException as exc:

@@ -118,6 +118,7 @@ class Reconciliation:
     server_by_finish_reason: dict[str, int] = field(default_factory=dict)
     server_by_finish_reason_status: dict[str, int] = field(default_factory=dict)
     client_by_finish_reason_status: dict[str, int] = field(default_factory=dict)
+    client_unanswered: int = 0  # aborts cut before any response: the server counts each as abort, or never saw it
     counts_match: bool = False
     client_prompt_tokens: int = 0
     server_prompt_tokens: int = 0
@@ -166,7 +167,8 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
         if n == REQUESTS and lab.get("model_name") == model and v:
             by_status[f"{lab.get('finish_reason')}/{lab.get('status')}"] += int(v)
     rec.server_by_finish_reason_status = dict(by_status)
-    rec.counts_match = rec.client_by_finish_reason == rec.server_by_finish_reason
+    rec.client_unanswered = sum(r.unanswered for r in recs)
+    rec.counts_match = counts_match(rec.client_by_finish_reason, rec.server_by_finish_reason, rec.client_unanswered)
     ok = [r for r in recs if r.ok]
     rec.client_prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
     rec.client_generation_tokens = sum(r.completion_tokens or 0 for r in ok)
@@ -178,6 +180,9 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
     # has tokens the server counted and the client never got a usage chunk for
     rec.tokens_comparable = all(r.ok or (r.error or "").startswith("http ") for r in recs)
     notes = []
+    if rec.client_unanswered:
+        notes.append(f"{rec.client_unanswered} request(s) cut before any response: the server's aborts may count "
+                     "each or not")
     if not rec.tokens_comparable:
         notes.append("requests failed mid-stream (no usage chunk): token counts are shown, not compared")
     prefix_cache(rec, ok, after, d, model)
@@ -194,6 +199,14 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
     rec.server_ttft_le_client = (bool(buckets) or not client_ttft) and all(
         buckets[b] >= sum(t <= b for t in client_ttft) for b in buckets if b != float("inf"))
     return rec
+
+
+def counts_match(client: dict[str, int], server: dict[str, int], unanswered: int) -> bool:
+    """Equal per finish reason, except that the server's aborts may lack up to `unanswered` of the client's:
+    a request cut while it was still being connected or sent never reached the server."""
+    others = {k: v for k, v in client.items() if k != "abort"} == {k: v for k, v in server.items() if k != "abort"}
+    aborts = client.get("abort", 0)
+    return others and aborts - unanswered <= server.get("abort", 0) <= aborts
 
 
 def prefix_cache(rec: Reconciliation, ok: list[RequestRecord], after: Scrape, delta: Scrape, model: str) -> None:

@@ -33,6 +33,9 @@ class RequestRecord:
     # None when the usage chunk had no such field (a server without a prefix cache)
     cached_tokens: int | None = None
     inputs: int | None = None  # an embeddings request's: vectors received
+    # cut by the client (Locust stopping, a timeout) before any response: the server may have counted it
+    # (abort/499) or never have seen it (the request was still being connected or sent)
+    unanswered: bool = False
 
     @property
     def ok(self) -> bool:

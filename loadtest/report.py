@@ -44,7 +44,8 @@ def reconciliation_lines(r: Reconciliation) -> list[str]:
         return [f"reconciliation: unavailable ({r.note})"]
     lines = [f"reconciliation {'OK' if r.ok else 'MISMATCH'} (client | server)",
              f"  requests by finish_reason: {r.client_by_finish_reason} | {r.server_by_finish_reason}"
-             f"  {'match' if r.counts_match else 'DIFFER'}",
+             f"  {'match' if r.counts_match else 'DIFFER'}"
+             + (f" ({r.client_unanswered} cut before any response)" if r.client_unanswered else ""),
              f"  by finish_reason/status:   {r.client_by_finish_reason_status} | {r.server_by_finish_reason_status}",
              f"  prompt tokens:     {r.client_prompt_tokens} | {r.server_prompt_tokens}",
              f"  generation tokens: {r.client_generation_tokens} | {r.server_generation_tokens}"

@@ -116,3 +116,23 @@ def test_reconcile_counts_tokens_and_the_ttft_order():
     late = exposition({("length", "200"): 1, ("abort", "503"): 1}, 5, {"0.1": 0, "0.2": 0, "+Inf": 1})
     assert not reconcile([ok, cut], before, late, "m", {}).server_ttft_le_client  # server slower than client
     assert not reconcile([ok, cut], None, after, "m", {}).available
+
+
+def test_a_request_cut_before_any_response_may_be_missing_from_the_servers_aborts():
+    ok = rec(0.15, [0.15, 0.2], 0.3, 2)
+    ok.prompt_tokens = 10
+    cut = rec(None, [], 0.3, 0, error="stopped by locust before the end")
+    cut.finish_reason, cut.status, cut.completion_tokens = "abort", 499, None
+    before = exposition({("length", "200"): 0, ("abort", "499"): 0}, 0, {"0.2": 0, "+Inf": 0})
+    seen = exposition({("length", "200"): 1, ("abort", "499"): 1}, 2, {"0.2": 1, "+Inf": 1})
+    never = exposition({("length", "200"): 1}, 2, {"0.2": 1, "+Inf": 1})
+    assert reconcile([ok, cut], before, seen, "m", {}).counts_match
+    assert not reconcile([ok, cut], before, never, "m", {}).counts_match  # it had a response: the server knew it
+    cut.unanswered = True  # cut while it was still being connected or sent
+    for after in (seen, never):
+        r = reconcile([ok, cut], before, after, "m", {})
+        assert r.counts_match and r.client_unanswered == 1 and "cut before any response" in r.note
+    two = exposition({("length", "200"): 1, ("abort", "499"): 2}, 2, {"0.2": 1, "+Inf": 1})
+    assert not reconcile([ok, cut], before, two, "m", {}).counts_match  # more aborts than the client sent
+    short = exposition({("abort", "499"): 1}, 2, {"0.2": 1, "+Inf": 1})
+    assert not reconcile([ok, cut], before, short, "m", {}).counts_match  # it excuses aborts only
