@@ -45,7 +45,7 @@ from serving.args import ServerArgs
 from serving.detokenizer.incremental import DecodeState
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
 from serving.model_files import load_tokenizer
-from serving.process import enable_stack_dumps, keep_running, setup_child
+from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
 from telemetry.engine_spans import DetokSpans
@@ -192,6 +192,7 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
         control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)
         to_worker: dict[int, zmq.Socket] = {}
+        freeze_heap()
         control.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
         interval_ms = max(1, int(args.heartbeat_interval * 1000))
         last_stats = 0

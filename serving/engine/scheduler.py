@@ -61,7 +61,7 @@ from serving.engine.scheduler_core import SchedulerCore
 from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
-from serving.process import enable_stack_dumps, keep_running, setup_child
+from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
@@ -364,6 +364,7 @@ class Scheduler:
             self._emit(ev, "timeout", f"the request waited more than {limit:g} s in the queue")
 
     def event_loop(self, parent: int) -> None:
+        freeze_heap()
         self.to_tm.send(self.codec.encode(Ready(
             role=scheduler_role(self.dp_rank, self.args.dp_size), pid=os.getpid(), dp_rank=self.dp_rank,
             model_name=self.model_name, architecture=self.architecture,

@@ -26,6 +26,7 @@ from serving.frontend.tenants.store import KeyStore
 from serving.frontend.tokenizer_manager.manager import TokenizerManager
 from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import Endpoints, engine_roles
+from serving.process import freeze_heap
 from telemetry.buckets import parse_bucket_overrides
 from telemetry.downstream_gaps import DownstreamGaps
 from telemetry.flight_recorder import FlightRecorder
@@ -102,6 +103,7 @@ class FrontEnd:
     async def serve(self, stop: asyncio.Event) -> None:
         """Answer HTTP until `stop` is set, then drain (`close` afterwards, once the engine is stopped).
         The keys file is watched meanwhile, and reloaded on SIGHUP."""
+        freeze_heap()
         self.state.loop_lag.start()
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.keys.reload)
         watch = asyncio.create_task(self.keys.watch())

@@ -37,6 +37,7 @@ class Stream(threading.Thread):
                      "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
         self.events: list = []
         self.rid = self.traceparent = None
+        self.cut = threading.Event()  # set: the client disconnects, so the server aborts the request
         self.start()
 
     def run(self) -> None:
@@ -44,6 +45,8 @@ class Stream(threading.Thread):
             self.rid, self.traceparent = r.headers["x-request-id"], r.headers.get("traceparent")
             for line in r.iter_lines():
                 self.events += sse_events([line])
+                if self.cut.is_set():
+                    return
 
 
 def counter(srv: ServerProc, name: str, **labels: str) -> float:
@@ -140,7 +143,9 @@ def test_held_back_by_the_running_limit_and_a_pause(server):
     def reasons_count(reason):
         return counter(server, "sightline_request_wait_seconds_count", reason=reason)
     paused_before = reasons_count("paused")
-    streams = [Stream(server, [9 + i, 6, 7], 600) for i in range(3)]  # the running limit
+    # the running limit, taken by streams long enough to outlast what follows on any machine (600 tokens
+    # were over in about a second on a fast one, before the fourth request was seen waiting); they end when cut
+    streams = [Stream(server, [9 + i, 6, 7], 2000) for i in range(3)]
     wait_until(lambda: all(len(s.events) >= 5 for s in streams), 120, "three streams under way")
     done: dict = {}
     waiter = threading.Thread(target=lambda: done.setdefault("r", generate(server, [4, 5, 6], 4)), daemon=True)
@@ -149,8 +154,11 @@ def test_held_back_by_the_running_limit_and_a_pause(server):
     assert server.post("/pause_generation", {"mode": "in_place"}).status_code == 200
     wait_until(lambda: server.debug()["scheduler"]["paused"], 10, "the pause in effect")
     assert server.post("/continue_generation", {}).status_code == 200
+    assert all(not s.cut.is_set() and s.is_alive() for s in streams)  # still the running limit after the pause
+    streams[0].cut.set()  # its disconnect frees a slot: the fourth request runs
     waiter.join(300)
     for s in streams:
+        s.cut.set()
         s.join(300)
     breakdown = done["r"].json()["meta_info"]["sightline"]
     waits = breakdown["wait_ms"]
