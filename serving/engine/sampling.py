@@ -7,6 +7,16 @@ its `seed`, so a seeded request gives the same tokens whoever shares its batch.
 
 `protocol.sampling_params.SamplingParams.validate` bounds every field, so no value can
 make this sampler raise for its batch mates; top_k is clamped to the vocabulary here.
+
+The draw walks the distribution in descending order (the kept prefix after the cuts, then a
+uniform from the request's generator against its cumulative sum).  Sorting the whole
+vocabulary for that costs ~4 ms a row (49k tokens), so the most likely tokens are taken first
+(`topk` of `PREFIXES`, growing), with the softmax's normaliser summed over the whole row: when
+the cuts end inside that prefix, or the row has no cut and its uniform lands in it, the pick is
+the one the full sort gives (the same order; probabilities and their cumulative sums in float64,
+so an uncut row's total is 1 to ~1e-13 either way, where float32's sum over 49k tokens is off by
+~1e-5, more than a tail token's whole probability); other rows try the next prefix, and the few
+left sort the whole row.
 """
 
 from __future__ import annotations
@@ -40,21 +50,87 @@ def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:
         logits -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
-def _filtered_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted token ids and their truncated, unnormalised probabilities, per row."""
-    temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)[:, None]
-    sorted_logits, sorted_ids = torch.sort(logits / temps, dim=-1, descending=True)
-    probs = torch.softmax(sorted_logits, dim=-1)
-    vocab = probs.shape[-1]
-    ranks = torch.arange(vocab)[None, :]
+# Prefix sizes tried before a full sort.  SmolLM2 at temperature 1 and no cut, over 1500 positions of
+# this repository's docs: the draw lands past the top 512 tokens 7.8 % of the time, past 4096 1.1 %.
+PREFIXES = (512, 4096)
+
+
+def _cuts(probs: torch.Tensor, rows: Sequence[SamplingRow], vocab: int) -> torch.Tensor:
+    """[R, N] bool: which of each row's N most likely tokens (`probs` descending, normalised over the
+    whole vocabulary) top-k, top-p and min-p drop; the most likely token always survives."""
+    ranks = torch.arange(probs.shape[-1])[None, :]
     top_k = torch.tensor([min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in rows])[:, None]
     top_p = torch.tensor([r.params.top_p for r in rows], dtype=probs.dtype)[:, None]
     min_p = torch.tensor([r.params.min_p for r in rows], dtype=probs.dtype)[:, None]
     drop = ranks >= top_k
     drop |= (probs.cumsum(-1) - probs) > top_p  # keep the smallest prefix reaching top_p
     drop |= probs < min_p * probs[:, :1]
-    drop[:, 0] = False  # the most likely token always survives
-    return sorted_ids, probs.masked_fill(drop, 0.0)
+    drop[:, 0] = False
+    return drop
+
+
+def _draw(sorted_ids: torch.Tensor, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Token per row: the first of the (descending, cut) `probs` whose cumulative sum reaches u × the total."""
+    cdf = probs.cumsum(-1)
+    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[-1] - 1)
+    return sorted_ids.gather(1, pick).squeeze(1)
+
+
+def _sorted_cut(scaled: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole vocabulary sorted: token ids and their cut probabilities, per row."""
+    sorted_logits, sorted_ids = torch.sort(scaled, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits.double(), dim=-1)
+    return sorted_ids, probs.masked_fill(_cuts(probs, rows, probs.shape[-1]), 0.0)
+
+
+def _uniforms(rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """One uniform per row from the request's own generator: batch mates cannot shift each other's streams."""
+    return torch.cat([torch.rand(1, generator=r.generator, dtype=torch.float64) for r in rows])
+
+
+def _uncut_tail(p: SamplingParams, vocab: int) -> bool:
+    """No cut can drop a token for its rank, mass or share: past any prefix, everything is kept."""
+    return (p.top_k <= 0 or p.top_k >= vocab) and p.top_p >= 1.0 and p.min_p <= 0.0
+
+
+def _from_prefix(scaled: torch.Tensor, rows: Sequence[SamplingRow], u: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token, found) per row from its `k` most likely tokens: found where the draw is the full sort's."""
+    vocab = scaled.shape[-1]
+    top, top_ids = torch.topk(scaled, k, dim=-1)
+    top = top.double()
+    peak = top[:, :1]
+    probs = torch.exp(top - peak) / torch.exp(scaled.double() - peak).sum(-1, keepdim=True)
+    drop = _cuts(probs, rows, vocab)
+    cdf = probs.masked_fill(drop, 0.0).cumsum(-1)
+    # A dropped set only grows with rank: the prefix's last token dropped means nothing past it is kept.
+    inside = drop[:, -1]
+    open_tail = torch.tensor([_uncut_tail(r.params, vocab) for r in rows])
+    target = u * torch.where(inside, cdf[:, -1], torch.ones_like(u))  # an uncut row's total is all of it
+    found = inside | (open_tail & (target <= cdf[:, -1]))
+    return top_ids.gather(1, torch.searchsorted(cdf, target[:, None]).clamp_(max=k - 1)).squeeze(1), found
+
+
+def _random(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """One token per row of logits [R, V] for rows that sample (see the module's docstring)."""
+    temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)[:, None]
+    scaled = logits / temps
+    u = _uniforms(rows)  # nothing below raises: the draws come last
+    out = torch.empty(len(rows), dtype=torch.int64)
+    left = torch.arange(len(rows))  # rows whose pick is not known yet
+    for k in PREFIXES:
+        if k >= scaled.shape[-1]:
+            break
+        whole = len(left) == len(rows)  # no copy of the logits while every row is left
+        part = scaled if whole else scaled[left]
+        picks, found = _from_prefix(part, rows if whole else [rows[i] for i in left.tolist()], u[left], k)
+        out[left[found]] = picks[found]
+        left = left[~found]
+        if len(left) == 0:
+            return out
+    sorted_ids, kept = _sorted_cut(scaled[left], [rows[i] for i in left.tolist()])
+    out[left] = _draw(sorted_ids, kept, u[left])
+    return out
 
 
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
@@ -71,16 +147,11 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
         logits = logits.clone()
         for i in penalised:
             apply_penalties(logits[i], rows[i])
-    out = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if len(random_rows) == len(rows):
+        return _random(logits, rows).tolist()
+    out = logits.argmax(dim=-1)
     if random_rows:
         idx = torch.tensor(random_rows, dtype=torch.int64)
-        sub = [rows[i] for i in random_rows]
-        sorted_ids, probs = _filtered_probs(logits[idx], sub)
-        cdf = probs.cumsum(-1)
-        # One uniform per row from the request's own generator: batch mates cannot
-        # shift each other's random streams.
-        u = torch.cat([torch.rand(1, generator=r.generator, dtype=torch.float64) for r in sub]).to(cdf.dtype)
-        pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[-1] - 1)
-        out[idx] = sorted_ids.gather(1, pick).squeeze(1)
+        out[idx] = _random(logits[idx], [rows[i] for i in random_rows])
     return out.tolist()

@@ -99,3 +99,57 @@ def test_limits_are_inclusive():
     SamplingParams(top_k=MAX_TOP_K, stop_token_ids=list(range(MAX_STOP_TOKEN_IDS)), seed=2**63 - 1).validate(49152)
     with pytest.raises(ValueError, match=r"^stop_token_ids must be token ids in \[0, 100\), got 100$"):
         SamplingParams(stop_token_ids=[99, 100]).validate(100)
+
+
+def _sorted_reference(logits: torch.Tensor, rows) -> list[int]:
+    """The draw by definition: the whole vocabulary sorted, softmax (float64), cuts, the request's uniform on the
+    cumulative sum."""
+    out = []
+    for x, r in zip(logits, rows):
+        p = r.params
+        values, ids = torch.sort(x / p.temperature, descending=True)
+        probs = torch.softmax(values.double(), -1)
+        ranks = torch.arange(len(probs))
+        drop = ranks >= (min(p.top_k, len(probs)) if p.top_k > 0 else len(probs))
+        drop |= (probs.cumsum(-1) - probs) > p.top_p
+        drop |= probs < p.min_p * probs[0]
+        drop[0] = False
+        cdf = probs.masked_fill(drop, 0.0).cumsum(-1)
+        u = torch.rand(1, generator=r.generator, dtype=torch.float64)
+        out.append(int(ids[torch.searchsorted(cdf, u * cdf[-1]).clamp(max=len(cdf) - 1)]))
+    return out
+
+
+CUTS = [dict(), dict(top_p=0.9), dict(top_p=0.5), dict(top_k=5), dict(top_k=2000), dict(min_p=0.05),
+        dict(top_p=0.95, top_k=40, min_p=0.01), dict(temperature=0.3), dict(temperature=2.0, top_p=0.99)]
+
+
+@pytest.mark.parametrize("shape", ["peaked", "medium", "flat"])
+def test_the_prefix_draw_picks_what_the_full_sort_picks(shape, monkeypatch):
+    """SmolLM2-sized rows, each cut and temperature, 40 seeds each: the same token as the definition, whether
+    the draw ends inside the top-512 prefix (peaked rows), the top 4096 or goes on to the full sort (flat rows)."""
+    from serving.engine import sampling
+
+    full_sorts = []
+    real = sampling._sorted_cut
+    monkeypatch.setattr(sampling, "_sorted_cut", lambda s, r: full_sorts.append(len(r)) or real(s, r))
+    gen = torch.Generator().manual_seed(7)
+    vocab, seeds = 49152, 40
+    scale = {"peaked": 4.0, "medium": 1.5, "flat": 0.05}[shape]
+    logits = torch.randn(len(CUTS) * seeds, vocab, generator=gen) * scale
+    params = [SamplingParams(**{"temperature": 1.0, **cut}) for cut in CUTS for _ in range(seeds)]
+    got = sample(logits, [Row(p, seed=i) for i, p in enumerate(params)])
+    want = _sorted_reference(logits, [Row(p, seed=i) for i, p in enumerate(params)])
+    assert got == want
+    fell_back = sum(full_sorts)
+    if shape == "peaked":
+        assert fell_back < len(params) // 4  # most draws end in a prefix
+    elif shape == "flat":
+        assert fell_back > len(params) // 4  # the uncut rows of a flat distribution go past both
+
+
+def test_a_small_vocabulary_is_sorted_whole():
+    logits = torch.randn(30, 100, generator=torch.Generator().manual_seed(3))
+    params = [SamplingParams(**{"temperature": 0.8, **CUTS[i % len(CUTS)]}) for i in range(30)]
+    assert sample(logits, [Row(p, seed=i) for i, p in enumerate(params)]) == \
+        _sorted_reference(logits, [Row(p, seed=i) for i, p in enumerate(params)])
