@@ -148,7 +148,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
         for i in penalised:
             apply_penalties(logits[i], rows[i])
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-    if len(random_rows) == len(rows):
+    if random_rows and len(random_rows) == len(rows):
         return _random(logits, rows).tolist()
     out = logits.argmax(dim=-1)
     if random_rows:

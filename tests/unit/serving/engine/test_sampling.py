@@ -153,3 +153,8 @@ def test_a_small_vocabulary_is_sorted_whole():
     params = [SamplingParams(**{"temperature": 0.8, **CUTS[i % len(CUTS)]}) for i in range(30)]
     assert sample(logits, [Row(p, seed=i) for i, p in enumerate(params)]) == \
         _sorted_reference(logits, [Row(p, seed=i) for i, p in enumerate(params)])
+
+
+def test_no_rows_no_tokens():
+    """A step whose requests all pool (embeddings) samples nothing: no logits rows, no draws."""
+    assert sample(torch.zeros(0, 49152), []) == []
