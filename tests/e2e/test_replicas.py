@@ -78,8 +78,9 @@ async def _deadlines(url: str, n: int) -> list[int]:
 
 
 def _long_stream(url: str, i: int, started, results: dict) -> None:
-    """A stream long enough to be cut: records its replica, the events read and how it ended."""
-    body = {"prompt": f"Long stream {i}", "max_tokens": 150, "ignore_eos": True, "stream": True}
+    """A stream long enough to be still running when its replica is killed, which waits for every stream's first
+    event (150 tokens could all be out by then): records its replica, the events read and how it ended."""
+    body = {"prompt": f"Long stream {i}", "max_tokens": 600, "ignore_eos": True, "stream": True}
     out = results[i] = {"events": 0, "done": False, "error": None, "replica": None}
     try:
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
