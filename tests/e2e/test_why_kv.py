@@ -15,8 +15,8 @@ import pytest
 from tests.e2e.test_why_slow import Stream, counter, entry, generate
 from tests.server_util import ServerProc, wait_until
 
-POOL = 1536  # KV slots: four streams of 8 + 600 tokens need 2432
-STREAMS, STREAM_TOKENS = 4, 600
+POOL = 1536  # KV slots: four streams of 8 + 1000 tokens need 4032
+STREAMS, STREAM_TOKENS = 4, 1000  # long enough to be running still when the long prompt arrives, on a busy machine too
 PROMPT = [100 + j % 500 for j in range(200)]  # one leaf of 200 + 1 computed positions once it has run
 BIG = [20000 + j for j in range(1400)]  # fits the empty pool, not beside four streams of 40+ tokens
 
