@@ -69,11 +69,15 @@ def _cuts(probs: torch.Tensor, rows: Sequence[SamplingRow], vocab: int) -> torch
     return drop
 
 
+def _pick(ids: torch.Tensor, cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Token per row: the first of `ids` (descending) whose cumulative probability `cdf` reaches `target`."""
+    return ids.gather(1, torch.searchsorted(cdf, target[:, None]).clamp_(max=cdf.shape[-1] - 1)).squeeze(1)
+
+
 def _draw(sorted_ids: torch.Tensor, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Token per row: the first of the (descending, cut) `probs` whose cumulative sum reaches u × the total."""
     cdf = probs.cumsum(-1)
-    pick = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).clamp_(max=cdf.shape[-1] - 1)
-    return sorted_ids.gather(1, pick).squeeze(1)
+    return _pick(sorted_ids, cdf, u * cdf[:, -1])
 
 
 def _sorted_cut(scaled: torch.Tensor, rows: Sequence[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +112,7 @@ def _from_prefix(scaled: torch.Tensor, rows: Sequence[SamplingRow], u: torch.Ten
     open_tail = torch.tensor([_uncut_tail(r.params, vocab) for r in rows])
     target = u * torch.where(inside, cdf[:, -1], torch.ones_like(u))  # an uncut row's total is all of it
     found = inside | (open_tail & (target <= cdf[:, -1]))
-    return top_ids.gather(1, torch.searchsorted(cdf, target[:, None]).clamp_(max=k - 1)).squeeze(1), found
+    return _pick(top_ids, cdf, target), found
 
 
 def _random(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
