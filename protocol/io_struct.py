@@ -12,16 +12,17 @@ pickled socket is a remote-code-execution hole).  Two rules hold for every messa
 Edges (one PUSH→PULL socket each; N tokenizer workers and `dp` Scheduler ranks each
 have their own receiving socket):
   TokenizerManager → Scheduler rank     TokenizedGenerateReqInput, TokenizedEmbeddingReqInput, AbortReq,
-                                        FlushCacheReq, StepTimelineReq,
-                                        PauseReq, ContinueReq, SetLogLevelReq (operator controls)
-  Scheduler → Detokenizer               BatchTokenIDOutput, BatchEmbeddingOutput
+                                        FlushCacheReq, StepTimelineReq, BarrierReq,
+                                        PauseReq, ContinueReq, SetLogLevelReq (operator controls),
+                                        ReleaseHeldReq (the tests' hold seam)
+  Scheduler → Detokenizer               BatchTokenIDOutput, BatchEmbeddingOutput, BarrierReq
   Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`), BatchEmbeddingOutput (passed
-                                        through, routed by `EmbeddingOut.worker`)
+                                        through, routed by `EmbeddingOut.worker`), BarrierReq (to its `worker`)
   Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
-                                        Ready, FlushCacheReqOutput, StepTimelineOutput
+                                        Ready, FlushCacheReqOutput, StepTimelineOutput, BarrierReq
 With one worker the TokenizerManager owns the control socket.  With several, the main
 process (the hub: supervisor and telemetry owner) does, and speaks to each worker:
-  hub → worker       EngineStatus, FlushCacheReqOutput, StepTimelineOutput, SnapshotReq, HubReply
+  hub → worker       EngineStatus, FlushCacheReqOutput, StepTimelineOutput, BarrierReq, SnapshotReq, HubReply
   worker → hub       WorkerStats, HubQuery, Snapshot
   hub → Scheduler, Detokenizer   WorkerGone (a worker died: drop its rids)
 """
@@ -111,6 +112,24 @@ class StepTimelineReq(_Msg):
     id: str  # matches the reply
     seconds: float = 10.0
     worker: int = 0  # who asked: the reply goes back there
+
+
+class BarrierReq(_Msg):
+    """A marker pushed through the pipeline (POST /debug/barrier).  Every link is a FIFO socket, so once
+    a rank's marker is back on both paths, everything sent before it has been handled: the Scheduler
+    forwards it after its pending outputs on the Detokenizer's path (the Detokenizer passes it on to
+    `worker`), and sends it on the control path right after fresh stats (the Detokenizer's too)."""
+
+    id: str  # matches the replies
+    worker: int = 0  # who asked: both replies go back there
+    dp_rank: int = 0  # set by the rank that answers
+    path: str = ""  # "output" or "control", set on the way back
+
+
+class ReleaseHeldReq(_Msg):
+    """Test seam (`serving.engine.seams`): let held requests finish; every one when `rids` is empty."""
+
+    rids: list[str] = []
 
 
 class PauseReq(_Msg):
@@ -297,6 +316,7 @@ class SchedulerStats(_Msg, kw_only=True):
     dp_rank: int = 0  # which data-parallel Scheduler rank
     num_running: int
     num_waiting: int
+    held: int = 0  # running requests the tests' hold seam holds one token short of their limit
     kv_used: int  # token slots holding K/V (the prefix cache's included)
     kv_reserved: int  # slots running requests hold + what the admission policy expects them to still allocate
     kv_total: int
@@ -487,5 +507,5 @@ Message = Union[
     TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
     BatchStrOutput, TokenizedEmbeddingReqInput, BatchEmbeddingOutput,
     DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
-    SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput,
+    SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput, BarrierReq, ReleaseHeldReq,
 ]

@@ -13,8 +13,13 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.server import LocalServer
+from serving.engine.seams import HOLD_SEED_ENV, STEP_FLOOR_ENV
 
 TEST_KEY = "sk-sightline-test-0123456789abcdef"  # the API key of tests/conftest.py's `keyed_server`
+# Every test server runs with the hold seam (serving.engine.seams): a request with this seed stops one
+# token short of its max_tokens and stays running until `ServerProc.release` or a cut.
+HOLD_SEED = 424242
+HOLD = {"seed": HOLD_SEED, "ignore_eos": True}  # merge into a body (OpenAI routes) or sampling_params
 
 
 class ServerProc(LocalServer):
@@ -22,9 +27,12 @@ class ServerProc(LocalServer):
     helpers to read /debug/state and POST JSON."""
 
     def __init__(self, *flags: str, model: str = "tiny-random", tmpdir: Path, startup: float = 120.0,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, step_floor_ms: float = 0) -> None:
+        """`step_floor_ms`: every engine step lasts at least this long (the step-floor seam), for tests
+        that need tokens flowing during an event however fast the engine is."""
         self.tmpdir = tmpdir
-        extra_env = env or {}
+        extra_env = {HOLD_SEED_ENV: str(HOLD_SEED), **({STEP_FLOOR_ENV: str(step_floor_ms)} if step_floor_ms else {}),
+                     **(env or {})}
         key = extra_env.get("SIGHTLINE_API_KEY")
         self.auth = {"authorization": f"Bearer {key}"} if key else {}
         full_env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
@@ -38,6 +46,26 @@ class ServerProc(LocalServer):
 
     def debug(self) -> dict:
         return httpx.get(self.url + "/debug/state", headers=self.auth, timeout=10).json()
+
+    def barrier(self) -> None:
+        """Return once everything the engine sent so far (outputs, stats) has reached the front end."""
+        httpx.post(self.url + "/debug/barrier", headers=self.auth, timeout=30).raise_for_status()
+
+    def held(self) -> int:
+        """Requests the hold seam holds now, over every rank (after a barrier: the latest stats)."""
+        self.barrier()
+        return sum(s["held"] for s in self.debug()["schedulers"])
+
+    def wait_held(self, n: int, timeout: float = 60.0) -> None:
+        """Wait until exactly `n` requests are held (each has sent all but its last token)."""
+        wait_until(lambda: self.held() == n, timeout, f"{n} held requests", interval=0.02)
+
+    def release(self, *rids: str, dp_size: int = 1) -> None:
+        """Let held requests finish (every one when no rid is given), on each Scheduler rank."""
+        from protocol.io_struct import ReleaseHeldReq
+
+        for rank in range(dp_size):
+            push(self, "scheduler" if rank == 0 else f"scheduler-{rank}", ReleaseHeldReq(rids=list(rids)))
 
     def post(self, path: str, body: dict | bytes | str, **kw) -> httpx.Response:
         content = body if isinstance(body, (bytes, str)) else json.dumps(body)

@@ -32,6 +32,7 @@ from collections import OrderedDict
 import zmq
 
 from protocol.io_struct import (
+    BarrierReq,
     BatchEmbeddingOutput,
     BatchStrOutput,
     BatchTokenIDOutput,
@@ -192,6 +193,13 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
         control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)
         to_worker: dict[int, zmq.Socket] = {}
+
+        def send_to(worker: int, msg) -> None:
+            sock = to_worker.get(worker)
+            if sock is None:
+                sock = to_worker[worker] = make_socket(ctx, zmq.PUSH, endpoints.worker_in(worker), do_bind=False)
+            sock.send(mgr.codec.encode(msg))
+
         freeze_heap()
         control.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
         interval_ms = max(1, int(args.heartbeat_interval * 1000))
@@ -208,12 +216,14 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
                         else:
                             batches = mgr.handle_embeddings(msg)
                         for worker, batch in batches.items():
-                            sock = to_worker.get(worker)
-                            if sock is None:
-                                sock = to_worker[worker] = make_socket(ctx, zmq.PUSH, endpoints.worker_in(worker),
-                                                                       do_bind=False)
-                            sock.send(mgr.codec.encode(batch))
+                            send_to(worker, batch)
                         mgr.spans.producers.sent()
+                    elif isinstance(msg, BarrierReq):  # behind every output so far, on each path (see BarrierReq)
+                        control.send(mgr.codec.encode(mgr.stats()))
+                        msg.path = "detokenizer"
+                        control.send(mgr.codec.encode(msg))
+                        msg.path = "output"
+                        send_to(msg.worker, msg)
                     elif isinstance(msg, WorkerGone):
                         mgr.worker_gone(msg.worker)
                         if msg.worker in to_worker:

@@ -94,6 +94,7 @@ class Req:
     pooling: PoolState | None = None  # an embedding request (prefill only): its pooled hidden state so far
     embedding: torch.Tensor | None = None  # its result, once its prompt has run (float32 [hidden])
     times: ReqTimes = field(default_factory=lambda: _new_times())
+    hold: bool = False  # a test seam holds it before its last token (serving.engine.seams)
 
     @property
     def prompt_len(self) -> int:
@@ -101,6 +102,11 @@ class Req:
 
     def __post_init__(self) -> None:
         self.prefill_len = self.prefill_len or len(self.input_ids)
+
+    @property
+    def held(self) -> bool:
+        """Held by the test seam: running, its prompt done, one token short of its limit, not released."""
+        return self.hold and self.prefill_done and len(self.output_ids) >= max(1, self.max_new_tokens - 1)
 
     @property
     def prefill_done(self) -> bool:

@@ -31,6 +31,7 @@ import zmq
 
 from protocol.io_struct import (
     AbortReq,
+    BarrierReq,
     BatchEmbeddingOutput,
     BatchTokenIDOutput,
     ContinueReq,
@@ -39,6 +40,7 @@ from protocol.io_struct import (
     FlushCacheReqOutput,
     PauseReq,
     Ready,
+    ReleaseHeldReq,
     ReqMeta,
     SchedulerStats,
     SetLogLevelReq,
@@ -139,6 +141,10 @@ class Scheduler:
                                                                          dp_rank=self.dp_rank, steps=steps)))
                 elif isinstance(msg, WorkerGone):
                     self._worker_gone(msg.worker)
+                elif isinstance(msg, BarrierReq):
+                    self._barrier(msg)
+                elif isinstance(msg, ReleaseHeldReq):
+                    log.info("released %d held requests", self.core.release(msg.rids))
                 elif isinstance(msg, (PauseReq, ContinueReq, SetLogLevelReq)):
                     self._control(msg)
                 elif msg is not None:
@@ -196,6 +202,15 @@ class Scheduler:
             self.cpu.of(rid, done=True)
             self.drops.forget(rid, "worker_gone")
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
+
+    def _barrier(self, msg: BarrierReq) -> None:
+        """Answer on both paths, behind everything this rank has to send so far (see `BarrierReq`)."""
+        self.flush()
+        self.send_stats(force=True)
+        self.to_tm.send(self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
+                                                     path="control")))
+        self.to_detok.send(self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
+                                                        path="output")))
 
     def _control(self, msg: PauseReq | ContinueReq | SetLogLevelReq) -> None:
         if isinstance(msg, SetLogLevelReq):
@@ -300,7 +315,7 @@ class Scheduler:
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> None:
-        cpu0 = time.process_time_ns()
+        cpu0, t0 = time.process_time_ns(), time.monotonic()
         try:
             events = self.core.step()
         except Exception as exc:  # noqa: BLE001 - a bug outside any one request: fail the batch, not hang it
@@ -310,6 +325,9 @@ class Scheduler:
             return
         self.steps += 1
         st = self.core.last_step
+        floor = self.core.seams.step_floor_s  # test seam: a step lasts at least this long
+        if floor and st.batch_size and time.monotonic() - t0 < floor:
+            time.sleep(floor - (time.monotonic() - t0))
         self.cpu.charge(st.rids, st.tokens, time.process_time_ns() - cpu0)
         t_out = now_ns()
         traces = tuple(self.trace_of.get(r, "") for r in st.rids) if self.ring is not None else ()  # before finishes
@@ -378,8 +396,10 @@ class Scheduler:
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):
             busy = self.core.has_work and not self.paused  # paused: wait for messages as when idle
+            # a step that ran nothing (the queue's head blocked by held requests) waits a little for a message
+            blocked = busy and self.steps and not self.core.last_step.batch_size and self.core.num_held
             try:
-                self.recv_requests(0 if busy else idle_ms)
+                self.recv_requests(0 if busy and not blocked else (5 if busy else idle_ms))
                 self.expire_queue()
                 if self.core.has_work and not self.paused:
                     self.step()

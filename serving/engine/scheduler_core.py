@@ -34,7 +34,9 @@ recursively, until each failing request stands alone; those end with finish_reas
 nothing for this.
 
 Fault injection (tests): with SIGHTLINE_FAULT_SEED=N in the environment, a step that
-includes a request seeded N raises after its forward pass, as a torch error would.
+includes a request seeded N raises after its forward pass, as a torch error would.  The
+hold seam (`serving.engine.seams`) keeps a request marked by its seed running one token
+short of its limit: it is left out of the decodes and of retraction until released or cut.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
 from serving.engine.sampling import sample
+from serving.engine.seams import Seams
 from serving.engine.stopping import eos_ids, finish_reason
 from serving.engine.wait_queue import WaitQueue
 from serving.engine.wait_reasons import KV_CAPACITY, RETRACTED, RUNNING_LIMIT, STEP_BUDGET, assign
@@ -83,6 +86,7 @@ class SchedulerCore:
         self.last_step = StepStats()
         fault = os.environ.get(FAULT_SEED_ENV)
         self.fault_seed = int(fault) if fault else None
+        self.seams = Seams.from_env()
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
         self._forward_ns = self._sample_ns = 0  # this step's, over every run of it (isolation reruns too)
@@ -123,7 +127,7 @@ class SchedulerCore:
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
         req = Req(rid=rid, input_ids=list(input_ids), params=params,
                   generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids),
-                  priority=priority, namespace=namespace)
+                  priority=priority, namespace=namespace, hold=self.seams.holds(params.seed))
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
         if pooling is not None:
             req.pooling, req.max_new_tokens = PoolState(pooling), 0
@@ -146,7 +150,20 @@ class SchedulerCore:
     # -- state ------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Something to step: a waiting request, or a running one that is not held (`num_held`)."""
+        return bool(self.waiting) or any(not r.held for r in self.running)
+
+    @property
+    def num_held(self) -> int:
+        return sum(r.held for r in self.running)
+
+    def release(self, rids: list[str]) -> int:
+        """Let held-marked requests finish (every one when `rids` is empty); how many were marked."""
+        reqs = [self.reqs[r] for r in rids if r in self.reqs] if rids else list(self.reqs.values())
+        marked = [r for r in reqs if r.hold]
+        for req in marked:
+            req.hold = False
+        return len(marked)
 
     @property
     def num_waiting(self) -> int:
@@ -175,7 +192,8 @@ class SchedulerCore:
         """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool and admission estimate,
         its latest step, its prefix-cache and retraction counters.  The Scheduler process adds its own."""
         return {
-            "num_running": self.num_running, "num_waiting": self.num_waiting, **self.pool.stats(),
+            "num_running": self.num_running, "num_waiting": self.num_waiting, "held": self.num_held,
+            **self.pool.stats(),
             "kv_reserved": self.kv_committed, "new_token_ratio": self.policy.ratio,
             **self.last_step.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
@@ -276,9 +294,9 @@ class SchedulerCore:
         has room for `headroom_steps` more tokens; never the last one (alone, it always fits)."""
         if self.policy.reserve or self.cache.available >= self._step_need(0):
             return []
-        order = self.policy.victims(self.running)
+        order = [r for r in self.policy.victims(self.running) if not r.held]  # a held request keeps its KV
         victims: list[Req] = []
-        while len(self.running) > 1 and self.cache.available < self._step_need(self.policy.headroom_steps):
+        while order and len(self.running) > 1 and self.cache.available < self._step_need(self.policy.headroom_steps):
             victims.append(self._retract(order.pop(0)))
         for req in sorted(victims, key=lambda r: r.times.queued, reverse=True):
             self.waiting.appendleft(req)  # at the head, in arrival order
@@ -303,7 +321,7 @@ class SchedulerCore:
         """Run one batch; returns the new tokens and finishes it produced."""
         t0 = now_ns()
         retracted = self._make_room()
-        decoding = [r for r in self.running if r.prefill_done]
+        decoding = [r for r in self.running if r.prefill_done and not r.held]
         chunks = self._admit(self.prefill_budget(len(decoding)), len(decoding), admit_new=not retracted)
         if not retracted:
             self.policy.stepped(decoded=bool(decoding))

@@ -40,6 +40,7 @@ ROUTES = [
     Route("/debug/requests", debug.debug_requests, methods=["GET"]),
     Route("/debug/requests/{rid}", debug.debug_request, methods=["GET"]),
     Route("/debug/timeline", debug.debug_timeline, methods=["GET"]),
+    Route("/debug/barrier", debug.debug_barrier, methods=["POST"]),
     Route("/debug/profile", debug_profile, methods=["POST"]),
     Route("/debug/ui", debug_ui, methods=["GET"]),
     Route("/flush_cache", ops.flush_cache, methods=["POST"]),

@@ -330,8 +330,11 @@ class EngineMonitor:
 
     def seconds_without_token(self, oldest_arrival: int | None) -> float:
         """With requests in flight: seconds since the later of the last token, the oldest arrival and the
-        end of the latest in_place pause; 0 while paused in place (no token is due)."""
+        end of the latest in_place pause; 0 while paused in place, or while the tests' hold seam holds a
+        request (no token is due)."""
         if oldest_arrival is None or self.paused == "in_place":
+            return 0.0
+        if any(s.held for s in self._scheduler_stats.values() if s is not None):
             return 0.0
         last = max(oldest_arrival, self.last_token_at or 0, self._resumed_at)
         return (now_ns() - last) / 1e9

@@ -26,6 +26,7 @@ from typing import Any, AsyncIterator
 
 from protocol.io_struct import (
     AbortReq,
+    BarrierReq,
     BatchEmbeddingOutput,
     BatchStrOutput,
     DetokParams,
@@ -84,6 +85,7 @@ class TokenizerManager:
         self.finished_total = 0
         self._flushes: dict[str, _FlushReplies] = {}  # awaiting every rank's reply
         self._timelines: dict[str, _RankReplies] = {}  # the same, for GET /debug/timeline
+        self._barriers: dict[str, _RankReplies] = {}  # POST /debug/barrier: every rank's marker, on each path
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -134,6 +136,11 @@ class TokenizerManager:
                 waiting = self._timelines.get(msg.id)
                 if waiting is not None:  # else its caller timed out
                     waiting.add(msg.dp_rank, msg)
+                return
+            if isinstance(msg, BarrierReq):
+                waiting = self._barriers.get(msg.id)
+                if waiting is not None:
+                    waiting.add((msg.dp_rank, msg.path), msg)
                 return
             applied = self.engine.handle(msg)
         except Exception as exc:  # noqa: BLE001 - one bad message must not stop the loop
@@ -326,6 +333,20 @@ class TokenizerManager:
         finally:
             del self._timelines[tid]
 
+    async def barrier(self, timeout: float = 10.0) -> int:
+        """Push a marker through every rank's Scheduler → Detokenizer → here and wait for it on the output
+        path and both control paths: what the children sent before it (outputs, stats) has then been
+        handled.  Returns the number of ranks; raises TimeoutError when one does not answer."""
+        bid = uuid.uuid4().hex
+        pending = self._barriers[bid] = _RankReplies(3 * self.args.dp_size)  # output, control, detokenizer
+        try:
+            for rank in range(self.args.dp_size):
+                self.transport.send(BarrierReq(id=bid, worker=self.worker), rank)
+            await asyncio.wait_for(pending.done, timeout)
+            return self.args.dp_size
+        finally:
+            del self._barriers[bid]
+
     def broadcast(self, msg: Message) -> None:
         """One control message (pause, continue, log level) to every Scheduler rank."""
         for rank in range(self.args.dp_size):
@@ -372,14 +393,14 @@ class _FlushReplies:
 
 
 class _RankReplies:
-    """One reply from every rank, in rank order."""
+    """One reply from every rank (or every (rank, path)), in key order."""
 
     def __init__(self, ranks: int) -> None:
-        self.replies: dict[int, Any] = {}
+        self.replies: dict[Any, Any] = {}
         self.ranks = ranks
         self.done: asyncio.Future[list] = asyncio.get_running_loop().create_future()
 
-    def add(self, rank: int, reply: Any) -> None:
+    def add(self, rank: Any, reply: Any) -> None:
         self.replies[rank] = reply
         if len(self.replies) == self.ranks and not self.done.done():
             self.done.set_result([self.replies[r] for r in sorted(self.replies)])

@@ -37,6 +37,7 @@ from prometheus_client import generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from protocol.io_struct import (
+    BarrierReq,
     FlushCacheReqOutput,
     HubQuery,
     HubReply,
@@ -143,7 +144,7 @@ class Hub:
                     task = asyncio.create_task(self.answer(msg))
                     self.answering.add(task)  # held until done: the loop keeps only weak references
                     task.add_done_callback(self.answering.discard)
-                elif isinstance(msg, (FlushCacheReqOutput, StepTimelineOutput)):  # to the worker that asked
+                elif isinstance(msg, (FlushCacheReqOutput, StepTimelineOutput, BarrierReq)):  # to the worker that asked
                     self.fleet.send(msg.worker, msg)
                 elif msg is not None and not self.monitor.handle(msg):
                     self.codec.undecodable += 1

@@ -2,7 +2,10 @@
 /debug/requests/{rid}.  Behind several tokenizer workers each worker holds only its own
 requests, so these ask the hub, which gathers every worker's answer.  /debug/timeline asks
 every Scheduler rank for its recent steps (the replies come back through the hub to the
-worker that asked) and merges them into one Chrome Trace Event file."""
+worker that asked) and merges them into one Chrome Trace Event file.  POST /debug/barrier
+returns once a marker has been through every rank's Scheduler and Detokenizer and back
+(`TokenizerManager.barrier`): what the engine sent before it, outputs and stats, has been
+handled by then (behind several workers: by the hub, and on the asking worker's output path)."""
 
 from __future__ import annotations
 
@@ -61,6 +64,16 @@ async def debug_timeline(request: Request) -> Response:
                                        "param": None, "code": None}}, status_code=503)
     body = chrome_trace((r.dp_rank, r.steps) for r in replies)
     return JSONResponse(body, headers={"content-disposition": 'inline; filename="sightline-timeline.json"'})
+
+
+async def debug_barrier(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    try:
+        ranks = await state.tm.barrier()
+    except TimeoutError:
+        return JSONResponse({"error": {"message": "an engine rank did not answer", "type": "unavailable",
+                                       "param": None, "code": None}}, status_code=503)
+    return JSONResponse({"ranks": ranks})
 
 
 def _hub_json(reply) -> Response:

@@ -1,0 +1,37 @@
+"""Test-only seams of the engine, off unless their environment variable is set (as the fault seed is).
+
+They let an end-to-end test make "a request is still running when X happens" a precondition it
+checks, instead of a race it hopes to win with a long stream:
+
+- `SIGHTLINE_TEST_HOLD_SEED=N`: a request whose sampling seed is N is *held*: it stops before its
+  last token (after `max_new_tokens - 1`, at least one) and stays running, keeping its KV and its
+  place in the batch, until it is cut (disconnect, timeout, abort, pause in mode abort, SIGTERM's
+  grace, a kill) or released (`ReleaseHeldReq` on the Scheduler's socket, `tests.e2e_util.release`).
+  A held request is never retracted.  The Scheduler reports how many it holds (`SchedulerStats.held`,
+  on /debug/state), and the stall check does not count a held request as stuck.
+- `SIGHTLINE_TEST_STEP_FLOOR_MS=N`: every engine step that runs a batch lasts at least N ms (the
+  Scheduler sleeps the rest), so tokens keep flowing during an event however fast the engine is.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+HOLD_SEED_ENV = "SIGHTLINE_TEST_HOLD_SEED"
+STEP_FLOOR_ENV = "SIGHTLINE_TEST_STEP_FLOOR_MS"
+
+
+@dataclass(frozen=True)
+class Seams:
+    hold_seed: int | None = None
+    step_floor_s: float = 0.0
+
+    @classmethod
+    def from_env(cls) -> Seams:
+        hold, floor = os.environ.get(HOLD_SEED_ENV), os.environ.get(STEP_FLOOR_ENV)
+        return cls(int(hold) if hold else None, float(floor) / 1000 if floor else 0.0)
+
+    def holds(self, seed: int | None) -> bool:
+        """A request with this sampling seed is to be held."""
+        return self.hold_seed is not None and seed == self.hold_seed
