@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import HOLD, ServerProc, Stream, value, scrape
+from tests.server_util import HOLD, ServerProc, Stream, scrape, value
 
 
 @pytest.fixture(scope="module")
