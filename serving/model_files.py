@@ -75,10 +75,31 @@ def _quiet_transformers() -> None:
 
 
 def _gguf_cache_dir(gguf: Path, cache_dir: Path) -> Path:
-    st = gguf.stat()
-    key = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CACHE_FORMAT}"
+    """Keyed by the file's content, so the same file installed anew (a fresh venv) reuses its conversion."""
+    key = f"{_content_digest(gguf, cache_dir)}|{CACHE_FORMAT}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_dir / "models" / f"{gguf.stem}-{digest}"
+
+
+def _content_digest(gguf: Path, cache_dir: Path) -> str:
+    """sha256 of the file (~0.5 s for 270 MB), remembered by path, size and mtime so a load reads it once."""
+    st = gguf.stat()
+    memo_key = hashlib.sha256(f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:24]
+    memo = cache_dir / "models" / ".digests" / memo_key
+    try:
+        return memo.read_text().strip()
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    digest = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(f".{os.getpid()}")
+    tmp.write_text(digest)
+    os.replace(tmp, memo)
+    return digest
 
 
 def _publish(tmp: Path, final: Path) -> None:

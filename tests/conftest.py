@@ -8,6 +8,19 @@ import pytest
 from serving.engine.loader import LoadedModel, load_model
 from tests.otlp_receiver import OTLPReceiver
 
+# The stack lane of `make test` (scripts/run_tests.py): modules that mostly wait on fixed durations,
+# Prometheus, HAProxy, Locust or larger models, run beside the fast lane.
+STACK_MODULES = frozenset({
+    "test_chaos_soak", "test_soak_short", "test_replicas", "test_alerting", "test_loadtest", "test_locust_plain",
+    "test_model_families_server", "test_server_smollm", "test_admission_server",
+})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in STACK_MODULES:
+            item.add_marker(pytest.mark.stack)
+
 
 @pytest.fixture(scope="session")
 def tiny() -> LoadedModel:

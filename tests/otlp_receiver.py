@@ -158,7 +158,7 @@ class OTLPReceiver:
                 found = [s for s in self.spans if pred(s)]
             if found or time.monotonic() > deadline:
                 return found
-            time.sleep(0.1)
+            time.sleep(0.1)  # clock: the poll interval
 
     def close(self) -> None:
         self.server.shutdown()

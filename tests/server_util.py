@@ -20,6 +20,7 @@ TEST_KEY = "sk-sightline-test-0123456789abcdef"  # the API key of tests/conftest
 # token short of its max_tokens and stays running until `ServerProc.release` or a cut.
 HOLD_SEED = 424242
 HOLD = {"seed": HOLD_SEED, "ignore_eos": True}  # merge into a body (OpenAI routes) or sampling_params
+HOSTILE_ENV = "SIGHTLINE_TEST_HOSTILE"  # set by `make test-hostile` (scripts/run_tests.py)
 
 
 class ServerProc(LocalServer):
@@ -31,6 +32,8 @@ class ServerProc(LocalServer):
         """`step_floor_ms`: every engine step lasts at least this long (the step-floor seam), for tests
         that need tokens flowing during an event however fast the engine is."""
         self.tmpdir = tmpdir
+        if os.environ.get(HOSTILE_ENV):  # `make test-hostile`: no floor, so nothing may lean on one
+            step_floor_ms = 0
         extra_env = {HOLD_SEED_ENV: str(HOLD_SEED), **({STEP_FLOOR_ENV: str(step_floor_ms)} if step_floor_ms else {}),
                      **(env or {})}
         key = extra_env.get("SIGHTLINE_API_KEY")
@@ -91,7 +94,7 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
         result = predicate()
         if result:
             return result
-        time.sleep(interval)
+        time.sleep(interval)  # clock: the poll interval
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 

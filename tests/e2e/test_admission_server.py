@@ -53,7 +53,7 @@ async def open_streams(url: str, n: int, until, timeout: float = 180.0) -> tuple
             got = await asyncio.to_thread(until)
             if got is not None and started.is_set():
                 break
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # clock: the poll interval
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

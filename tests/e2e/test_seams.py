@@ -26,7 +26,7 @@ def test_a_held_request_stops_one_token_short_until_released(srv):
     assert len(s.tokens()) == 7 and "[DONE]" not in s.events  # every token but the last has arrived
     state = srv.debug()["scheduler"]
     assert state["num_running"] == 1 and state["held"] == 1 and state["kv_in_use"] > 0  # running, its KV kept
-    time.sleep(1.5)  # past the 1 s --stall-timeout: a held request is not a stuck engine
+    time.sleep(1.5)  # clock: past the 1 s --stall-timeout: a held request is not a stuck engine
     assert httpx.get(srv.url + "/health").status_code == 200
     srv.release()
     s.join(30)

@@ -64,13 +64,14 @@ def _march(march: str | None) -> str:
     return march or os.environ.get(MARCH_ENV) or "native"
 
 
-def build(cache_dir: Path | None = None, march: str | None = None) -> Path:
-    """Compile kernels/*.cpp into one library (unless cached) and return its path."""
+def build(cache_dir: Path | None = None, march: str | None = None, kernels: Path = KERNELS) -> Path:
+    """Compile `kernels`/*.cpp (the engine's, unless a test names a small stub) into one library, unless
+    cached, and return its path."""
     cxx = shutil.which(os.environ.get("CXX", "g++"))
     if cxx is None:
         raise RuntimeError("no C++ compiler (g++) on PATH")
-    sources = sorted(KERNELS.glob("*.cpp"))
-    headers = sorted(KERNELS.glob("*.h"))
+    sources = sorted(kernels.glob("*.cpp"))
+    headers = sorted(kernels.glob("*.h"))
     flags = (*FLAGS, f"-march={_march(march)}")
     key = hashlib.sha256(b"\0".join(
         [*(p.name.encode() + p.read_bytes() for p in sources + headers), " ".join(flags).encode(),

@@ -78,3 +78,23 @@ def test_corrupt_gguf_gives_one_line_not_a_traceback(tmp_path):
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith(f"error: cannot read GGUF file {truncated}")
     assert not list((tmp_path / "c").glob("models/truncated*"))  # nothing half-written is cached
+
+
+def test_the_conversion_is_keyed_by_content_not_by_path(tmp_path):
+    """The same file installed anew (a fresh venv: another path, another mtime) reuses its conversion."""
+    from tests.family_models import gguf
+
+    src = gguf("llama")
+    cache = tmp_path / "cache"
+    first, converted = prepare_model_dir(str(src), cache)
+    assert converted
+    copy = tmp_path / "elsewhere" / src.name
+    copy.parent.mkdir()
+    copy.write_bytes(src.read_bytes())
+    again, converted_again = prepare_model_dir(str(copy), cache)
+    assert again == first and not converted_again
+    copy.write_bytes(src.read_bytes()[:-1] + b"\x01")  # other content: another conversion (it fails or differs)
+    os.utime(copy, ns=(1, 1))
+    from serving.model_files import _gguf_cache_dir
+
+    assert _gguf_cache_dir(copy, cache) != first

@@ -79,8 +79,11 @@ def test_backend_selection_says_why(kernel):
         ServerArgs(linear_backend="blas")
 
 
-def test_the_kernel_cache_honours_cache_dir(tmp_path, kernel):
-    lib = native.build(tmp_path)
+def test_the_kernel_cache_honours_cache_dir(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "stub.cpp").write_text('extern "C" int sightline_stub() { return 1; }\n')  # the cache, not the kernels
+    lib = native.build(tmp_path, kernels=src)
     assert lib.parent == tmp_path / "kernels" and lib.exists()
 
 

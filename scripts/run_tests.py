@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""`make test`: every test, in two lanes side by side.
+
+- the fast lane: the unit tests first (a unit failure shows in minutes, printed as soon as they
+  end), then the end-to-end tests that start one small server each;
+- the stack lane: the tests marked `stack` (tests/conftest.py: soak, chaos, replicas behind
+  HAProxy, live alerting, Locust, the model-family and SmolLM2 servers), which mostly wait on
+  fixed durations, Prometheus and other processes.
+
+Every server takes a free port of its own, so the lanes never collide.  Each lane's pytest output
+goes to a log printed when the lane ends; then the 25 slowest tests of the whole run and one
+closing line with the totals.  Exit status: non-zero when any lane failed.
+
+Usage: python scripts/run_tests.py [--hostile] [pytest args...]
+  --hostile  one core (taskset -c 0) and the step floor forced to 0 in every test server
+             (`make test-hostile`): how a timing-sensitive test behaves on the slowest machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+HOSTILE_ENV = "SIGHTLINE_TEST_HOSTILE"  # read by tests/server_util.ServerProc: no step floor
+
+
+def lane(name: str, runs: list[list[str]], logdir: Path, env: dict[str, str], prefix: list[str],
+         results: dict, lock: threading.Lock) -> None:
+    """Run `runs` (pytest argument lists) one after another; print each one's log as it ends."""
+    for i, args in enumerate(runs):
+        log, xml = logdir / f"{name}-{i}.log", logdir / f"{name}-{i}.xml"
+        t0 = time.monotonic()
+        with open(log, "wb") as out:
+            rc = subprocess.call([*prefix, PY, "-m", "pytest", *args, f"--junitxml={xml}"], cwd=ROOT, env=env,
+                                 stdout=out, stderr=subprocess.STDOUT)
+        with lock:
+            results[(name, i)] = (rc, xml, time.monotonic() - t0)
+            print(f"\n===== {name} lane, part {i + 1}: pytest {' '.join(args)} (exit {rc}, "
+                  f"{time.monotonic() - t0:.0f} s) =====", flush=True)
+            sys.stdout.write(log.read_text(errors="replace"))
+            sys.stdout.flush()
+
+
+def summary(xmls: list[Path]) -> tuple[dict[str, int], list[tuple[float, str]]]:
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    times: list[tuple[float, str]] = []
+    for xml in xmls:
+        if not xml.exists():
+            counts["errors"] += 1
+            continue
+        for case in ET.parse(xml).getroot().iter("testcase"):
+            times.append((float(case.get("time", 0)), f"{case.get('classname')}::{case.get('name')}"))
+            tags = {c.tag for c in case}
+            if "failure" in tags:
+                counts["failed"] += 1
+            elif "error" in tags:
+                counts["errors"] += 1
+            elif "skipped" in tags:
+                counts["skipped"] += 1
+            else:
+                counts["passed"] += 1
+    return counts, sorted(times, reverse=True)
+
+
+def main(argv: list[str]) -> int:
+    hostile = "--hostile" in argv
+    extra = [a for a in argv if a != "--hostile"]
+    env = {**os.environ, **({HOSTILE_ENV: "1"} if hostile else {})}
+    prefix = ["taskset", "-c", "0"] if hostile else []
+    common = ["-p", "no:cacheprovider", *extra]
+    lanes = {
+        "fast": [["tests/unit", *common], ["tests/e2e", "-m", "not stack", *common]],
+        "stack": [["tests/e2e", "-m", "stack", *common]],
+    }
+    logdir = Path(tempfile.mkdtemp(prefix="sightline-tests-"))
+    results: dict = {}
+    lock = threading.Lock()
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=lane, args=(n, r, logdir, env, prefix, results, lock)) for n, r in lanes.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts, times = summary([xml for _, xml, _ in results.values()])
+    print(f"\n===== the 25 slowest tests of the run ({time.monotonic() - t0:.0f} s in all"
+          f"{', hostile: one core, no step floor' if hostile else ''}) =====")
+    for seconds, name in times[:25]:
+        print(f"{seconds:8.2f}s  {name}")
+    # pytest exit 5 (no tests collected) is a failure here: every lane has tests
+    failed = [f"{n} part {i + 1} (exit {rc})" for (n, i), (rc, _, _) in sorted(results.items()) if rc != 0]
+    if failed:
+        print("failed lanes: " + ", ".join(failed))
+    line = f"{counts['passed']} passed, {counts['failed'] + counts['errors']} failed, {counts['skipped']} skipped"
+    print(line)
+    return 1 if failed or counts["failed"] or counts["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
