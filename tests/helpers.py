@@ -5,8 +5,10 @@ in `conftest.py`; support servers and writers have modules of their own (`server
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -28,6 +30,14 @@ PROMPTS = [
     "def fibonacci(n):",
     "Write a haiku about the sea.",
 ]
+
+
+def script_module(name: str) -> ModuleType:
+    """A script of `scripts/` (not a package) loaded as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def encode(model: LoadedModel, text: str) -> list[int]:

@@ -5,13 +5,12 @@ without torch, and engine state has one writer."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, script_module
 
 ROOT = REPO
 
@@ -29,10 +28,7 @@ def imported_packages(package: str) -> set[str]:
 
 
 def _import_graph():
-    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
-    graph_module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(graph_module)
-    return graph_module
+    return script_module("import_graph")
 
 
 def test_protocol_is_a_leaf():

@@ -3,16 +3,11 @@ without saying why, and the checker itself catches both."""
 
 from __future__ import annotations
 
-import importlib.util
-
-from tests.helpers import REPO
+from tests.helpers import script_module
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_test_races", REPO / "scripts" / "check_test_races.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return script_module("check_test_races")
 
 
 def test_no_e2e_test_races_the_engine():
