@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -118,6 +119,21 @@ class Prometheus(Daemon):
 
     def query_range(self, expr: str, start: float, end: float, step: str = "1s") -> list[dict]:
         return self.api("query_range", query=expr, start=start, end=end, step=step)["result"]
+
+    def scraped_after(self, t: float, evaluated: bool = False, targets: int | None = None) -> None:
+        """Wait until every active target (`targets` of them, if given) was scraped, and with `evaluated` every
+        rule group evaluated, after `t` (Unix seconds): what the targets showed at `t` is in the database."""
+        def past() -> bool:
+            active = self.api("targets", state="active")["activeTargets"]
+            groups = self.api("rules")["groups"] if evaluated else []
+            return (bool(active) and (targets is None or len(active) == targets)
+                    and all(_unix(x["lastScrape"]) > t for x in active)
+                    and all(_unix(g["lastEvaluation"]) > t for g in groups))
+        self.wait_for(f"a scrape{' and an evaluation' if evaluated else ''} after {t:.3f}", past, 20)
+
+
+def _unix(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 class Alertmanager(Daemon):

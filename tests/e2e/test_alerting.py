@@ -12,6 +12,7 @@ recording rule returns data.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from tests.prom_util import (
     queries_without_data,
     require_tool,
 )
-from tests.server_util import push_frames
+from tests.server_util import HOLD, push_frames, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "dashboards/prometheus"
@@ -144,14 +145,25 @@ def test_alertmanager_routes_pages_and_inhibits_their_ticket_twins(tmp_path):
         return {"labels": {"alertname": name, "severity": severity, "slo": slo_name, **base},
                 "annotations": {"summary": "test"}}
 
+    def known() -> dict[tuple[str, str], dict]:
+        """(alertname, severity) → status of each alert Alertmanager holds."""
+        import httpx
+
+        alerts = httpx.get(f"{am.url}/api/v2/alerts", timeout=10).json()
+        return {(a["labels"]["alertname"], a["labels"]["severity"]): a["status"] for a in alerts}
+
     with WebhookLog(got.append) as hook:
         with Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am:
             am.post_alerts([alert("SightlineTTFTBudgetBurn", "page", "ttft")])
-            time.sleep(0.5)  # the page is known before its twin arrives
+            am.wait_for("the page known", lambda: ("SightlineTTFTBudgetBurn", "page") in known(), 10)
             am.post_alerts([alert("SightlineTTFTBudgetBurn", "ticket", "ttft"),
                             alert("SightlineTPOTBudgetBurn", "ticket", "tpot")])
             am.wait_for("two notifications", lambda: len(got) >= 2, 20)
-            time.sleep(2)  # a few more group intervals: the inhibited twin must still be missing
+            time.sleep(2)  # clock: two more group intervals (1 s): the inhibited twin must still be missing
+            status = known()
+    assert status[("SightlineTTFTBudgetBurn", "ticket")]["state"] == "suppressed", status
+    assert status[("SightlineTTFTBudgetBurn", "ticket")]["inhibitedBy"], status
+    assert status[("SightlineTPOTBudgetBurn", "ticket")]["state"] == "active", status
     seen = sorted((a["receiver"], a["alertname"], a["severity"]) for a in got)
     assert seen == [("page", "SightlineTTFTBudgetBurn", "page"), ("ticket", "SightlineTPOTBudgetBurn", "ticket")], got
 
@@ -159,7 +171,7 @@ def test_alertmanager_routes_pages_and_inhibits_their_ticket_twins(tmp_path):
 # -- the live stack: a real server under load, a real Prometheus and Alertmanager --------
 LIVE_RULES = {"SightlineEngineStalled": {"threshold": 2, "for": "0s"}}  # stall after 2 s, fire at once
 QUEUE = 8  # the live server's --max-queued-requests: above _load's 6 concurrent requests
-BURST = QUEUE + 4  # sent while the engine is stopped: QUEUE wait, the rest are shed
+BURST = QUEUE + 4  # sent while the engine is stopped: QUEUE - 1 wait (behind the stalled stream), the rest are shed
 
 
 async def _load(url: str) -> list[int]:
@@ -176,9 +188,9 @@ async def _load(url: str) -> list[int]:
             return r.status_code
 
         async def streamed(i: int, walk_away: bool = False) -> int:
-            body = {"messages": [{"role": "user", "content": f"Say {i}"}], "stream": True,
-                    "max_tokens": 400 if walk_away else 16, "ignore_eos": walk_away,
-                    "stream_options": {"include_usage": True}}
+            # a walked-away-from request is held: still running when its client goes
+            body = {"messages": [{"role": "user", "content": f"Say {i}"}], "stream": True, "max_tokens": 16,
+                    "stream_options": {"include_usage": True}, **(HOLD if walk_away else {})}
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 chunks = 0
                 async for line in r.aiter_lines():
@@ -210,52 +222,56 @@ def _send_undecodable_frame(runtime_dir: Path) -> None:
 
 
 def _while_engine_stalled(server, action):
-    """Run `action()` with the Scheduler SIGSTOPped while a stream is in flight; SIGCONT after."""
+    """Run `action()` with the Scheduler SIGSTOPped and a stream in flight (sent once the engine
+    stopped: no token can come); SIGCONT after, and the stream then runs to its end."""
     import os
     import signal
     import threading
 
     import httpx
 
-    started, done = threading.Event(), threading.Event()
+    from tests.server_util import sse_events
+
+    server.wait_held(0)  # the walked-away-from requests are gone: a held one would not count as stuck
+    got: dict = {}
 
     def stream() -> None:
-        body = {"prompt": "Stall here", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        body = {"prompt": "Stall here", "max_tokens": 8, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
-            for line in r.iter_lines():
-                if r.status_code == 200 and line.startswith("data: "):
-                    started.set()
-                if done.is_set():
-                    break
+            got["status"], got["events"] = r.status_code, sse_events(r.iter_lines())
 
-    reader = threading.Thread(target=stream, daemon=True)
-    reader.start()
-    assert started.wait(30), "the stalling request never started streaming"
     pid = server.debug()["pids"]["scheduler"]
     os.kill(pid, signal.SIGSTOP)
+    reader = threading.Thread(target=stream, daemon=True)
     try:
-        return action()
+        reader.start()
+        wait_until(lambda: server.debug()["in_flight"] == 1, 10, "the stream in flight")
+        result = action()
     finally:
         os.kill(pid, signal.SIGCONT)
-        done.set()
         reader.join(30)
+    assert got["status"] == 200 and got["events"][-1] == "[DONE]", got
+    assert got["events"][-2]["usage"]["completion_tokens"] == 8, got
+    return result
 
 
 def _deadline_and_burst(server, pool) -> list:
     """With the engine stopped: a request with a 0.3 s deadline ends with 504, and of BURST
-    requests QUEUE wait for the engine (their futures are returned) while the rest get 429."""
-    r = server.post("/v1/completions", {"prompt": "Too slow", "max_tokens": 200, "ignore_eos": True},
+    requests QUEUE - 1 wait for the engine (their futures are returned; the stalled stream holds
+    the queue's last place) while the rest get 429."""
+    r = server.post("/v1/completions", {"prompt": "Too slow", "max_tokens": 8},
                     headers={"x-request-timeout": "0.3"}, timeout=30)
     assert r.status_code == 504, r.text
     burst = [pool.submit(server.post, "/v1/completions", {"prompt": f"Burst {i}", "max_tokens": 4})
              for i in range(BURST)]
-    deadline = time.monotonic() + 20
-    while sum(f.done() for f in burst) < BURST - QUEUE and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: sum(f.done() for f in burst) >= BURST - (QUEUE - 1), 20, "the burst's overflow shed")
     shed = [f.result() for f in burst if f.done()]
-    assert [r.status_code for r in shed] == [429] * (BURST - QUEUE), [r.text for r in shed]
+    assert [r.status_code for r in shed] == [429] * (BURST - (QUEUE - 1)), [r.text for r in shed]
     assert all(int(r.headers["retry-after"]) >= 1 for r in shed)
     return burst
+
+
 
 
 def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
@@ -303,12 +319,12 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
                 prom.wait_for("sightline scraped", lambda: prom.api("query", query='up{job="sightline"} == 1')[
                     "result"], 30)
                 statuses = asyncio.run(_load(server.url))
-                assert statuses.count(200) >= 38 and 400 in statuses, statuses
+                assert statuses == [200] * 41 + [400] * 2 + [200] * 3, statuses
                 _send_undecodable_frame(server.runtime_dir)
                 assert not stall_paged(), "the engine counted as stalled before it was stopped"
                 burst, fired = _while_engine_stalled(server, while_stalled)
                 assert {a["receiver"] for a in fired} == {"page"}, fired
-                assert [f.result(60).status_code for f in burst].count(200) == QUEUE  # served after SIGCONT
+                assert [f.result(60).status_code for f in burst].count(200) == QUEUE - 1  # served after SIGCONT
 
                 os.kill(server.debug()["pids"]["detokenizer"], signal.SIGKILL)
                 failed = prom.wait_for("SightlineEngineRestarting at the webhook",
@@ -317,8 +333,13 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
                     ("page", "detokenizer", "exited")}, failed
                 server.wait_healthy(60)  # the engine was restarted, HTTP stayed up
                 assert '"msg": "engine failure: detokenizer exited' in server.log()
-                time.sleep(3)  # a few scrapes with the engine running again
-                end = time.time()
+                for _ in range(2):  # a few scrapes with the engine running again
+                    prom.scraped_after(time.time())
+                # the query range's last point (2 s steps from `start`) is `end` itself; then Prometheus
+                # holds everything up to `end`
+                end = math.ceil(time.time())
+                start = end - 2 * math.ceil((end - start) / 2)
+                prom.scraped_after(end, evaluated=True)
                 missing, evaluated = queries_without_data(prom, start, end)
                 assert missing == [], "no data for:\n" + "\n".join(missing)
                 exemplars = prom.api("query_exemplars", query="sightline_time_to_first_token_seconds_bucket",

@@ -19,12 +19,15 @@ import httpx
 import pytest
 
 from serving.frontend.http.middleware.guard import allowed_hosts, host_name, is_json
-from tests.server_util import ServerProc, samples, scrape, sse_events, value
+from tests.server_util import HOLD, ServerProc, samples, scrape, sse_events, value, wait_until
+
+STEP_FLOOR_MS = 10  # this module's server: tokens keep flowing, at most 100 a second a stream, while inputs arrive
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-prompt-chars", "2100000", tmpdir=tmp_path_factory.mktemp("front"))
+    srv = ServerProc("--max-prompt-chars", "2100000", tmpdir=tmp_path_factory.mktemp("front"),
+                     step_floor_ms=STEP_FLOOR_MS)
     yield srv
     srv.stop()
 
@@ -38,20 +41,21 @@ def _generate(server, rid: str, n: int) -> dict:
 
 
 def test_rid_reused_right_after_a_disconnect_gets_its_own_answer(server):
+    """The old request is held (running, certainly) when its client hangs up, and the same rid is
+    sent again at once: the new request gets its own tokens and finish, never the old one's abort."""
     reference = _generate(server, "reference", 8)["output_ids"]
     for i in range(15):
         rid = f"dup-{i}"
         body = {"text": f"old request {i}", "rid": rid, "stream": True,
-                "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}
+                "sampling_params": {"max_new_tokens": 6, **HOLD}}
         with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
             assert r.status_code == 200
-            for line in r.iter_lines():
-                if line.startswith("data: {"):
-                    break  # the old request is running: hang up on it
+            server.wait_held(1)  # the old request is running: hang up on it
         out = _generate(server, rid, 8)
         assert out["meta_info"]["id"] == rid  # the client's id is echoed
         assert out["meta_info"]["finish_reason"] == {"type": "length"}, out
         assert out["output_ids"] == reference, (i, out)
+        server.wait_held(0)  # the old request was cut by its client's hang-up
 
 
 def test_same_rid_in_flight_twice_both_succeed(server):
@@ -94,7 +98,8 @@ def test_huge_prompt_and_message_count_are_refused_before_tokenizing(tmp_path):
 
 
 def _stream_gaps(url: str, out: list[float], stop: threading.Event) -> None:
-    body = {"prompt": "steady", "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True}
+    """Short streams, one after another until `stop`: the gaps between their tokens."""
+    body = {"prompt": "steady", "max_tokens": 32, "temperature": 0, "ignore_eos": True, "stream": True}
     while not stop.is_set():
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
             last = None
@@ -113,20 +118,21 @@ def _health_latencies(url: str, out: list[float], stop: threading.Event) -> None
             t0 = time.monotonic()
             client.get(url + "/health", timeout=30)
             out.append(time.monotonic() - t0)
-            time.sleep(0.02)
+            time.sleep(0.02)  # clock: the prober's pace, about 50 probes a second
 
 
 def test_large_inputs_do_not_stall_other_streams(server):
     """2M-character prompts (allowed by this server's limit; seconds of tokenizing each) arrive while
-    four streams run: tokenizing happens off the event loop, so the streams keep their pace and
-    /health keeps answering.  Inline, each encode would freeze the loop for its whole duration."""
+    four streams run (short ones, one after another, their tokens paced by the step floor): tokenizing
+    happens off the event loop, so the streams keep their pace and /health keeps answering.  Inline,
+    each encode would freeze the loop for its whole duration."""
     gaps: list[float] = []
     health: list[float] = []
     stop = threading.Event()
     streams = [threading.Thread(target=_stream_gaps, args=(server.url, gaps, stop)) for _ in range(4)]
     for t in streams:
         t.start()
-    time.sleep(2.0)
+    wait_until(lambda: len(gaps) >= 100, 60, "the four streams' first 100 gaps")
     baseline = sorted(gaps)
     before = scrape(server)
     gaps.clear()

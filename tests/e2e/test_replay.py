@@ -58,7 +58,7 @@ def recorded(tmp_path_factory):
 
         threads = []
         for i in range(N):  # bursts of five, 0.5 s apart, 50 ms between the requests of a burst
-            time.sleep(0.5 if i and i % 5 == 0 else 0.05)
+            time.sleep(0.5 if i and i % 5 == 0 else 0.05)  # clock: the arrival offsets recorded, replayed ÷ SPEED
             threads.append(threading.Thread(target=send, args=(i,)))
             threads[-1].start()
         for t in threads:

@@ -6,20 +6,20 @@ and a Prometheus scraping each replica (job="sightline", one `instance` each) wi
 rules. Under mixed streamed and non-streamed load through HAProxy: every dashboard query and
 recording rule returns data; the requests and generation tokens summed over the instances equal
 the client's counts, in Prometheus and in direct scrapes (and HAProxy's per-replica counts equal
-each replica's); timeouts (504) on several replicas make ONE availability burn-rate alert, with
-no instance label. Then one replica is SIGKILLed with streams in flight: its streams are cut
-(the client sees an incomplete chunked body, no [DONE]; streams on the others finish), HAProxy
-takes it out of rotation, every later request succeeds on the survivors, and SightlineDown
-names that instance.
+each replica's); timeouts (504) on every replica make ONE availability burn-rate alert, with
+no instance label. Then one replica is SIGKILLed with held streams in flight (two on each
+replica): its two streams are cut (the client sees an incomplete chunked body, no [DONE]; the
+streams on the others finish once released), HAProxy takes it out of rotation, every later
+request succeeds on the survivors, and SightlineDown names that instance.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,17 +28,18 @@ import httpx
 
 from dashboards import generate, slo
 from tests.prom_util import HAProxy, Prometheus, local_prometheus_config, queries_without_data, require_tool
-from tests.server_util import ServerProc, scrape, value
+from tests.server_util import HOLD, ServerProc, scrape, value, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 REPLICAS = 3
 # The shipped SightlineDown waits `for: 1m`; the test's copy of the rules fires at once.
 LIVE_RULES = {"SightlineDown": {"for": "0s"}}
 LOAD = 60  # requests through HAProxy, in two waves of 30 at once, half streamed
-TIMEOUTS = 9  # requests with a deadline they cannot meet: 504, spread over the replicas
+TIMEOUTS = 9  # held requests with a deadline: 504, three on each replica
+STREAMS = 2 * REPLICAS  # held streams when a replica is killed: two on each
+STREAM_TOKENS = 8  # each held at 7 until its replica dies or it is released
 AFTER_KILL = 12  # requests sent once HAProxy has taken the dead replica out
 JOB = 'job="sightline"'
-
 
 
 async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
@@ -68,31 +69,33 @@ async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
 
 
 async def _deadlines(url: str, n: int) -> list[int]:
-    """`n` requests whose 0.2 s deadline (x-request-timeout) passes mid-generation: 504 each."""
+    """`n` held requests at once (so least connections spreads them evenly), each running until its
+    1 s deadline (x-request-timeout) passes: 504 each."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         async def one(i: int) -> int:
-            r = await client.post("/v1/completions", headers={"x-request-timeout": "0.2"},
-                                  json={"prompt": f"Too slow {i}", "max_tokens": 2000, "ignore_eos": True})
+            r = await client.post("/v1/completions", headers={"x-request-timeout": "1"},
+                                  json={"prompt": f"Too slow {i}", "max_tokens": 8, **HOLD})
             return r.status_code
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-def _long_stream(url: str, i: int, started, results: dict) -> None:
-    """A stream long enough to be still running when its replica is killed, which waits for every stream's first
-    event (150 tokens could all be out by then): records its replica, the events read and how it ended."""
-    body = {"prompt": f"Long stream {i}", "max_tokens": 600, "ignore_eos": True, "stream": True}
-    out = results[i] = {"events": 0, "done": False, "error": None, "replica": None}
+def _held_stream(url: str, i: int, results: dict) -> None:
+    """A held /generate stream (STREAM_TOKENS - 1 tokens, then it waits for a release or a cut): records
+    its replica, the tokens read (each event carries them all so far) and how it ended."""
+    body = {"text": f"Long stream {i}", "stream": True, "sampling_params": {"max_new_tokens": STREAM_TOKENS, **HOLD}}
+    out = results[i] = {"tokens": 0, "done": False, "error": None, "replica": None}
     try:
-        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        with httpx.stream("POST", url + "/generate", json=body, timeout=120) as r:
             out["replica"], out["status"] = r.headers.get("x-sightline-replica"), r.status_code
             for line in r.iter_lines():
-                if line.startswith("data: "):
-                    out["events"] += 1
-                    out["done"] = line == "data: [DONE]"
-                    started.set()
+                if line == "data: [DONE]":
+                    out["done"] = True
+                elif line.startswith("data: "):
+                    out["tokens"] = len(json.loads(line[len("data: "):])["output_ids"])
     except httpx.HTTPError as exc:
         out["error"] = exc
-    started.set()
+
+
 
 
 def _alerts(prom: Prometheus, name: str | None = None) -> list[dict]:
@@ -134,7 +137,9 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
         # in two waves a few scrapes apart: a series first scraped after all of its load shows no rate (histograms
         # appear on their first observation), so a load that fits between two scrapes would leave panels empty
         results = asyncio.run(_mixed_load(lb.url, LOAD // 2))
-        time.sleep(2.5)
+        for s in servers:
+            s.barrier()  # the engines' stats of the first wave are in too
+        prom.scraped_after(time.time(), targets=REPLICAS)
         results += asyncio.run(_mixed_load(lb.url, LOAD - LOAD // 2, first=LOAD // 2))
         assert [r["status"] for r in results] == [200] * LOAD
         sent, tokens = len(results), sum(r["tokens"] for r in results)
@@ -164,10 +169,10 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
               f"{prom_total(f'sum(sightline_requests_total{{{JOB}}})'):g} / "
               f"{prom_total(f'sum(sightline_generation_tokens_total{{{JOB}}})'):g}")
 
-        # -- 504s on several replicas: one service-level burn-rate alert ----------------------
+        # -- 504s on every replica: one service-level burn-rate alert ------------------------
         assert asyncio.run(_deadlines(lb.url, TIMEOUTS)) == [504] * TIMEOUTS
         timeouts = [value(scrape(s), "sightline_requests_total", status="504") for s in servers]
-        assert sum(timeouts) == TIMEOUTS and sum(t > 0 for t in timeouts) >= 2, timeouts
+        assert timeouts == [TIMEOUTS // REPLICAS] * REPLICAS, timeouts
         burn = prom.wait_for("SightlineAvailabilityBudgetBurn firing",
                              lambda: len(_alerts(prom, "SightlineAvailabilityBudgetBurn")) == 2
                              and _alerts(prom, "SightlineAvailabilityBudgetBurn"), 30)
@@ -175,35 +180,43 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
         assert all("instance" not in a["labels"] for a in burn), burn
         prom.wait_for("Prometheus counts every 504", lambda: prom_total(
             f'sum(sightline_requests_total{{{JOB}, status="504"}})') == TIMEOUTS, 20)  # the alert may fire on fewer
-        time.sleep(2)  # an evaluation with the alerts firing inside [start, end]: the query range's last point
-        end = time.time()
-        time.sleep(2)  # a scrape and an evaluation past `end`
+        # the query range's last point (2 s steps from `start`) is `end` itself, after the evaluation that
+        # had the alerts firing; then Prometheus holds everything up to `end`
+        end = math.ceil(time.time())
+        start = end - 2 * math.ceil((end - start) / 2)
+        prom.scraped_after(end, evaluated=True, targets=REPLICAS)
         missing, evaluated = queries_without_data(prom, start, end)
         assert missing == [], "no data for:\n" + "\n".join(missing)
 
-        # -- kill a replica with streams in flight --------------------------------------------
+        # -- kill a replica with held streams in flight ---------------------------------------
         streams: dict[int, dict] = {}
-        events = [threading.Event() for _ in range(2 * REPLICAS)]
-        readers = [pool.submit(_long_stream, lb.url, i, events[i], streams) for i in range(2 * REPLICAS)]
-        assert all(e.wait(30) for e in events), streams
-        victim_name = next(n for n in names if any(s["replica"] == n for s in streams.values()))
+        readers = [pool.submit(_held_stream, lb.url, i, streams) for i in range(STREAMS)]
+        wait_until(lambda: len(streams) == STREAMS and all(s["tokens"] == STREAM_TOKENS - 1 for s in streams.values()),
+                   60, "every stream held, its tokens read")
+        # held, so least connections put two on each replica, and they are running when the kill comes
+        assert [s.held() for s in servers] == [STREAMS // REPLICAS] * REPLICAS
+        assert sorted(s["replica"] for s in streams.values()) == sorted(names * (STREAMS // REPLICAS)), streams
+        victim_name = names[0]
         victim = by_name[victim_name]
         victim_addr = addrs[names.index(victim_name)]
+        survivors = {n: s for n, s in by_name.items() if n != victim_name}
         os.kill(victim.proc.pid, signal.SIGKILL)  # its children die with it (PR_SET_PDEATHSIG)
+        for s in survivors.values():
+            s.release()
         for f in readers:
             f.result(120)
         cut = [s for s in streams.values() if s["replica"] == victim_name]
         whole = [s for s in streams.values() if s["replica"] != victim_name]
         # HAProxy had sent 200 and part of the body: it closes the client connection mid-body
         for s in cut:
-            assert s["status"] == 200 and not s["done"] and s["events"] >= 1, s
+            assert s["status"] == 200 and not s["done"] and s["tokens"] == STREAM_TOKENS - 1, s
             assert isinstance(s["error"], httpx.RemoteProtocolError), s
             assert "incomplete chunked read" in str(s["error"]), s
-        assert cut and whole and all(s["done"] and s["error"] is None for s in whole), streams
-        print(f"killed {victim_name} ({victim_addr}): its streams {[(s['events'], repr(s['error'])) for s in cut]}; "
+        assert len(cut) == STREAMS // REPLICAS and len(whole) == STREAMS - len(cut), streams
+        assert all(s["done"] and s["error"] is None and s["tokens"] == STREAM_TOKENS for s in whole), streams
+        print(f"killed {victim_name} ({victim_addr}): its streams {[(s['tokens'], repr(s['error'])) for s in cut]}; "
               f"{len(whole)} streams on the others ended with [DONE]")
 
-        survivors = {n: s for n, s in by_name.items() if n != victim_name}
         lb.wait_all("DOWN", [victim_name], 10)
         before = {n: value(scrape(s), "sightline_requests_total") for n, s in survivors.items()}
         victim_stot = int(lb.servers()[victim_name]["stot"])

@@ -10,6 +10,7 @@ import pytest
 
 from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 from tests.server_util import (
+    HOLD,
     chat_ids,
     chat_text,
     completion_text,
@@ -139,56 +140,54 @@ def test_models_and_health(tiny_server):
 
 
 def test_engine_info_and_step_phases_reach_metrics(tiny_server):
+    tiny_server.barrier()
+    before = scrape(tiny_server)
     r = tiny_server.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
-
-    def phases_counted() -> str | None:
-        text = scrape(tiny_server)
-        return text if value(text, "sightline_engine_step_phase_seconds_count", phase="output") >= 4 else None
-    text = wait_until(phases_counted, 10, "step phases in the Scheduler's stats")
+    tiny_server.barrier()  # the Scheduler's stats of those steps are in
+    text = scrape(tiny_server)
     assert value(text, "sightline_engine_info", dtype="float32", quantization="none", model_name="tiny-random",
                  architecture="LlamaForCausalLM") == 1
     for phase in ("schedule", "forward", "sample", "output"):
         count = value(text, "sightline_engine_step_phase_seconds_count", phase=phase)
         total = value(text, "sightline_engine_step_phase_seconds_sum", phase=phase)
         inf = value(text, "sightline_engine_step_phase_seconds_bucket", phase=phase, le="+Inf")
-        assert count >= 4 and inf == count and total > 0, phase
+        steps = count - value(before, "sightline_engine_step_phase_seconds_count", phase=phase)
+        assert steps == 4 and inf == count and total > 0, (phase, steps)  # a prefill and three decodes
     forward = value(text, "sightline_engine_step_phase_seconds_sum", phase="forward")
     assert forward > value(text, "sightline_engine_step_phase_seconds_sum", phase="schedule")
 
 
 def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
+    """A held stream (certainly running) whose client hangs up: its KV is freed within a second, and
+    the abort's final output, arriving after the front end forgot the rid, is counted as a stale drop."""
     import time
 
-    before = sum(d[3] for d in tiny_server.debug()["stale_drops"] if d[0] == "tokenizer_manager")
-    body = {"prompt": PROMPTS[0], "max_tokens": 1500, "ignore_eos": True, "temperature": 0, "stream": True}
+    def drops() -> int:
+        return sum(d[3] for d in tiny_server.debug()["stale_drops"] if d[0] == "tokenizer_manager")
+
+    tiny_server.barrier()
+    before = drops()
+    body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "stream": True, **HOLD}
     with httpx.stream("POST", tiny_server.url + "/v1/completions", json=body, timeout=60) as r:
         assert r.status_code == 200, r.read()
-        lines = r.iter_lines()
-        got = 0
-        for line in lines:
-            got += line.startswith("data: ")
-            if got >= 5:
-                break
         rid = r.headers["x-request-id"]
-    t0 = time.monotonic()  # the connection is closed here
-    freed_after = None
-    while time.monotonic() - t0 < 5:
+        tiny_server.wait_held(1)  # seven tokens sent, the request running
         sched = tiny_server.debug()["scheduler"]
-        if (sched["num_running"] == 0 and sched["kv_used"] == sched["prefix_cached_tokens"]
-                and sched["kv_reserved"] == 0):
-            freed_after = time.monotonic() - t0
-            break
-        time.sleep(0.05)
-    assert freed_after is not None and freed_after < 1.0, f"KV not freed ({rid}): {tiny_server.debug()}"
-    deadline = time.monotonic() + 3
-    while time.monotonic() < deadline:
-        state = tiny_server.debug()
-        after = sum(d[3] for d in state["stale_drops"] if d[0] == "tokenizer_manager")
-        if after > before:
-            break
-        time.sleep(0.05)
-    assert after > before, state
+        assert sched["num_running"] == 1 and sched["kv_used"] > sched["prefix_cached_tokens"], sched
+    t0 = time.monotonic()  # the connection is closed here
+
+    def freed() -> bool:
+        tiny_server.barrier()
+        sched = tiny_server.debug()["scheduler"]
+        return (sched["num_running"] == 0 and sched["kv_used"] == sched["prefix_cached_tokens"]
+                and sched["kv_reserved"] == 0 and sched["held"] == 0)
+    wait_until(freed, 5, f"the KV of {rid} freed")
+    freed_after = time.monotonic() - t0
+    assert freed_after < 1.0, f"KV freed only after {freed_after:.2f} s ({rid}): {tiny_server.debug()}"
+    tiny_server.barrier()  # the abort's final output has been through the Detokenizer to the front end
+    state = tiny_server.debug()
+    assert drops() == before + 1, state["stale_drops"]
     assert any(d[:3] == ["tokenizer_manager", "BatchStrOutput", "client_disconnect"] for d in state["stale_drops"])
     assert state["in_flight"] == 0
     ok = tiny_server.post("/v1/completions", {"prompt": "next", "max_tokens": 4})
@@ -196,12 +195,14 @@ def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
 
 
 def test_undecodable_message_is_counted_and_the_loop_survives(tiny_server):
+    tiny_server.barrier()
+    before = tiny_server.debug()["undecodable"]["scheduler"]
     push_frames(tiny_server.runtime_dir, "scheduler", b"\x93not-a-message",
                 json.dumps({"type": "Evil", "payload": "__reduce__"}).encode())
-    import time
 
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and tiny_server.debug()["undecodable"]["scheduler"] < 2:
-        time.sleep(0.1)
-    assert tiny_server.debug()["undecodable"]["scheduler"] >= 2
+    def counted() -> int:  # our socket is not the front end's: a barrier alone may pass ahead of the frames
+        tiny_server.barrier()
+        return tiny_server.debug()["undecodable"]["scheduler"] - before
+    assert wait_until(lambda: counted() >= 2, 10, "the two frames counted as undecodable")
+    assert counted() == 2
     assert tiny_server.post("/v1/completions", {"prompt": "still alive", "max_tokens": 3}).status_code == 200

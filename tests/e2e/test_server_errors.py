@@ -31,6 +31,7 @@ BAD = [
      "messages", None),
     ("prompt longer than context", "POST", "/v1/completions", {"prompt": LONG}, 400,
      "prompt", "context_length_exceeded"),
+    # long: over the context window on purpose (a validation case: refused before it runs)
     ("prompt + max_tokens over context", "POST", "/v1/completions", {"prompt": "x", "max_tokens": 5000}, 400,
      "max_tokens", "context_length_exceeded"),
     ("n > 1", "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n", None),
@@ -71,6 +72,7 @@ def test_bad_requests_leave_nothing_in_flight(tiny_server):
     for _, method, path, body, status, *_ in BAD:
         if method == "POST":
             assert tiny_server.post(path, body).status_code == status
+    tiny_server.barrier()  # the Scheduler's stats are fresh: nothing reached its queue
     state = tiny_server.debug()
-    assert state["in_flight"] == 0 and state["scheduler"]["num_waiting"] == 0
+    assert state["in_flight"] == 0 and state["scheduler"]["num_waiting"] == state["scheduler"]["num_running"] == 0
     assert httpx.get(tiny_server.url + "/health").status_code == 200
