@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from protocol.io_struct import BatchStrOutput, ReqMeta, StrOut
-from tests.server_util import TEST_KEY, push, sse_events, wait_until
+from tests.server_util import HOLD, TEST_KEY, push, sse_events, wait_until
 
 KEY = TEST_KEY
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -75,15 +75,15 @@ def server(keyed_server):
 
 
 def test_in_flight_requests_are_listed(server):
-    body = {"model": "tiny-random", "prompt": "a long story", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    body = {"model": "tiny-random", "prompt": "a long story", "max_tokens": 8, "stream": True, **HOLD}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as r:
-        rid, lines = r.headers["x-request-id"], r.iter_lines()  # held open: a closed iterator disconnects
-        for _ in range(4):
-            next(lines)
+        rid = r.headers["x-request-id"]  # held open: leaving the block disconnects
+        server.wait_held(1)  # it has streamed 7 tokens and runs on
         listed = httpx.get(server.url + "/debug/requests", params={"in_flight": 1}, headers=AUTH).json()["requests"]
     mine = [x for x in listed if x["rid"] == rid]
     assert mine and mine[0]["state"] == "running" and mine[0]["route"] == "/v1/completions", listed
-    assert mine[0]["completion_tokens"] >= 1 and mine[0]["age_ms"] > 0 and mine[0]["stream"] is True
+    assert mine[0]["completion_tokens"] == 7 and mine[0]["age_ms"] > 0 and mine[0]["stream"] is True
+    wait_until(lambda: server.held() == 0, 10, "the held request cut by its client")
 
 
 def test_inspector_page_draws_a_streamed_request(server, tmp_path):
@@ -107,9 +107,12 @@ def test_inspector_page_draws_a_streamed_request(server, tmp_path):
         entry = httpx.get(f"{server.url}/debug/requests/{rid}", headers=AUTH).json()
         roles = {s["role"] for s in entry.get("spans", [])}
         names = {s["name"] for s in entry.get("spans", [])}
-        return entry if {"main", "scheduler", "detokenizer"} <= roles and "stale_message_dropped" in names else None
+        server_span = any(s["kind"] == "SERVER" for s in entry.get("spans", []))
+        return entry if {"main", "scheduler", "detokenizer"} <= roles and "stale_message_dropped" in names \
+            and server_span else None
 
-    entry = wait_until(complete, 15, "spans from all three processes and the stale drop")
+    server.barrier()  # the children's spans (they come with their stats) are in
+    entry = wait_until(complete, 15, "the server span and the stale drop of the late output")
 
     dom = headless(browser, tmp_path, f"{server.url}/debug/ui#key={KEY}&rid={rid}", "--dump-dom")
     parsed = Rows()
@@ -118,7 +121,7 @@ def test_inspector_page_draws_a_streamed_request(server, tmp_path):
     assert parsed.text["detail-rid"] == rid
     assert rid in parsed.text["recent"]
     spans = [row for row in parsed.rows if row.get("data-source") == "span"]
-    assert len(spans) >= len(entry["spans"])  # more may have arrived since (a heartbeat later)
+    assert len(spans) == len(entry["spans"])  # one row each
     assert {"main", "scheduler", "detokenizer"} <= {row["data-lane"] for row in spans}
     assert {"tokenize", "queue", "decode", "detokenize", "stream"} <= {row["data-name"] for row in spans}
     stale = [row for row in spans if row["data-stale"] == "1"]

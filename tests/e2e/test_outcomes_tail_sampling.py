@@ -1,15 +1,18 @@
 """One outcome per request, and tail sampling, on one real server with head sampling at 0.
 
 Each outcome is driven for real (a stop string, max_tokens, a bad body, an injected engine
-error, a 429 while a long stream holds the token budget, a request queued behind it past
+error, a 429 while a held stream holds the token budget, a request queued behind it past
 the TTFT threshold, a client that leaves, a deadline, a killed Scheduler and a request
 arriving while the engine restarts). Then `sightline_requests_total` summed by outcome
 equals the requests sent exactly, and the OTLP receiver holds the complete trace (spans
 of every process) of each request tail sampling kept, and nothing of the ones it dropped.
+The streams that must be running when their client leaves, their deadline passes or the
+Scheduler dies are held one token short of their end (tests.server_util.HOLD).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -19,13 +22,15 @@ import httpx
 import pytest
 
 from serving.args import ServerArgs
-from tests.server_util import ServerProc, value, wait_until
+from tests.server_util import HOLD, ServerProc, value, wait_until
 
 FAULT_SEED = 4242
-LONG = 1500  # tokens of the long streams: seconds of decoding on tiny-random
-# the front end charges a request what the Scheduler first expects it to need: one long stream
-# fits in the token budget, the long stream and a 1200-token request do not
-BUDGET = ServerArgs().expected_tokens(4, LONG) + 500
+LONG = 32  # tokens of the held streams: they stream 31, then run on until cut
+SHED = 40  # tokens a request asks for that is shed beside a held stream
+# the front end charges a request what the Scheduler first expects it to need (prompt + 0.7 x max_tokens): one
+# held stream fits in the token budget, beside a 4-token request too (at most 7 more), not beside a SHED-token
+# one (at least 29 more)
+BUDGET = ServerArgs().expected_tokens(4, LONG) + 20
 TTFT_MS = 500
 
 
@@ -45,26 +50,10 @@ def trace_of(resp: httpx.Response) -> str:
     return resp.headers["traceparent"].split("-")[1]
 
 
-class LongStream(threading.Thread):
-    """A streamed completion of LONG tokens; `close()` leaves mid-stream (a client disconnect)."""
-
-    def __init__(self, srv: ServerProc, **extra) -> None:
-        super().__init__(daemon=True)
-        self.srv, self.extra = srv, extra
-        self.started, self.leave, self.done = threading.Event(), threading.Event(), threading.Event()
-        self.trace = self.status = self.error_event = None
-
-    def run(self) -> None:
-        body = {"prompt": "long", "max_tokens": LONG, "ignore_eos": True, "stream": True, **self.extra}
-        with httpx.stream("POST", self.srv.url + "/v1/completions", json=body, timeout=120) as r:
-            self.trace, self.status = trace_of(r), r.status_code
-            for line in r.iter_lines():
-                self.started.set()
-                if '"error"' in line:
-                    self.error_event = line
-                if self.leave.is_set():
-                    break
-        self.done.set()
+def held_stream(srv: ServerProc) -> contextlib.AbstractContextManager[httpx.Response]:
+    """A streamed completion of LONG tokens, held before its last; leaving the block disconnects."""
+    body = {"prompt": "long", "max_tokens": LONG, "stream": True, **HOLD}
+    return httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=120)
 
 
 def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv, otlp):
@@ -89,22 +78,24 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     traces["error"] = trace_of(r)
     sent += 4
 
-    long = LongStream(srv)
-    long.start()
-    assert long.started.wait(30)
-    r = post({"max_tokens": 1200})  # shed: its budget does not fit beside the long stream's
-    assert r.status_code == 429, r.text
-    traces["shed"] = trace_of(r)
     queued: dict = {}
-    waiter = threading.Thread(target=lambda: queued.setdefault("r", post({"max_tokens": 4})), daemon=True)
-    waiter.start()  # admitted, but --max-running-requests 1: it waits for the long stream
-    time.sleep(TTFT_MS / 1000 * 2)
-    long.leave.set()  # client_disconnect
+    with held_stream(srv) as long:
+        assert long.status_code == 200
+        traces["client_disconnect"] = trace_of(long)
+        srv.wait_held(1)
+        r = post({"max_tokens": SHED})  # shed: its budget does not fit beside the held stream's
+        assert r.status_code == 429, r.text
+        traces["shed"] = trace_of(r)
+        waiter = threading.Thread(target=lambda: queued.setdefault("r", post({"max_tokens": 4})), daemon=True)
+        waiter.start()  # admitted, but --max-running-requests 1: it waits for the held stream
+        wait_until(lambda: srv.barrier() or srv.debug()["scheduler"]["num_waiting"] == 1, 30, "it waits")
+        time.sleep(TTFT_MS / 1000 * 2)  # clock: its wait passes the TTFT threshold
+    # leaving the block disconnected the held stream: client_disconnect
     waiter.join(60)
-    assert long.done.wait(30) and queued["r"].status_code == 200
-    traces["client_disconnect"], traces["ttft"] = long.trace, trace_of(queued["r"])
+    assert queued["r"].status_code == 200
+    traces["ttft"] = trace_of(queued["r"])
     assert queued["r"].json()["sightline"]["ttft_ms"] > TTFT_MS
-    r = post({"max_tokens": LONG, "ignore_eos": True}, headers={"x-request-timeout": "0.3"})  # timeout
+    r = post({"max_tokens": LONG, **HOLD}, headers={"x-request-timeout": "0.3"})  # timeout, held until then
     assert r.status_code == 504, r.text
     traces["timeout"] = trace_of(r)
     sent += 4
@@ -116,12 +107,12 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
         wait_until(lambda: roles(traces[outcome]) == everywhere, 20,
                    f"the {outcome} request's trace from every process")
 
-    doomed = LongStream(srv)
-    doomed.start()
-    assert doomed.started.wait(30)
-    os.kill(srv.debug()["pids"]["scheduler"], signal.SIGKILL)  # engine_failure
-    assert doomed.done.wait(30) and doomed.error_event and "server_unavailable" in doomed.error_event
-    traces["engine_failure"] = doomed.trace
+    with held_stream(srv) as doomed:
+        traces["engine_failure"] = trace_of(doomed)
+        srv.wait_held(1)
+        os.kill(srv.debug()["pids"]["scheduler"], signal.SIGKILL)  # engine_failure
+        error_events = [line for line in doomed.iter_lines() if '"error"' in line]
+    assert len(error_events) == 1 and "server_unavailable" in error_events[0], error_events
     r = post({"max_tokens": 4})  # unavailable: the engine is restarting
     assert r.status_code == 503 and r.json()["error"]["code"] == "engine_unavailable", r.text
     traces["unavailable"] = trace_of(r)
@@ -149,18 +140,28 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     assert server_span["resource"]["service.name"] == "sightline"
     error_span = next(s for s in otlp.trace(traces["error"]) if s["kind"] == "SERVER")
     assert error_span["status"] == 2 and error_span["attributes"]["error.type"]  # STATUS_CODE_ERROR
-    time.sleep(0.5)  # anything still queued for the dropped ones would have arrived with the kept ones
+    # nothing of the dropped ones: the front end exports every kept trace through one queue, in the order
+    # decided, and the kept ones awaited above were decided after them (their spans from the children too)
     for outcome in ("length", "stop", "rejected"):
         assert otlp.trace(traces[outcome]) == [], f"the {outcome} request's trace was exported"
 
 
 def test_a_callers_unsampled_choice_is_respected(srv, otlp):
-    """sampled=0 from the caller: nothing is recorded, so even a failure exports nothing."""
+    """sampled=0 from the caller: nothing is recorded, so even a failure exports nothing.  A failure after it
+    that tail sampling keeps goes out through the same export queue: once its trace is in, the first one's
+    would be too."""
     trace_id = "ab" * 16
-    before = value(httpx.get(srv.url + "/metrics", timeout=10).text, "sightline_tail_sampling_traces_total")
+    total = lambda: value(httpx.get(srv.url + "/metrics", timeout=10).text,  # noqa: E731
+                          "sightline_tail_sampling_traces_total")
+    srv.barrier()
+    before = total()
     r = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
                  headers={"traceparent": f"00-{trace_id}-{'cd' * 8}-00"})
     assert r.status_code == 500
-    time.sleep(1.0)
+    marker = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED})
+    assert marker.status_code == 500
+    srv.barrier()  # the children's spans of both are with the front end, which decided both
+    wait_until(lambda: {s["resource"]["sightline.process.role"] for s in otlp.trace(trace_of(marker))}
+               == {"main", "scheduler", "detokenizer"}, 20, "the later failure's trace from every process")
     assert otlp.trace(trace_id) == []
-    assert value(httpx.get(srv.url + "/metrics", timeout=10).text, "sightline_tail_sampling_traces_total") == before
+    assert total() == before + 1  # the later failure's decision only

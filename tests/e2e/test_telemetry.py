@@ -7,13 +7,12 @@ import json
 import os
 import shutil
 import subprocess
-import time
 
 import httpx
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
-from tests.server_util import ServerProc, scrape, sse_events, value
+from tests.server_util import HOLD, ServerProc, scrape, sse_events, value, wait_until
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
@@ -41,12 +40,8 @@ def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp)
     assert breakdown["trace_id"] == PARENT_TRACE
     assert all(breakdown[k] is not None and breakdown[k] >= 0 for k in ("ttft_ms", "queue_ms", "prefill_ms",
                                                                           "decode_ms", "tokenize_ms", "e2e_ms"))
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        spans = otlp.trace(PARENT_TRACE)
-        if STAGES <= {s["name"] for s in spans}:
-            break
-        time.sleep(0.2)
+    spans = wait_until(lambda: (got := otlp.trace(PARENT_TRACE)) and STAGES <= {s["name"] for s in got} and got, 15,
+                       "the trace's spans at the receiver")
     names = {s["name"] for s in spans}
     assert STAGES <= names, names
     roots = [s for s in spans if s["kind"] == "SERVER"]
@@ -71,13 +66,9 @@ def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp)
     # the batch forward passes live in their own traces, linked to this request
     forwards = otlp.wait_for(lambda s: s["name"] == "forward" and any(l[0] == PARENT_TRACE for l in s["links"]))
     assert forwards and all(s["trace_id"] != PARENT_TRACE for s in forwards)
-    # the same timeline, without any backend (children forward spans with their stats, every heartbeat)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        local = httpx.get(f"{server.url}/debug/requests/{rid}").json()
-        if STAGES <= {s["name"] for s in local["spans"]}:
-            break
-        time.sleep(0.2)
+    # the same timeline, without any backend (children forward spans with their stats: the barrier's too)
+    server.barrier()
+    local = httpx.get(f"{server.url}/debug/requests/{rid}").json()
     assert {s["role"] for s in local["spans"]} == {"main", "scheduler", "detokenizer"}
     assert STAGES <= {s["name"] for s in local["spans"]}
 
@@ -91,24 +82,23 @@ def test_request_without_traceparent_starts_a_new_trace(server, otlp):
 
 
 def test_disconnect_counts_stale_drop_and_records_span_in_its_trace(server, otlp):
-    before = value(scrape(server), "sightline_stale_messages_dropped_total", component="tokenizer_manager")
-    body = {"prompt": "a long story", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    """A held stream's client leaves: the front end forgets it and aborts it, and the Scheduler's answer to the
+    abort (its last output) arrives for a request no one waits for any more: one stale drop, in its trace."""
+    server.barrier()
+    before = scrape(server)
+    body = {"prompt": "a long story", "max_tokens": 8, "stream": True, **HOLD}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         trace_id = r.headers["traceparent"].split("-")[1]
-        for i, _ in enumerate(r.iter_lines()):
-            if i >= 6:
-                break
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        text = scrape(server)
-        if value(text, "sightline_stale_messages_dropped_total", component="tokenizer_manager") > before:
-            break
-        time.sleep(0.1)
-    assert value(text, "sightline_stale_messages_dropped_total", component="tokenizer_manager",
-                 reason="client_disconnect") >= 1
-    assert value(text, "sightline_request_aborts_total", reason="client_disconnect") >= 1
+        server.wait_held(1)
+    aborts = {"name": "sightline_request_aborts_total", "reason": "client_disconnect"}
+    wait_until(lambda: value(scrape(server), **aborts) == value(before, **aborts) + 1, 10,
+               "the front end to see the client leave")
+    server.barrier()  # its abort has reached the Scheduler, and the Scheduler's answer the front end
+    stale = {"name": "sightline_stale_messages_dropped_total", "component": "tokenizer_manager",
+             "reason": "client_disconnect"}
+    assert value(scrape(server), **stale) == value(before, **stale) + 1
     drops = otlp.wait_for(lambda s: s["trace_id"] == trace_id and s["name"] == "stale_message_dropped")
-    assert drops and drops[0]["attributes"]["sightline.drop.reason"] == "client_disconnect"
+    assert len(drops) == 1 and drops[0]["attributes"]["sightline.drop.reason"] == "client_disconnect"
     root = otlp.wait_for(lambda s: s["trace_id"] == trace_id and s["kind"] == "SERVER")
     assert root[0]["attributes"]["error.type"] == "client_disconnect"
 
@@ -134,6 +124,7 @@ def test_metrics_add_up_and_exemplars_are_real_traces(tmp_path, otlp):
                 reason = out["choices"][0]["finish_reason"]
             reasons[reason] = reasons.get(reason, 0) + 1
         assert srv.post("/v1/completions", {"prompt": ""}).status_code == 400
+        srv.barrier()  # the engine's counts of those requests are in
         text = scrape(srv)
         for h in ("sightline_time_to_first_token_seconds", "sightline_e2e_request_latency_seconds",
                   "sightline_request_queue_time_seconds", "sightline_request_tokenize_time_seconds"):

@@ -4,7 +4,9 @@ each stream's `detokenizer` gap, a stopped main process (its event loop) each st
 an engine restart (SIGKILL of the Scheduler) each cut stream's `engine_restart` gap — on the request's server
 span and in sightline_decode_gaps_total, moved by exactly one per stream (and, after a stopped Detokenizer, by
 the `main_loop` gaps the streams' spans show if the TokenizerManager lagged reading its backlog).  The gap
-floor (0.3 s) is far above this machine's noise and far below the 1 s stops."""
+floor (0.3 s) is far above this machine's noise and far below the 1 s stops.
+The streams are held one token short of their end (tests.server_util.HOLD), so they are running whenever a
+stop or a kill comes, and a step floor of STEP_MS keeps their tokens coming at a bounded pace meanwhile."""
 
 from __future__ import annotations
 
@@ -17,19 +19,20 @@ import httpx
 import pytest
 
 from tests.e2e.test_debug_ui import Rows, chromium, headless
-from tests.e2e.test_why_slow import Stream, counter, entry, generate
+from tests.e2e.test_why_slow import Stream, counter, entry, generate, scheduler_stopped, sent_on
 from tests.server_util import ServerProc, wait_until
 
 STOP_S = 1.0
 SEEN: dict[str, str] = {}  # a stream with a detokenizer gap, for the inspector's test
-TOKENS = 2000  # per stream: tiny-random decodes two streams at hundreds of tokens/s
+STEP_MS = 20  # the step floor: at most 50 tokens a second per stream
+TOKENS = 64  # per stream: it streams 63 (over a second at the floor's pace), then is held until released
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProc("--max-prefill-tokens", "32", "--max-step-tokens", "32", "--min-prefill-chunk", "32",
                      "--decode-gap-factor", "4", "--decode-gap-floor", "0.3", "--heartbeat-interval", "0.2",
-                     tmpdir=tmp_path_factory.mktemp("why-down"))
+                     tmpdir=tmp_path_factory.mktemp("why-down"), step_floor_ms=STEP_MS)
     yield srv
     srv.stop()
 
@@ -52,16 +55,12 @@ def server_span_gaps(srv: ServerProc, rid: str, every: list | None = None) -> li
 def test_a_prompt_behind_a_long_chunked_prefill_waits_for_the_step_budget(server):
     """Both reach a stopped Scheduler, the long one first: once it runs on, its first step spends the whole budget
     on the long prompt's first chunk, and the short one waits for the step budget for 44 steps."""
-    pid = server.debug()["pids"]["scheduler"]
     done: dict = {}
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        for name, ids in (("long", [5 + j for j in range(1400)]), ("short", [3, 4, 5])):
+    with scheduler_stopped(server):
+        for n, (name, ids) in enumerate((("long", [5 + j for j in range(1400)]), ("short", [3, 4, 5])), 1):
             threading.Thread(target=lambda n=name, i=ids: done.setdefault(n, generate(server, i, 2)),
                              daemon=True).start()
-            time.sleep(0.5)  # sent on, in this order, to the Scheduler's socket
-    finally:
-        os.kill(pid, signal.SIGCONT)
+            sent_on(server, n)  # on its socket, in this order
     wait_until(lambda: len(done) == 2, 120, "both answered")
     b = entry(server, done["short"].headers["x-request-id"], "decode")
     assert b["wait_ms"].get("step_budget", 0) > 0, b
@@ -69,17 +68,19 @@ def test_a_prompt_behind_a_long_chunked_prefill_waits_for_the_step_budget(server
 
 
 def stopped(srv: ServerProc, pid: int, cause: str) -> None:
+    srv.barrier()
     before = {c: gaps(srv, c) for c in ("detokenizer", "main_loop", "engine_restart")}
-    streams = [Stream(srv, [11 + i, 6, 7, 8], TOKENS) for i in range(2)]
-    wait_until(lambda: all(len(s.events) >= 10 for s in streams), 120, "two streams under way")
+    streams = [Stream(srv, [11 + i, 6, 7, 8], TOKENS, hold=True) for i in range(2)]
+    wait_until(lambda: all(s.tokens() >= 3 for s in streams), 60, "two streams under way")
+    assert srv.held() == 0  # both still decoding (at the floor's pace, for most of a second more)
     os.kill(pid, signal.SIGSTOP)
-    time.sleep(STOP_S)
+    time.sleep(STOP_S)  # clock: the stop, longer than the gap floor
     os.kill(pid, signal.SIGCONT)
-    at_stop = [len(s.events) for s in streams]
+    srv.wait_held(2)
+    srv.release()
     for s in streams:
-        s.join(300)
-    assert all(s.events[-1] == "[DONE]" for s in streams)
-    assert all(n < TOKENS // 2 for n in at_stop), at_stop  # the stop came early in every stream
+        s.join(60)
+    assert all(s.events[-1] == "[DONE]" and s.tokens() == TOKENS for s in streams)
     causes: dict[str, int] = {}
     for s in streams:  # the stream's server span names the cause of its long gap: the stop, first
         every: list = []
@@ -91,8 +92,8 @@ def stopped(srv: ServerProc, pid: int, cause: str) -> None:
             causes[g["sightline.decode_gap.cause"]] = causes.get(g["sightline.decode_gap.cause"], 0) + 1
     assert causes[cause] == 2, causes  # one per stream
     SEEN[cause] = streams[0].rid
-    wait_until(lambda: {c: gaps(srv, c) for c in before} == {c: before[c] + causes.get(c, 0) for c in before}, 10,
-               f"the counter moved by exactly those gaps {causes}")
+    srv.barrier()
+    assert {c: gaps(srv, c) for c in before} == {c: before[c] + causes.get(c, 0) for c in before}, causes
 
 
 def test_a_stopped_detokenizer_is_each_streams_detokenizer_gap(server):
@@ -114,8 +115,8 @@ def test_a_stopped_main_process_is_each_streams_main_loop_gap(server):
 
 
 def test_an_engine_restart_is_each_cut_streams_engine_restart_gap(server):
-    streams = [Stream(server, [21 + i, 6, 7, 8], TOKENS) for i in range(2)]
-    wait_until(lambda: all(len(s.events) >= 10 for s in streams), 120, "two streams under way")
+    streams = [Stream(server, [21 + i, 6, 7, 8], TOKENS, hold=True) for i in range(2)]
+    server.wait_held(2)  # both running when the Scheduler dies
     before = gaps(server, "engine_restart")
     os.kill(server.debug()["pids"]["scheduler"], signal.SIGKILL)
     for s in streams:
@@ -125,4 +126,4 @@ def test_an_engine_restart_is_each_cut_streams_engine_restart_gap(server):
         found = server_span_gaps(server, s.rid)
         assert [g["sightline.decode_gap.cause"] for g in found] == ["engine_restart"], found
     wait_until(lambda: httpx.get(server.url + "/health").status_code == 200, 60, "the engine restarted")
-    wait_until(lambda: gaps(server, "engine_restart") - before == 2, 10, "two engine_restart gaps counted")
+    assert gaps(server, "engine_restart") - before == 2  # counted where the streams were cut: the front end

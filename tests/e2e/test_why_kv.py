@@ -1,9 +1,10 @@
-"""Why it waited and why it missed the cache when KV runs out, on one real tiny-random server with a KV pool
-the running streams outgrow: a retraction (the retracted stream waited `retracted`; its gap's cause: retraction),
-a long prompt that does not fit beside them (kv_capacity) and a request queued behind it (queue_order), a
-request on an idle engine (next_step); every request's reasons sum to its queue time, and the counters move by
-exactly what those requests went through.
-A prompt the streams pushed out of the prefix cache misses as `evicted` (where its match ended, how much had
+"""Why it waited and why it missed the cache when KV runs out, on one real tiny-random server with a small KV
+pool: a held stream with a long prompt takes most of it, a second stream outgrows the rest and is retracted
+(it waited `retracted`; its gap's cause: retraction), a long prompt that does not fit beside the resumed stream
+waits (kv_capacity) and a request queued behind it too (queue_order), a request on an idle engine does not
+(next_step); every request's reasons sum to its queue time, and the counters move by exactly what those requests
+went through.
+A prompt the held stream pushed out of the prefix cache misses as `evicted` (where its match ended, how much had
 been evicted), a new one as `never_seen` — in its prefill span and the counter, never in the response."""
 
 from __future__ import annotations
@@ -12,20 +13,22 @@ import threading
 
 import pytest
 
-from tests.e2e.test_why_slow import Stream, counter, entry, generate
+from tests.e2e.test_why_slow import Stream, counter, entry, generate, waiting
 from tests.server_util import ServerProc, wait_until
 
-POOL = 1536  # KV slots: four streams of 8 + 1000 tokens need 4032
-STREAMS, STREAM_TOKENS = 4, 1000  # long enough to be running still when the long prompt arrives, on a busy machine too
+POOL = 512  # KV slots
 PROMPT = [100 + j % 500 for j in range(200)]  # one leaf of 200 + 1 computed positions once it has run
-BIG = [20000 + j for j in range(1400)]  # fits the empty pool, not beside four streams of 40+ tokens
+HELD_PROMPT = [12000 + j for j in range(460)]  # with the held stream's first two tokens: 462 slots, 50 left
+HELD_TOKENS = 4  # it streams 3, then holds its slots until released
+GROWER_TOKENS = 64  # 8 + 64 positions: past the 50 slots beside the held stream, well within the empty pool
+BIG = [20000 + j for j in range(480)]  # fits the empty pool, not beside the resumed stream
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProc("--max-total-tokens", str(POOL), "--max-running-requests", "8",
-                     "--max-prefill-tokens", "1024", "--max-step-tokens", "1024",
-                     "--init-new-token-ratio", "0.05",  # admit all four: the estimate is far below what they grow to
+                     "--max-prefill-tokens", "512", "--max-step-tokens", "512",
+                     "--init-new-token-ratio", "0.05",  # admit the second stream: the estimate is far below its need
                      "--decode-gap-factor", "3", "--decode-gap-floor", "0.005", "--heartbeat-interval", "0.2",
                      tmpdir=tmp_path_factory.mktemp("why-kv"))
     yield srv
@@ -52,9 +55,14 @@ def misses(srv: ServerProc) -> dict[str, float]:
             for r in ("evicted", "never_seen", "too_short")}
 
 
+def retraction_gaps(spans: list[dict]) -> int:
+    return sum(1 for s in spans if s["name"] == "decode" for e in s["events"]
+               if e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction")
+
+
 def test_a_retraction_its_queue_and_the_evicted_prefix(server):
-    sched = wait_until(lambda: server.debug()["scheduler"], 30, "the Scheduler's stats")
-    assert sched["kv_total"] == POOL  # the pool the streams must outgrow
+    server.barrier()
+    assert server.debug()["scheduler"]["kv_total"] == POOL  # the pool the streams must outgrow
     r = generate(server, PROMPT, 2)  # an idle engine admits it at the next step; its prefix is cached
     assert r.status_code == 200, r.text
     first, spans = summary(server, r.headers["x-request-id"])
@@ -62,44 +70,51 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
     sums_to_queue(first)
     assert first_prefill(spans)["attributes"]["sightline.prefix_cache.miss_reason"] == "never_seen"
 
+    server.barrier()
     retractions = counter(server, "sightline_retractions_total")
     gaps = counter(server, "sightline_decode_gaps_total", cause="retraction")
-    streams = [Stream(server, [7000 + i, 6, 7, 8, 9, 10, 11, 12], STREAM_TOKENS) for i in range(STREAMS)]
-    wait_until(lambda: all(len(s.events) >= 30 for s in streams), 120, "the streams holding over 150 slots")
-    answers: dict = {}  # a long prompt that cannot fit beside them waits for KV until they end; one more behind it
+    held = Stream(server, HELD_PROMPT, HELD_TOKENS, hold=True)  # its prompt evicts PROMPT's unlocked leaf
+    server.wait_held(1)
+    grower = Stream(server, [7000, 6, 7, 8, 9, 10, 11, 12], GROWER_TOKENS)
+    # it runs out of KV beside the held stream (never retracted): retracted, and waits for KV until released
+    def retracted() -> bool:
+        server.barrier()
+        sched = server.debug()["scheduler"]
+        return sched["retractions_total"] - retractions == 1 and sched["num_waiting"] == 1
+    wait_until(retracted, 30, "the second stream retracted and waiting")
+    assert "[DONE]" not in grower.events
+    answers: dict = {}  # a long prompt and a short one queue behind it
     big = threading.Thread(target=lambda: answers.setdefault("big", generate(server, BIG, 2)), daemon=True)
     big.start()
-    wait_until(lambda: server.debug()["scheduler"]["num_waiting"] >= 1, 30, "the long prompt waiting for KV")
-    behind = generate(server, [9000, 1, 2, 3], 4)
-    big.join(300)
-    for s in streams:
-        s.join(300)
-    assert all(s.events[-1] == "[DONE]" and len(s.events) > STREAM_TOKENS // 2 for s in streams)
-    assert counter(server, "sightline_retractions_total") > retractions  # the streams outgrew the pool
+    waiting(server, 2)
+    behind = threading.Thread(target=lambda: answers.setdefault("behind", generate(server, [9000, 1, 2, 3], 4)),
+                              daemon=True)
+    behind.start()
+    waiting(server, 3)
+    server.release()  # the held stream ends: the retracted one resumes, the long prompt waits for it to end
+    for t in (held, grower, big, behind):
+        t.join(120)
+    assert held.events[-1] == grower.events[-1] == "[DONE]"
+    assert held.tokens() == HELD_TOKENS and grower.tokens() == GROWER_TOKENS
+    assert answers["big"].status_code == answers["behind"].status_code == 200
 
-    rids = [s.rid for s in streams] + [answers["big"].headers["x-request-id"], behind.headers["x-request-id"]]
+    rids = [held.rid, grower.rid, answers["big"].headers["x-request-id"], answers["behind"].headers["x-request-id"]]
     done = {rid: summary(server, rid) for rid in rids}
     for b, _ in done.values():
         sums_to_queue(b)
-    retracted = [rid for rid, (b, _) in done.items() if b["retractions"]]
-    assert retracted, {rid: b for rid, (b, _) in done.items()}
-    for rid in retracted:
-        b, spans = done[rid]
-        assert b["wait_ms"].get("retracted", 0) > 0, b
-        decode = next(s for s in spans if s["name"] == "decode")
-        assert any(e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction"
-                   for e in decode["events"]), decode["events"]
-    assert done[rids[-2]][0]["wait_ms"].get("kv_capacity", 0) > 0, done[rids[-2]][0]  # the head that did not fit
-    assert done[rids[-1]][0]["wait_ms"].get("queue_order", 0) > 0, done[rids[-1]][0]  # behind it
-    caused = sum(1 for _, spans in done.values() for s in spans if s["name"] == "decode" for e in s["events"]
-                 if e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction")
-    wait_until(lambda: counter(server, "sightline_retractions_total") - retractions
-               == sum(b["retractions"] for b, _ in done.values()), 10, "the retraction counter to match")
-    wait_until(lambda: counter(server, "sightline_decode_gaps_total", cause="retraction") - gaps == caused, 10,
-               "the retraction gaps counted exactly")
+    assert {rid: b["retractions"] for rid, (b, _) in done.items()} == {rid: int(rid == grower.rid) for rid in rids}
+    b, spans = done[grower.rid]
+    assert b["wait_ms"].get("retracted", 0) > 0, b
+    assert retraction_gaps(spans) == 1, spans  # its gap across the retraction, and no other
+    assert done[rids[2]][0]["wait_ms"].get("kv_capacity", 0) > 0, done[rids[2]][0]  # the head that did not fit
+    assert done[rids[3]][0]["wait_ms"].get("queue_order", 0) > 0, done[rids[3]][0]  # behind it
+    server.barrier()  # the counters of every step so far
+    assert counter(server, "sightline_retractions_total") - retractions == 1
+    assert counter(server, "sightline_decode_gaps_total", cause="retraction") - gaps \
+        == sum(retraction_gaps(spans) for _, spans in done.values()) == 1
 
     before = misses(server)
-    again = generate(server, PROMPT, 2)  # the streams evicted it (least recently used, unpinned)
+    again = generate(server, PROMPT, 2)  # the held stream's prompt evicted it (least recently used, unlocked)
     new = generate(server, [30000 + j for j in range(200)], 2)
     for resp, reason in ((again, "evicted"), (new, "never_seen")):
         attrs = first_prefill(summary(server, resp.headers["x-request-id"])[1])["attributes"]
@@ -110,5 +125,5 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
         assert not any("prefix" in k.lower() or "evict" in v for k, v in resp.headers.items())
     attrs = first_prefill(summary(server, again.headers["x-request-id"])[1])["attributes"]
     assert attrs["sightline.prefix_cache.evicted_tokens"] == 192  # its 12 whole blocks, all in the log
-    wait_until(lambda: misses(server) == {**before, "evicted": before["evicted"] + 1,
-                                          "never_seen": before["never_seen"] + 1}, 10, "one miss of each")
+    server.barrier()
+    assert misses(server) == {**before, "evicted": before["evicted"] + 1, "never_seen": before["never_seen"] + 1}
