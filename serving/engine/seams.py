@@ -6,7 +6,7 @@ checks, instead of a race it hopes to win with a long stream:
 - `SIGHTLINE_TEST_HOLD_SEED=N`: a request whose sampling seed is N is *held*: it stops before its
   last token (after `max_new_tokens - 1`, at least one) and stays running, keeping its KV and its
   place in the batch, until it is cut (disconnect, timeout, abort, pause in mode abort, SIGTERM's
-  grace, a kill) or released (`ReleaseHeldReq` on the Scheduler's socket, `tests.e2e_util.release`).
+  grace, a kill) or released (`ReleaseHeldReq` on the Scheduler's socket, `tests.server_util.ServerProc.release`).
   A held request is never retracted.  The Scheduler reports how many it holds (`SchedulerStats.held`,
   on /debug/state), and the stall check does not count a held request as stuck.
 - `SIGHTLINE_TEST_STEP_FLOOR_MS=N`: every engine step that runs a batch lasts at least N ms (the

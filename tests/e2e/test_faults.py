@@ -1,8 +1,10 @@
 """Fault injection under load: kill -9 / SIGSTOP the engine processes while streams run.
 
-Every stream must end with an explicit error (SSE error event, then [DONE]) within 2 s
-of the kill, and the server must be healthy and serving again within the restart
-budget (RESTART_BUDGET_S: spawning both children and loading tiny-random).
+The streams a fault cuts are held (the hold seam: each has streamed all but its last token and
+stays running), so every one of them is running when the fault lands.  Every stream must end with
+an explicit error (SSE error event, then [DONE]) within 2 s of the kill, after exactly the
+tokens it had, and the server must be healthy and serving again within the restart budget
+(RESTART_BUDGET_S: spawning both children and loading tiny-random).
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, scrape, sse_events, value
+from tests.server_util import HOLD, ServerProc, Stream, scrape, sse_events, value, wait_until
 
 RESTART_BUDGET_S = 30.0
 STREAMS = 16
+MAX_TOKENS = 8  # a held stream has all but its last token when the fault lands
 
 
 @pytest.fixture(scope="module")
@@ -29,29 +32,25 @@ def server(tmp_path_factory):
 
 
 class Streams:
-    """N long streams in threads; records when each ended and how."""
+    """N held streams in threads (each has sent all but its last token once started); records when each
+    ended and how."""
 
-    def __init__(self, url: str, n: int) -> None:
-        self.url = url
+    def __init__(self, srv: ServerProc, n: int) -> None:
+        self.url = srv.url
         self.ended: dict[int, float] = {}
         self.events: dict[int, list] = {}
-        self.started = threading.Barrier(n + 1, timeout=60)
         self.threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
         for t in self.threads:
             t.start()
-        self.started.wait()
+        srv.wait_held(n)
 
     def _run(self, i: int) -> None:
-        body = {"prompt": f"story {i}", "max_tokens": 1800, "ignore_eos": True, "stream": True}
+        body = {"prompt": f"story {i}", "max_tokens": MAX_TOKENS, "stream": True, **HOLD,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
         lines: list[str] = []
         try:
             with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
-                first = True
-                for line in r.iter_lines():
-                    lines.append(line)
-                    if first and line.startswith("data: "):
-                        first = False
-                        self.started.wait()
+                lines.extend(r.iter_lines())
         finally:
             self.ended[i] = time.monotonic()
             self.events[i] = sse_events(lines)
@@ -62,19 +61,22 @@ class Streams:
 
 
 def wait_healthy(srv: ServerProc, since: float) -> float:
-    while time.monotonic() - since < RESTART_BUDGET_S:
+    def healthy() -> bool:
         try:
-            if httpx.get(srv.url + "/health", timeout=2).status_code == 200:
-                return time.monotonic() - since
+            return httpx.get(srv.url + "/health", timeout=2).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"not healthy within {RESTART_BUDGET_S} s:\n{srv.log()[-3000:]}")
+            return False
+
+    try:
+        wait_until(healthy, RESTART_BUDGET_S - (time.monotonic() - since), "/health 200", interval=0.1)
+    except AssertionError:
+        raise AssertionError(f"not healthy within {RESTART_BUDGET_S} s:\n{srv.log()[-3000:]}") from None
+    return time.monotonic() - since
 
 
 def inject(srv: ServerProc, role: str, sig: int) -> tuple[Streams, float]:
     pid = srv.debug()["pids"][role]
-    streams = Streams(srv.url, STREAMS)
+    streams = Streams(srv, STREAMS)
     t0 = time.monotonic()
     os.kill(pid, sig)
     streams.join(30)
@@ -85,6 +87,8 @@ def check_explicit_errors(streams: Streams, t0: float, within: float) -> None:
     assert len(streams.ended) == STREAMS, "a stream hung"
     for i, events in streams.events.items():
         assert events[-1] == "[DONE]", events[-3:]
+        usage = [e["usage"]["completion_tokens"] for e in events if isinstance(e, dict) and e.get("usage")]
+        assert usage[-1] == MAX_TOKENS - 1, usage  # every token it had streamed, then the error
         err = events[-2]["error"]
         assert err["type"] == "server_unavailable" and "engine failed" in err["message"]
         assert streams.ended[i] - t0 < within, f"stream {i} ended {streams.ended[i] - t0:.2f} s after the fault"
@@ -92,21 +96,24 @@ def check_explicit_errors(streams: Streams, t0: float, within: float) -> None:
 
 @pytest.mark.parametrize("role", ["scheduler", "detokenizer"])
 def test_kill_9_a_child_under_load(server, role):
-    before = value(scrape(server), "sightline_engine_failures_total", role=role, cause="exited")
+    before = scrape(server)
     streams, t0 = inject(server, role, signal.SIGKILL)
     check_explicit_errors(streams, t0, within=2.0)
     restart_s = wait_healthy(server, t0)
     r = server.post("/v1/completions", {"prompt": "after the crash", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     text = scrape(server)
-    assert value(text, "sightline_engine_failures_total", role=role, cause="exited") == before + 1
-    assert value(text, "sightline_requests_total", finish_reason="abort", status="503") >= STREAMS
+    for name, labels, n in (("sightline_engine_failures_total", {"role": role, "cause": "exited"}, 1),
+                            ("sightline_requests_total", {"finish_reason": "abort", "status": "503"}, STREAMS)):
+        assert value(text, name, **labels) - value(before, name, **labels) == n, (name, labels)
+    assert server.held() == 0  # the new engine holds nothing
     assert f'"role": "{role}"' in server.log() and "engine failure" in server.log()
     print(f"{role} killed: streams failed within 2 s, healthy again after {restart_s:.1f} s")
 
 
 def test_sigstop_scheduler_is_detected_as_a_stall_and_recovered(server):
     pid = server.debug()["pids"]["scheduler"]
+    aborted = value(scrape(server), "sightline_requests_total", finish_reason="abort", status="503")
     streams, t0 = inject(server, "scheduler", signal.SIGSTOP)
     try:
         # detection takes the watchdog timeout (1.5 s) plus one check
@@ -118,7 +125,9 @@ def test_sigstop_scheduler_is_detected_as_a_stall_and_recovered(server):
         except ProcessLookupError:
             pass
     assert server.debug()["pids"]["scheduler"] != pid
-    assert value(scrape(server), "sightline_engine_failures_total", role="scheduler", cause="stalled") == 1
+    text = scrape(server)
+    assert value(text, "sightline_engine_failures_total", role="scheduler", cause="stalled") == 1
+    assert value(text, "sightline_requests_total", finish_reason="abort", status="503") - aborted == STREAMS
     assert server.post("/v1/completions", {"prompt": "after the stall", "max_tokens": 3}).status_code == 200
     print(f"scheduler stopped: detected and healthy again after {restart_s:.1f} s")
 
@@ -131,28 +140,30 @@ def test_exit_policy_stops_the_server(tmp_path):
 
 
 def test_health_fails_while_the_engine_is_stuck_and_sigcont_recovers(tmp_path):
-    srv = ServerProc("--stall-timeout", "1", "--watchdog-timeout", "120", tmpdir=tmp_path)
+    """A request whose tokens flow (the step floor: 40 tokens last at least 4 s) is stopped mid-run by
+    SIGSTOP: /health says stuck after --stall-timeout; SIGCONT lets it finish where it was, no restart."""
+    n = 40
+    srv = ServerProc("--stall-timeout", "1", "--watchdog-timeout", "120", tmpdir=tmp_path, step_floor_ms=100)
     try:
         pid = srv.debug()["pids"]["scheduler"]
-        done: list = []
-        t = threading.Thread(target=lambda: done.append(srv.post("/v1/completions", {
-            "prompt": "x", "max_tokens": 400, "ignore_eos": True}, timeout=120)))
-        t.start()
-        time.sleep(0.5)
+        s = Stream(srv, "x", {"max_new_tokens": n, "ignore_eos": True})
+        wait_until(lambda: s.tokens(), 30, "the first token")
         os.kill(pid, signal.SIGSTOP)
         try:
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
+            def stuck():
                 h = httpx.get(srv.url + "/health")
-                if h.status_code == 503:
-                    break
-                time.sleep(0.1)
-            assert h.status_code == 503 and "engine stuck" in h.json()["reason"], h.text
+                return h if h.status_code == 503 else None
+
+            h = wait_until(stuck, 10, "/health 503", interval=0.1)
+            assert "engine stuck" in h.json()["reason"], h.text
             assert value(scrape(srv), "sightline_seconds_since_last_token") > 1
         finally:
+            t_cont = time.monotonic()
             os.kill(pid, signal.SIGCONT)
-        t.join(60)
-        assert done and done[0].status_code == 200 and done[0].json()["usage"]["completion_tokens"] == 400
+        s.join(60)
+        assert s.status == 200 and len(s.tokens()) == n and s.events[-1] == "[DONE]"
+        before_cont = [e for e, t in zip(s.events, s.times) if t < t_cont and isinstance(e, dict)]
+        assert len(before_cont[-1]["output_ids"]) < n  # it was running when stopped: the rest came after SIGCONT
         assert httpx.get(srv.url + "/health").status_code == 200
         assert srv.debug()["pids"]["scheduler"] == pid  # recovered by SIGCONT, no restart
     finally:

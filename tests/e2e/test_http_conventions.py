@@ -20,7 +20,7 @@ from serving.args import ServerArgs
 from serving.frontend.http.middleware.guard import allowed_origins
 from serving.frontend.http.server import fresh_traceparent
 from tests.helpers import encode
-from tests.server_util import ServerProc, chat_ids, sse_events, wait_until
+from tests.server_util import HOLD, ServerProc, chat_ids, sse_events, wait_until
 
 KEY = "sk-conventions-0123456789"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -113,14 +113,14 @@ def test_refusals_carry_ids(cors_server):
 
 
 def test_429_carries_ids_and_cors_headers(cors_server):
-    body = {"prompt": "go on", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    # its 81 prompt tokens alone are over --max-inflight-tokens 64 (a request alone is always let in)
+    body = {"prompt": "go on " * 40, "max_tokens": 8, "stream": True, **HOLD}
     with httpx.stream("POST", cors_server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as s:
-        lines = s.iter_lines()  # kept: a dropped line iterator closes the response
-        for line in lines:
-            if line.startswith("data: {"):
-                break  # running: its 1500+ tokens are in flight, over --max-inflight-tokens 64
+        assert s.status_code == 200
+        cors_server.wait_held(1)  # running (held until the stream closes): its tokens are in flight
         r = httpx.post(cors_server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 8},
                        headers={**AUTH, "origin": ORIGIN})
+    cors_server.wait_held(0)  # closing the stream cut it
     assert r.status_code == 429 and r.json()["error"]["code"] == "tokens_full", r.text
     ids_of(r)
     assert r.headers["access-control-allow-origin"] == ORIGIN and int(r.headers["retry-after"]) >= 1
@@ -149,8 +149,7 @@ def test_connection_over_the_cap_gets_a_503_with_ids(cors_server):
     assert head.startswith("HTTP/1.1 503"), refusal
     assert re.search(r"\r\nx-request-id: [0-9a-f]{32}\r\n", head), head
     assert re.search(r"\r\ntraceparent: 00-[0-9a-f]{32}-[0-9a-f]{16}-00\r\n", head), head
-    # closed connections count until their idle timer (--keep-alive-timeout 1) ends
-    time.sleep(1.5)
+    time.sleep(1.5)  # clock: closed connections count until their idle timer (--keep-alive-timeout 1) ends
     wait_until(lambda: _health_ok(cors_server), 10, "the server accepting again below its connection cap")
 
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.helpers import encode
-from tests.server_util import ServerProc, scrape, stream, value, wait_until
+from tests.server_util import HOLD, ServerProc, scrape, sse_events, stream, value, wait_until
 
 SYSTEM = ("You are a careful assistant for a shipping company. Answer in one short sentence, cite the order "
           "number when one is given, and never promise delivery dates. ") * 3
@@ -22,15 +22,17 @@ def _flush(srv: ServerProc, **body) -> httpx.Response:
 
 
 def _idle_kv(srv: ServerProc) -> dict:
-    def idle():
-        s = srv.debug()["scheduler"]
-        return s if s["num_running"] == 0 and s["kv_reserved"] == 0 else None
-    return wait_until(idle, 10, "the engine to go idle")
+    """The Scheduler's state once every request sent so far has ended: it must be idle."""
+    srv.barrier()
+    s = srv.debug()["scheduler"]
+    assert s["num_running"] == 0 and s["kv_reserved"] == 0, s
+    return s
 
 
 def test_cached_tokens_in_usage_metrics_and_spans(tiny_server, tiny):
     assert _flush(tiny_server).status_code == 200
     n_prompt = len(encode(tiny, PROMPT))
+    tiny_server.barrier()  # the engine's counts so far are in
     before = scrape(tiny_server)
     body = {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}
     cold = tiny_server.post("/v1/completions", body).json()
@@ -49,6 +51,7 @@ def test_cached_tokens_in_usage_metrics_and_spans(tiny_server, tiny):
         "role": "user", "content": "Is my order 1234 late?"}]})
     chat_usage = second.json()["usage"]
     assert chat_usage["prompt_tokens_details"]["cached_tokens"] > len(encode(tiny, SYSTEM)) // 2
+    tiny_server.barrier()  # the engine's counts of these four requests are in
     after = scrape(tiny_server)
     client_cached = warm_cached + first_chat["prompt_tokens_details"]["cached_tokens"] + \
         chat_usage["prompt_tokens_details"]["cached_tokens"]
@@ -70,30 +73,33 @@ def test_cached_tokens_in_usage_metrics_and_spans(tiny_server, tiny):
 def test_flush_cache_refused_while_requests_run_unless_forced(tiny_server):
     tiny_server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})  # something cached
     before = scrape(tiny_server)
-    long_body = {"prompt": "count with me", "max_tokens": 2000, "ignore_eos": True, "stream": True}
-    stop = threading.Event()
+    held_body = {"prompt": "count with me", "max_tokens": 8, "stream": True, **HOLD,
+                 "stream_options": {"include_usage": True}}
+    events: list = []
 
     def run():
-        with httpx.stream("POST", tiny_server.url + "/v1/completions", json=long_body, timeout=120) as r:
-            for _ in r.iter_lines():
-                if stop.is_set():
-                    return
+        with httpx.stream("POST", tiny_server.url + "/v1/completions", json=held_body, timeout=120) as r:
+            events.extend(sse_events(r.iter_lines()))
     t = threading.Thread(target=run)
     t.start()
     try:
-        wait_until(lambda: tiny_server.debug()["scheduler"]["num_running"] >= 1, 20, "the long request to run")
+        tiny_server.wait_held(1)  # running (held) until released
         refused = _flush(tiny_server)
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "requests_running", refused.text
         forced = _flush(tiny_server, force=True)
         assert forced.status_code == 200 and forced.json()["flushed_tokens"] > 0, forced.text
     finally:
-        stop.set()
+        tiny_server.release()
         t.join(30)
+    # the forced flush left the running request whole: it ends normally with every token
+    assert events[-1] == "[DONE]" and events[-3]["choices"][0]["finish_reason"] == "length", events[-3:]
+    assert events[-2]["usage"]["completion_tokens"] == 8
     _idle_kv(tiny_server)
     ok = _flush(tiny_server)
     assert ok.status_code == 200
     # flushed when idle: the pool is empty
-    wait_until(lambda: tiny_server.debug()["scheduler"]["kv_used"] == 0, 5, "the flushed pool to be empty")
+    tiny_server.barrier()
+    assert tiny_server.debug()["scheduler"]["kv_used"] == 0
     assert tiny_server.debug()["scheduler"]["prefix_cached_tokens"] == 0
     assert _flush(tiny_server, force="yes").status_code == 400  # not a boolean
     after = scrape(tiny_server)
@@ -120,5 +126,6 @@ def test_cache_off_gives_the_same_text_and_no_hits(tiny_server, uncached_server)
         assert off["choices"][0]["text"] == warm["choices"][0]["text"]
     r = _flush(uncached_server)
     assert r.status_code == 400 and r.json()["error"]["code"] == "prefix_cache_disabled"
+    uncached_server.barrier()  # the engine's counts are in
     text = scrape(uncached_server)
     assert value(text, HITS) == 0 and value(text, QUERIES) > 0

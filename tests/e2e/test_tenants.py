@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, samples, scrape, sse_events, value, wait_until
+from tests.server_util import HOLD, ServerProc, samples, scrape, sse_events, value, wait_until
 
 ADMIN = "sk-admin-0123456789abcdef"  # --api-key: tenant default, admin
 KEY_A, KEY_B, KEY_C = "sk-tenant-a-0123456789", "sk-tenant-b-0123456789", "sk-tenant-c-0123456789"
@@ -80,8 +80,7 @@ def probe(srv, victim: str, attacker: str, victim_extra: dict, attacker_extra: d
     cached(complete(srv, attacker, "Patient record. Diagnosis: unknown.", **attacker_extra))  # the format, warmed
     before = value(scrape(srv), HITS)
     seen = [cached(complete(srv, attacker, g, **attacker_extra)) for g in GUESSES]
-    wait_until(lambda: value(scrape(srv), HITS) - before >= sum(seen), 5, "the engine's stats")  # heartbeat-paced
-    time.sleep(0.6)  # and one more heartbeat: nothing beyond them
+    srv.barrier()  # the engine's stats of every guess are in
     return seen, value(scrape(srv), HITS) - before
 
 
@@ -119,55 +118,74 @@ def test_only_an_admin_key_opens_debug_flush_and_control(srv):
 
 
 class Streamer(threading.Thread):
-    """One streaming completion in the background: its status and the arrival time of each chunk."""
+    """One streaming completion in the background: its status, the arrival time of each text chunk and its
+    final usage.  A held one (the hold seam) stops one token short until `ServerProc.release`."""
 
-    def __init__(self, srv, key: str, tokens: int) -> None:
+    def __init__(self, srv, key: str, tokens: int, hold: bool = False) -> None:
         super().__init__(daemon=True)
-        self.srv, self.key, self.tokens = srv, key, tokens
-        self.status, self.times, self.done = None, [], False
+        self.srv, self.key, self.tokens, self.hold = srv, key, tokens, hold
+        self.status, self.times, self.done, self.completion_tokens = None, [], False, None
         self.start()
 
     def run(self) -> None:
-        body = {"prompt": "Tell me a story.", "max_tokens": self.tokens, "ignore_eos": True, "stream": True}
+        body = {"prompt": "Tell me a story.", "max_tokens": self.tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}, **(HOLD if self.hold else {})}
         with httpx.stream("POST", self.srv.url + "/v1/completions", json=body, headers=auth(self.key),
                           timeout=120) as r:
             self.status = r.status_code
             for line in r.iter_lines():
                 for ev in sse_events([line]):
-                    self.times.append(time.monotonic())
                     self.done = ev == "[DONE]"
+                    if isinstance(ev, dict) and ev["choices"]:
+                        self.times.append(time.monotonic())
+                    elif isinstance(ev, dict) and ev.get("usage"):
+                        self.completion_tokens = ev["usage"]["completion_tokens"]
 
     def itl(self) -> float:
-        gaps = [b - a for a, b in zip(self.times[1:-2], self.times[2:-1])]
+        gaps = [b - a for a, b in zip(self.times[1:-1], self.times[2:])]  # the first chunk's prefill left out
         return statistics.median(gaps)
 
 
 def test_a_tenant_at_its_limit_gets_429_and_the_other_keeps_its_pace(srv):
     alone = Streamer(srv, KEY_B, 60)
     alone.join(60)
-    hogs = [Streamer(srv, KEY_A, 600) for _ in range(2)]
-    wait_until(lambda: all(len(h.times) > 1 for h in hogs), 30, "tenant a's two streams")
+    hogs = [Streamer(srv, KEY_A, 8, hold=True) for _ in range(2)]
+    srv.wait_held(2)  # tenant a's two streams run (held) until released
+    shed = value(scrape(srv), "sightline_tenant_requests_total", tenant="a", outcome="shed")
     b = Streamer(srv, KEY_B, 60)
     refused = [complete(srv, KEY_A, "one more") for _ in range(10)]
     assert srv.debug()["tenants"]["a"]["in_flight"] == 2
+    assert value(scrape(srv), "sightline_tenant_requests_total", tenant="a", outcome="shed") - shed == 10
     for r in refused:
         assert r.status_code == 429 and r.json()["error"]["code"] == "tenant_concurrency", r.text
         assert int(r.headers["retry-after"]) >= 1 and "limit is 2" in r.json()["error"]["message"]
     b.join(60)
+    assert b.status == 200 and b.done and b.completion_tokens == 60
+    assert not any(h.done for h in hogs) and srv.held() == 2
+    srv.release()
     for h in hogs:
         h.join(60)
-    assert b.status == 200 and b.done and all(h.done for h in hogs)
-    assert b.itl() < 3 * alone.itl() + 0.02, (alone.itl(), b.itl())  # two more in the batch, not ten
+    assert all(h.status == 200 and h.done and h.completion_tokens == 8 for h in hogs)
+    assert b.itl() < 3 * alone.itl() + 0.02, (alone.itl(), b.itl())  # none of the ten refused joined its batch
     assert cached(complete(srv, KEY_A, "now there is room")) >= 0
 
 
 def test_per_tenant_counters_sum_to_the_totals(srv):
-    threads = [threading.Thread(target=complete, args=(srv, key, f"count me {i}"), kwargs={"max_tokens": 5})
+    before = scrape(srv)
+    a_statuses: list[int] = []
+
+    def count_me(key: str, prompt: str) -> None:
+        r = complete(srv, key, prompt, max_tokens=5)
+        if key == KEY_A:
+            a_statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=count_me, args=(key, f"count me {i}"))
                for i in range(6) for key in (KEY_A, KEY_B, ADMIN)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    srv.barrier()  # the engine's token counts of every request are in
     text = scrape(srv)
     for tenant_metric, total in (("sightline_tenant_prompt_tokens_total", "sightline_prompt_tokens_total"),
                                  ("sightline_tenant_generation_tokens_total", "sightline_generation_tokens_total")):
@@ -176,7 +194,9 @@ def test_per_tenant_counters_sum_to_the_totals(srv):
     for outcome in ("stop", "length", "shed", "rejected"):
         assert value(text, "sightline_tenant_requests_total", outcome=outcome) == \
             value(text, "sightline_requests_total", outcome=outcome), outcome
-    assert value(text, "sightline_tenant_requests_total", tenant="a", outcome="shed") >= 10
+    shed = value(text, "sightline_tenant_requests_total", tenant="a", outcome="shed") - value(
+        before, "sightline_tenant_requests_total", tenant="a", outcome="shed")
+    assert shed == a_statuses.count(429)  # a's six at once, two at a time: what did not fit was shed
     tenants = {s.labels["tenant"] for s in samples(text) if s.name == "sightline_tenant_cpu_seconds_total"
                and s.value > 0}
     assert {"a", "b", "default"} <= tenants
@@ -186,20 +206,23 @@ def test_per_tenant_counters_sum_to_the_totals(srv):
 
 
 def test_keys_reload_without_dropping_streams(srv, keys_file):
-    live = Streamer(srv, KEY_B, 200)
-    wait_until(lambda: len(live.times) > 1, 30, "a stream")
+    live = Streamer(srv, KEY_B, 16, hold=True)
+    srv.wait_held(1)  # it runs across both reloads
     write_keys(keys_file, KEYS.replace(KEY_B, KEY_C))  # b's key replaced by c: noticed by the file watch
     wait_until(lambda: complete(srv, KEY_C, "hi").status_code == 200, 10, "the new key")
     assert complete(srv, KEY_B, "hi").status_code == 401
     write_keys(keys_file, KEYS)
     os.kill(srv.proc.pid, signal.SIGHUP)
     wait_until(lambda: complete(srv, KEY_B, "hi").status_code == 200, 10, "the key back after SIGHUP")
+    assert not live.done and srv.held() == 1
+    srv.release()
     live.join(60)
-    assert live.status == 200 and live.done and len(live.times) > 150  # the stream never noticed
+    assert live.status == 200 and live.done and live.completion_tokens == 16  # the stream never noticed
+    failed = value(scrape(srv), "sightline_api_key_reloads_total", result="failed")
     write_keys(keys_file, "not toml [")  # a broken file: the keys in force stay
-    time.sleep(1.5)
+    wait_until(lambda: value(scrape(srv), "sightline_api_key_reloads_total", result="failed") == failed + 1, 10,
+               "the broken file's failed reload")
     assert complete(srv, KEY_B, "hi").status_code == 200
-    assert value(scrape(srv), "sightline_api_key_reloads_total", result="failed") >= 1
     write_keys(keys_file, KEYS)
     assert KEY_C not in srv.log()
 
@@ -217,13 +240,15 @@ def test_a_limit_holds_across_tokenizer_workers(tmp_path, keys_file):
     s = ServerProc("--api-keys-file", str(keys_file), "--tokenizer-worker-num", "2",
                    tmpdir=tmp_path, env={"SIGHTLINE_API_KEY": ADMIN})
     try:
-        hogs = [Streamer(s, KEY_A, 500) for _ in range(2)]
-        wait_until(lambda: all(len(h.times) > 1 for h in hogs), 30, "tenant a's two streams")
+        hogs = [Streamer(s, KEY_A, 8, hold=True) for _ in range(2)]
+        s.wait_held(2)  # tenant a's two streams run until released
         statuses = [complete(s, KEY_A, f"more {i}").status_code for i in range(8)]  # new connections: both workers
         assert statuses == [429] * 8, statuses  # 2 in flight in all, not 2 per worker
         assert complete(s, KEY_B, "b is not limited").status_code == 200
+        s.release()
         for h in hogs:
             h.join(60)
+        assert all(h.status == 200 and h.done and h.completion_tokens == 8 for h in hogs)
         assert complete(s, KEY_A, "room again").status_code == 200
     finally:
         s.stop()

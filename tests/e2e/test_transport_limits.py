@@ -1,6 +1,7 @@
 """Clients that hold connections, stop reading or leave mid-upload cannot exhaust the
 server's file descriptors, hold a request past its deadline, break shutdown, or count
-as server errors."""
+as server errors.  The streams nobody reads are held (the hold seam): they never end on
+their own, so only the server's stall cap, deadline or shutdown can end them."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import h2.settings
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, scrape, value
+from tests.server_util import HOLD, ServerProc, scrape, value, wait_until
 
 STALL = 3.0  # --send-stall-timeout of the shared server
 
@@ -76,13 +77,14 @@ class StalledH2:
 
 
 def _until(check, timeout: float):
-    deadline = time.monotonic() + timeout
-    while not (result := check()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return result
+    """`check()`'s first truthy result within `timeout`, else None (the caller says what failed)."""
+    try:
+        return wait_until(check, timeout, "the check", interval=0.2)
+    except AssertionError:
+        return None
 
 
-LONG = {"prompt": "never read", "max_tokens": 1900, "ignore_eos": True, "stream": True}
+HELD = {"prompt": "never read", "max_tokens": 8, "stream": True, **HOLD}  # runs until cut: never ends on its own
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,7 @@ def test_accept_errors_log_one_line_per_interval_and_the_server_recovers(tmp_pat
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                       b"content-length: 100\r\n\r\n")
             socks.append(s)
-        time.sleep(2)  # asyncio retries accept() every second, up to 100 times each
+        time.sleep(2)  # clock: asyncio retries accept() every second (up to 100 times each): two rounds of them
 
         def healthy():
             with contextlib.suppress(httpx.HTTPError):
@@ -168,7 +170,6 @@ def test_client_gone_mid_upload_is_a_client_abort_not_a_500(srv):
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
                   b"content-length: %d\r\n\r\n%s" % (len(body), body[: len(body) // 2]))
-        time.sleep(0.5)
 
     def delta(name, **labels):
         return value(scrape(srv), name, **labels) - value(before, name, **labels)
@@ -196,15 +197,17 @@ def test_stalled_http2_stream_is_reset_and_its_request_aborted(srv):
     before = scrape(srv)
     client = StalledH2(srv.port)
     try:
-        sid = client.post(LONG)
+        sid = client.post(HELD)
         assert client.wait_for(h2.events.ResponseReceived, 30) is not None
         start = time.monotonic()
+        srv.wait_held(1)  # running, all but its last token produced, none of them taken
         reset = client.wait_for(h2.events.StreamReset, STALL + 10)
         assert reset is not None and reset.stream_id == sid, client.events
         assert time.monotonic() - start < STALL + 10
     finally:
         client.close()
     assert _until(lambda: srv.debug()["in_flight"] == 0, 10)
+    assert srv.held() == 0 and srv.debug()["scheduler"]["num_running"] == 0  # the abort reached the engine
     after = scrape(srv)
     assert value(after, "sightline_request_aborts_total", reason="client_disconnect") - value(
         before, "sightline_request_aborts_total", reason="client_disconnect") == 1
@@ -219,15 +222,19 @@ def test_stalled_http2_stream_ends_at_its_request_deadline(srv):
     client = StalledH2(srv.port)
     try:
         start = time.monotonic()
-        sid = client.post(LONG, headers=((b"x-request-timeout", b"1"),))
+        sid = client.post(HELD, headers=((b"x-request-timeout", b"1"),))
         reset = client.wait_for(h2.events.StreamReset, 1 + 1 + STALL)  # deadline + grace, before the stall cap
         assert reset is not None and reset.stream_id == sid, client.events
         assert time.monotonic() - start < 1 + STALL
     finally:
         client.close()
+    assert _until(lambda: srv.debug()["in_flight"] == 0, 10)
+    assert srv.held() == 0 and srv.debug()["scheduler"]["num_running"] == 0
     after = scrape(srv)
     assert value(after, "sightline_request_aborts_total", reason="timeout") - value(
         before, "sightline_request_aborts_total", reason="timeout") == 1
+    assert value(after, "sightline_requests_total", finish_reason="length") == value(
+        before, "sightline_requests_total", finish_reason="length")  # cut off at its deadline, not run to the end
     assert value(after, "sightline_http_stream_stalls_total", cause="deadline") - value(
         before, "sightline_http_stream_stalls_total", cause="deadline") == 1
 
@@ -236,8 +243,9 @@ def test_sigterm_with_a_stalled_http2_stream_exits_0(tmp_path):
     server = ServerProc("--shutdown-grace", "1", tmpdir=tmp_path)  # the default 30 s stall cap never fires here
     client = StalledH2(server.port)
     try:
-        client.post(LONG)
+        client.post(HELD)
         assert client.wait_for(h2.events.ResponseReceived, 30) is not None
+        server.wait_held(1)  # running when SIGTERM comes: only the grace ends it
         start = time.monotonic()
         code = server.stop(signal.SIGTERM, timeout=30)
         assert code == 0, server.log()[-5000:]
