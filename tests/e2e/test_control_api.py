@@ -2,7 +2,8 @@
 paused engine alone, runtime tracing changes take effect, and every request sent is counted.
 
 One tiny-random server with a short watchdog and stall timeout (a paused engine with requests
-in flight must be neither restarted nor reported stuck).  The tests run in file order and
+in flight must be neither restarted nor reported stuck).  The requests a pause must find running
+are held (tests.server_util.HOLD) until the pause has landed.  The tests run in file order and
 share the tally of what each request they sent must be counted as.
 """
 
@@ -14,11 +15,12 @@ from collections import Counter
 import httpx
 import pytest
 
-from tests.server_util import ServerProc, Stream, samples, scrape, wait_until
+from tests.server_util import HOLD, ServerProc, Stream, samples, scrape, wait_until
 
 WATCHDOG = 3.0
 TALLY: Counter = Counter()  # outcome -> requests sent by these tests that must end with it
-LONG = {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True}
+PARAMS = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
+HELD = {**PARAMS, **HOLD}  # held one token short of max_new_tokens until released or cut
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def outcomes(srv: ServerProc) -> Counter:
 
 
 def generate(srv: ServerProc, prompt: str, n: int) -> httpx.Response:
-    return srv.post("/generate", {"text": prompt, "sampling_params": {**LONG, "max_new_tokens": n}})
+    return srv.post("/generate", {"text": prompt, "sampling_params": {**PARAMS, "max_new_tokens": n}})
 
 
 def assert_paused_refusals(srv: ServerProc) -> None:
@@ -52,24 +54,29 @@ def assert_paused_refusals(srv: ServerProc) -> None:
 
 
 def test_abort_ends_every_request_in_flight_with_an_explicit_error(server):
-    streams = [Stream(server, f"abort me {i}", LONG) for i in range(3)]
-    wait_until(lambda: all(len(s.events) >= 2 for s in streams), 60, "3 streams under way")
+    streams = [Stream(server, f"abort me {i}", HELD) for i in range(3)]
+    server.wait_held(3)
     r = control(server, "/pause_generation", {"mode": "abort"})
     assert r.status_code == 200 and r.json()["aborted"] == 3 and r.json()["in_flight"] == 0, r.text
     for s in streams:
         s.join(30)
         *_, err, done = s.events
         assert s.status == 200 and done == "[DONE]" and "aborted by an operator" in err["error"]["message"], err
+        assert len(s.tokens()) == HELD["max_new_tokens"] - 1  # cut while held
     TALLY["aborted_by_operator"] += 3
     assert_paused_refusals(server)
     assert server.debug()["paused"] == "abort"
-    wait_until(lambda: server.debug()["scheduler"]["num_running"] == 0, 10, "the Scheduler to free their KV")
+    server.barrier()  # the aborts have reached the Scheduler, its stats are in
+    state = server.debug()["scheduler"]
+    assert state["num_running"] == 0 and state["held"] == 0, state
     assert control(server, "/continue_generation").json()["resumed"] == "abort"
     assert httpx.get(server.url + "/health").status_code == 200
 
 
 def test_in_place_keeps_requests_and_kv_and_resumes_with_the_same_tokens(server):
-    prompt, params = "Once upon a time", {**LONG, "max_new_tokens": 400}
+    """A held stream is paused in place, then released: the paused Scheduler does not step it, the
+    watchdog leaves it alone, and after the resume it ends with the tokens of an uninterrupted run."""
+    prompt, params = "Once upon a time", {**PARAMS, "max_new_tokens": 24}
     assert server.post("/flush_cache", {}).status_code == 200
     ref = Stream(server, prompt, params)
     ref.join(120)
@@ -79,22 +86,26 @@ def test_in_place_keeps_requests_and_kv_and_resumes_with_the_same_tokens(server)
     pids = server.debug()["pids"]
 
     assert server.post("/flush_cache", {}).status_code == 200
-    s = Stream(server, prompt, params)
-    wait_until(lambda: len(s.events) >= 3, 60, "the stream under way")
+    s = Stream(server, prompt, {**params, **HOLD})
+    server.wait_held(1)
     r = control(server, "/pause_generation", {"mode": "in_place"})
     assert r.status_code == 200 and r.json()["in_flight"] == 1, r.text
     paused_at = time.monotonic()
-    time.sleep(0.3)  # tokens already between the Scheduler and this client arrive
+    server.release()  # free to step again, but paused: the Scheduler must not step it
+    server.wait_held(0)  # the release is handled ...
+    server.barrier()  # ... and the output of a step after it would have reached the front end
+    wait_until(lambda: len(s.tokens()) == params["max_new_tokens"] - 1, 10, "the held tokens at the client")
     seen, before = len(s.events), server.debug()["scheduler"]
-    time.sleep(1.0)
-    after = server.debug()["scheduler"]
-    assert len(s.events) == seen, "tokens arrived while paused in place"
-    assert after["paused"] and after["num_running"] == 1
-    assert (after["kv_used"], after["kv_reserved"], after["generation_tokens_total"]) == \
-        (before["kv_used"], before["kv_reserved"], before["generation_tokens_total"])
+    assert s.tokens() == ref.tokens()[:-1] and before["held"] == 0 and before["num_running"] == 1, before
     assert_paused_refusals(server)
     # the watchdog: requests in flight, no token for longer than --watchdog-timeout and --stall-timeout
-    time.sleep(max(0.0, paused_at + WATCHDOG + 1.0 - time.monotonic()))
+    time.sleep(max(0.0, paused_at + WATCHDOG + 1.0 - time.monotonic()))  # clock: past --watchdog-timeout
+    server.barrier()
+    after = server.debug()["scheduler"]
+    assert len(s.events) == seen, "tokens arrived while paused in place"
+    assert after["paused"] and after["num_running"] == 1 and after["held"] == 0
+    assert (after["kv_used"], after["kv_reserved"], after["generation_tokens_total"]) == \
+        (before["kv_used"], before["kv_reserved"], before["generation_tokens_total"])
     assert httpx.get(server.url + "/health").json()["reason"] == "paused"
     assert server.debug()["pids"] == pids and s.is_alive()
 
@@ -109,14 +120,16 @@ def test_in_place_keeps_requests_and_kv_and_resumes_with_the_same_tokens(server)
 
 
 def test_drain_lets_running_requests_finish_and_refuses_new_ones(server):
-    s = Stream(server, "drain me", LONG)  # long enough to be still running when the drain starts
-    wait_until(lambda: len(s.events) >= 2, 60, "the stream under way")
+    s = Stream(server, "drain me", HELD)
+    server.wait_held(1)
     r = control(server, "/pause_generation", {"mode": "drain"})
     assert r.status_code == 200 and r.json()["in_flight"] == 1, r.text
     assert_paused_refusals(server)
+    assert server.held() == 1 and s.is_alive()  # the drain leaves it running
+    server.release()
     s.join(120)
     TALLY["length"] += 1
-    assert s.events[-1] == "[DONE]" and len(s.tokens()) == LONG["max_new_tokens"]
+    assert s.events[-1] == "[DONE]" and len(s.tokens()) == HELD["max_new_tokens"]
     assert control(server, "/continue_generation").json()["resumed"] == "drain"
     assert httpx.get(server.url + "/health").status_code == 200
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import HOLD, ServerProc, Stream, scrape, value
+from tests.server_util import HOLD, ServerProc, Stream, scrape, value, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,8 @@ def srv(tmp_path_factory):
 def test_a_held_request_stops_one_token_short_until_released(srv):
     s = Stream(srv, "hold me", {"max_new_tokens": 8, "temperature": 0, **HOLD})
     srv.wait_held(1)
-    srv.barrier()
-    assert len(s.tokens()) == 7 and "[DONE]" not in s.events  # every token but the last has arrived
+    wait_until(lambda: len(s.tokens()) == 7, 10, "every token but the last at the client")
+    assert "[DONE]" not in s.events
     state = srv.debug()["scheduler"]
     assert state["num_running"] == 1 and state["held"] == 1 and state["kv_in_use"] > 0  # running, its KV kept
     time.sleep(1.5)  # clock: past the 1 s --stall-timeout: a held request is not a stuck engine

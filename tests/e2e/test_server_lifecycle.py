@@ -1,4 +1,5 @@
-"""Stopping the server: every in-flight request ends explicitly, no orphan, no socket file."""
+"""Stopping the server: every in-flight request ends explicitly, no orphan, no socket file.  The stream
+a stop must find running is held (tests.server_util.HOLD) when the signal lands."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.server_util import ServerProc, sse_events
+from tests.server_util import HOLD, ServerProc, sse_events, wait_until
 
 
 def _gone(pid: int) -> bool:
@@ -20,14 +21,10 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def _stream_in_thread(url: str, body: dict, events: list, started: threading.Event) -> threading.Thread:
+def _stream_in_thread(url: str, body: dict, events: list) -> threading.Thread:
     def run():
         with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
-            lines = []
-            for line in r.iter_lines():
-                lines.append(line)
-                started.set()
-            events.extend(sse_events(lines))
+            events.extend(sse_events(r.iter_lines()))
 
     t = threading.Thread(target=run)
     t.start()
@@ -47,9 +44,8 @@ def test_stop_leaves_no_child_and_no_socket_and_ends_streams(tmp_path, how):
     assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in stacks.iterdir())
     children = [psutil.Process(pid) for pid in srv.pids.values()]
     events: list = []
-    started = threading.Event()
-    t = _stream_in_thread(srv.url, {"prompt": "tell me", "max_tokens": 1500, "ignore_eos": True}, events, started)
-    assert started.wait(30)
+    t = _stream_in_thread(srv.url, {"prompt": "tell me", "max_tokens": 8, **HOLD}, events)
+    srv.wait_held(1)
     if how == "sigterm":
         code = srv.stop(signal.SIGTERM)
     else:  # a terminal's Ctrl-C reaches the whole process group
@@ -70,23 +66,20 @@ def test_graceful_shutdown_lets_in_flight_requests_finish(tmp_path):
     srv = ServerProc("--shutdown-grace", "30", tmpdir=tmp_path)
     children = [psutil.Process(pid) for pid in srv.pids.values()]
     events: list = []
-    started = threading.Event()
-    t = _stream_in_thread(srv.url, {"prompt": "tell me", "max_tokens": 120, "ignore_eos": True}, events, started)
-    assert started.wait(30)
+    t = _stream_in_thread(srv.url, {"prompt": "tell me", "max_tokens": 16, **HOLD,
+                                    "stream_options": {"include_usage": True}}, events)
+    srv.wait_held(1)
     srv.proc.send_signal(signal.SIGTERM)
-    refused = None
-    for _ in range(50):  # while draining, new work is refused with 503 (the listener is still up)
-        try:
-            r = srv.post("/v1/completions", {"prompt": "late", "max_tokens": 2}, timeout=5)
-        except httpx.HTTPError:
-            break
-        if r.status_code == 503:
-            refused = r
-            break
+    # while draining (the held stream keeps it draining), new work is refused with 503: the listener is still up
+    refused = wait_until(lambda: (r := srv.post("/v1/completions", {"prompt": "late", "max_tokens": 2},
+                                                timeout=5)).status_code == 503 and r, 10, "a 503 while draining")
+    assert srv.held() == 1 and t.is_alive()  # the refusal did not end the stream in flight
+    srv.release()
     t.join(60)
     code = srv.stop(timeout=60)
     assert code == 0, srv.log()
-    assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
-    assert sum(len(e["choices"][0]["text"]) > 0 for e in events[:-1]) > 50
+    *_, last, usage, done = events
+    assert done == "[DONE]" and last["choices"][0]["finish_reason"] == "length", events[-3:]
+    assert usage["usage"]["completion_tokens"] == 16, usage  # every token, the held one's last too
     assert refused is not None and refused.json()["error"]["type"] == "server_unavailable"
     assert all(_gone(c.pid) for c in children) and not srv.runtime_dir.exists()
