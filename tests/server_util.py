@@ -64,7 +64,9 @@ class ServerProc(LocalServer):
         wait_until(lambda: self.held() == n, timeout, f"{n} held requests", interval=0.02)
 
     def release(self, *rids: str, dp_size: int = 1) -> None:
-        """Let held requests finish (every one when no rid is given), on each Scheduler rank."""
+        """Let held requests finish (every one when no rid is given), on each Scheduler rank.  It goes on a
+        connection of its own (it works while the server drains), so it is not ordered with a later
+        `barrier()`: wait for its effect with `wait_held(k)` or on the streams."""
         from protocol.io_struct import ReleaseHeldReq
 
         for rank in range(dp_size):
