@@ -47,9 +47,9 @@ model: $(MODEL_STAMP)
 serve: setup
 	$(PY) -m serving serve --host 127.0.0.1 --port 8000 $(ARGS)
 
-# Every test (the lint first), in two lanes side by side (scripts/run_tests.py): the fast lane (unit tests,
-# then one small real server per module) and the stack lane (soak, chaos, replicas behind HAProxy, live
-# alerting, Locust, the larger models); a per-test timeout of 120 s; the 25 slowest tests at the end.
+# Every test (the lint first), in two lanes side by side (scripts/run_tests.py): the unit tests then part of
+# the e2e modules, beside the stack modules (soak, chaos, replicas behind HAProxy, live alerting, Locust, the
+# larger models) and the rest of the e2e modules; a per-test timeout of 120 s; the 25 slowest tests at the end.
 test: setup lint
 	$(PY) scripts/run_tests.py $(ARGS)
 

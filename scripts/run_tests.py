@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """`make test`: every test, in two lanes side by side.
 
-- the fast lane: the unit tests first (a unit failure shows in minutes, printed as soon as they
-  end), then the end-to-end tests that start one small server each;
-- the stack lane: the tests marked `stack` (tests/conftest.py: soak, chaos, replicas behind
-  HAProxy, live alerting, Locust, the model-family and SmolLM2 servers), which mostly wait on
-  fixed durations, Prometheus and other processes.
+- the first lane: the unit tests first (a unit failure shows in minutes, printed as soon as they
+  end), then the end-to-end modules not marked `lane2`;
+- the second lane: the modules marked `lane2` (tests/conftest.py): soak, chaos, replicas behind
+  HAProxy, live alerting, Locust, the model-family and SmolLM2 servers, which mostly wait on fixed
+  durations, Prometheus and other processes, and enough other e2e modules to end with the first.
 
 Every server takes a free port of its own, so the lanes never collide.  Each lane's pytest output
 goes to a log printed when the lane ends; then the 25 slowest tests of the whole run and one
@@ -77,8 +77,8 @@ def main(argv: list[str]) -> int:
     prefix = ["taskset", "-c", "0"] if hostile else []
     common = ["-p", "no:cacheprovider", *extra]
     lanes = {
-        "fast": [["tests/unit", *common], ["tests/e2e", "-m", "not stack", *common]],
-        "stack": [["tests/e2e", "-m", "stack", *common]],
+        "first": [["tests/unit", *common], ["tests/e2e", "-m", "not lane2", *common]],
+        "second": [["tests/e2e", "-m", "lane2", *common]],
     }
     logdir = Path(tempfile.mkdtemp(prefix="sightline-tests-"))
     results: dict = {}

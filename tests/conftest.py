@@ -8,18 +8,24 @@ import pytest
 from serving.engine.loader import LoadedModel, load_model
 from tests.otlp_receiver import OTLPReceiver
 
-# The stack lane of `make test` (scripts/run_tests.py): modules that mostly wait on fixed durations,
-# Prometheus, HAProxy, Locust or larger models, run beside the fast lane.
+# The second lane of `make test` (scripts/run_tests.py), run beside the unit tests and the other e2e modules:
+# the modules that mostly wait on fixed durations, Prometheus, HAProxy, Locust or larger models, and enough
+# of the rest to end both lanes together (per-module times of a 2-core run are in docs/testing.md).
 STACK_MODULES = frozenset({
     "test_chaos_soak", "test_soak_short", "test_replicas", "test_alerting", "test_loadtest", "test_locust_plain",
     "test_model_families_server", "test_server_smollm", "test_admission_server",
+})
+BALANCE_MODULES = frozenset({
+    "test_fuzz", "test_faults", "test_transport_limits", "test_front_hardening", "test_restart_budget",
+    "test_workers_dp", "test_disconnect_storm", "test_isolation_server", "test_tenants", "test_server_lifecycle",
+    "test_shutdown_workers", "test_why_downstream",
 })
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in STACK_MODULES:
-            item.add_marker(pytest.mark.stack)
+        if item.module.__name__.rsplit(".", 1)[-1] in STACK_MODULES | BALANCE_MODULES:
+            item.add_marker(pytest.mark.lane2)
 
 
 @pytest.fixture(scope="session")

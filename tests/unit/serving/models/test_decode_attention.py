@@ -99,17 +99,19 @@ def test_build_without_a_compiler_says_so(monkeypatch, tmp_path):
         native.build()
 
 
-def test_build_is_cached_per_source(monkeypatch, tmp_path):
-    """The cache logic on a one-function stub (the real kernels take ~30 s to compile on 2 cores)."""
+@pytest.mark.parametrize("march", ["native", "haswell"])
+def test_build_is_cached_per_source(monkeypatch, tmp_path, march):
+    """The cache logic on a one-function stub (the real kernels take ~30 s to compile on 2 cores), for each
+    target the kernels are built for."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "stub.cpp").write_text('extern "C" int sightline_stub() { return 1; }\n')
     cache = tmp_path / "cache"
     monkeypatch.setenv(native.CACHE_ENV, str(cache))
-    first = native.build(kernels=src)
+    first = native.build(march=march, kernels=src)
     mtime = first.stat().st_mtime_ns
-    assert native.build(kernels=src) == first and first.stat().st_mtime_ns == mtime
+    assert native.build(march=march, kernels=src) == first and first.stat().st_mtime_ns == mtime
     assert [p.name for p in cache.iterdir()] == [first.name]  # no temporary files left behind
     (src / "stub.cpp").write_text('extern "C" int sightline_stub() { return 2; }\n')
-    second = native.build(kernels=src)  # another source: another library, the first kept
+    second = native.build(march=march, kernels=src)  # another source: another library, the first kept
     assert second != first and sorted(p.name for p in cache.iterdir()) == sorted([first.name, second.name])
