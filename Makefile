@@ -49,7 +49,7 @@ serve: setup
 
 # Every test (the lint first), in two lanes side by side (scripts/run_tests.py): the unit tests then part of
 # the e2e modules, beside the stack modules (soak, chaos, replicas behind HAProxy, live alerting, Locust, the
-# larger models) and the rest of the e2e modules; a per-test timeout of 120 s; the 25 slowest tests at the end.
+# larger models) and the rest of the e2e modules; a per-test timeout (120 s an e2e test, 300 s a unit test); the 25 slowest tests at the end.
 test: setup lint
 	$(PY) scripts/run_tests.py $(ARGS)
 
