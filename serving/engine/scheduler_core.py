@@ -151,6 +151,8 @@ class SchedulerCore:
     @property
     def has_work(self) -> bool:
         """Something to step: a waiting request, or a running one that is not held (`num_held`)."""
+        if self.seams.hold_seed is None:  # the usual case: no request can be held
+            return bool(self.waiting or self.running)
         return bool(self.waiting) or any(not r.held for r in self.running)
 
     @property

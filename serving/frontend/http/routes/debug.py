@@ -60,8 +60,7 @@ async def debug_timeline(request: Request) -> Response:
     try:
         replies = await state.tm.step_timeline(seconds)
     except TimeoutError:
-        return JSONResponse({"error": {"message": "an engine rank did not answer", "type": "unavailable",
-                                       "param": None, "code": None}}, status_code=503)
+        return _rank_unavailable()
     body = chrome_trace((r.dp_rank, r.steps) for r in replies)
     return JSONResponse(body, headers={"content-disposition": 'inline; filename="sightline-timeline.json"'})
 
@@ -71,9 +70,13 @@ async def debug_barrier(request: Request) -> Response:
     try:
         ranks = await state.tm.barrier()
     except TimeoutError:
-        return JSONResponse({"error": {"message": "an engine rank did not answer", "type": "unavailable",
-                                       "param": None, "code": None}}, status_code=503)
+        return _rank_unavailable()
     return JSONResponse({"ranks": ranks})
+
+
+def _rank_unavailable() -> Response:
+    return JSONResponse({"error": {"message": "an engine rank did not answer", "type": "unavailable",
+                                   "param": None, "code": None}}, status_code=503)
 
 
 def _hub_json(reply) -> Response:
