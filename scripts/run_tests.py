@@ -18,6 +18,7 @@ Usage: python scripts/run_tests.py [--hostile] [pytest args...]
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 HOSTILE_ENV = "SIGHTLINE_TEST_HOSTILE"  # read by tests/server_util.ServerProc: no step floor
+STARTS_LOG_ENV = "SIGHTLINE_TEST_STARTS_LOG"  # tests/server_util.ServerProc appends one line a server start
+CPU_LOG_ENV = "SIGHTLINE_TEST_CPU_LOG"  # tests/conftest.py appends each module's CPU seconds
 
 
 def lane(name: str, runs: list[list[str]], logdir: Path, env: dict[str, str], prefix: list[str],
@@ -70,10 +73,35 @@ def summary(xmls: list[Path]) -> tuple[dict[str, int], list[tuple[float, str]]]:
     return counts, sorted(times, reverse=True)
 
 
+def starts_summary(path: Path, top: int = 10) -> list[str]:
+    """Server starts are the suite's biggest fixed cost: how many, how long, and the modules with most."""
+    if not path.exists():
+        return ["no test server was started"]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_module: dict[str, list[float]] = {}
+    for row in rows:
+        by_module.setdefault(row["test"].split("::")[0], []).append(row["seconds"])
+    lines = [f"{len(rows)} test server starts, {sum(r['seconds'] for r in rows):.0f} s until healthy in all; most:"]
+    for module, secs in sorted(by_module.items(), key=lambda kv: -sum(kv[1]))[:top]:
+        lines.append(f"{sum(secs):8.1f}s  {len(secs):3d}  {module}")
+    return lines
+
+
+def cpu_summary(path: Path, top: int = 15) -> list[str]:
+    """On 2 cores the run lasts about its CPU time over two: the modules that spend most of it."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    lines = [f"{sum(r['cpu'] for r in rows):.0f} CPU seconds in {len(rows)} modules (their servers included); most:"]
+    lines += [f"{r['cpu']:8.1f}s  {r['module']}" for r in sorted(rows, key=lambda r: -r["cpu"])[:top]]
+    return lines
+
+
 def main(argv: list[str]) -> int:
     hostile = "--hostile" in argv
     extra = [a for a in argv if a != "--hostile"]
-    env = {**os.environ, **({HOSTILE_ENV: "1"} if hostile else {})}
+    logdir = Path(tempfile.mkdtemp(prefix="sightline-tests-"))
+    starts = logdir / "server-starts.jsonl"
+    cpu = logdir / "module-cpu.jsonl"
+    env = {**os.environ, STARTS_LOG_ENV: str(starts), CPU_LOG_ENV: str(cpu), **({HOSTILE_ENV: "1"} if hostile else {})}
     prefix = ["taskset", "-c", "0"] if hostile else []
     common = ["-p", "no:cacheprovider", *extra]
     lanes = {
@@ -82,7 +110,6 @@ def main(argv: list[str]) -> int:
         "first": [["tests/unit", "--timeout=300", *common], ["tests/e2e", "-m", "not lane2", *common]],
         "second": [["tests/e2e", "-m", "lane2", *common]],
     }
-    logdir = Path(tempfile.mkdtemp(prefix="sightline-tests-"))
     results: dict = {}
     lock = threading.Lock()
     t0 = time.monotonic()
@@ -96,6 +123,8 @@ def main(argv: list[str]) -> int:
           f"{', hostile: one core, no step floor' if hostile else ''}) =====")
     for seconds, name in times[:25]:
         print(f"{seconds:8.2f}s  {name}")
+    print("\n===== " + "\n".join(starts_summary(starts)))
+    print("\n===== " + "\n".join(cpu_summary(cpu)))
     # pytest exit 5 (no tests collected) is a failure here: every lane has tests
     failed = [f"{n} part {i + 1} (exit {rc})" for (n, i), (rc, _, _) in sorted(results.items()) if rc != 0]
     if failed:

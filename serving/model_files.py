@@ -67,7 +67,8 @@ def bundled_gguf_path() -> Path:
     raise ModelLoadError(f"no .gguf file found in the installed {BUNDLED_DIST} package")
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
+    """Only transformers' errors in our logs and no progress bars: called where a load first imports it."""
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
@@ -147,6 +148,8 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    quiet_transformers()
+
     from serving.gguf_rope import fix_config, weights_config
 
     if not gguf.is_file():
@@ -196,6 +199,8 @@ def _build_tiny_random(tokenizer_dir: Path, out: Path) -> None:
     """A seeded 2-layer Llama sharing the bundled tokenizer: real code paths, fast tests."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    quiet_transformers()
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
@@ -253,7 +258,6 @@ def one_line(exc: BaseException) -> str:
 def prepare_model_dir(spec: str, cache_dir: Path | None = None) -> tuple[Path, bool]:
     """Return (HF directory, converted_now) for a `--model` value, converting if needed."""
     cache_dir = cache_dir or default_cache_dir()
-    _quiet_transformers()
     if spec == BUNDLED_MODEL:
         return prepare_model_dir(str(bundled_gguf_path()), cache_dir)
     if spec == TINY_RANDOM:
@@ -298,12 +302,65 @@ def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]
     import transformers
 
     path, _ = prepare_model_dir(spec, cache_dir)
+    quiet_transformers()
     try:
         if (path / "tokenizer.json").is_file():
             return transformers.PreTrainedTokenizerFast.from_pretrained(path), path
         return transformers.AutoTokenizer.from_pretrained(path), path  # (touching AutoTokenizer imports torch)
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load tokenizer from {path}: {one_line(exc)}") from exc
+
+
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token")
+
+
+def _content(value: Any) -> str | None:
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def _configured_specials(cfg: dict[str, Any]) -> set[str]:
+    """Every token tokenizer_config.json calls special: the named ones, the extra ones, the flagged ones."""
+    names = {c for key in SPECIAL_KEYS if (c := _content(cfg.get(key)))}
+    extra = cfg.get("additional_special_tokens") or cfg.get("extra_special_tokens") or ()
+    names |= {c for v in (extra.values() if isinstance(extra, dict) else extra) if (c := _content(v))}
+    names |= {c for v in (cfg.get("added_tokens_decoder") or {}).values()
+              if isinstance(v, dict) and v.get("special") and (c := _content(v))}
+    return names
+
+
+class Decoder:
+    """What the Detokenizer needs of a tokenizer, `decode`, from the `tokenizers` library alone.
+
+    transformers' fast tokenizer decodes with the same Rust object (`backend.decode`, no clean-up
+    for the detokenizer's calls); loading it costs ~1.3 s of imports and ~40 MiB per Detokenizer.
+    """
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False,
+               clean_up_tokenization_spaces: bool = False) -> str:
+        if clean_up_tokenization_spaces:
+            raise ValueError("Decoder never cleans up spaces: load the transformers tokenizer for that")
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def load_decoder(spec: str, cache_dir: Path | None = None) -> Any:
+    """The Detokenizer's tokenizer: a `Decoder` when tokenizer.json alone says which tokens are special
+    (the configured ones are all flagged special there), else the transformers tokenizer."""
+    path, _ = prepare_model_dir(spec, cache_dir)
+    try:
+        cfg = json.loads((path / "tokenizer_config.json").read_text())
+        import tokenizers
+
+        backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # noqa: BLE001 - any doubt (no tokenizer.json, an unreadable config): transformers builds it
+        return load_tokenizer(spec, cache_dir)[0]
+    flagged = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+    if not isinstance(cfg, dict) or _configured_specials(cfg) - flagged:
+        return load_tokenizer(spec, cache_dir)[0]
+    return Decoder(backend)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,10 +3,20 @@ real servers, a real OTLP receiver.  Helpers the tests import live in `tests/hel
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+
 import pytest
 
 from serving.engine.loader import LoadedModel, load_model
 from tests.otlp_receiver import OTLPReceiver
+
+# The OpenMP wait policy of the server's Scheduler (`--thread-wait-policy passive`, the default) for the engines
+# the tests run in this process; read when torch loads OpenMP, and nothing above imports torch.  Spinning (the
+# runtime's default), torch's two threads wait for each other at every op when the other test lane has a core:
+# ~3x the time of SmolLM2's forward passes there, and twice the CPU seconds alone.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The second lane of `make test` (scripts/run_tests.py), run beside the unit tests and the other e2e modules:
 # the modules that mostly wait on fixed durations, Prometheus, HAProxy, Locust or larger models, and enough
@@ -26,6 +36,23 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in STACK_MODULES | BALANCE_MODULES:
             item.add_marker(pytest.mark.lane2)
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_cpu(request):
+    """CPU seconds of each module, its servers included (counted when they exit), for the summary of
+    scripts/run_tests.py: on 2 cores the suite's length is its CPU time, not its sleeps."""
+    path = os.environ.get("SIGHTLINE_TEST_CPU_LOG")  # set by scripts/run_tests.py
+    before = _cpu_seconds()
+    yield
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"module": request.module.__name__, "cpu": round(_cpu_seconds() - before, 2)}) + "\n")
 
 
 @pytest.fixture(scope="session")

@@ -3,17 +3,21 @@ tests/fixtures/families/ with the dimensions shrunk, saved as Hugging Face direc
 
 The families' own tokenizers are not reachable offline: every model uses the bundled
 SmolLM2 tokenizer (and so its ChatML chat template).  Built once per cache directory and
-reused; the directory name carries the seed and a hash of the config.
+reused; the directory name carries the seed and a hash of the config.  `build(family, vocab=n)`
+is the same model with its vocabulary cut to the tokenizer's first n tokens.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from serving.model_files import BUNDLED_MODEL, default_cache_dir, prepare_model_dir
 
@@ -31,6 +35,9 @@ SHRINK = {
 # 64 keeps Llama-3's RoPE scaling with frequencies in its smoothed band.
 HEAD_DIM = {"llama": 64, "qwen3": 48}
 SLIDING_WINDOW = {"mistral": 16}  # shorter than the test prompts, so the window is exercised
+# `build(family, vocab=CUT_VOCAB)`: for tests of a GGUF file's mechanics, where the 49k-token tokenizer
+# and embedding would be most of each file's writing, parsing and conversion (~10 s a file)
+CUT_VOCAB = 1024
 
 
 def real_config(family: str) -> dict:
@@ -58,12 +65,58 @@ def _randomise(model: torch.nn.Module) -> None:
                 p.copy_(0.5 * torch.randn_like(p))
 
 
-def build(family: str, cache_dir: Path | None = None) -> Path:
-    """The family's shrunk seeded model as an HF directory (safetensors + the bundled tokenizer)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+@functools.cache
+def _bundled_tokenizer():
+    """Loaded once a process: every `build` reads it for the config's hash (~0.5 s a load)."""
+    from transformers import AutoTokenizer
 
     tok_dir, _ = prepare_model_dir(BUNDLED_MODEL)
-    tok = AutoTokenizer.from_pretrained(tok_dir)
+    return AutoTokenizer.from_pretrained(tok_dir)
+
+
+def cut_vocab(tokenizer_json: dict, n: int) -> dict:
+    """A BPE tokenizer.json cut to the ids below `n`, with the merges among the kept tokens (SmolLM2's
+    merge i makes token 252 + i: its first n - 252 merges), as `tests.gguf_writer` cuts a file's."""
+    model = tokenizer_json["model"]
+    vocab = {t: i for t, i in model["vocab"].items() if i < n}
+    merges = [m for m in model["merges"] if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
+    return {**tokenizer_json, "model": {**model, "vocab": vocab, "merges": merges},
+            "added_tokens": [t for t in tokenizer_json["added_tokens"] if t["id"] < n]}
+
+
+def _cut_model(src: Path, out: Path, n: int) -> None:
+    """`src` with the embedding (and an untied lm_head) cut to its first `n` rows, and the tokenizer to match."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    shutil.copytree(src, tmp, dirs_exist_ok=True)
+    cfg = json.loads((tmp / "config.json").read_text())
+    (tmp / "config.json").write_text(json.dumps({**cfg, "vocab_size": n}, indent=2))
+    weights = load_file(tmp / "model.safetensors")
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in weights:
+            weights[name] = weights[name][:n].contiguous()
+    save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
+    tok = tmp / "tokenizer.json"
+    tok.write_text(json.dumps(cut_vocab(json.loads(tok.read_text()), n), ensure_ascii=False))
+    try:
+        tmp.rename(out)
+    except OSError:  # another process cut it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build(family: str, cache_dir: Path | None = None, vocab: int | None = None) -> Path:
+    """The family's shrunk seeded model as an HF directory (safetensors + the bundled tokenizer);
+    with `vocab` (CUT_VOCAB), the same layers with the tokenizer, embedding and lm_head cut to the
+    first `vocab` tokens."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if vocab is not None:
+        src = build(family, cache_dir)
+        out = src.with_name(f"{src.name}-v{vocab}")
+        if not (out / "config.json").is_file():
+            _cut_model(src, out, vocab)
+        return out
+
+    tok = _bundled_tokenizer()
     cfg = shrunk_config(family, tok)
     digest = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:12]
     out = (cache_dir or default_cache_dir()) / "families" / f"{family}-s{SEED}-{digest}"
@@ -81,12 +134,12 @@ def build(family: str, cache_dir: Path | None = None) -> Path:
     return out
 
 
-def gguf(family: str, cache_dir: Path | None = None) -> Path:
-    """The family's model as an F32 GGUF file written as llama.cpp writes one, beside its HF
-    directory and written once: every test that serves it shares one conversion (~10 s)."""
+def gguf(family: str, cache_dir: Path | None = None, vocab: int | None = None) -> Path:
+    """The family's model (`build`'s, `vocab` as there) as an F32 GGUF file written as llama.cpp writes
+    one, beside its HF directory and written once: every test that serves it shares one conversion (~10 s)."""
     from tests.gguf_writer import write_gguf
 
-    hf_dir = build(family, cache_dir)
+    hf_dir = build(family, cache_dir, vocab)
     out = hf_dir.with_name(hf_dir.name + ".gguf")
     if not out.is_file():
         tmp = out.with_name(out.name + ".tmp")

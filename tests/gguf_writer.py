@@ -7,16 +7,18 @@ too: Llama-arch Q/K rows are permuted into llama.cpp's rotary layout, Mistral is
 arch `llama` (with "mistral" in `general.name`), a tied embedding gets no `output.weight`,
 Llama-3 RoPE scaling becomes the `rope_freqs.weight` tensor of per-frequency factors, and
 linear/yarn scaling the `{arch}.rope.scaling.*` keys.  The tokenizer is copied key by key
-from the bundled SmolLM2 GGUF, which every test model shares.
+from the bundled SmolLM2 GGUF, which every test model shares (cut to the model's vocabulary
+where `tests.family_models` cut it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -52,18 +54,87 @@ def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_fac
     return torch.tensor(out, dtype=torch.float32).numpy()
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenizer_fields(src_path: Path) -> tuple:
-    """`(key, value, type, sub_type)` of every `tokenizer.*` field (parsing the file takes seconds)."""
+@contextlib.contextmanager
+def parsed_once(path: Path) -> Iterator[None]:
+    """For transformers' own load of a GGUF file: the file parsed once (`serving.model_files._one_parse`;
+    transformers parses it anew for its config and for its weights), and gguf-py's tensor-name map built
+    once an architecture (transformers builds it anew for every module: ~400 for SmolLM2, ~40 ms each).
+    The map is read-only where transformers uses it."""
     import gguf
 
-    reader = gguf.GGUFReader(src_path)
+    from serving.model_files import _one_parse
+
+    real = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(real)
+    try:
+        with _one_parse(Path(path)):
+            yield
+    finally:
+        gguf.get_tensor_name_map = real
+
+
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+@functools.cache
+def _tokenizer_fields() -> tuple:
+    """`(key, value, type, sub_type)` of every `tokenizer.*` field of the bundled file, each value as
+    gguf-py's `ReaderField.contents()` gives it, read straight from the header (gguf-py's reader makes
+    numpy views of each of the ~100k vocabulary and merge strings: ~8 s)."""
+    import mmap
+    import struct
+
+    import gguf
+
+    from serving.model_files import bundled_gguf_path
+
+    pos = 0
+
+    def take(fmt: str) -> tuple:
+        nonlocal pos
+        values = struct.unpack_from("<" + fmt, buf, pos)
+        pos += struct.calcsize("<" + fmt)
+        return values
+
+    def value(vtype: int) -> Any:
+        nonlocal pos
+        if vtype != gguf.GGUFValueType.STRING:
+            return take(_SCALARS[vtype])[0]
+        (n,) = take("Q")
+        pos += n
+        return str(buf[pos - n:pos], "utf-8")
+
     out = []
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):
-            vtype = field.types[0]
-            sub_type = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-            out.append((key, field.contents(), vtype, sub_type))
+    with open(bundled_gguf_path(), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        _magic, _version, _n_tensors, n_kv = take("IIQQ")
+        for _ in range(n_kv):
+            key = value(gguf.GGUFValueType.STRING)
+            vtype, sub_type = gguf.GGUFValueType(take("I")[0]), None
+            if vtype == gguf.GGUFValueType.ARRAY:
+                sub_type, (n,) = gguf.GGUFValueType(take("I")[0]), take("Q")
+                contents = [value(sub_type) for _ in range(n)]
+            else:
+                contents = value(vtype)
+            if key.startswith("tokenizer."):
+                out.append((key, contents, vtype, sub_type))
+    return tuple(out)
+
+
+def _cut_tokenizer(fields: tuple, n: int) -> tuple:
+    """The tokenizer fields cut to token ids below `n`, with the merges among the kept tokens
+    (what `tests.family_models.cut_vocab` does to the HF tokenizer)."""
+    tokens = next(value for key, value, *_ in fields if key == "tokenizer.ggml.tokens")
+    if n >= len(tokens):
+        return fields
+    kept = set(tokens[:n])
+    out = []
+    for key, value, vtype, sub_type in fields:
+        if key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+            value = value[:n]
+        elif key == "tokenizer.ggml.merges":
+            pairs = (m.split(" ") for m in value)
+            value = [f"{a} {b}" for a, b in pairs if a in kept and b in kept and a + b in kept]
+        out.append((key, value, vtype, sub_type))
     return tuple(out)
 
 
@@ -101,8 +172,6 @@ def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: b
     import gguf
     from safetensors import safe_open
     from transformers import AutoConfig
-
-    from serving.model_files import bundled_gguf_path
 
     hf_dir, out = Path(hf_dir), Path(out)
     config = AutoConfig.from_pretrained(hf_dir)
@@ -156,7 +225,7 @@ def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: b
     for key, value in (extra_kv or {}).items():
         writer.add_key_value(key.format(arch=arch), value, gguf.GGUFValueType.get_type(value))
     if tokenizer:
-        for key, value, vtype, sub_type in _tokenizer_fields(bundled_gguf_path()):
+        for key, value, vtype, sub_type in _cut_tokenizer(_tokenizer_fields(), config.vocab_size):
             writer.add_key_value(key, value, vtype, sub_type=sub_type)
 
     if rope_type == "llama3" and rope_freqs is None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import torch
 
@@ -59,6 +61,19 @@ def collect(core: SchedulerCore, max_steps: int = 100_000) -> dict[str, list[int
     for ev in core.run_to_completion(max_steps):
         out.setdefault(ev.rid, []).extend(ev.new_token_ids)
     return out
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread while it lasts, for transformers' reference runs: beside the other test lane
+    on 2 cores, torch's two OpenMP threads wait for each other at every op (a SmolLM2 forward ~2 s
+    against ~0.4 s on one thread; alone on the machine the two take about the same)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def hf_greedy(model: LoadedModel, ids: list[int], n: int = 32) -> list[int]:

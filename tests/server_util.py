@@ -21,6 +21,16 @@ TEST_KEY = "sk-sightline-test-0123456789abcdef"  # the API key of tests/conftest
 HOLD_SEED = 424242
 HOLD = {"seed": HOLD_SEED, "ignore_eos": True}  # merge into a body (OpenAI routes) or sampling_params
 HOSTILE_ENV = "SIGHTLINE_TEST_HOSTILE"  # set by `make test-hostile` (scripts/run_tests.py)
+STARTS_LOG_ENV = "SIGHTLINE_TEST_STARTS_LOG"  # scripts/run_tests.py: one JSON line a server start, for its summary
+
+
+def _record_start(model: str, flags: tuple[str, ...], seconds: float) -> None:
+    """Where the suite's time goes: every server start, its test and how long it took to be healthy."""
+    if path := os.environ.get(STARTS_LOG_ENV):
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        with open(path, "a") as f:
+            row = {"test": test, "model": model, "flags": list(flags), "seconds": round(seconds, 2)}
+            f.write(json.dumps(row) + "\n")
 
 
 class ServerProc(LocalServer):
@@ -43,7 +53,9 @@ class ServerProc(LocalServer):
         full_env.update(extra_env)
         if "--dtype" not in flags:  # tests compare with the exact engine and transformers
             flags = ("--dtype", "float32", *flags)
+        t0 = time.monotonic()
         super().__init__(model, 0, tmpdir / "server.log", list(flags), startup, env=full_env)
+        _record_start(model, flags, time.monotonic() - t0)
         state = self.debug()
         self.pids, self.runtime_dir = state["pids"], Path(state["runtime_dir"])
 

@@ -45,7 +45,7 @@ from protocol.io_struct import (
 from serving.args import ServerArgs
 from serving.detokenizer.incremental import DecodeState
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
-from serving.model_files import load_tokenizer
+from serving.model_files import load_decoder
 from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
 from telemetry.clock import now_ns
@@ -188,7 +188,7 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
     ctx = zmq.Context()
     mgr = None
     try:
-        tokenizer, _ = load_tokenizer(args.model, args.cache_dir_path)
+        tokenizer = load_decoder(args.model, args.cache_dir_path)
         mgr = DetokenizerManager(tokenizer, Tracing.from_args("detokenizer", args, instance_id))
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
         control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)

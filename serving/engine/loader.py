@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from serving.model_files import BUNDLED_MODEL, ModelLoadError, model_name, one_line, prepare_model_dir
+from serving.model_files import (
+    BUNDLED_MODEL,
+    ModelLoadError,
+    model_name,
+    one_line,
+    prepare_model_dir,
+    quiet_transformers,
+)
 
 LOAD_REPORT = ("missing_keys", "unexpected_keys", "mismatched_keys")
 
@@ -141,6 +148,7 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
 
     t0 = time.perf_counter()
     path, converted = prepare_model_dir(spec, cache_dir)
+    quiet_transformers()
     try:
         config = AutoConfig.from_pretrained(path)
         encoder = family(config).encoder  # before the weights: an unsupported model or config fails fast

@@ -33,20 +33,42 @@ def test_invalid_server_args_rejected(bad):
         ServerArgs(**bad)
 
 
-def _sightline(*args):
-    return subprocess.run([sys.executable, "-m", "serving", *args], capture_output=True, text=True, timeout=300)
+RUNS = {
+    "generate": ["generate", "--model", "tiny-random", "--prompt", "hello", "--max-new-tokens", "5", "--raw"],
+    "missing": ["generate", "--model", "/nope/x.gguf", "--prompt", "hi"],
+    "refused": ["generate", "--model", "tiny-random", "--prompt", "hi", "--max-running-requests", "0"],
+}
 
 
-def test_generate_runs_the_engine(tiny):
-    r = _sightline("generate", "--model", "tiny-random", "--prompt", "hello", "--max-new-tokens", "5", "--raw")
+@pytest.fixture(scope="module")
+def sightline(tiny) -> dict[str, subprocess.CompletedProcess]:
+    """`python -m serving` with each of RUNS, the processes started together (each is mostly imports);
+    tiny-random is converted before any starts."""
+    procs = {name: subprocess.Popen([sys.executable, "-m", "serving", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for name, args in RUNS.items()}
+    done = {}
+    try:
+        for name, p in procs.items():
+            out, err = p.communicate(timeout=300)
+            done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return done
+
+
+def test_generate_runs_the_engine(sightline):
+    r = sightline["generate"]
     assert r.returncode == 0, r.stderr
     assert "prompt + 5 new tokens, finish_reason=length" in r.stderr
 
 
-def test_generate_errors_are_one_line():
-    r = _sightline("generate", "--model", "/nope/x.gguf", "--prompt", "hi")
+def test_generate_errors_are_one_line(sightline):
+    r = sightline["missing"]
     assert r.returncode == 1 and r.stderr.strip().splitlines() == ["error: model file not found: /nope/x.gguf"]
-    r = _sightline("generate", "--model", "tiny-random", "--prompt", "hi", "--max-running-requests", "0")
+    r = sightline["refused"]
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 

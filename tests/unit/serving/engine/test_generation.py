@@ -21,17 +21,18 @@ def references():
 
 
 def test_alone_equals_transformers(any_model, references):
-    for prompt in PROMPTS[:3]:
-        core = make_core(any_model)
-        core.add_request("a", encode(any_model, prompt), greedy(32))
-        out = collect(core)["a"]
+    """One engine, one request at a time: each starts on an empty cache, as on an engine of its own."""
+    core = make_core(any_model, max_total_tokens=1024)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        core.add_request(f"a{i}", encode(any_model, prompt), greedy(32))
+        out = collect(core)[f"a{i}"]
         assert out == references(any_model, prompt), prompt
         assert core.pool.is_idle() and core.flush_cache() and core.pool.is_empty()
 
 
 def test_batch_with_joins_mid_flight_equals_transformers(any_model, references):
     """Different prompt lengths, joining at different steps, finishing at different times."""
-    core = make_core(any_model, max_prefill_tokens=8)  # small budget: prefills chunk and interleave
+    core = make_core(any_model, max_prefill_tokens=8, max_total_tokens=1024)  # small budget: prefills chunk, interleave
     lengths = [32, 20, 32, 9, 27]
     joins = {0: [0, 1], 3: [2], 7: [3], 12: [4]}  # step -> prompt indices joining then
     outs: dict[str, list[int]] = {}
@@ -53,7 +54,7 @@ def test_chunked_prefill_equals_unchunked(smollm):
     assert len(ids) > 100
     outs = []
     for chunk in (512, 64, 17):
-        core = make_core(smollm, max_prefill_tokens=chunk)
+        core = make_core(smollm, max_prefill_tokens=chunk, max_total_tokens=512)
         req = core.add_request("x", ids, greedy(16))
         outs.append(collect(core)["x"])
         assert len(req.times.prefill_chunks) == -(-len(ids) // chunk)

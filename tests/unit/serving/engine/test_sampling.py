@@ -19,11 +19,22 @@ class Row:
         self.generator = torch.Generator().manual_seed(seed)
 
 
-def _run(model, requests, **core_kw):
-    core = make_core(model, **core_kw)
+def _run(model, requests):
+    core = make_core(model, max_total_tokens=1024)
     for rid, prompt, params in requests:
         core.add_request(rid, encode(model, prompt), params)
     return collect(core)
+
+
+def _run_each(model, requests) -> list[list[int]]:
+    """Each request alone on one engine, in turn, the cache flushed between them: as on engines of their own."""
+    core = make_core(model, max_total_tokens=1024)
+    outs = []
+    for rid, prompt, params in requests:
+        core.add_request(rid, encode(model, prompt), params)
+        outs.append(collect(core)[rid])
+        assert core.pool.is_idle() and core.flush_cache() and core.pool.is_empty()
+    return outs
 
 
 def test_seeded_request_reproduces_regardless_of_batch_mates(tiny):
@@ -41,8 +52,8 @@ def test_seeded_request_reproduces_regardless_of_batch_mates(tiny):
 
 
 def test_top_k_1_equals_greedy(smollm):
-    g = _run(smollm, [("g", PROMPTS[1], greedy(16))])["g"]
-    k1 = _run(smollm, [("k", PROMPTS[1], SamplingParams(max_new_tokens=16, temperature=1.3, top_k=1, seed=5))])["k"]
+    g, k1 = _run_each(smollm, [("g", PROMPTS[1], greedy(16)),
+                               ("k", PROMPTS[1], SamplingParams(max_new_tokens=16, temperature=1.3, top_k=1, seed=5))])
     assert g == k1
 
 
@@ -75,10 +86,10 @@ def test_filters_top_k_top_p_min_p():
 
 def test_penalties_change_generation(smollm):
     prompt = "List the numbers: one, two, one, two, one, two,"
-    base = _run(smollm, [("b", prompt, greedy(24))])["b"]
-    pen = _run(smollm, [("p", prompt, greedy(24, frequency_penalty=2.0, presence_penalty=2.0))])["p"]
+    base, pen, rep = _run_each(smollm, [("b", prompt, greedy(24)),
+                                        ("p", prompt, greedy(24, frequency_penalty=2.0, presence_penalty=2.0)),
+                                        ("r", prompt, greedy(24, repetition_penalty=5.0))])
     assert base != pen
-    rep = _run(smollm, [("r", prompt, greedy(24, repetition_penalty=5.0))])["r"]
     assert rep != base
 
 

@@ -19,6 +19,7 @@ from serving.model_files import ModelLoadError, load_tokenizer, prepare_model_di
 from tests.family_models import FAMILIES, SLIDING_WINDOW, build
 from tests.family_models import gguf as gguf_of
 from tests.gguf_writer import llama3_rope_factors, write_gguf
+from tests.helpers import one_thread
 
 TEXT = ("The quick brown fox jumps over the lazy dog while the farmer watches from the hill; "
         "in 1969 the first humans walked on the Moon and millions of people watched it live on television "
@@ -61,7 +62,7 @@ def test_converted_gguf_gives_the_hf_models_logits(converted):
     ids = AutoTokenizer.from_pretrained(src)(TEXT)["input_ids"][:N_TOKENS]
     assert len(ids) == N_TOKENS
     ours, theirs = _load(out), _load(src)
-    with torch.inference_mode():
+    with torch.inference_mode(), one_thread():
         x = torch.tensor([ids])
         torch.testing.assert_close(ours(x).logits, theirs(x).logits, atol=1e-5, rtol=0)
 

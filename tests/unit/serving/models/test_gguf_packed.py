@@ -1,8 +1,9 @@
-"""GGUF files served in their own types: seeded family models written as llama.cpp writes them
-(tests/gguf_writer.py, Q/K rows permuted), quantized to each type the kernel runs and to a
-Q4_K_M-like mix (Q5_0 attention, Q8_0 V, Q6_K/Q4_K down-projections: llama.cpp's fallbacks where
-the input size is no multiple of 256), loaded packed and compared with the same file expanded to
-fp32 by transformers (`--quantization none`): the logits differ only by the int8 activations.
+"""GGUF files served in their own types: seeded family models (cut to a 1024-token vocabulary)
+written as llama.cpp writes them (tests/gguf_writer.py, Q/K rows permuted), quantized to each type
+the kernel runs and to a Q4_K_M-like mix (Q5_0 attention, Q8_0 V, Q6_K/Q4_K down-projections:
+llama.cpp's fallbacks where the input size is no multiple of 256), loaded packed and compared with
+the same file expanded to fp32 by transformers (`--quantization none`): the logits differ only by
+the int8 activations.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.model_runner import ModelRunner
 from serving.models.layers.native_quant import QuantLinear
-from tests.family_models import build
+from tests.family_models import CUT_VOCAB, build
 from tests.gguf_writer import write_gguf
 from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 
@@ -49,7 +50,8 @@ CASES = [("llama", mix) for mix in MIXES] + [("qwen2", "Q4_K_M"), ("qwen3", "Q4_
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}-{c[1]}")
 def packed(request, tmp_path_factory):
     family, mix = request.param
-    path = write_gguf(build(family), tmp_path_factory.mktemp("gguf") / f"{family}-{mix}.gguf", qtype=MIXES[mix])
+    out = tmp_path_factory.mktemp("gguf") / f"{family}-{mix}.gguf"
+    path = write_gguf(build(family, vocab=CUT_VOCAB), out, qtype=MIXES[mix])
     return mix, load_model(str(path), cache_dir=tmp_path_factory.mktemp("cache"))
 
 
@@ -84,8 +86,8 @@ def test_the_file_is_served_packed_and_close_to_its_expansion(packed, caplog):
         x = torch.randn(7, want.packed.shape[1] if want.packed is not None else want.weight.shape[1])
         y = want(x)
         assert (got(x) - y).abs().max() <= 0.02 * y.abs().max()
-    ids = torch.arange(model.hf_model.config.vocab_size)[::997]
-    assert (runner.model.embed(ids) - ref.model.embed(ids)).abs().max() == 0  # the same dequantized rows
+    ids = torch.arange(model.hf_model.config.vocab_size)
+    assert (runner.model.embed(ids) - ref.model.embed(ids)).abs().max() == 0  # the same dequantized rows, all of them
     # end to end the errors grow through the layers of a random model: most argmaxes still agree
     agree = total = 0
     for prompt in PROMPTS[:3]:
@@ -110,24 +112,25 @@ def test_a_packed_file_serves_a_mixed_batch(packed):
 
 @pytest.mark.smollm
 def test_bundled_file_served_packed_keeps_most_greedy_streams(smollm):
-    """SmolLM2's Q4_1 file, packed against expanded: the same weights, int8 activations; 20 prompts of
-    32 greedy tokens, batched.  A near-tie flips now and then (~5-15 % of teacher-forced positions, as
+    """SmolLM2's Q4_1 file, packed against expanded: the same weights, int8 activations; 15 prompts of
+    8 greedy tokens, batched.  A near-tie flips now and then (~5-15 % of teacher-forced positions, as
     bench.accuracy reports), and the stream then parts (at ~90 % agreement a token, 8 tokens agree
-    in fewer than half): most agree over their first 4 tokens."""
+    in fewer than half): most agree over their first 4 tokens.  The pool holds what the batch needs
+    (the default's 32k slots take seconds to zero)."""
     from tests.unit.serving.models.test_native_linear import FORMS, SUBJECTS
 
     prompts = [f.format(s) for f in FORMS for s in SUBJECTS][::5][:10] + PROMPTS[:10]
     outs = {}
     for quantization in ("gguf", "none"):
-        core = make_core(smollm, quantization=quantization, dtype="auto")
+        core = make_core(smollm, quantization=quantization, dtype="auto", max_total_tokens=1024)
         if quantization == "gguf":
             assert core.runner.precision.quantization == "gguf" and core.runner.model.lm_head.quant is not None
         for i, text in enumerate(prompts):
-            core.add_request(f"r{i}", encode(smollm, text), greedy(32, ignore_eos=True))
+            core.add_request(f"r{i}", encode(smollm, text), greedy(8, ignore_eos=True))
         outs[quantization] = collect(core)
-    assert all(len(t) == 32 for t in outs["gguf"].values())
+    assert all(len(t) == 8 for t in outs["gguf"].values()) and len(outs["gguf"]) == len(prompts)
     same = sum(outs["gguf"][r][:4] == toks[:4] for r, toks in outs["none"].items())
-    assert same >= 10, f"{same} of 20 streams identical over 4 tokens"
+    assert same >= 10, f"{same} of {len(prompts)} streams identical over 4 tokens"
 
 
 def test_unpermuted_rows_are_transformers_order():

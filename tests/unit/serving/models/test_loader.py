@@ -11,6 +11,8 @@ import torch
 
 from serving.engine.loader import load_model
 from serving.model_files import BUNDLED_MODEL, ModelLoadError, bundled_gguf_path, prepare_model_dir
+from tests.gguf_writer import parsed_once
+from tests.helpers import one_thread
 
 
 def test_bundled_gguf_is_found_without_importing_the_wheel():
@@ -31,14 +33,16 @@ def test_cached_model_is_reused(smollm):
 
 def test_cached_conversion_matches_direct_gguf_load(smollm):
     """The conversion `make setup` cached (the same code a first `--model x.gguf` runs) gives the
-    GGUF model's logits exactly; fresh conversions are tests/unit/test_gguf_families.py's."""
+    GGUF model's logits exactly; fresh conversions are tests/unit/test_gguf_families.py's.  (The direct
+    load parses the file once, not twice; both forwards run on one thread.)"""
     from transformers import AutoModelForCausalLM
 
     assert (smollm.path / "sightline.json").is_file() and not smollm.converted
     gguf = bundled_gguf_path()
-    direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    with parsed_once(gguf):
+        direct = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     x = torch.tensor([[1, 504, 3575, 282, 4649, 314]])
-    with torch.inference_mode():
+    with torch.inference_mode(), one_thread():
         torch.testing.assert_close(smollm.hf_model(x).logits, direct(x).logits, atol=0, rtol=0)
 
 
@@ -64,15 +68,23 @@ def _cli(*args, cache):
 
 
 def test_corrupt_gguf_gives_one_line_not_a_traceback(tmp_path):
+    """A file that is no GGUF, and one cut off mid-tensor (a seeded model's with a small vocabulary: its
+    tokenizer parses at once, where the bundled file's takes the CLI seconds before it reaches the cut)."""
+    import gguf as gguf_py
+
+    from tests.family_models import CUT_VOCAB, gguf
+
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a model at all" * 100)
     with pytest.raises(ModelLoadError) as err:
         prepare_model_dir(str(junk), tmp_path / "c")
     assert str(err.value) == f"not a GGUF file (bad magic bytes): {junk}"
 
+    src = gguf("llama", vocab=CUT_VOCAB)
+    data_start = min(t.data_offset for t in gguf_py.GGUFReader(src).tensors)
     truncated = tmp_path / "truncated.gguf"
-    with bundled_gguf_path().open("rb") as src:
-        truncated.write_bytes(src.read(2_000_000))  # right magic, cut off mid-tensor
+    with src.open("rb") as f:
+        truncated.write_bytes(f.read((data_start + src.stat().st_size) // 2))  # right magic, cut off mid-tensor
     r = _cli(str(truncated), cache=tmp_path / "c")
     assert r.returncode == 1
     assert "Traceback" not in r.stderr
@@ -81,10 +93,11 @@ def test_corrupt_gguf_gives_one_line_not_a_traceback(tmp_path):
 
 
 def test_the_conversion_is_keyed_by_content_not_by_path(tmp_path):
-    """The same file installed anew (a fresh venv: another path, another mtime) reuses its conversion."""
-    from tests.family_models import gguf
+    """The same file installed anew (a fresh venv: another path, another mtime) reuses its conversion
+    (a seeded model's file with a small vocabulary, converted in a second)."""
+    from tests.family_models import CUT_VOCAB, gguf
 
-    src = gguf("llama")
+    src = gguf("llama", vocab=CUT_VOCAB)
     cache = tmp_path / "cache"
     first, converted = prepare_model_dir(str(src), cache)
     assert converted

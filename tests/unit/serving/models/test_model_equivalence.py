@@ -7,13 +7,13 @@ import torch
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.model_runner import ModelRunner
-from tests.helpers import PROMPTS, decode_argmax, encode
+from tests.helpers import PROMPTS, decode_argmax, encode, one_thread
 
 ATOL = 2e-4  # fp32; SmolLM2's logits reach ~20, observed max error ~6e-5
 
 
 def _hf_last_logits(model, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
+    with torch.inference_mode(), one_thread():
         return model.hf_model(torch.tensor([ids])).logits[0, -1]
 
 

@@ -106,19 +106,22 @@ FORMS = ["Write a haiku about {}.", "Describe {} in one sentence.", "Tell a shor
 
 
 @pytest.mark.smollm
-@pytest.mark.timeout(600)  # 51 s alone; past 120 s once beside the other test lane (its kernel team spins)
+@pytest.mark.timeout(600)  # a kernel team that spins beside the other test lane once took minutes
 def test_bundled_model_greedy_tokens_agree_with_torch(smollm):
-    """50 prompts, 64 greedy tokens each, batched as the server batches them: the native kernel sums
-    in another order than torch's BLAS, so a near-tie between two tokens may flip and the rest of
-    that request then differs; at least 95 % of the requests must be identical throughout."""
-    prompts = [f.format(s) for f in FORMS for s in SUBJECTS]
+    """25 prompts (every form, every other subject), 64 greedy tokens each, batched as the server batches them:
+    the native kernel sums in another order than torch's BLAS, so a near-tie between two tokens may flip and
+    the rest of that request then differs; at least 96 % of the requests (24 of 25, the share 48 of 50 is) must
+    be identical throughout (on AVX2 all 50 FORMS x SUBJECTS prompts are).  The pool holds every request at
+    once, as the default one does: no retraction, whose recomputation would differ for reasons of its own."""
+    prompts = [f.format(s) for f in FORMS for s in SUBJECTS[::2]]
     outs = {}
     for backend in ("torch", "native"):
-        core = make_core(smollm, linear_backend=backend)
+        core = make_core(smollm, linear_backend=backend, max_total_tokens=4096)
         assert (core.runner.model.lm_head.kernel is not None) == (backend == "native")
         for i, text in enumerate(prompts):
             core.add_request(f"r{i}", encode(smollm, text), greedy(64, ignore_eos=True))
         outs[backend] = collect(core)
-    assert len(outs["torch"]) == 50 and all(len(t) == 64 for t in outs["torch"].values())
+        assert core.retractions == 0
+    assert len(outs["torch"]) == 25 and all(len(t) == 64 for t in outs["torch"].values())
     same = sum(outs["native"][rid] == toks for rid, toks in outs["torch"].items())
-    assert same >= 48, f"{same} of 50 requests identical"
+    assert same >= 24, f"{same} of 25 requests identical"
