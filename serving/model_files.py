@@ -1,7 +1,7 @@
 """Turn a `--model` value into a Hugging Face model directory, and load its tokenizer.
 
 Shared by all three processes: the main process converts the model once and loads the
-tokenizer, the Detokenizer loads the tokenizer, the Scheduler the weights
+tokenizer, the Detokenizer a decoder (`load_decoder`: the `tokenizers` library alone), the Scheduler the weights
 (`serving.engine.loader`).  Only a conversion imports torch.
 
 Accepted values: `smollm2-135m` (the bundled default: the GGUF file shipped in the
@@ -293,7 +293,7 @@ def model_name(spec: str, path: Path, served_name: str | None = None) -> str:
 
 
 def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]:
-    """Only the tokenizer (main process, Detokenizer): no weights in memory, and no torch.
+    """Only the tokenizer (main process, tokenizer workers): no weights in memory, and no torch.
 
     With a `tokenizer.json` the fast tokenizer is built directly: `AutoTokenizer` would
     read the model config, whose module imports torch (~2.5 s and ~200 MB per process);

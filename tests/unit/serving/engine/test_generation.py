@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.helpers import PROMPTS, collect, encode, greedy, hf_greedy, make_core
@@ -49,16 +51,20 @@ def test_batch_with_joins_mid_flight_equals_transformers(any_model, references):
 
 
 def test_chunked_prefill_equals_unchunked(smollm):
+    """One engine, its prefill budget (read at every step) set for each run and its cache flushed between them:
+    the whole prompt in one step, in chunks of 64, in chunks of 17."""
     long_prompt = " ".join(PROMPTS * 6)  # ~150 tokens
     ids = encode(smollm, long_prompt)
     assert len(ids) > 100
     outs = []
+    core = make_core(smollm, max_total_tokens=512)
     for chunk in (512, 64, 17):
-        core = make_core(smollm, max_prefill_tokens=chunk, max_total_tokens=512)
-        req = core.add_request("x", ids, greedy(16))
-        outs.append(collect(core)["x"])
+        core.args = dataclasses.replace(core.args, max_prefill_tokens=chunk)
+        req = core.add_request(f"x{chunk}", ids, greedy(16))
+        outs.append(collect(core)[f"x{chunk}"])
         assert len(req.times.prefill_chunks) == -(-len(ids) // chunk)
         assert sum(n for _, _, n in req.times.prefill_chunks) == len(ids)
+        assert core.pool.is_idle() and core.flush_cache() and core.pool.is_empty()
     assert outs[0] == outs[1] == outs[2]
     assert outs[0] == hf_greedy(smollm, ids, 16)
 
