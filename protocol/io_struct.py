@@ -156,6 +156,15 @@ class AbortReq(_Msg):
 
 
 # -- Scheduler → Detokenizer -----------------------------------------------------------
+class Logprobs(msgspec.Struct, kw_only=True, array_like=True):
+    """Log-probabilities of a run of tokens, one entry per token: its own, and its top alternatives
+    (descending; empty lists when none were asked for)."""
+
+    token_logprobs: list[float]
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+
+
 class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     """New tokens of one rid from one Scheduler step (or its abort / error)."""
 
@@ -171,6 +180,8 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     retractions: int = 0  # times the engine took it out of the batch (for others' KV) and resumed it
     cpu_ns: int = 0  # its share of the engine steps' CPU time so far (serving.engine.cpu_share)
     detok: DetokParams | None = None  # only on the rid's first output
+    logprobs: Logprobs | None = None  # of `new_token_ids` (SamplingParams.logprobs set)
+    prompt_logprobs: Logprobs | None = None  # of prompt tokens 1..n-1, on the first output (prompt_logprobs set)
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
     worker: int = 0  # the tokenizer worker the Detokenizer sends it to
 
@@ -214,6 +225,8 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     completion_tokens: int = 0
     retractions: int = 0
     cpu_ns: int = 0
+    logprobs: Logprobs | None = None  # of `output_ids`
+    prompt_logprobs: Logprobs | None = None  # as TokenOut's, passed through on the first output
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
     worker: int = 0  # the tokenizer worker it goes to
 

@@ -19,6 +19,8 @@ MAX_TOP_K = 2**31 - 1
 MAX_STOP_TOKEN_IDS = 64  # per request; the engine checks each sampled token against them
 MAX_TOKEN_ID = 2**31 - 1  # bound on a token id when the vocabulary is not known
 GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI allows
+MAX_LOGIT_BIAS = 300  # entries per request (OpenAI's limit)
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -33,6 +35,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     seed: int | None = None
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    logprobs: int | None = None  # per output token its logprob and this many top alternatives (0: its own only)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    logit_bias: dict[int, float] = {}  # token id -> added to its logit before anything else
+    min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError "<field> <why>, got <value>" for the first out-of-range field (the API's 400)."""

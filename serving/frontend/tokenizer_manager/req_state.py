@@ -32,6 +32,9 @@ class GenerateReqInput:
     cache_salt: str | None = None  # narrows the prefix-cache namespace (vLLM's field)
     priority: int | None = None  # lowers the tenant's priority for this request (never raises it)
     user: str | None = None  # OpenAI's end-user id: on the span and the request record
+    n: int = 1  # choices per prompt: the route submits one sub-request per choice (and per prompt of `batch`)
+    batch: list[str | list[int]] | None = None  # /v1/completions with several prompts (then `prompt` is None)
+    echo: bool = False  # the response repeats the prompt (and its logprobs, with sampling.prompt_logprobs)
 
 
 @dataclass
