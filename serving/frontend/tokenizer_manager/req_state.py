@@ -35,6 +35,10 @@ class GenerateReqInput:
     n: int = 1  # choices per prompt: the route submits one sub-request per choice (and per prompt of `batch`)
     batch: list[str | list[int]] | None = None  # /v1/completions with several prompts (then `prompt` is None)
     echo: bool = False  # the response repeats the prompt (and its logprobs, with sampling.prompt_logprobs)
+    prompt_logprobs_field: bool = False  # vLLM's `prompt_logprobs` asked: returned as the choice's own field
+    include_stop_str_in_output: bool = False  # vLLM's: a matched stop string stays in the text
+    param_sources: dict[str, str] = field(default_factory=dict)  # sampling field -> request | generation_config |
+    # default: where its effective value came from (on the span and in /debug/requests)
 
 
 @dataclass

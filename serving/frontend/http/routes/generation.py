@@ -24,13 +24,13 @@ from serving.frontend.http.routes.generate_api import GenerateRequest, generate_
 from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
-    ResponseShape,
     chat_input,
     completion_input,
     continuous_usage,
     decode_body,
     include_usage,
 )
+from serving.frontend.http.routes.openai_shapes import ResponseShape
 from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
