@@ -30,7 +30,7 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
     st = rt.meta.stamps
     e2e = (end - rt.arrival) / 1e9
     outcome = finished_outcome(finish_reason, abort_reason)
-    tel._tail_decide(rt, outcome, None, None)
+    tel.tail_decide(rt, outcome, None, None)
     prefill = (st.finished - st.scheduled) / 1e9 if st.finished is not None and st.scheduled is not None else None
     lat = m and m.embed_latency
     for kind, value in (("e2e", e2e), ("queue", queue), ("prefill", prefill), ("tokenize", rt.tokenize_ns / 1e9)):

@@ -26,7 +26,7 @@ from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
-from telemetry.outcomes import ENGINE_FAILURE, finished_outcome, refused_outcome
+from telemetry.outcomes import ENGINE_FAILURE, LENGTH, STOP, finished_outcome, refused_outcome
 from telemetry.tail_sampling import TailPolicy, TailSampler
 from telemetry.tenant_usage import TenantUsage
 from telemetry.timeline import Timeline
@@ -90,6 +90,8 @@ class TracedRequest(Protocol):
     tail_id: str | None
     ended: bool
     completion_tokens: int
+    choice_of: str | None  # one choice of a request with several: that request's id (it decides tail sampling)
+    outcome: str | None  # how it ended (telemetry.outcomes), once finished
 
     def exemplar(self) -> dict[str, str] | None: ...
 
@@ -162,6 +164,37 @@ class RequestTelemetry:
         rt.span, rt.trace_id, rt.tail_id = span, trace_id_of(span), tail_trace_id_of(span)
         rt.ctx = set_span_in_context(span) if span.is_recording() else None
 
+    def begin_choice(self, parent: TracedRequest, child: TracedRequest, index: int) -> None:
+        """One choice of a request with several (`n`, a list of prompts): its own span under the HTTP span, in
+        the same trace; the parent decides tail sampling for the whole trace (`end_choices`)."""
+        child.choice_of = parent.rid or "http"
+        if parent.span is None or parent.ctx is None:
+            return
+        span = self.tracing.start("choice", parent.ctx, start_mono=child.arrival,
+                                  attributes={"sightline.choice.index": index})
+        child.span, child.trace_id, child.tail_id = span, parent.trace_id, parent.tail_id
+        child.ctx = set_span_in_context(span)
+
+    def close_choices(self, children: list[TracedRequest]) -> None:
+        for c in children:
+            if c.span is not None and not c.ended:
+                c.ended = True
+                c.span.end(end_time=self.tracing.wall(now_ns()))
+
+    def end_choices(self, parent: TracedRequest, children: list[TracedRequest], status: int) -> None:
+        """A request with several choices has answered: its children's rids on its span, the tail-sampling
+        decision from the worst of them (an error or abort in any one keeps the trace), the HTTP span closed."""
+        self.close_choices(children)
+        if parent.span is not None:
+            parent.span.set_attribute("sightline.choice_rids", [c.rid for c in children if c.rid])
+        worst = next((c for c in children if c.outcome not in (None, STOP, LENGTH)), children[0] if children else None)
+        if worst is not None and self.tail is not None and parent.tail_id is not None:
+            ttft = min(((c.first_recv - c.arrival) / 1e9 for c in children if c.first_recv), default=None)
+            self.tail_decide(parent, worst.outcome or STOP, ttft, None)
+            for c in children:
+                c.trace_id = parent.trace_id
+        self.end(parent, status)
+
     def response_headers(self, rt: TracedRequest) -> dict[str, str]:
         tp = traceparent_of(rt.span) if rt.trace_id or rt.tail_id else None
         return {"traceparent": tp} if tp else {}
@@ -175,7 +208,7 @@ class RequestTelemetry:
         outcome = refused_outcome(status, error_type)
         self._inc(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status), outcome)
         self.tenants.request(rt.tenant, outcome)
-        self._tail_decide(rt, outcome, None, None)
+        self.tail_decide(rt, outcome, None, None)
         if client_gone:
             self._inc(self.m and self.m.aborts, self.model, "client_disconnect")
         if rt.span is not None:
@@ -273,8 +306,8 @@ class RequestTelemetry:
         ttft = (rt.first_recv - rt.arrival) / 1e9 if rt.first_recv else None
         e2e = (end - rt.arrival) / 1e9
         tpot = (e2e - ttft) / (completion_tokens - 1) if ttft is not None and completion_tokens >= 2 else None
-        outcome = finished_outcome(finish_reason, abort_reason)
-        self._tail_decide(rt, outcome, ttft, tpot)  # first: a kept trace is the exemplar of what follows
+        outcome = rt.outcome = finished_outcome(finish_reason, abort_reason)
+        self.tail_decide(rt, outcome, ttft, tpot)  # first: a kept trace is the exemplar of what follows
         self._obs(m and m.e2e, e2e, rt)
         self._obs(m and m.tpot, tpot, rt)
         queue = queue_seconds(st)
@@ -329,9 +362,9 @@ class RequestTelemetry:
             self.recorder.record(rt, outcome, finish_reason, rt.status)
         return rt.breakdown
 
-    def _tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None) -> None:
+    def tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None) -> None:
         """Tail sampling: the request ended; export its whole trace if it went wrong, else drop it."""
-        if self.tail is None or rt.tail_id is None:
+        if self.tail is None or rt.tail_id is None or rt.choice_of:
             return
         reason = self.tail_policy.keep_reason(outcome, ttft, tpot)
         self.tail.decide(rt.tail_id, reason)

@@ -32,6 +32,7 @@ from protocol.io_struct import (
     DetokParams,
     FlushCacheReq,
     FlushCacheReqOutput,
+    Logprobs,
     Message,
     Ready,
     ReqMeta,
@@ -50,7 +51,7 @@ from serving.frontend.tenants.namespace import cache_namespace, check_salt
 from serving.frontend.tokenizer_manager import embeddings
 from serving.frontend.tokenizer_manager.admission import Admission
 from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
-from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
+from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState, join_logprobs
 from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
 from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import DropCounter
@@ -207,7 +208,8 @@ class TokenizerManager:
         if len(ids) >= ctx:
             raise prompt_too_long(ctx, len(ids), "messages" if obj.messages is not None else "prompt")
         want = obj.max_new_tokens
-        obj.sampling.max_new_tokens = ctx - len(ids) if want is None else want
+        # 0 (completions with echo: the prompt's logprobs alone): the engine runs one token, the route drops it
+        obj.sampling.max_new_tokens = ctx - len(ids) if want is None else max(want, 1)
         if want is not None and len(ids) + want > ctx:
             raise bad_request(f"This model's maximum context length is {ctx} tokens. However, you requested "
                               f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
@@ -299,15 +301,21 @@ class TokenizerManager:
     async def collect(self, state: ReqState) -> Collected:
         text: list[str] = []
         ids: list[int] = []
+        logprobs: list[Logprobs] = []
+        prompt_logprobs: Logprobs | None = None
         last: StrOut | None = None
         async for out in self.stream(state):
             text.append(out.text)
             ids.extend(out.output_ids)
+            if out.logprobs is not None:
+                logprobs.append(out.logprobs)
+            prompt_logprobs = prompt_logprobs or out.prompt_logprobs
             last = out
         if last is None:  # aborted before any output (shutdown, engine failure)
             return Collected(state.client_rid, "", [], "error", None, state.prompt_tokens, 0, "the request was aborted")
         return Collected(state.client_rid, "".join(text), ids, last.finish_reason, last.matched_stop,
-                         state.prompt_tokens, last.completion_tokens, last.error, state.cached_tokens)
+                         state.prompt_tokens, last.completion_tokens, last.error, state.cached_tokens,
+                         join_logprobs(logprobs), prompt_logprobs)
 
     async def flush_cache(self, force: bool, timeout: float = 10.0) -> FlushCacheReqOutput:
         """Ask every Scheduler rank to empty its prefix cache; one reply for all (a success when every rank

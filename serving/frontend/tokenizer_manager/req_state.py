@@ -11,7 +11,7 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
-from protocol.io_struct import ReqMeta, Stamps, StrOut
+from protocol.io_struct import Logprobs, ReqMeta, Stamps, StrOut
 from protocol.sampling_params import SamplingParams
 
 
@@ -113,3 +113,16 @@ class Collected:
     completion_tokens: int
     error: str | None
     cached_tokens: int = 0
+    logprobs: Logprobs | None = None  # of `output_ids` (sampling.logprobs set)
+    prompt_logprobs: Logprobs | None = None  # of prompt tokens 1..n-1 (sampling.prompt_logprobs set)
+
+
+def join_logprobs(parts: list[Logprobs]) -> Logprobs | None:
+    """One run of logprobs from a request's successive outputs (None when it asked for none)."""
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return Logprobs(token_logprobs=[x for p in parts for x in p.token_logprobs],
+                    top_ids=[x for p in parts for x in p.top_ids],
+                    top_logprobs=[x for p in parts for x in p.top_logprobs])

@@ -12,6 +12,7 @@ the Scheduler (streaming: the SSE generator is cancelled; non-streaming: a watch
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
@@ -20,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.middleware.auth import principal_of
+from serving.frontend.http.routes.choices import submit_choices
 from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest,
@@ -30,7 +32,7 @@ from serving.frontend.http.routes.openai_api import (
     decode_body,
     include_usage,
 )
-from serving.frontend.http.routes.openai_shapes import ResponseShape
+from serving.frontend.http.routes.openai_responses import Answer, await_or_abort, make_shape, respond
 from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
@@ -74,25 +76,6 @@ def request_timeout(request: Request, default: float | None) -> float | None:
     if not 0 < value <= 86400:
         raise APIError(400, "x-request-timeout must be a number of seconds in (0, 86400]", param="x-request-timeout")
     return min(value, default) if default else value
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def collect_or_abort(request: Request, state: ServerState, req: ReqState) -> Collected | None:
-    """Wait for the whole result; None (request aborted) if the client disconnects first."""
-    work = asyncio.ensure_future(state.tm.collect(req))
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not work.done():
-            work.cancel()
-            state.tm.abort(req.rid, "client_disconnect")
-    return work.result() if work in done else None
 
 
 @dataclass(frozen=True)
@@ -141,7 +124,12 @@ async def generation(request: Request, kind: Kind) -> Response:
         req.stream = obj.stream
         if req.span is not None:
             req.span.set_attributes(_request_attributes(obj))
-        await state.tm.submit(obj, req)
+        if kind.route == "/generate":
+            await state.tm.submit(obj, req)
+        else:
+            if obj.n > 1 or obj.batch is not None:  # several choices: this request is their HTTP parent
+                req.rid = req.client_rid = uuid.uuid4().hex
+            choices = await submit_choices(state, req, obj)
     except APIError as err:
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)
         return error_response(err, tel.response_headers(req))
@@ -149,48 +137,28 @@ async def generation(request: Request, kind: Kind) -> Response:
         tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
     headers = {"x-request-id": req.rid, **tel.response_headers(req)}
-    if kind.route == "/generate":
-        events, full = _generate_events(state, req), generate_body
-    else:
-        shape = ResponseShape(kind.operation == "chat", req.rid, state.model_name, include_usage(body),
-                              continuous_usage(body))
-        events, full = _openai_events(state, req, shape), shape.full_result
+    if kind.route != "/generate":
+        shape = make_shape(state, req, kind.operation == "chat", obj.sampling.logprobs is not None
+                           or obj.sampling.prompt_logprobs is not None, include_usage(body), continuous_usage(body))
+        return await respond(request, Answer(state, req, choices, shape), headers, obj.stream, obj.timeout)
     if obj.stream:
         def on_close() -> None:
             state.tm.abort(req.rid, "client_disconnect")
             tel.end(req)
-        return SSEResponse(events, on_close, headers, obj.timeout)
-    result = await collect_or_abort(request, state, req)
+        return SSEResponse(_generate_events(state, req), on_close, headers, obj.timeout)
+    result = await await_or_abort(request, state.tm.collect(req), lambda: state.tm.abort(req.rid, "client_disconnect"))
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)
     if (err := result_error(result.finish_reason, result.error, req.status)) is not None:
         tel.end(req, err.status)
         return error_response(err, headers)
-    out = full(result)
-    (out["meta_info"] if kind.route == "/generate" else out)["sightline"] = req.breakdown
+    out = generate_body(result)
+    out["meta_info"]["sightline"] = req.breakdown
     if req.breakdown:
         headers["server-timing"] = server_timing(req.breakdown)
     tel.end(req, 200)
     return JSONResponse(out, headers=headers)
-
-
-async def _openai_events(state: ServerState, req: ReqState, shape: ResponseShape) -> AsyncIterator[bytes]:
-    if shape.chat:
-        yield sse(shape.role_chunk(shape.running_usage(req.prompt_tokens, 0, req.cached_tokens)))
-    async for out in state.tm.stream(req):
-        if (err := result_error(out.finish_reason, out.error, req.status)) is not None:
-            yield sse(err.body())
-            yield SSE_DONE
-            return
-        if out.text or out.finish_reason is not None:
-            running = shape.running_usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens)
-            yield sse(shape.delta_chunk(out.text, out.finish_reason, running))
-    if shape.with_usage:
-        chunk = shape.usage_chunk(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
-        chunk["sightline"] = req.breakdown
-        yield sse(chunk)
-    yield SSE_DONE
 
 
 async def _generate_events(state: ServerState, req: ReqState) -> AsyncIterator[bytes]:

@@ -1,9 +1,18 @@
 """OpenAI response bodies and SSE chunks for completions and chat: plain dicts shaped exactly like
-OpenAI's (see docs/api.md)."""
+OpenAI's (see docs/api.md).  One response may hold several choices (`n`, or a list of prompts on
+completions): each chunk names its choice's `index`."""
 
 from __future__ import annotations
 
 import time
+
+from protocol.io_struct import Logprobs
+from serving.frontend.http.routes.logprob_shapes import (
+    CompletionLogprobs,
+    TokenText,
+    chat_content,
+    vllm_prompt_logprobs,
+)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
@@ -18,36 +27,77 @@ def openai_finish(reason: str | None) -> str | None:
     return None if reason is None else ("length" if reason == "length" else "stop")
 
 
+class ChoiceLogprobs:
+    """The logprobs of one choice as its chunks go out: chat's content entries, or completions' object
+    (whose `text_offset` runs on over the chunks, from after the echoed prompt)."""
+
+    def __init__(self, chat: bool, tt: TokenText | None) -> None:
+        self.chat = chat
+        self.tt = tt
+        self.completion = CompletionLogprobs(tt) if tt is not None and not chat else None
+
+    def echo(self, prompt_ids: list[int], lp: Logprobs | None) -> dict | None:
+        """Completions with echo: the prompt's part (its first token's logprob null)."""
+        return self.completion.part(prompt_ids, lp, first_is_null=True) if self.completion else None
+
+    def skip(self, chars: int) -> None:
+        """Text the client sees before the logged tokens (an echoed prompt without logprobs)."""
+        if self.completion is not None:
+            self.completion.offset += chars
+
+    def part(self, ids: list[int], lp: Logprobs | None) -> dict | None:
+        if lp is None or self.tt is None:
+            return None
+        if self.chat:
+            return {"content": chat_content(lp, ids, self.tt)}
+        return self.completion.part(ids, lp)
+
+
 class ResponseShape:
     """Builds the bodies and SSE chunks of one request, for completions or chat."""
 
-    def __init__(self, chat: bool, rid: str, model: str, with_usage: bool, continuous: bool = False) -> None:
+    def __init__(self, chat: bool, rid: str, model: str, with_usage: bool, continuous: bool = False,
+                 tokens: TokenText | None = None) -> None:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + rid
         self.model = model
         self.created = int(time.time())
         self.with_usage = with_usage
         self.continuous = continuous  # every chunk carries the usage so far, not null
+        self.tokens = tokens  # token id → text and bytes, for logprobs
+
+    def logprobs(self) -> ChoiceLogprobs:
+        return ChoiceLogprobs(self.chat, self.tokens)
 
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def full(self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int,
-             cached_tokens: int = 0) -> dict:
+    def choice(self, index: int, text: str, finish: str | None, logprobs: dict | None = None,
+               prompt_logprobs: list | None = None) -> dict:
+        """One choice of a whole (non-streamed) response."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": openai_finish(finish)}
-            body = self._envelope("chat.completion", [choice])
-        else:
-            body = self._envelope("text_completion", [{"index": 0, "text": text, "logprobs": None,
-                                                       "finish_reason": openai_finish(finish)}])
-        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": openai_finish(finish)}
+        out = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": openai_finish(finish)}
+        if prompt_logprobs is not None:
+            out["prompt_logprobs"] = prompt_logprobs
+        return out
+
+    def body(self, choices: list[dict], use: dict, prompt_logprobs: list | None = None) -> dict:
+        body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
+        if self.chat and prompt_logprobs is not None:  # vLLM puts chat's on the response
+            body["prompt_logprobs"] = prompt_logprobs
+        body["usage"] = use
         return body
 
-    def full_result(self, result) -> dict:
-        """`full` for a TokenizerManager `Collected` result."""
-        return self.full(result.text, result.finish_reason, result.prompt_tokens, result.completion_tokens,
-                         result.cached_tokens)
+    def full(self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int = 0) -> dict:
+        """A one-choice response without logprobs."""
+        return self.body([self.choice(0, text, finish)], usage(prompt_tokens, completion_tokens, cached_tokens))
+
+    def prompt_logprobs(self, prompt_ids: list[int], lp: Logprobs | None) -> list | None:
+        """vLLM's `prompt_logprobs` field, when asked for and computed."""
+        return vllm_prompt_logprobs(prompt_ids, lp, self.tokens) if lp is not None and self.tokens else None
 
     def running_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict | None:
         """The usage so far for a chunk: a usage object with `continuous_usage_stats`, else None."""
@@ -59,19 +109,21 @@ class ResponseShape:
             body["usage"] = running
         return body
 
-    def role_chunk(self, running: dict | None = None) -> dict:
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+    def role_chunk(self, running: dict | None = None, index: int = 0) -> dict:
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}], running)
 
-    def delta_chunk(self, text: str, finish: str | None, running: dict | None = None) -> dict:
+    def delta_chunk(self, text: str, finish: str | None, running: dict | None = None, index: int = 0,
+                    logprobs: dict | None = None) -> dict:
         if self.chat:
             delta = {"content": text} if text else {}
-            return self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": openai_finish(finish)}],
-                               running)
-        return self._chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": openai_finish(finish)}],
-                           running)
+            return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
+                                 "finish_reason": openai_finish(finish)}], running)
+        return self._chunk([{"index": index, "text": text, "logprobs": logprobs,
+                             "finish_reason": openai_finish(finish)}], running)
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    def usage_chunk(self, use: dict) -> dict:
+        """The last chunk of a stream with `include_usage`: no choices, the whole request's usage."""
         body = self._envelope("chat.completion.chunk" if self.chat else "text_completion", [])
-        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
+        body["usage"] = use
         return body

@@ -1,0 +1,189 @@
+"""The answer of /v1/completions and /v1/chat/completions once its choices are submitted
+(`choices.submit_choices`): an SSE stream whose chunks name their choice, or one JSON body.
+
+Any choice that ends in an error ends the whole response with that error (its siblings are
+aborted), as vLLM does; a client that goes away aborts every choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator, Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from protocol.io_struct import StrOut
+from serving.frontend.errors import CLIENT_GONE, error_response, result_error
+from serving.frontend.http.routes.choice_view import ChoiceView
+from serving.frontend.http.routes.choices import Choice, abort_choices
+from serving.frontend.http.routes.logprob_shapes import TokenText
+from serving.frontend.http.routes.openai_shapes import ResponseShape, usage
+from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
+from serving.frontend.http.state import ServerState
+from serving.frontend.tokenizer_manager.req_state import Collected, ReqState
+from telemetry.request_telemetry import server_timing
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def await_or_abort(request: Request, work: Awaitable, on_gone: Callable[[], None]):
+    """`work`'s result; None (after `on_gone`) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_wait_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            on_gone()
+    return task.result() if task in done else None
+
+
+class Answer:
+    """One request's choices, their views and how it ends (one HTTP span, or one per choice under it)."""
+
+    def __init__(self, state: ServerState, req: ReqState, choices: list[Choice], shape: ResponseShape) -> None:
+        self.state, self.req, self.choices, self.shape = state, req, choices, shape
+        tokenizer = state.tm.prompts.tokenizer
+        self.views = [ChoiceView(shape, c, tokenizer) for c in choices]
+        n = max(c.index for c in choices) // max(1, max(c.prompt_index for c in choices) + 1) + 1
+        self.firsts = {v.choice.prompt_index: v for v in self.views if v.choice.index % n == 0}
+
+    @property
+    def single(self) -> bool:
+        return len(self.choices) == 1 and self.choices[0].state is self.req
+
+    def end(self, status: int) -> None:
+        if self.single:
+            self.state.tel.end(self.req, status)
+        else:
+            self.state.tel.end_choices(self.req, [c.state for c in self.choices], status)
+
+    def abort(self, reason: str = "client_disconnect") -> None:
+        abort_choices(self.state, self.choices, reason)
+
+    def usage(self, completion: int | None = None) -> dict:
+        """Prompt tokens once per prompt (its first choice prefilled it), completion tokens over every choice."""
+        firsts = [v.choice.state for v in self.firsts.values()]
+        done = completion if completion is not None else sum(v.completion_tokens for v in self.views)
+        return usage(sum(s.prompt_tokens for s in firsts), done, sum(s.cached_tokens for s in firsts))
+
+    def breakdown(self) -> dict | None:
+        if self.single:
+            return self.req.breakdown
+        first = self.choices[0].state.breakdown
+        return {**(first or {}), "choices": [c.state.breakdown for c in self.choices]}
+
+
+def make_shape(state: ServerState, req: ReqState, chat: bool, logprobs: bool, with_usage: bool,
+               continuous: bool) -> ResponseShape:
+    tokens = TokenText(state.tm.prompts.tokenizer) if logprobs else None
+    return ResponseShape(chat, req.rid, state.model_name, with_usage, continuous, tokens)
+
+
+async def respond(request: Request, answer: Answer, headers: dict, stream: bool, timeout: float | None) -> Response:
+    if stream:
+        def on_close() -> None:
+            answer.abort()
+            answer.end(answer.req.status)
+        return SSEResponse(_events(answer), on_close, headers, timeout)
+    state = answer.state
+    results = await await_or_abort(request, asyncio.gather(*(state.tm.collect(c.state) for c in answer.choices)),
+                                   answer.abort)
+    if results is None:
+        answer.end(CLIENT_GONE)
+        return Response(status_code=CLIENT_GONE)
+    for c, result in zip(answer.choices, results):
+        if (err := result_error(result.finish_reason, result.error, c.state.status)) is not None:
+            answer.abort("internal_error")
+            answer.end(err.status)
+            return error_response(err, headers)
+    body = _body(answer, results)
+    body["sightline"] = answer.breakdown()
+    if answer.single and answer.req.breakdown:
+        headers["server-timing"] = server_timing(answer.req.breakdown)
+    answer.end(200)
+    return JSONResponse(body, headers=headers)
+
+
+def _body(answer: Answer, results: list[Collected]) -> dict:
+    shape, out = answer.shape, []
+    prompt_field = None
+    for v, r in zip(answer.views, results):
+        first = answer.firsts[v.choice.prompt_index]
+        prompt_lp = results[answer.views.index(first)].prompt_logprobs
+        text, lp = v.piece(r.text, r.output_ids, r.logprobs, prompt_lp)
+        finish = "length" if v.prompt_only else r.finish_reason
+        plp = None
+        if v.choice.obj.prompt_logprobs_field:
+            plp = shape.prompt_logprobs(first.choice.state.prompt_ids or [], prompt_lp)
+            prompt_field = prompt_field or plp
+        out.append(shape.choice(v.choice.index, text, finish, lp, plp))
+    completion = None if any(v.prompt_only or v.choice.obj.echo for v in answer.views) else \
+        sum(r.completion_tokens for r in results)
+    return shape.body(out, answer.usage(completion), prompt_field if shape.chat else None)
+
+
+async def _outputs(answer: Answer) -> AsyncIterator[tuple[ChoiceView, StrOut]]:
+    """Every choice's outputs as they arrive (one reader per choice when there are several)."""
+    tm = answer.state.tm
+    if len(answer.views) == 1:
+        view = answer.views[0]
+        async for out in tm.stream(view.choice.state):
+            yield view, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(view: ChoiceView) -> None:
+        try:
+            async for out in tm.stream(view.choice.state):
+                queue.put_nowait((view, out))
+        finally:
+            queue.put_nowait((view, None))
+
+    tasks = [asyncio.ensure_future(pump(v)) for v in answer.views]
+    try:
+        left = len(tasks)
+        while left:
+            view, out = await queue.get()
+            if out is None:
+                left -= 1
+            else:
+                yield view, out
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def _events(answer: Answer) -> AsyncIterator[bytes]:
+    shape, req = answer.shape, answer.req
+    if shape.chat:
+        for v in answer.views:
+            yield sse(shape.role_chunk(shape.running_usage(req.prompt_tokens, 0, req.cached_tokens), v.choice.index))
+    async for view, out in _outputs(answer):
+        if (err := result_error(out.finish_reason, out.error, view.choice.state.status)) is not None:
+            answer.abort("internal_error")
+            yield sse(err.body())
+            yield SSE_DONE
+            return
+        if out.prompt_logprobs is not None:
+            view.prompt_logprobs = out.prompt_logprobs
+        text, lp, finish = view.out(out, answer.firsts[view.choice.prompt_index].prompt_logprobs)
+        if text or lp or finish is not None:
+            running = None
+            if shape.continuous:
+                running = answer.usage() if not answer.single else \
+                    usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens)
+            yield sse(shape.delta_chunk(text, finish, running, view.choice.index, lp))
+    if shape.with_usage:
+        use = answer.usage() if not answer.single or answer.views[0].prompt_only or answer.views[0].choice.obj.echo \
+            else usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
+        chunk = shape.usage_chunk(use)
+        chunk["sightline"] = answer.breakdown()
+        yield sse(chunk)
+    yield SSE_DONE
