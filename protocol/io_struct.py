@@ -66,6 +66,7 @@ class DetokParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop: list[str] = []  # stop strings: trimmed from the output, finish_reason "stop"
     skip_special_tokens: bool = True
     prompt_tail: list[int] = []  # last prompt tokens: decode context for the first output token
+    include_stop_str_in_output: bool = False  # a matched stop string stays at the end of the text (vLLM's field)
 
 
 class _Msg(msgspec.Struct, tag=True, kw_only=True):
@@ -158,7 +159,8 @@ class AbortReq(_Msg):
 # -- Scheduler → Detokenizer -----------------------------------------------------------
 class Logprobs(msgspec.Struct, kw_only=True, array_like=True):
     """Log-probabilities of a run of tokens, one entry per token: its own, and its top alternatives
-    (descending; empty lists when none were asked for)."""
+    (descending).  `top_ids` and `top_logprobs` hold one list per token, or are empty when no
+    alternatives were asked for (logprobs 0)."""
 
     token_logprobs: list[float]
     top_ids: list[list[int]] = []
@@ -286,7 +288,7 @@ class DetokenizerStats(_Msg):
 class PhaseHistogram(msgspec.Struct, array_like=True):
     """Cumulative histogram of one engine-step phase's durations, in seconds."""
 
-    phase: str  # schedule | forward | sample | output
+    phase: str  # schedule | forward | sample | logprobs | output
     bounds: list[float]  # upper bounds of the finite buckets
     counts: list[int]  # observations per bucket (not cumulative); one more than bounds: the +Inf bucket
     sum: float
@@ -501,6 +503,7 @@ class StepRecord(msgspec.Struct, array_like=True):
     rids: list[str]  # decodes first, then the prefill chunks
     prefill_rids: list[str]
     trace_ids: list[str]  # per rid, "" when not traced
+    logprobs: int = 0  # log-probabilities of sampled and prompt tokens (outside `sample`)
 
 
 class StepTimelineOutput(_Msg):

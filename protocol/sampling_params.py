@@ -4,9 +4,11 @@ Plain data on the wire (no torch here: the front end validates with it and never
 the engine).  `SamplingParams.validate` bounds every field, so no value can make the
 batched sampler (`serving.engine.sampling`) raise for its batch mates: top_k is -1, 0 or
 in [1, MAX_TOP_K] (the sampler clamps it to the vocabulary), floats are finite and in
-range, seed is in [0, 2**63), and at most MAX_STOP_TOKEN_IDS stop token ids are valid
-ids.  A temperature under GREEDY_TEMPERATURE is greedy (dividing logits by it would
-overflow float32 into NaN).
+range, seed is in [0, 2**63), at most MAX_STOP_TOKEN_IDS stop token ids are valid ids,
+logprobs and prompt_logprobs ask for at most MAX_LOGPROBS alternatives, logit_bias holds at
+most MAX_LOGIT_BIAS valid ids with finite biases in [-100, 100] (OpenAI's range: +100 forces a
+token, -100 bans it), and min_tokens is at most max_new_tokens.  A temperature under
+GREEDY_TEMPERATURE is greedy (dividing logits by it would overflow float32 into NaN).
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+             f"must be in [0, {MAX_LOGPROBS}]"),
+            (0 <= self.min_tokens <= self.max_new_tokens, "min_tokens", "must be in [0, max_new_tokens]"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -69,6 +76,18 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         bad = next((t for t in ids if not 0 <= t < limit), None)
         if bad is not None:
             raise ValueError(f"stop_token_ids must be token ids in [0, {limit}), got {bad!r}")
+        self._validate_logit_bias(limit)
+
+    def _validate_logit_bias(self, limit: int) -> None:
+        bias = self.logit_bias
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias must have at most {MAX_LOGIT_BIAS} entries, got {len(bias)}")
+        bad = next((t for t in bias if not 0 <= t < limit), None)
+        if bad is not None:
+            raise ValueError(f"logit_bias must map token ids in [0, {limit}), got {bad!r}")
+        bad_value = next((v for v in bias.values() if not (math.isfinite(v) and -100.0 <= v <= 100.0)), None)
+        if bad_value is not None:
+            raise ValueError(f"logit_bias must map to finite numbers in [-100, 100], got {bad_value!r}")
 
     @property
     def is_greedy(self) -> bool:

@@ -99,6 +99,11 @@ class ServerArgs:
                                           "cached, reading each request's K/V slots in place), 'sdpa' (torch's "
                                           "scaled_dot_product_attention over a padded copy), or 'auto' (native when it "
                                           "builds here, else sdpa; logged).")
+    logprobs_mode: str = _opt("processed", "What the log-probabilities of sampled tokens (the API's logprobs) "
+                                           "describe: 'processed' (the distribution the sampler draws from before "
+                                           "top-k/top-p/min-p: the logits after logit_bias, penalties and the "
+                                           "min_tokens mask, divided by the temperature) or 'raw' (the model's "
+                                           "logits, untouched). Prompt logprobs are the model's in either mode.")
     enforce_eager: bool = _opt(False, "Run every step layer by layer from Python. By default a step whose every "
                                       "token decodes runs all layers in one native call when the linear layers, "
                                       "norms, RoPE and attention are all native kernels (float32 or quantized "
@@ -311,6 +316,8 @@ class ServerArgs:
             raise ValueError("--linear-backend must be auto, native or torch")
         if self.attention_backend not in ("auto", "native", "sdpa"):
             raise ValueError("--attention-backend must be auto, native or sdpa")
+        if self.logprobs_mode not in ("processed", "raw"):
+            raise ValueError("--logprobs-mode must be processed or raw")
         if not 0 <= self.port <= 65535:
             raise ValueError("--port must be in [0, 65535]")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):

@@ -5,7 +5,8 @@ request waits again, and that `queue` span opens with a `retracted` event saying
 had and what the prefix cache kept, and a `wait_reason` event each time the reason it
 was not admitted changed, serving.engine.wait_reasons, and an `admitted` or `resumed` event
 where it ends in an admission), one `prefill` per chunk (the first says why the prefix cache
-matched no more: `sightline.prefix_cache.*`, serving.engine.prefix_misses), `decode` (a `decode_gap` event per
+matched no more: `sightline.prefix_cache.*`, serving.engine.prefix_misses; with prompt logprobs
+asked, `sightline.prompt_tokens_scored` and `sightline.prompt_tokens_cached`), `decode` (a `decode_gap` event per
 long inter-token gap, serving.engine.decode_gaps, and a `finished` event),
 `send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
@@ -22,7 +23,7 @@ from typing import Protocol
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, get_current_span
 
-from protocol.io_struct import ReqMeta
+from protocol.io_struct import Logprobs, ReqMeta
 from telemetry.tracing import PRODUCER_KEY, Tracing, hop_attributes, traceparent_of
 
 
@@ -64,6 +65,8 @@ class EngineRequest(Protocol):
     output_ids: list[int]
     cached_tokens: int  # prompt tokens reused from the prefix cache
     prefix_miss: PrefixMissInfo | None  # why the cache matched no more (serving.engine.prefix_misses)
+    prompt_logprobs: Logprobs | None  # prompt logprobs asked: the entries scored
+    prompt_cache_held: int  # prompt positions the prefix cache held at admission
 
     @property
     def prompt_len(self) -> int: ...
@@ -134,6 +137,9 @@ class SchedulerSpans:
                 **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
                 error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
         miss = req.prefix_miss.attributes() if req.prefix_miss is not None else {}
+        if req.prompt_logprobs is not None:  # scoring recomputes what the cache held: what that cost
+            miss = {**miss, "sightline.prompt_tokens_scored": len(req.prompt_logprobs.token_logprobs),
+                    "sightline.prompt_tokens_cached": req.prompt_cache_held}
         for i, (start, end, n) in enumerate(t.prefill_chunks):
             self.tracing.record("prefill", ctx, start, end, attributes={
                 **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,

@@ -323,8 +323,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_engine_step_phase_seconds", "histogram", "Where engine steps spend their time, by phase.",
          R + ("phase",), "stage", "Per engine step, the duration of each phase: schedule (admission, chunking, "
          "building the batch's request list), forward (KV slot allocation, batch metadata, the model's forward), "
-         "sample (logits → tokens, finish checks), output (outputs built and sent to the Detokenizer). Kept as a "
-         "histogram in the Scheduler and sent whole in its stats.", source="scheduler",
+         "sample (logits → tokens, finish checks), logprobs (log-probabilities of sampled tokens and of prompt "
+         "tokens, observed only in the steps that computed some, so its mean is their cost), output (outputs built "
+         "and sent to the Detokenizer). Kept as a histogram in the Scheduler and sent whole in its stats.",
+         source="scheduler",
          read="scheduler.step_phases"),
     Spec("sightline_engine_info", "gauge", "Always 1 while the engine is up; labels say how it computes.",
          R + ("architecture", "dtype", "quantization"), definition="architecture: the registered model class served "

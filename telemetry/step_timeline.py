@@ -8,7 +8,8 @@ step; nothing is built until asked) and sends those of the last N seconds on a
 - one process per rank (`pid` = dp rank, named `scheduler dp<rank>`), one track (`tid` 0);
 - one complete slice (`ph: X`) per step, `args`: its phases' ms, decode count, prefill
   tokens, retracted requests, its rids, prefill rids and trace ids; inside it one slice per
-  phase (schedule, forward, sample, output), laid end to end in that order;
+  phase (schedule, forward, sample, logprobs, output), laid end to end in that order (logprobs:
+  the log-probabilities of sampled and prompt tokens, absent from steps that computed none);
 - per traced request, a flow (`ph: s` at its first step, `t` at the next ones, `f` at its
   last; `id` = its trace id, `cat: request`) through every step that served it, so a step
   leads to the trace of each of its requests and back.
@@ -24,7 +25,7 @@ from typing import Iterable, Protocol
 from protocol.io_struct import StepRecord
 from telemetry.clock import WallAnchor, now_ns
 
-PHASES = ("schedule", "forward", "sample", "output")
+PHASES = ("schedule", "forward", "sample", "logprobs", "output")
 
 
 class Step(Protocol):
@@ -35,6 +36,7 @@ class Step(Protocol):
     schedule_seconds: float
     forward_seconds: float
     sample_seconds: float
+    logprobs_seconds: float
     num_decode: int
     num_prefill_tokens: int
     num_retracted: int
@@ -65,7 +67,7 @@ class StepRing:
             out.append(StepRecord(
                 st.started_ns, st.ended_ns, int(st.schedule_seconds * 1e9), int(st.forward_seconds * 1e9),
                 int(st.sample_seconds * 1e9), output_ns, st.num_decode, st.num_prefill_tokens, st.num_retracted,
-                list(st.rids), list(st.prefill_rids), list(traces)))
+                list(st.rids), list(st.prefill_rids), list(traces), int(st.logprobs_seconds * 1e9)))
         out.reverse()
         return out
 
@@ -90,7 +92,7 @@ def chrome_trace(ranks: Iterable[tuple[int, list[StepRecord]]], anchor: WallAnch
         seen: set[str] = set()
         for i, s in enumerate(steps):
             ts, dur = _us(anchor, s.start), max((s.end - s.start) / 1e3, 0.001)
-            phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.output)))
+            phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.logprobs, s.output)))
             events.append({"ph": "X", "name": "step", "cat": "step", "pid": rank, "tid": 0, "ts": ts, "dur": dur,
                            "args": {**{f"{p}_ms": round(ns / 1e6, 3) for p, ns in phases.items()},
                                     "decode": s.num_decode, "prefill_tokens": s.prefill_tokens,

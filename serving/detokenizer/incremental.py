@@ -10,7 +10,8 @@ bytes that never completed are emitted as decoded).
 
 Stop strings: the last `max(len(stop)) - 1` characters are held back while the
 request runs, so a stop string that is only half generated is never streamed; on a
-match the text is cut before it and the request finishes with `stop`.
+match the text is cut before it (after it with `include_stop_str_in_output`, vLLM's option:
+the stop string ends the text) and the request finishes with `stop`.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class DecodeState:
             if self.params.stop and (hit := self._find_stop()) is not None:
                 idx, stop = hit
                 self.stopped = True
-                text, self.pending = self.pending[:idx], ""
+                end = idx + len(stop) if self.params.include_stop_str_in_output else idx
+                text, self.pending = self.pending[:end], ""
                 self.consumed += taken
                 return Emitted(text, taken, stop)
         if final and not new_ids:  # an abort: flush bytes held for an unfinished character

@@ -19,6 +19,10 @@ socket per worker, opened on first use; stats and Ready go to the control socket
 the hub says a worker is gone (`WorkerGone`), its rids' states are dropped and its socket
 closed: nothing queues for a process that will never read it.
 
+A TokenOut's log-probabilities go out cut to the tokens the StrOut carries (`output_ids`: a stop
+string can end the request mid-batch); its prompt log-probabilities, on the rid's first output,
+pass through.
+
 Embeddings have nothing to decode: a `BatchEmbeddingOutput` is passed through to the rids'
 workers, stamped (`detok_recv`, `detok_done`), with this hop's spans (`handle_embeddings`).
 """
@@ -37,6 +41,7 @@ from protocol.io_struct import (
     BatchStrOutput,
     BatchTokenIDOutput,
     DetokenizerStats,
+    Logprobs,
     Ready,
     StrOut,
     TokenOut,
@@ -152,7 +157,8 @@ class DetokenizerManager:
             abort_reason=out.abort_reason,
             prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
             cpu_ns=out.cpu_ns, completion_tokens=state.consumed,
-            meta=out.meta, worker=out.worker,
+            logprobs=_sliced(out.logprobs, emitted.consumed, len(out.new_token_ids)),
+            prompt_logprobs=out.prompt_logprobs, meta=out.meta, worker=out.worker,
         )
         if emitted.matched_stop is not None:
             res.finish_reason, res.matched_stop = "stop", emitted.matched_stop
@@ -172,6 +178,15 @@ class DetokenizerManager:
         return DetokenizerStats(active_rids=len(self.states), stale_drops=self.drops.snapshot(),
                                 undecodable=self.codec.undecodable, spans=self.tracing.drain(),
                                 handling_errors=self.errors.count)
+
+
+def _sliced(lp: Logprobs | None, consumed: int, fed: int) -> Logprobs | None:
+    """The log-probabilities of the tokens a StrOut carries: those the decoder consumed (a stop string may end
+    the request before the batch's last token), as its `output_ids` are."""
+    if lp is None or consumed == fed:
+        return lp
+    return Logprobs(token_logprobs=lp.token_logprobs[:consumed], top_ids=lp.top_ids[:consumed],
+                    top_logprobs=lp.top_logprobs[:consumed])
 
 
 def _by_worker(outs: list[StrOut]) -> dict[int, list[StrOut]]:

@@ -21,12 +21,16 @@ from serving.models.layers.kv_cache import PAD_SLOT
 
 @dataclass
 class Work:
-    """One request's share of a step: feed `token_ids` at positions [start, start+n)."""
+    """One request's share of a step: feed `token_ids` at positions [start, start+n).
+
+    `needs_logits`: its last row's logits (it samples); `score`: rows [a, b) of the chunk whose
+    final hidden states are kept for prompt logprobs (row i predicts the token at start+i+1)."""
 
     row: int
     start: int
     token_ids: list[int]
     needs_logits: bool
+    score: tuple[int, int] | None = None
 
 
 def build_batch(decodes: list[Work], extends: list[Work], pool: KVPool, window: int | None = None) -> ForwardBatch:
@@ -67,6 +71,7 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
     ids: list[int] = []
     pos: list[torch.Tensor] = []
     logits_rows: list[int] = []
+    score_rows: list[int] = []
 
     decode_kv_idx = lengths = None
     if decodes:
@@ -99,6 +104,8 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
                               _extend_mask(w.start, n, first, window)))
         if w.needs_logits:
             logits_rows.append(offset + n - 1)
+        if w.score is not None:
+            score_rows.extend(range(offset + w.score[0], offset + w.score[1]))
         offset += n
 
     return ForwardBatch(
@@ -111,4 +118,5 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
         extends=segs,
         # every row when only decode tokens are fed: no gather before the lm_head
         logits_rows=torch.tensor(logits_rows, dtype=torch.int64) if extends else None,
+        score_rows=torch.tensor(score_rows, dtype=torch.int64) if score_rows else None,
     )

@@ -39,6 +39,7 @@ class Match:
     slots: torch.Tensor
     node: TreeNode | None
     gain: int  # cached slots that locking it would turn from evictable to in use
+    held: int = -1  # positions the cache holds, more than `slots` when prompt logprobs must be scored (-1: as slots)
 
     @property
     def length(self) -> int:
@@ -60,17 +61,27 @@ class CacheManager:
         return self.pool.available
 
     def match(self, req: Req) -> Match:
-        """What the cache holds of `req`'s positions to compute, all but the last (its logits give the next token)."""
+        """What the cache holds of `req`'s positions to compute, all but the last (its logits give the next token).
+
+        A request whose prompt logprobs are not all scored reuses no position from its first unscored one on
+        (`Req.score_from`): their logits must be computed, so a first admission recomputes its whole prompt
+        (and still fills the cache), and a resumed one only what it had not scored."""
         if self.tree is None or req.pooling is not None and req.pooling.mode != "last":
             return Match(_EMPTY, None, 0)  # mean and cls pooling read every (the first) position's hidden state
         slots, node = self.tree.match_prefix(req.seq[:req.prefill_len - 1], req.namespace)
-        return Match(slots, node, self.tree.lock_gain(node))
+        held, limit = len(slots), req.score_from
+        if limit is not None and held > limit:
+            slots, node = self.tree.match_prefix(req.seq[:limit], req.namespace)
+        return Match(slots, node, self.tree.lock_gain(node), held)
 
     def attach(self, req: Req, match: Match) -> None:
         """Give an admitted request a row pointing at its cached prefix, locked; a retracted one's pin goes."""
         m = match.length
-        if self.misses is not None and req.times.scheduled is None:  # its first admission
-            req.prefix_miss = self.misses.explain(req.seq[:req.prefill_len - 1], m, req.namespace)
+        if req.times.scheduled is None:  # its first admission: what the cache held, used or not
+            req.prompt_cache_held = max(m, match.held)
+            if self.misses is not None:
+                req.prefix_miss = self.misses.explain(req.seq[:req.prefill_len - 1], req.prompt_cache_held,
+                                                      req.namespace)
         req.row = self.pool.admit(req.prefill_len - m + match.gain)
         if self.tree is not None and match.node is not None:
             self.tree.inc_lock(match.node)

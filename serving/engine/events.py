@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.io_struct import Logprobs
 from serving.engine.request import FinishReason, Req
 
 
@@ -17,6 +18,7 @@ class TokenEvent:
     finish_reason: FinishReason | None
     req: Req  # for its timestamps and counts; the Scheduler process serialises what it needs
     error: str | None = None  # with FinishReason.ERROR: what the client is told
+    logprobs: Logprobs | None = None  # of `new_token_ids`, when the request asked (SamplingParams.logprobs)
 
     @property
     def finished(self) -> bool:
@@ -35,6 +37,7 @@ class StepStats:
     schedule_seconds: float = 0.0  # admission and chunking
     forward_seconds: float = 0.0  # KV allocation, batch metadata, the model's forward
     sample_seconds: float = 0.0  # logits → tokens, finish checks
+    logprobs_seconds: float = 0.0  # log-probabilities of sampled and prompt tokens (not part of sample_seconds)
     started_ns: int = 0
     ended_ns: int = 0
     rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links), decodes first

@@ -68,6 +68,7 @@ class ModelRunner:
                                    max_seq_length(loaded.path) or self.context_len)
         self.vocab_size = dims.vocab_size
         self.hidden: torch.Tensor | None = None  # the latest step's pooled rows (embedding requests)
+        self.scored: torch.Tensor | None = None  # the latest step's prompt-logprobs rows (`Work.score`), final-normed
         self.pool = KVPool(0 if self.encoder else dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
@@ -106,11 +107,11 @@ class ModelRunner:
         fb.decode_attention = self.decode_attention
         if hidden_rows:  # embedding requests' pooled rows: their hidden states are left in `self.hidden`
             fb.hidden_rows = torch.tensor(hidden_rows, dtype=torch.int64)
-        self.hidden = None
+        self.hidden = self.scored = None
         try:
             with torch.inference_mode():
                 logits = self.model.forward(fb, self.pool.kv)
-                self.hidden = fb.hidden
+                self.hidden, self.scored = fb.hidden, fb.scored
                 yield logits
         except BaseException:
             self.pool.free(fb.out_slots)

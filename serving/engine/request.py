@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from protocol.io_struct import Logprobs
 from protocol.sampling_params import SamplingParams
 from serving.engine.wait_reasons import WaitLedger
 from telemetry.clock import now_ns
@@ -95,6 +96,8 @@ class Req:
     embedding: torch.Tensor | None = None  # its result, once its prompt has run (float32 [hidden])
     times: ReqTimes = field(default_factory=lambda: _new_times())
     hold: bool = False  # a test seam holds it before its last token (serving.engine.seams)
+    prompt_logprobs: Logprobs | None = None  # prompt_logprobs asked: entries of prompt tokens 1.. scored so far
+    prompt_cache_held: int = 0  # prompt positions the prefix cache held at admission, computed again to score them
 
     @property
     def prompt_len(self) -> int:
@@ -102,6 +105,16 @@ class Req:
 
     def __post_init__(self) -> None:
         self.prefill_len = self.prefill_len or len(self.input_ids)
+
+    @property
+    def score_from(self) -> int | None:
+        """The first prompt position whose logits are still to be scored (it predicts the next prompt token);
+        None when prompt logprobs were not asked for or are complete.  The prefix cache may give it no more
+        than this many positions (`CacheManager.match`)."""
+        lp = self.prompt_logprobs
+        if lp is None or len(lp.token_logprobs) >= self.prompt_len - 1:
+            return None
+        return len(lp.token_logprobs)
 
     @property
     def held(self) -> bool:

@@ -1,9 +1,13 @@
 """The batched sampler.
 
-Order per row, as in vLLM/HF: penalties (repetition over prompt+output, frequency and
-presence over output) → temperature → top-k → top-p → min-p → draw.  Temperature 0
-(or top_k 1) is greedy.  Each request draws from its own `torch.Generator`, seeded by
-its `seed`, so a seeded request gives the same tokens whoever shares its batch.
+Order per row: logit_bias (added to the logits) → penalties (repetition over
+prompt+output, frequency and presence over output, as in vLLM/HF) → min_tokens (EOS and
+the request's stop token ids masked to -inf while it has fewer than min_tokens outputs) →
+temperature → top-k → top-p → min-p → draw.  Temperature 0 (or top_k 1) is greedy.  The
+first three (`adjust`) copy the logits only when some row needs them, so the engine keeps the
+model's logits for `--logprobs-mode raw` (`serving.engine.logprobs`).  Each request draws
+from its own `torch.Generator`, seeded by its `seed`, so a seeded request gives the same
+tokens whoever shares its batch.
 
 `protocol.sampling_params.SamplingParams.validate` bounds every field, so no value can
 make this sampler raise for its batch mates; top_k is clamped to the vocabulary here.
@@ -35,6 +39,45 @@ class SamplingRow(Protocol):
     generator: torch.Generator
     input_ids: list[int]
     output_ids: list[int]
+
+
+def apply_logit_bias(logits: torch.Tensor, params: SamplingParams) -> None:
+    """In place on one row of logits [V]: each biased id's logit plus its bias."""
+    ids = torch.tensor(list(params.logit_bias), dtype=torch.int64)
+    logits.index_add_(0, ids, torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype))
+
+
+def below_min_tokens(row: SamplingRow) -> bool:
+    """Fewer outputs than min_tokens: the token sampled now cannot end the request."""
+    return len(row.output_ids) < row.params.min_tokens
+
+
+def mask_stops(logits: torch.Tensor, row: SamplingRow, eos: frozenset[int]) -> None:
+    """In place on one row of logits [V]: the ids that would end the request (EOS unless ignored, its stop
+    token ids) can no longer be drawn."""
+    ids = set(row.params.stop_token_ids) | (set() if row.params.ignore_eos else set(eos))
+    ids = sorted(i for i in ids if i < logits.shape[0])
+    if ids:
+        logits[torch.tensor(ids, dtype=torch.int64)] = float("-inf")
+
+
+def adjust(logits: torch.Tensor, rows: Sequence[SamplingRow], eos: frozenset[int] = frozenset()) -> torch.Tensor:
+    """logit_bias, penalties and the min_tokens mask of every row that has them, on a copy of `logits`
+    (`logits` itself when no row has any)."""
+    touched = [i for i, r in enumerate(rows)
+               if r.params.logit_bias or r.params.has_penalties or below_min_tokens(r)]
+    if not touched:
+        return logits
+    logits = logits.clone()
+    for i in touched:
+        row = rows[i]
+        if row.params.logit_bias:
+            apply_logit_bias(logits[i], row.params)
+        if row.params.has_penalties:
+            apply_penalties(logits[i], row)
+        if below_min_tokens(row):
+            mask_stops(logits[i], row, eos)
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, row: SamplingRow) -> None:
@@ -137,8 +180,21 @@ def _random(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     return out
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
-    """Pick one token per row of logits [R, V]; `rows[i]` is the request of row i.
+def pick(adjusted: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """One token per row of `adjust`ed logits [R, V]: the argmax of greedy rows, a draw for the others."""
+    random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
+    if random_rows and len(random_rows) == len(rows):
+        return _random(adjusted, rows)
+    out = adjusted.argmax(dim=-1)
+    if random_rows:
+        idx = torch.tensor(random_rows, dtype=torch.int64)
+        out[idx] = _random(adjusted[idx], [rows[i] for i in random_rows])
+    return out
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], eos: frozenset[int] = frozenset()) -> list[int]:
+    """Pick one token per row of logits [R, V]; `rows[i]` is the request of row i, `eos` the model's EOS ids
+    (masked while a row is below its min_tokens).
 
     The random draws come last: if anything before them raises, no request's generator
     has moved, so the engine can retry the rows (without the culprit) and seeded requests
@@ -146,16 +202,4 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
     """
     if logits.shape[0] != len(rows):
         raise ValueError("one sampling row per logits row")
-    penalised = [i for i, r in enumerate(rows) if r.params.has_penalties]
-    if penalised:
-        logits = logits.clone()
-        for i in penalised:
-            apply_penalties(logits[i], rows[i])
-    random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
-    if random_rows and len(random_rows) == len(rows):
-        return _random(logits, rows).tolist()
-    out = logits.argmax(dim=-1)
-    if random_rows:
-        idx = torch.tensor(random_rows, dtype=torch.int64)
-        out[idx] = _random(logits[idx], [rows[i] for i in random_rows])
-    return out.tolist()
+    return pick(adjust(logits, rows, eos), rows).tolist()

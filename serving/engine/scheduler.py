@@ -69,7 +69,7 @@ from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
 from telemetry.stats import PhaseTimes
-from telemetry.step_timeline import StepRing, trace_id_of
+from telemetry.step_timeline import PHASES, StepRing, trace_id_of
 from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class Scheduler:
         self.ring = StepRing(args.step_timeline_steps) if args.step_timeline_steps else None
         self.trace_of: dict[str, str] = {}  # rid → its trace id, for the step timeline's flows
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
-        self.phases = PhaseTimes(("schedule", "forward", "sample", "output"), stage)
+        self.phases = PhaseTimes(PHASES, stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
         self.cpu = CpuLedger()  # each rid's share of the steps' CPU time (per-tenant usage)
 
@@ -261,10 +261,12 @@ class Scheduler:
             matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
             completion_tokens=len(req.output_ids), retractions=req.num_retractions,
             cpu_ns=self.cpu.of(ev.rid, ev.finished), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
-            worker=self.worker_of.get(ev.rid, 0),
+            worker=self.worker_of.get(ev.rid, 0), logprobs=ev.logprobs,
         )
         if out.detok is not None:
             self.spans.first_output(ev.rid, meta)
+            if req.prompt_logprobs is not None and req.score_from is None:  # every prompt token scored
+                out.prompt_logprobs = req.prompt_logprobs
         if error is not None:  # an engine error, or an abort with a cause the client must hear (timeout)
             out.error = error
             if error_type == "timeout":
@@ -352,6 +354,8 @@ class Scheduler:
             for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
                                    ("sample", st.sample_seconds), ("output", (t_end - t_out) / 1e9)):
                 self.phases.observe(phase, seconds)
+            if st.logprobs_seconds:  # only the steps that computed logprobs: its mean is what they cost
+                self.phases.observe("logprobs", st.logprobs_seconds)
             if self.ring is not None:
                 self.ring.add(st, traces, t_end - t_out)
 

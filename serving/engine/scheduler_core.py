@@ -47,6 +47,7 @@ import random
 
 import torch
 
+from protocol.io_struct import Logprobs
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.admission import AdmissionPolicy
@@ -56,10 +57,11 @@ from serving.engine.embedding import PoolState, pool_rows
 from serving.engine.events import StepStats, TokenEvent
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
+from serving.engine.logprobs import PromptScore, extend, output_logprobs, score_prompts, score_window
 from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
 from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
-from serving.engine.sampling import sample
+from serving.engine.sampling import adjust, pick
 from serving.engine.seams import Seams
 from serving.engine.stopping import eos_ids, finish_reason
 from serving.engine.wait_queue import WaitQueue
@@ -89,7 +91,7 @@ class SchedulerCore:
         self.seams = Seams.from_env()
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
-        self._forward_ns = self._sample_ns = 0  # this step's, over every run of it (isolation reruns too)
+        self._forward_ns = self._sample_ns = self._logprobs_ns = 0  # this step's, over every run of it (isolation too)
         self.encoder = self.runner.encoder
         # an encoder's hidden states depend on the whole input: no prefix of it can be reused
         self.tree: RadixCache | None = None if args.disable_prefix_cache or self.encoder else RadixCache()
@@ -131,6 +133,8 @@ class SchedulerCore:
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
         if pooling is not None:
             req.pooling, req.max_new_tokens = PoolState(pooling), 0
+        elif params.prompt_logprobs is not None:
+            req.prompt_logprobs = Logprobs(token_logprobs=[])
         self.reqs[rid] = req
         self.waiting.append(req)
         return req
@@ -332,7 +336,7 @@ class SchedulerCore:
             return []
         group = [(r, 1) for r in decoding] + chunks
         t_sched = now_ns()
-        self._forward_ns = self._sample_ns = 0
+        self._forward_ns = self._sample_ns = self._logprobs_ns = 0
         try:
             produced, failed = self._run(group), []
         except Exception as exc:  # noqa: BLE001 - find the requests responsible, keep the rest
@@ -345,23 +349,25 @@ class SchedulerCore:
                 if self.tree is not None:  # a request arriving now reuses what this one computed
                     self.cache.give_to_tree(req, keep_lock=True)
         events = [self._fail(req, exc) for req, exc in failed]
-        events += [self._append_token(req, tok, t1) for req, tok in produced]
+        events += [self._append_token(req, tok, t1, lp) for req, tok, lp in produced]
         t2 = now_ns()
         self.last_step = StepStats(
             batch_size=len(group), num_decode=len(decoding),
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
             step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
-            sample_seconds=(self._sample_ns + t2 - t1) / 1e9, started_ns=t0, ended_ns=t1,
+            sample_seconds=(self._sample_ns + t2 - t1) / 1e9, logprobs_seconds=self._logprobs_ns / 1e9,
+            started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
             prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group))
         return events
 
-    def _run(self, group: list[tuple[Req, int]]) -> list[tuple[Req, int]]:
-        """Forward + sample one group of (request, tokens to feed); returns (request, token) per sampled request.
+    def _run(self, group: list[tuple[Req, int]]) -> list[tuple[Req, int, Logprobs | None]]:
+        """Forward + sample one group of (request, tokens to feed); returns (request, token, its logprobs) per
+        sampled request.
 
-        Positions are marked computed only on success; on failure nothing of it remains.
+        Positions (and their prompt logprobs) count only on success; on failure nothing of it remains.
         """
-        decode_work, extend_work, sampled_d, sampled_e = [], [], [], []
+        decode_work, extend_work, sampled_d, sampled_e, scoring = [], [], [], [], []
         pooled, embedded, hidden_rows, offset = [], [], [], sum(r.prefill_done for r, _ in group)
         for req, n in group:
             if req.prefill_done:
@@ -370,7 +376,10 @@ class SchedulerCore:
             else:
                 start = req.num_computed
                 completes = start + n >= req.prefill_len
-                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes and not req.pooling))
+                score = score_window(req, start, n)
+                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes and not req.pooling, score))
+                if score is not None:
+                    scoring.append(PromptScore(req, start, score))
                 if req.pooling is not None:  # an embedding request: its pooled rows, no logits
                     rows = pool_rows(req.pooling.mode, offset, start, n, completes)
                     hidden_rows.extend(rows)
@@ -386,23 +395,33 @@ class SchedulerCore:
             self._forward_ns += t1 - t0
             if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
                 raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
-            tokens = sample(logits, sampled)
-            self._sample_ns += now_ns() - t1
+            adjusted = adjust(logits, sampled, self.eos_ids)
+            picked = pick(adjusted, sampled)
+            tokens = picked.tolist()
+            t2 = now_ns()
+            self._sample_ns += t2 - t1
+            lps = output_logprobs(logits, adjusted, sampled, picked, self.args.logprobs_mode)  # None: none asked
+            prompt_lps = score_prompts(self.runner.model.head, self.runner.scored, scoring) if scoring else []
+            if lps is not None or scoring:
+                self._logprobs_ns += now_ns() - t2
         for req, n in group:
             req.num_computed += n
+        for sc, lp in zip(scoring, prompt_lps):
+            extend(sc.req.prompt_logprobs, lp)
         i = 0
         for req, start, k in pooled:
             if k:
                 req.pooling.add(self.runner.hidden[i:i + k], start)
             i += k
-        return list(zip(sampled, tokens)) + [(req, -1) for req in embedded]  # -1: pooled, no token
+        return (list(zip(sampled, tokens, lps or [None] * len(sampled)))
+                + [(req, -1, None) for req in embedded])  # -1: pooled, no token
 
     def _isolate(self, group: list[tuple[Req, int]], exc: Exception
-                 ) -> tuple[list[tuple[Req, int]], list[tuple[Req, Exception]]]:
+                 ) -> tuple[list[tuple[Req, int, Logprobs | None]], list[tuple[Req, Exception]]]:
         """`group` failed with `exc`: rerun its halves until every failing request stands alone."""
         if len(group) == 1:
             return [], [(group[0][0], exc)]
-        produced: list[tuple[Req, int]] = []
+        produced: list[tuple[Req, int, Logprobs | None]] = []
         failed: list[tuple[Req, Exception]] = []
         mid = len(group) // 2
         for half in (group[:mid], group[mid:]):
@@ -423,7 +442,7 @@ class SchedulerCore:
         self._finish(req, FinishReason.ERROR)
         return TokenEvent(req.rid, [], FinishReason.ERROR, req, error=req.error)
 
-    def _append_token(self, req: Req, tok: int, t: int) -> TokenEvent:
+    def _append_token(self, req: Req, tok: int, t: int, lp: Logprobs | None = None) -> TokenEvent:
         if req.pooling is not None:  # its prompt has run: the embedding is its result
             req.embedding, req.times.first_token = req.pooling.result(), t
             self.running.remove(req)
@@ -437,7 +456,7 @@ class SchedulerCore:
         if reason is not None:
             self.running.remove(req)
             self._finish(req, reason)
-        return TokenEvent(req.rid, [tok], reason, req)
+        return TokenEvent(req.rid, [tok], reason, req, logprobs=lp)
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
         self.cache.release(req, cache=reason is not FinishReason.ERROR)  # a failed step may have left bad K/V

@@ -25,12 +25,14 @@ def eos_ids(loaded: LoadedModel) -> frozenset[int]:
 
 def finish_reason(req: Req, tok: int, eos: frozenset[int]) -> FinishReason | None:
     """Why `req` ends with `tok`, its latest output token (recorded in `matched_stop` for a stop id); None: it
-    goes on."""
-    if tok in eos and not req.params.ignore_eos:
-        return FinishReason.STOP
-    if tok in req.stop_ids:
-        req.matched_stop = tok
-        return FinishReason.STOP
+    goes on.  EOS and stop ids end nothing within the first min_tokens outputs (the sampler masks them there
+    too, `serving.engine.sampling.mask_stops`)."""
+    if len(req.output_ids) > req.params.min_tokens:
+        if tok in eos and not req.params.ignore_eos:
+            return FinishReason.STOP
+        if tok in req.stop_ids:
+            req.matched_stop = tok
+            return FinishReason.STOP
     if len(req.output_ids) >= req.max_new_tokens:
         return FinishReason.LENGTH
     return None

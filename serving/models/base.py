@@ -106,3 +106,7 @@ class CausalLM(Protocol):
         """Run one ragged batch, writing its K/V into `kv`; returns float32 logits [len(fb.logits_rows), vocab].
         An encoder (`serving.models.bert`) writes no K/V and is asked for no logits."""
         ...
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [rows, vocab] of final-normed hidden states (`fb.scored`, the prompt logprobs' rows)."""
+        ...

@@ -119,3 +119,6 @@ class BertForward:
         if fb.hidden_rows is not None:  # embedding requests pool these (serving.engine.embedding)
             fb.hidden = h[fb.hidden_rows].float()
         return torch.zeros((0, self.dims.vocab_size), dtype=torch.float32)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise ValueError("an encoder computes no logits: it serves embeddings only")

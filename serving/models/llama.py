@@ -103,5 +103,11 @@ class LlamaForward:
                 h = layer(h, rope, kv, fb)
         if fb.hidden_rows is not None:  # embedding requests pool these (serving.engine.embedding)
             fb.hidden = self.final_norm(h[fb.hidden_rows]).float()
+        if fb.score_rows is not None:  # prompt logprobs: the engine runs `head` over these in row blocks
+            fb.scored = self.final_norm(h[fb.score_rows])
         last = h[fb.logits_rows] if fb.logits_rows is not None else h
-        return self.lm_head(self.final_norm(last)).float()
+        return self.head(self.final_norm(last))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [rows, vocab] of final-normed hidden states (the forward's `fb.scored` rows)."""
+        return self.lm_head(hidden).float()

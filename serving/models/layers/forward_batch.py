@@ -33,6 +33,11 @@ class ForwardBatch:
     logits_rows: torch.Tensor | None = None  # flat token indices whose logits are needed
     hidden_rows: torch.Tensor | None = None  # flat token indices whose final hidden states embeddings pool
     hidden: torch.Tensor | None = None  # set by the forward: float32 [len(hidden_rows), hidden] (final norm applied)
+    # flat token indices scored for prompt logprobs: the forward leaves their final-normed hidden states in
+    # `scored` (the model's dtype) and the engine runs the lm_head over them in row blocks (`CausalLM.head`),
+    # so a long chunk never holds [rows, vocab] logits at once
+    score_rows: torch.Tensor | None = None
+    scored: torch.Tensor | None = None
     # how decode tokens attend: (q [B, H, d], k_pool, v_pool, this batch) -> [B, H, d]
     decode_attention: Callable[..., torch.Tensor] | None = None
 

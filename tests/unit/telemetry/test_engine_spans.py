@@ -47,3 +47,23 @@ def test_a_retracted_request_has_a_queue_span_per_wait_and_a_retracted_event(tin
             assert event.attributes["sightline.retraction.computed_tokens"] == r.computed
             assert event.attributes["sightline.retraction.discarded_tokens"] == r.computed - r.cached == 0
         assert [e.name for e in queues[0].events][-1] == "admitted"
+
+
+def test_prefill_span_says_how_many_prompt_tokens_were_scored_and_cached(tiny):
+    tr = Tracing("scheduler", sink=lambda r: None)
+    exp = InMemorySpanExporter()
+    tr.provider.add_span_processor(SimpleSpanProcessor(exp))
+    spans = SchedulerSpans(tr)
+    core = make_core(tiny)
+    prompt = list(range(10, 30))
+    for rid, lp in (("plain", None), ("scored", 2)):
+        req = core.add_request(rid, prompt, SamplingParams(max_new_tokens=2, temperature=0.0, prompt_logprobs=lp))
+        spans.received(rid, ReqMeta(trace=tr.carrier(tr.start("POST /generate", None))), 0, 0)
+        core.run_to_completion()
+        spans.finished(req, req.finish_reason.value)
+    prefill = {s.attributes["sightline.rid"]: s.attributes for s in exp.get_finished_spans() if s.name == "prefill"}
+    assert "sightline.prompt_tokens_scored" not in prefill["plain"]
+    assert prefill["plain"]["gen_ai.usage.cache_read.input_tokens"] == 0
+    assert prefill["scored"]["sightline.prompt_tokens_scored"] == 19  # every prompt token but the first
+    assert prefill["scored"]["sightline.prompt_tokens_cached"] == 19  # held by the cache, computed again
+    assert prefill["scored"]["gen_ai.usage.cache_read.input_tokens"] == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.io_struct import BatchTokenIDOutput, DetokParams, TokenOut
+from protocol.io_struct import BatchTokenIDOutput, DetokParams, Logprobs, TokenOut
 from serving.detokenizer.incremental import DecodeState
 from serving.detokenizer.manager import DetokenizerManager
 
@@ -113,3 +113,41 @@ def test_outputs_carry_their_worker_and_a_gone_worker_leaves_no_state(tiny):
     assert [o.rid for o in late.outputs] == ["r2"] and not mgr.states and not mgr.owner
     assert mgr.drops.counts[("BatchTokenIDOutput", "worker_gone")] == 1
     assert mgr.drops.counts[("BatchTokenIDOutput", "unknown_rid")] == 1
+
+
+def _numbered(n: int) -> Logprobs:
+    """Logprobs whose values say which token they belong to: token i has -i and alternatives [i, i + 1]."""
+    return Logprobs(token_logprobs=[-float(i) for i in range(n)], top_ids=[[i, i + 1] for i in range(n)],
+                    top_logprobs=[[-float(i), -float(i) - 1] for i in range(n)])
+
+
+def test_logprobs_are_cut_where_a_stop_string_cuts_the_batch(tiny):
+    tok = tiny.tokenizer
+    mgr = DetokenizerManager(tok)
+    ids = tok(" one two STOP three four")["input_ids"]
+    prompt = Logprobs(token_logprobs=[-1.5, -2.5])
+    first = TokenOut(rid="a", new_token_ids=ids[:2], detok=DetokParams(stop=["STOP"]), logprobs=_numbered(2),
+                     prompt_logprobs=prompt)
+    (out,) = mgr.handle_batch(BatchTokenIDOutput(outputs=[first])).outputs
+    assert out.prompt_logprobs == prompt and out.logprobs == _numbered(2)  # nothing consumed is cut
+    rest = ids[2:]
+    (out,) = mgr.handle_batch(BatchTokenIDOutput(outputs=[TokenOut(rid="a", new_token_ids=rest,
+                                                                   logprobs=_numbered(len(rest)))])).outputs
+    consumed = len(out.output_ids)
+    assert out.finish_reason == "stop" and out.matched_stop == "STOP" and 0 < consumed < len(rest)
+    assert out.logprobs == _numbered(consumed) and out.prompt_logprobs is None  # only on the first output
+    assert "STOP" not in out.text and "three" not in out.text
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(tiny):
+    tok = tiny.tokenizer
+    text = "The answer is 42. Then the story goes on and on."
+    ids = tok(text)["input_ids"]
+    state = DecodeState(tok, DetokParams(stop=["goes on"], include_stop_str_in_output=True))
+    out = ""
+    for t in ids:
+        e = state.feed([t], final=False)
+        out += e.text
+        if e.matched_stop:
+            break
+    assert e.matched_stop == "goes on" and out == text[: text.index("goes on") + len("goes on")]
