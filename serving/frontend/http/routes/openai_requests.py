@@ -176,7 +176,8 @@ def decode_body(body: bytes, typ: type) -> Any:
 
 
 def _with_ignored(obj: Any, ignored: list[str]) -> Any:
-    obj.ignored_fields = ignored
+    if hasattr(obj, "__dict__"):  # a struct declared with dict=True (other bodies refuse nothing here)
+        obj.ignored_fields = ignored
     return obj
 
 
