@@ -163,9 +163,9 @@ def decode_body(body: bytes, typ: type) -> Any:
         raise from_decode_error(exc) from None
     except RecursionError:  # msgspec's own depth limit (about 1000 levels), not ours to raise
         raise bad_request("request body is nested too deeply", code="invalid_json") from None
-    raw = msgspec.json.decode(body)
+    raw = msgspec.json.decode(body)  # valid JSON (the typed decode got as far as an unknown field)
     ignored: list[str] = []
-    while True:
+    while True:  # each pass strips one unknown field, so it ends
         try:
             return _with_ignored(msgspec.convert(raw, type=typ), ignored)
         except msgspec.ValidationError as exc:
@@ -173,6 +173,8 @@ def decode_body(body: bytes, typ: type) -> Any:
             if name is None or not _strip(raw, where, name):
                 raise from_decode_error(exc) from None
             ignored.append(f"{where}.{name}" if where else name)
+        except RecursionError:
+            raise bad_request("request body is nested too deeply", code="invalid_json") from None
 
 
 def _with_ignored(obj: Any, ignored: list[str]) -> Any:
