@@ -140,6 +140,9 @@ class ServerArgs:
                                              "request's span). Default: refuse them with a 400 naming the field.")
     chat_template: str | None = _opt(None, "A Jinja chat template (a file path, or the template itself) used instead "
                                            "of the tokenizer's for chat completions and /tokenize.")
+    trust_request_chat_template: bool = _opt(False, "Accept a request's own `chat_template` (vLLM's flag of the same "
+                                                    "name): a template is code run in the front end's event loop, so "
+                                                    "by default such requests are refused with a 400.")
     generation_config: str = _opt("auto", "'auto': the model directory's generation_config.json supplies the "
                                           "defaults of temperature, top_p, top_k, min_p, repetition_penalty and "
                                           "max_tokens for requests that leave them unset (as vLLM); 'none': "

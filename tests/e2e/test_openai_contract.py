@@ -75,7 +75,8 @@ NULLABLE = ("max_tokens", "temperature", "top_p", "n", "stream", "stream_options
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = ServerProc("--chat-template", str(TEMPLATE), tmpdir=tmp_path_factory.mktemp("contract"))
+    s = ServerProc("--chat-template", str(TEMPLATE), "--trust-request-chat-template",
+                   tmpdir=tmp_path_factory.mktemp("contract"))
     try:
         yield s
     finally:

@@ -39,13 +39,22 @@ class Front:
     allow_unknown: bool = False
     defaults: dict[str, Any] = field(default_factory=dict)  # from generation_config.json
     count_ignored: Callable[[str, str], None] | None = None  # (route, field)
+    trust_template: bool = False  # --trust-request-chat-template
 
 
 def front_of(state: Any) -> Front:
     args, metrics = state.args, state.metrics
     count = (lambda route, name: metrics.fields_ignored.labels(route, name).inc()) if metrics is not None else None
     return Front(state.model_name, args.max_stop_strings, args.max_n, args.max_choices, args.allow_unknown_fields,
-                 state.tm.prompts.defaults, count)
+                 state.tm.prompts.defaults, count, args.trust_request_chat_template)
+
+
+def check_request_template(template: str | None, front: Front) -> None:
+    """A request's own chat template runs as code here: only with --trust-request-chat-template (as vLLM)."""
+    if template is not None and not front.trust_template:
+        raise bad_request("a request's own chat_template is refused by this server (start it with "
+                          "--trust-request-chat-template to accept it)", param="chat_template",
+                          code="chat_template_untrusted")
 
 
 def unsupported(cond: bool, param: str, what: str) -> None:
@@ -202,6 +211,7 @@ def chat_input(req: ChatCompletionRequest, front: Front, route: str = "/v1/chat/
     params.logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if req.user is None and req.safety_identifier is not None:  # OpenAI's successor of `user`
         fields["user"] = req.safety_identifier[:256]
+    check_request_template(req.chat_template, front)
     messages = chat_messages(req.messages)
     return GenerateReqInput(messages=messages, sampling=params, param_names={"max_new_tokens": param},
                             template=template_options(req, messages), ignored_fields=ignored, **fields)

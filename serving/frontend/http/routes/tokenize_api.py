@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from serving import __version__
 from serving.frontend.errors import APIError, bad_request, error_response
 from serving.frontend.http.routes.generation import read_body
-from serving.frontend.http.routes.openai_api import Front, check_ignored, front_of
+from serving.frontend.http.routes.openai_api import Front, check_ignored, check_request_template, front_of
 from serving.frontend.http.routes.openai_chat import chat_messages, template_options
 from serving.frontend.http.routes.openai_requests import ChatMessage, decode_body
 from serving.frontend.http.state import ServerState
@@ -78,6 +78,7 @@ async def tokenize(request: Request) -> Response:
         front = front_of(state)
         check_ignored(body, "/tokenize", front)
         _check_model(body.model, front)
+        check_request_template(body.chat_template, front)
         chars = len(body.prompt or "") + sum(len(str(m.content or "")) for m in body.messages or [])
         limit = state.args.max_prompt_chars
         if limit and chars > limit:

@@ -83,6 +83,11 @@ def test_unknown_fields_counted_under_allow_unknown_fields():
     assert refusal(comp, wibble=2).code == "unknown_parameter"
 
 
+def test_a_requests_own_template_needs_trust():
+    assert refusal(chat, chat_template="{{ 1 }}").code == "chat_template_untrusted"
+    assert chat(Front("m", trust_template=True), chat_template="{{ 1 }}").template.chat_template == "{{ 1 }}"
+
+
 def test_generation_config_fills_unset_fields(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps(
         {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "max_new_tokens": 40, "do_sample": True, "bos_token_id": 1}))
