@@ -139,8 +139,9 @@ def test_sampling_fields_take_effect(srv):
     a = text(comp(srv, max_tokens=16, temperature=1.5, seed=11))
     assert a == text(comp(srv, max_tokens=16, temperature=1.5, seed=11))  # seed: reproducible
     assert a != greedy and a != text(comp(srv, max_tokens=16, temperature=1.5, seed=12))
+    echo = (PROMPT + text(comp(srv, max_tokens=32))) * 3  # a prompt the greedy output goes on repeating
     for kw in ({"repetition_penalty": 3.0}, {"frequency_penalty": 2.0}, {"presence_penalty": 2.0}):
-        assert text(comp(srv, max_tokens=32, **kw)) != text(comp(srv, max_tokens=32)), kw
+        assert text(comp(srv, prompt=echo, max_tokens=32, **kw)) != text(comp(srv, prompt=echo, max_tokens=32)), kw
 
 
 def test_length_and_stop_fields(srv):
