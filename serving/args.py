@@ -137,6 +137,25 @@ class ServerArgs:
                                           "detection off.")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
+    max_n: int = _opt(16, "Most choices (`n`) one OpenAI request may ask for.")
+    max_choices: int = _opt(64, "Most choices one /v1/completions request may produce in all: `n` x the number of "
+                                "prompts in a batched `prompt`.")
+    allow_unknown_fields: bool = _opt(False, "Accept request bodies with fields this server does not know, ignoring "
+                                             "them (counted in sightline_request_fields_ignored_total, named on the "
+                                             "request's span). Default: refuse them with a 400 naming the field.")
+    chat_template: str | None = _opt(None, "A Jinja chat template (a file path, or the template itself) used instead "
+                                           "of the tokenizer's for chat completions and /tokenize.")
+    trust_request_chat_template: bool = _opt(False, "Accept a request's own `chat_template` (vLLM's flag of the same "
+                                                    "name): a template is code run in the front end's event loop, so "
+                                                    "by default such requests are refused with a 400.")
+    generation_config: str = _opt("auto", "'auto': the model directory's generation_config.json supplies the "
+                                          "defaults of temperature, top_p, top_k, min_p, repetition_penalty and "
+                                          "max_tokens for requests that leave them unset (as vLLM); 'none': "
+                                          "OpenAI's defaults.")
+    priority_order: str = _opt("lower-first", "How request and tenant `priority` values are read: 'lower-first' "
+                                              "(vLLM's: a lower value is served sooner; a request can ask no lower "
+                                              "than its tenant's) or 'higher-first' (a higher value sooner; a "
+                                              "request can ask no higher than its tenant's).")
     max_prompt_chars: int | None = _opt(None, "Most characters in a prompt (or all chat messages together), refused "
                                               "before tokenizing (default: 16 per token of the context window).")
     max_messages: int | None = _opt(None, "Most messages in one chat request (default: context window / 4, since each "
@@ -301,6 +320,14 @@ class ServerArgs:
             raise ValueError("--dp-size and --tokenizer-worker-num must be in [1, 64]")
         if self.tokenizer_worker_num > 1 and self.port == 0:
             raise ValueError("--tokenizer-worker-num > 1 needs a fixed --port (the workers share it)")
+        if not 1 <= self.max_n <= self.max_choices:
+            raise ValueError("--max-n must be >= 1 and at most --max-choices")
+        if self.chat_template and not os.path.isfile(self.chat_template) and "{" not in self.chat_template:
+            raise ValueError(f"--chat-template: {self.chat_template!r} is neither a file nor a Jinja template")
+        if self.generation_config not in ("auto", "none"):
+            raise ValueError("--generation-config must be auto or none")
+        if self.priority_order not in ("lower-first", "higher-first"):
+            raise ValueError("--priority-order must be lower-first or higher-first")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError("--num-threads must be >= 1")
         if not 0 <= self.kernel_worker_nice <= 19:

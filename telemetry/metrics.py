@@ -140,6 +140,13 @@ SPECS: tuple[Spec, ...] = (
          definition="result: ok | failed (the file failed its checks: the previous keys stay in force; the log says "
          "why). Counted by every front-end process (each tokenizer worker reloads on its own).",
          attr="key_reloads"),
+    Spec("sightline_request_fields_ignored_total", "counter", "Unknown request-body fields ignored under "
+         "--allow-unknown-fields, by route and field.", ("route", "field"),
+         definition="One per unknown field of an accepted request (without --allow-unknown-fields such a request is "
+         "refused with 400 unknown_parameter instead). field: the field's name when it is one of the OpenAI or "
+         "vLLM fields other servers accept (`serving.frontend.http.routes.openai_requests.FOREIGN_FIELDS`), else "
+         "`other`, so clients cannot grow the series without bound; the request span's `sightline.ignored_fields` "
+         "names them all.", attr="fields_ignored"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
          "/pause_generation mode abort).", attr="aborts"),
@@ -425,6 +432,8 @@ LAZY_SERIES: dict[str, str] = {
                                        "sightline_tenant_cpu_seconds_total")},
     "sightline_http_requests_total": "route x method x status is bounded but large (thousands of combinations, "
                                      "most of which never happen)",
+    "sightline_request_fields_ignored_total": "only under --allow-unknown-fields, and route x field is most of "
+                                              "it never seen",
     "sightline_process_cpu_seconds_total": "measured, not counted: each live process's series is there at every "
                                            "scrape, and a 0 for one would be false",
 }
@@ -545,6 +554,7 @@ class Metrics:
     tenant_generation_tokens: Counter
     tenant_cpu: Counter
     key_reloads: Counter
+    fields_ignored: Counter
     engine_failures: Counter
     engine_restarts: Counter
     http_requests: Counter

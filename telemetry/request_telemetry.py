@@ -354,7 +354,9 @@ class RequestTelemetry:
                    "prompt_tokens": rt.prompt_tokens, "completion_tokens": completion_tokens, **rt.breakdown}
         if abort_reason:
             summary["abort_reason"] = abort_reason
-        self.timeline.finish(rt.trace_id or rt.tail_id or f"rid:{rt.rid}", summary)
+        sources = getattr(rt, "param_sources", None)  # request | generation_config | default, per sampling field
+        self.timeline.finish(rt.trace_id or rt.tail_id or f"rid:{rt.rid}",
+                             {**summary, "param_sources": sources} if sources else summary)
         if self.log_requests:
             log_request({**summary, "trace_id": rt.trace_id,
                          "span_id": f"{rt.span.get_span_context().span_id:016x}" if rt.trace_id else None})

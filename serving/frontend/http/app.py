@@ -17,7 +17,7 @@ from serving.frontend.http.middleware.auth import AuthMiddleware
 from serving.frontend.http.middleware.guard import GuardMiddleware, allowed_hosts, allowed_origins
 from serving.frontend.http.middleware.http_metrics import HTTPMetricsMiddleware
 from serving.frontend.http.middleware.response_ids import ResponseIdsMiddleware, response_ids
-from serving.frontend.http.routes import control, debug, ops
+from serving.frontend.http.routes import control, debug, ops, tokenize_api
 from serving.frontend.http.routes.embeddings import embeddings, encode
 from serving.frontend.http.routes.generation import chat_completions, completions, generate
 from serving.frontend.http.routes.inspector import debug_ui
@@ -33,6 +33,11 @@ ROUTES = [
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/encode", encode, methods=["POST"]),
     Route("/v1/models", ops.models, methods=["GET"]),
+    Route("/tokenize", tokenize_api.tokenize, methods=["POST"]),
+    Route("/v1/tokenize", tokenize_api.tokenize, methods=["POST"]),
+    Route("/detokenize", tokenize_api.detokenize, methods=["POST"]),
+    Route("/v1/detokenize", tokenize_api.detokenize, methods=["POST"]),
+    Route("/version", tokenize_api.version, methods=["GET"]),
     Route("/health", ops.health, methods=["GET"]),
     Route("/livez", ops.livez, methods=["GET"]),
     Route("/metrics", ops.metrics, methods=["GET"]),

@@ -3,7 +3,7 @@
 The keys file (`--api-keys-file`, TOML) lists tenants and keys:
 
     [tenants.acme]                  # every field optional
-    priority = 1                    # higher is served first (admission order, retraction victims last)
+    priority = -1                   # --priority-order lower-first (default): lower is served first
     max_concurrent_requests = 8     # in flight at once, over every tokenizer worker
     tokens_per_minute = 60000       # prompt tokens when admitted + output tokens when finished
 

@@ -36,6 +36,7 @@ from serving.frontend.engine_state import check_available
 from serving.frontend.errors import APIError, bad_request
 from serving.frontend.tenants.gate import refused
 from serving.frontend.tenants.namespace import cache_namespace, check_salt
+from serving.frontend.tenants.priority import engine_priority
 from serving.frontend.tokenizer_manager.req_state import ReqState
 from telemetry.clock import now_ns
 
@@ -140,7 +141,7 @@ async def submit(tm: TokenizerManager, obj: EmbedReqInput, state: ReqState) -> R
     tenant = tm.policy(state.tenant)
     if obj.priority is not None and not -1000 <= obj.priority <= 1000:
         raise bad_request("priority must be an integer in [-1000, 1000]", param="priority")
-    priority = tenant.priority if obj.priority is None else min(tenant.priority, obj.priority)
+    priority = engine_priority(tm.args.priority_order, tenant.priority, obj.priority)
     tm.admission.check_queue()
     rid = uuid.uuid4().hex
     t0 = now_ns()

@@ -48,6 +48,7 @@ from serving.frontend.errors import bad_request, http_status
 from serving.frontend.tenants.gate import TenantGate, refused
 from serving.frontend.tenants.keys import TenantPolicy
 from serving.frontend.tenants.namespace import cache_namespace, check_salt
+from serving.frontend.tenants.priority import engine_priority
 from serving.frontend.tokenizer_manager import embeddings
 from serving.frontend.tokenizer_manager.admission import Admission
 from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
@@ -75,7 +76,7 @@ class TokenizerManager:
         self.dispatcher = DataParallelDispatcher(args.dp_size)
         self.tel = telemetry
         self.tokenizer = tokenizer
-        self.prompts = PromptTokenizer(tokenizer)
+        self.prompts = PromptTokenizer(tokenizer, args)
         self.transport = transport
         self.engine = engine
         self.admission = Admission(args.max_queued_requests, args.inflight_token_limit, engine.throughput.rate,
@@ -240,7 +241,7 @@ class TokenizerManager:
         tenant = self.policy(state.tenant)
         if obj.priority is not None and not -1000 <= obj.priority <= 1000:
             raise bad_request("priority must be an integer in [-1000, 1000]", param="priority")
-        priority = tenant.priority if obj.priority is None else min(tenant.priority, obj.priority)
+        priority = engine_priority(self.args.priority_order, tenant.priority, obj.priority)
         self.admission.check_queue()
         check_size(obj, ready.context_len, self.input_limits(ready))
         t0 = now_ns()
@@ -256,6 +257,7 @@ class TokenizerManager:
             self.tel.shed(f"tenant_{refusal.limit}")
             raise refused(refusal)
         state.rid, state.client_rid, state.prompt_tokens, state.budget_tokens = rid, obj.rid or rid, len(ids), budget
+        state.param_sources = obj.param_sources
         self.tel.tokenized(state, t0, t1)
         carrier, producer = self.tel.producer(state)
         state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))

@@ -13,6 +13,7 @@ from opentelemetry.trace import Span
 
 from protocol.io_struct import Logprobs, ReqMeta, Stamps, StrOut
 from protocol.sampling_params import SamplingParams
+from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions
 
 
 @dataclass
@@ -39,6 +40,8 @@ class GenerateReqInput:
     include_stop_str_in_output: bool = False  # vLLM's: a matched stop string stays in the text
     param_sources: dict[str, str] = field(default_factory=dict)  # sampling field -> request | generation_config |
     # default: where its effective value came from (on the span and in /debug/requests)
+    template: ChatTemplateOptions | None = None  # how `messages` are rendered (vLLM's chat-template fields)
+    ignored_fields: list[str] = field(default_factory=list)  # unknown body fields ignored (--allow-unknown-fields)
 
 
 @dataclass
@@ -95,6 +98,8 @@ class ReqState:
     # -- embeddings (serving.frontend.tokenizer_manager.embeddings) --
     embed_inputs: int = 0  # inputs of an embeddings request
     embedding: Any = None  # its protocol.io_struct.EmbeddingOut, once it arrived
+    # -- where its effective sampling values came from (GenerateReqInput.param_sources): /debug/requests --
+    param_sources: dict[str, str] = field(default_factory=dict)
 
     def exemplar(self) -> dict[str, str] | None:
         return {"trace_id": self.trace_id} if self.trace_id else None

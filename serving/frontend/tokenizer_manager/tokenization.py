@@ -17,11 +17,16 @@ Two defences, in order:
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from serving.frontend.errors import APIError, bad_request
+from serving.frontend.tokenizer_manager import generation_defaults
+from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions, load_template, render
+
+log = logging.getLogger(__name__)
 
 INLINE_CHARS = 2048
 CHARS_PER_TOKEN = 16
@@ -47,7 +52,7 @@ def prompt_too_long(context_len: int, tokens: int, param: str) -> APIError:
 def input_chars(obj: Any) -> int:
     """Characters the tokenizer would see (prompt string, or every message's content)."""
     if obj.messages is not None:
-        return sum(len(m["content"]) for m in obj.messages)
+        return sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in obj.messages)
     return len(obj.prompt) if isinstance(obj.prompt, str) else 0
 
 
@@ -67,23 +72,29 @@ def check_size(obj: Any, context_len: int, limits: InputLimits) -> None:
 
 
 class PromptTokenizer:
-    """Renders chat messages and encodes prompts; large inputs off the event loop."""
+    """Renders chat messages and encodes prompts; large inputs off the event loop.
 
-    def __init__(self, tokenizer: Any) -> None:
+    It also holds what the model directory and the flags say about turning a request into
+    tokens: `--chat-template` (instead of the tokenizer's) and the sampling defaults of
+    generation_config.json (`--generation-config auto`), both read once at start.
+    """
+
+    def __init__(self, tokenizer: Any, args: Any = None) -> None:
         self.tokenizer = tokenizer
+        self.chat_template = load_template(getattr(args, "chat_template", None))
+        if self.chat_template is not None:
+            log.info("chat template from --chat-template (%d characters) instead of the tokenizer's",
+                     len(self.chat_template))
+        mode = getattr(args, "generation_config", "none")
+        self.defaults = generation_defaults.load(getattr(tokenizer, "name_or_path", None), mode)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sightline-tokenize")
+
+    def render(self, messages: list[dict[str, Any]], template: ChatTemplateOptions | None) -> str:
+        return render(self.tokenizer, messages, template, self.chat_template)
 
     def encode_sync(self, obj: Any, vocab_size: int) -> list[int]:
         if obj.messages is not None:
-            if not getattr(self.tokenizer, "chat_template", None):  # base models ship none
-                raise bad_request("this model's tokenizer has no chat template, so messages cannot be rendered; "
-                                  "send a prompt to /v1/completions instead", param="messages",
-                                  code="chat_template_missing")
-            try:
-                text = self.tokenizer.apply_chat_template(obj.messages, tokenize=False, add_generation_prompt=True)
-            except Exception as exc:  # noqa: BLE001 - a template that rejects these messages
-                raise bad_request(f"messages cannot be rendered by the chat template: {exc}",
-                                  param="messages") from None
+            text = self.render(obj.messages, getattr(obj, "template", None))
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if isinstance(obj.prompt, str):
             return self.tokenizer(obj.prompt)["input_ids"]

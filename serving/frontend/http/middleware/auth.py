@@ -1,4 +1,5 @@
 """Optional API keys: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /encode, /flush_cache,
+/tokenize, /detokenize, /version,
 the control endpoints, and on /debug/* and /metrics when configured.  Each key names a tenant
 and a role (`serving.frontend.tenants.keys`): a `user` key opens generation and /v1/models,
 only an `admin` key opens /debug/*, /flush_cache, the control endpoints and a protected
@@ -53,6 +54,7 @@ _FORBIDDEN = msgspec.json.encode({"error": {
     "type": "permission_error", "param": None, "code": "control_forbidden"}})
 CONTROL_PATHS = ("/pause_generation", "/continue_generation")
 PROBE_PATHS = ("/health", "/livez")  # kubelet and load-balancer probes send no key
+API_PATHS = ("/generate", "/encode", "/flush_cache", "/tokenize", "/detokenize", "/version")  # besides /v1/*
 
 
 def is_control(path: str) -> bool:
@@ -79,7 +81,7 @@ def control_decision(scope, args: ServerArgs, has_key: bool) -> str:
 def protected(path: str, args: ServerArgs) -> bool:
     if path in PROBE_PATHS:
         return False
-    if path.startswith("/v1/") or path in ("/generate", "/encode", "/flush_cache") or is_control(path):
+    if path.startswith("/v1/") or path in API_PATHS or is_control(path):
         return True
     if path.startswith("/debug"):
         return args.auth_debug and path != "/debug/ui"

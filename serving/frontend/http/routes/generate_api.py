@@ -6,6 +6,7 @@ import msgspec
 
 from protocol.sampling_params import SamplingParams
 from serving.frontend.errors import bad_request
+from serving.frontend.http.routes.openai_api import Front, check_ignored
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput
 
 
@@ -25,17 +26,21 @@ class GenerateSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     skip_special_tokens: bool = True
 
 
-class GenerateRequest(msgspec.Struct, kw_only=True):
+class GenerateRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, dict=True):
     text: str | None = None
     input_ids: list[int] | None = None
     sampling_params: GenerateSampling = msgspec.field(default_factory=GenerateSampling)
     stream: bool = False
     rid: str | None = None
     cache_salt: str | None = None  # narrows the prefix-cache namespace, as on the OpenAI routes
-    priority: int | None = None  # higher first, at most the tenant's
+    priority: int | None = None  # --priority-order (default lower first); at best the tenant's
 
 
-def generate_input(req: GenerateRequest, max_stop: int) -> GenerateReqInput:
+def generate_input(req: GenerateRequest, front: Front) -> GenerateReqInput:
+    """The body as a GenerateReqInput (unknown fields as on the OpenAI routes: refused unless
+    --allow-unknown-fields)."""
+    ignored = check_ignored(req, "/generate", front)
+    max_stop = front.max_stop
     if (req.text is None) == (req.input_ids is None):
         raise bad_request("give exactly one of `text` and `input_ids`", param="text")
     sp = req.sampling_params
@@ -49,7 +54,7 @@ def generate_input(req: GenerateRequest, max_stop: int) -> GenerateReqInput:
     return GenerateReqInput(
         prompt=req.text if req.text is not None else req.input_ids, sampling=SamplingParams(max_new_tokens=1, **fields),
         max_new_tokens=sp.max_new_tokens, stop=stop, skip_special_tokens=sp.skip_special_tokens, stream=req.stream,
-        rid=req.rid, cache_salt=req.cache_salt, priority=req.priority,
+        rid=req.rid, cache_salt=req.cache_salt, priority=req.priority, ignored_fields=ignored,
     )
 
 

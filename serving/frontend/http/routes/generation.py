@@ -30,6 +30,7 @@ from serving.frontend.http.routes.openai_api import (
     completion_input,
     continuous_usage,
     decode_body,
+    front_of,
     include_usage,
 )
 from serving.frontend.http.routes.openai_responses import Answer, await_or_abort, make_shape, respond
@@ -87,11 +88,10 @@ class Kind:
 
 
 KINDS = {
-    "chat": Kind(ChatCompletionRequest, "chat", "/v1/chat/completions",
-                 lambda b, s: chat_input(b, s.model_name, s.args.max_stop_strings)),
+    "chat": Kind(ChatCompletionRequest, "chat", "/v1/chat/completions", lambda b, s: chat_input(b, front_of(s))),
     "completion": Kind(CompletionRequest, "text_completion", "/v1/completions",
-                       lambda b, s: completion_input(b, s.model_name, s.args.max_stop_strings)),
-    "generate": Kind(GenerateRequest, "generate", "/generate", lambda b, s: generate_input(b, s.args.max_stop_strings)),
+                       lambda b, s: completion_input(b, front_of(s))),
+    "generate": Kind(GenerateRequest, "generate", "/generate", lambda b, s: generate_input(b, front_of(s))),
 }
 
 
@@ -105,6 +105,10 @@ def _request_attributes(obj: GenerateReqInput) -> dict:
         attrs["gen_ai.request.seed"] = sp.seed
     if obj.user is not None:
         attrs["user.id"] = obj.user
+    if obj.ignored_fields:  # unknown body fields accepted under --allow-unknown-fields
+        attrs["sightline.ignored_fields"] = list(obj.ignored_fields)
+    for name, source in obj.param_sources.items():  # request | generation_config | default
+        attrs[f"sightline.param_source.{name}"] = source
     return attrs
 
 
