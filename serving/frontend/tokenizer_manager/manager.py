@@ -257,6 +257,8 @@ class TokenizerManager:
             self.tel.shed(f"tenant_{refusal.limit}")
             raise refused(refusal)
         state.rid, state.client_rid, state.prompt_tokens, state.budget_tokens = rid, obj.rid or rid, len(ids), budget
+        if obj.echo or obj.sampling.prompt_logprobs is not None:
+            state.prompt_ids = ids
         state.param_sources = obj.param_sources
         self.tel.tokenized(state, t0, t1)
         carrier, producer = self.tel.producer(state)
@@ -267,7 +269,8 @@ class TokenizerManager:
         if obj.timeout:
             state.timer = asyncio.get_running_loop().call_later(
                 obj.timeout, self.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
-        detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:])
+        detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:],
+                            include_stop_str_in_output=obj.include_stop_str_in_output)
         self.transport.send(TokenizedGenerateReqInput(rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok,
                                                       meta=state.meta, worker=self.worker, priority=priority,
                                                       cache_namespace=namespace), state.dp_rank)

@@ -63,6 +63,7 @@ class ReqState:
     rid: str = ""  # internal: always a fresh uuid, used to route
     client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route
     prompt_tokens: int = 0
+    prompt_ids: list[int] | None = None  # kept only when the response needs them (echo, prompt logprobs)
     cached_tokens: int = 0  # of the prompt, reused from the engine's prefix cache
     retractions: int = 0  # times the engine took it out of the batch (KV ran out) and resumed it
     budget_tokens: int = 0  # KV tokens the Scheduler first expects it to need (ServerArgs.expected_tokens), counted
@@ -84,6 +85,7 @@ class ReqState:
     # -- outcome (set once, by TokenizerManager._finish) --
     finished: bool = False
     finish_reason: str | None = None
+    outcome: str | None = None  # telemetry.outcomes' name for how it ended
     status: int = 200  # the HTTP status it ends with (serving.frontend.errors.http_status)
     breakdown: dict | None = None  # the latency breakdown returned to the client
     # -- tracing --
@@ -91,6 +93,7 @@ class ReqState:
     ctx: Context | None = None
     trace_id: str | None = None  # of a sampled trace (head-sampled, or kept by tail sampling at the end)
     tail_id: str | None = None  # of a trace recorded for tail sampling, until its end decides
+    choice_of: str | None = None  # one choice of a request with several (`n`, prompts): that request decides
     ended: bool = False  # the server span is closed
     # -- flight recorder (--dump-requests / --crash-dump-dir; None when it is off) --
     dump_input: GenerateReqInput | None = None  # the request as built: prompt or messages, sampling as run
