@@ -38,6 +38,7 @@ ROUTES = [
     Route("/detokenize", tokenize_api.detokenize, methods=["POST"]),
     Route("/v1/detokenize", tokenize_api.detokenize, methods=["POST"]),
     Route("/version", tokenize_api.version, methods=["GET"]),
+    Route("/tokenizer_info", tokenize_api.tokenizer_info, methods=["GET"]),
     Route("/health", ops.health, methods=["GET"]),
     Route("/livez", ops.livez, methods=["GET"]),
     Route("/metrics", ops.metrics, methods=["GET"]),

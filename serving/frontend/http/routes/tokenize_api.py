@@ -114,3 +114,18 @@ async def detokenize(request: Request) -> Response:
 async def version(request: Request) -> Response:
     """GET /version: the server's version, as vLLM answers it."""
     return JSONResponse({"version": __version__})
+
+
+async def tokenizer_info(request: Request) -> Response:
+    """GET /tokenizer_info: what a client needs to tokenize and render chats as this server does (vLLM's
+    answer: special tokens, the chat template in force, the context window).  lm-evaluation-harness's
+    `local-completions` finds it and then tokenizes through /tokenize instead of loading the tokenizer."""
+    state: ServerState = request.app.state.server
+    tok = state.tm.tokenizer
+    ready = state.engine.engine_ready
+    return JSONResponse({
+        "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
+        "pad_token": tok.pad_token, "unk_token": tok.unk_token,
+        "chat_template": state.tm.prompts.chat_template or getattr(tok, "chat_template", None),
+        "model_max_length": ready.context_len if ready else None, "vocab_size": len(tok),
+    })
