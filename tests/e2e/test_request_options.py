@@ -1,5 +1,6 @@
-"""`--generation-config auto`: a model directory's generation_config.json supplies the sampling defaults
-of requests that leave them unset, and each request says where its values came from."""
+"""Server options of the request surface, on one server: `--generation-config auto` (a model directory's
+generation_config.json supplies the sampling defaults of requests that leave them unset, and each request
+says where its values came from) and `--allow-unknown-fields` (unknown fields ignored, but counted)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def srv(tmp_path_factory):
     cfg = json.loads((model / "generation_config.json").read_text())  # tiny-random's has no sampling fields
     (model / "generation_config.json").write_text(json.dumps({**cfg, "temperature": 0.0, "top_k": 1,
                                                              "max_new_tokens": 5}))
-    s = ServerProc(model=str(model), tmpdir=tmp)
+    s = ServerProc("--allow-unknown-fields", model=str(model), tmpdir=tmp)
     try:
         yield s
     finally:
@@ -39,3 +40,12 @@ def test_generation_config_fills_unset_fields(srv):
     again = srv.post("/v1/chat/completions", {"messages": msgs, "ignore_eos": True, "seed": 3}).json()
     assert again["choices"][0]["message"] == r.json()["choices"][0]["message"]  # greedy: temperature 0, top_k 1
     assert "generation defaults from" in srv.log()
+
+
+def test_unknown_fields_ignored_and_counted(srv):
+    r = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "add_special_tokens": False, "frobnicate": 1})
+    assert r.status_code == 200, r.text
+    metrics = httpx.get(srv.url + "/metrics", timeout=10).text
+    for name in ("add_special_tokens", "other"):
+        line = f'sightline_request_fields_ignored_total{{field="{name}",route="/v1/completions"}} 1.0'
+        assert line in metrics, name
