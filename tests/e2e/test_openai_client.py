@@ -39,3 +39,17 @@ def test_client_sees_api_errors(client):
     assert exc.value.status_code == 400 and exc.value.code == "model_not_found"
     models = client.models.list()
     assert [m.id for m in models.data] == ["tiny-random"]
+
+
+def test_client_sends_the_fields_the_server_honours(client):
+    msgs = [{"role": "user", "content": "Name a color."}]
+    greedy = client.chat.completions.create(model="tiny-random", messages=msgs, max_tokens=6, temperature=0)
+    topk = client.chat.completions.create(model="tiny-random", messages=msgs, max_tokens=6, temperature=1.0, seed=1,
+                                          extra_body={"top_k": 1, "chat_template_kwargs": {}, "min_tokens": 1})
+    assert topk.choices[0].message.content == greedy.choices[0].message.content
+    ok = client.chat.completions.create(model="tiny-random", messages=msgs, max_tokens=2, logprobs=True,
+                                        top_logprobs=2, n=1, tool_choice="none", user="u-1")
+    assert ok.usage.completion_tokens >= 1
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(model="tiny-random", messages=msgs, max_tokens=2, extra_body={"bogus": 1})
+    assert exc.value.code == "unknown_parameter" and exc.value.param == "bogus"

@@ -268,3 +268,11 @@ def test_pending_effects(srv):
     biased = comp(srv, max_tokens=4, temperature=1.0, logit_bias={"12": 100})
     assert ok(srv, "/tokenize", {"prompt": text(biased), "add_special_tokens": False})["tokens"] == [12] * 4
     assert comp(srv, max_tokens=6, min_tokens=6, stop_token_ids=[0])["usage"]["completion_tokens"] == 6
+
+
+def test_param_sources_in_debug_requests(srv):
+    r = srv.post(COMP, {"prompt": PROMPT, "max_tokens": 2, "temperature": 0, "top_p": None})
+    assert r.status_code == 200, r.text
+    entry = httpx.get(f"{srv.url}/debug/requests/{r.headers['x-request-id']}", timeout=10).json()
+    assert entry["param_sources"]["temperature"] == "request" and entry["param_sources"]["top_p"] == "default"
+    assert entry["param_sources"]["max_new_tokens"] == "request"

@@ -163,7 +163,12 @@ def decode_body(body: bytes, typ: type) -> Any:
         raise from_decode_error(exc) from None
     except RecursionError:  # msgspec's own depth limit (about 1000 levels), not ours to raise
         raise bad_request("request body is nested too deeply", code="invalid_json") from None
-    raw = msgspec.json.decode(body)  # valid JSON (the typed decode got as far as an unknown field)
+    try:  # the typed decode stopped at the unknown field: the rest may still be malformed, or too deep
+        raw = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise from_decode_error(exc) from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
     ignored: list[str] = []
     while True:  # each pass strips one unknown field, so it ends
         try:

@@ -121,3 +121,13 @@ def test_chat_template_options_render():
     with pytest.raises(APIError) as exc:
         render(tok, USER, ChatTemplateOptions(chat_template="{{ raise_exception('nope: ' + messages[0].role) }}"), tpl)
     assert exc.value.param == "chat_template" and "nope: user" in exc.value.message
+
+
+def test_span_attributes_name_ignored_fields_and_sources():
+    from serving.frontend.http.routes.generation import _request_attributes
+
+    obj = chat(Front("m", allow_unknown=True), temperature=0.5, wibble=1)
+    attrs = _request_attributes(obj)
+    assert attrs["sightline.ignored_fields"] == ["wibble"]
+    assert attrs["sightline.param_source.temperature"] == "request"
+    assert attrs["sightline.param_source.top_p"] == "default"
