@@ -23,7 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # of the rest to end both lanes together (per-module times of a 2-core run are in docs/testing.md).
 STACK_MODULES = frozenset({
     "test_chaos_soak", "test_soak_short", "test_replicas", "test_alerting", "test_loadtest", "test_locust_plain",
-    "test_model_families_server", "test_server_smollm", "test_admission_server",
+    "test_model_families_server", "test_server_smollm", "test_admission_server", "test_lm_eval",
 })
 BALANCE_MODULES = frozenset({
     "test_fuzz", "test_faults", "test_transport_limits", "test_front_hardening", "test_restart_budget",
