@@ -5,10 +5,6 @@ with a 400 naming it; `null` is accepted wherever OpenAI allows it; an unknown f
 by name; none is dropped unseen.  `COVERAGE` lists every field and how it is covered, and a
 test checks it against the request structs, so a field cannot be added without its contract.
 
-PENDING_EFFECT: fields whose effect other work produces (the engine's logprobs, logit_bias and
-min_tokens, the route's `n`/batched-prompt fan-out and echo, the response shapes): here they
-are only checked to be accepted (200, or the range refusals of the builders); their effect
-tests are marked xfail(PENDING) until that work is merged, then the marks go.
 The chat template options are read on /tokenize with a Qwen3-style template
 (tests/fixtures/chat_templates/qwen3_like.jinja, given as --chat-template).
 """
@@ -27,26 +23,23 @@ TEMPLATE = Path(__file__).resolve().parents[1] / "fixtures" / "chat_templates" /
 CHAT, COMP = "/v1/chat/completions", "/v1/completions"
 MSGS = [{"role": "user", "content": "Tell me a story."}]
 PROMPT = "Once upon a time"
-PENDING = "the effect comes from the engine / fan-out work merged separately; remove this mark after the merge"
-PENDING_EFFECT = ("logprobs", "top_logprobs", "prompt_logprobs", "echo", "n", "logit_bias", "min_tokens",
-                  "include_stop_str_in_output", "prompt (several)")
 
 # how each field is covered: effect (observed below), refused (400 naming it), accepted (no observable effect on
-# this model; checked to be read, e.g. its range), pending (PENDING_EFFECT)
+# this model; checked to be read, e.g. its range)
 COVERAGE = {
     "model": "effect", "max_tokens": "effect", "max_completion_tokens": "effect", "temperature": "effect",
-    "top_p": "effect", "n": "pending", "stream": "effect", "stream_options": "effect", "stop": "effect",
-    "seed": "effect", "presence_penalty": "effect", "frequency_penalty": "effect", "logit_bias": "pending",
+    "top_p": "effect", "n": "effect", "stream": "effect", "stream_options": "effect", "stop": "effect",
+    "seed": "effect", "presence_penalty": "effect", "frequency_penalty": "effect", "logit_bias": "effect",
     "user": "accepted", "cache_salt": "effect", "priority": "accepted", "top_k": "effect", "min_p": "effect",
-    "repetition_penalty": "effect", "min_tokens": "pending", "ignore_eos": "accepted", "stop_token_ids": "effect",
-    "skip_special_tokens": "accepted", "include_stop_str_in_output": "pending", "prompt_logprobs": "pending",
+    "repetition_penalty": "effect", "min_tokens": "effect", "ignore_eos": "accepted", "stop_token_ids": "effect",
+    "skip_special_tokens": "accepted", "include_stop_str_in_output": "effect", "prompt_logprobs": "effect",
     "response_format": "refused", "structured_outputs": "refused", "guided_json": "refused",
     "guided_regex": "refused", "guided_choice": "refused", "guided_grammar": "refused",
     "guided_decoding_backend": "refused", "guided_whitespace_pattern": "refused", "lora_request": "refused",
     # completions
-    "prompt": "effect", "echo": "pending", "best_of": "refused", "suffix": "refused", "logprobs": "pending",
+    "prompt": "effect", "echo": "effect", "best_of": "refused", "suffix": "refused", "logprobs": "effect",
     # chat
-    "messages": "effect", "top_logprobs": "pending", "tools": "refused", "tool_choice": "refused",
+    "messages": "effect", "top_logprobs": "effect", "tools": "refused", "tool_choice": "refused",
     "functions": "refused", "function_call": "refused", "parallel_tool_calls": "refused", "audio": "refused",
     "modalities": "refused", "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
     "web_search_options": "refused", "metadata": "refused", "store": "refused", "service_tier": "refused",
@@ -249,25 +242,30 @@ def test_still_serving_after_the_refusals(srv):
     assert comp(srv, max_tokens=3, ignore_eos=True)["usage"]["completion_tokens"] == 3
 
 
-def test_pending_fields_are_accepted(srv):
-    """Accepted now; their effect is checked by the xfail(PENDING) tests below."""
-    ok(srv, CHAT, {"messages": MSGS, "max_tokens": 2, "logprobs": True, "top_logprobs": 3})
-    ok(srv, COMP, {"prompt": PROMPT, "max_tokens": 2, "logprobs": 2, "echo": True, "prompt_logprobs": 1})
-    ok(srv, COMP, {"prompt": PROMPT, "max_tokens": 2, "n": 2, "logit_bias": {"12": 5}, "min_tokens": 1,
-                   "include_stop_str_in_output": True})
-
-
-@pytest.mark.xfail(reason=PENDING, strict=False)
-def test_pending_effects(srv):
+def test_logprobs_n_echo_bias_min_tokens_and_stop_str_take_effect(srv):
     chat = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 2, "logprobs": True, "top_logprobs": 3, "n": 2})
     assert len(chat["choices"]) == 2 and len(chat["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 3
     echo = ok(srv, COMP, {"prompt": PROMPT, "max_tokens": 0, "echo": True, "logprobs": 1})
     assert text(echo) == PROMPT and echo["choices"][0]["logprobs"]["tokens"]
+    scored = ok(srv, COMP, {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 1})
+    assert scored["choices"][0]["prompt_logprobs"][0] is None and len(scored["choices"][0]["prompt_logprobs"]) > 1
     batch = ok(srv, COMP, {"prompt": ["a b", "c d"], "max_tokens": 2, "n": 2})
-    assert len(batch["choices"]) == 4
-    biased = comp(srv, max_tokens=4, temperature=1.0, logit_bias={"12": 100})
-    assert ok(srv, "/tokenize", {"prompt": text(biased), "add_special_tokens": False})["tokens"] == [12] * 4
-    assert comp(srv, max_tokens=6, min_tokens=6, stop_token_ids=[0])["usage"]["completion_tokens"] == 6
+    assert sorted(c["index"] for c in batch["choices"]) == [0, 1, 2, 3]
+    apple = ok(srv, "/tokenize", {"prompt": " apple", "add_special_tokens": False})["tokens"][-1]
+    biased = comp(srv, max_tokens=4, temperature=1.0, logit_bias={str(apple): 100})
+    assert ok(srv, "/tokenize", {"prompt": text(biased), "add_special_tokens": False})["tokens"] == [apple] * 4
+    greedy_first = ok(srv, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 1,
+                                                                            "temperature": 0}})["output_ids"][0]
+    assert comp(srv, max_tokens=1, logit_bias={str(greedy_first): -100})["choices"][0]["text"] != \
+        comp(srv, max_tokens=1)["choices"][0]["text"]
+    greedy = ok(srv, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    first = greedy["output_ids"][0]
+    assert comp(srv, max_tokens=6, stop_token_ids=[first])["usage"]["completion_tokens"] == 1
+    assert comp(srv, max_tokens=6, min_tokens=6, stop_token_ids=[first])["usage"]["completion_tokens"] == 6
+    full = text(comp(srv, max_tokens=16))
+    stop = full[len(full) // 2:][:3]
+    kept = comp(srv, max_tokens=16, stop=[stop], include_stop_str_in_output=True)
+    assert kept["choices"][0]["finish_reason"] == "stop" and text(kept).endswith(stop)
 
 
 def test_param_sources_in_debug_requests(srv):
