@@ -106,7 +106,11 @@ class PromptTokenizer:
     async def encode(self, obj: Any, vocab_size: int) -> list[int]:
         if input_chars(obj) < INLINE_CHARS and (obj.messages is None or len(obj.messages) < 64):
             return self.encode_sync(obj, vocab_size)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, self.encode_sync, obj, vocab_size)
+        return await self.off_loop(self.encode_sync, obj, vocab_size)
+
+    async def off_loop(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the tokenize thread (in arrival order): the event loop keeps serving streams."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

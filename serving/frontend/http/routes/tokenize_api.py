@@ -9,7 +9,6 @@ and encoding run on the TokenizerManager's tokenize thread when large, as genera
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -87,8 +86,7 @@ async def tokenize(request: Request) -> Response:
                               code="context_length_exceeded")
         if chars < INLINE_CHARS:
             return JSONResponse(_tokenize(state, body))
-        pool = state.tm.prompts._pool  # the tokenize thread: the loop keeps serving streams meanwhile
-        return JSONResponse(await asyncio.get_running_loop().run_in_executor(pool, _tokenize, state, body))
+        return JSONResponse(await state.tm.prompts.off_loop(_tokenize, state, body))
     except APIError as err:
         return error_response(err)
 
