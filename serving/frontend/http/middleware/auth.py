@@ -1,5 +1,5 @@
 """Optional API keys: `Authorization: Bearer KEY` (or `x-api-key: KEY`) on /v1/*, /generate, /encode, /flush_cache,
-/tokenize, /detokenize, /version,
+/tokenize, /detokenize, /version, /tokenizer_info,
 the control endpoints, and on /debug/* and /metrics when configured.  Each key names a tenant
 and a role (`serving.frontend.tenants.keys`): a `user` key opens generation and /v1/models,
 only an `admin` key opens /debug/*, /flush_cache, the control endpoints and a protected
@@ -54,7 +54,8 @@ _FORBIDDEN = msgspec.json.encode({"error": {
     "type": "permission_error", "param": None, "code": "control_forbidden"}})
 CONTROL_PATHS = ("/pause_generation", "/continue_generation")
 PROBE_PATHS = ("/health", "/livez")  # kubelet and load-balancer probes send no key
-API_PATHS = ("/generate", "/encode", "/flush_cache", "/tokenize", "/detokenize", "/version")  # besides /v1/*
+API_PATHS = ("/generate", "/encode", "/flush_cache", "/tokenize", "/detokenize", "/version",
+             "/tokenizer_info")  # besides /v1/*
 
 
 def is_control(path: str) -> bool:
