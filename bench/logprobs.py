@@ -6,7 +6,9 @@ prompt-logprobs prefill vs a plain one on the same prompt.
 Decode: per concurrency N, N requests (the same `--prompt-len`-token prompts in both arms, no two sharing
 a first token; exactly `--gen-len` greedy tokens each, EOS ignored) are prefilled, then only the steps
 where every request decodes are timed; output tokens / that time.  The arms alternate over `--rounds`
-rounds and the medians are compared (the goal: logprobs cost at most 10 %).
+rounds and the medians are compared (the goal: logprobs cost at most 10 %); the logprobs phase's own
+share of each decode step (`StepStats.logprobs_seconds`) is printed too, steadier than the rates on a
+busy machine.
 
 Prefill: one `--prefill-len`-token prompt's time to its first token (every step until it), plain and with
 prompt_logprobs=5, each with the prefix cache cold (flushed) and warm (the same prompt just served): a
@@ -27,6 +29,8 @@ from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.scheduler_core import SchedulerCore
 
+PHASE: list[float] = []  # the decode steps' share of time in the logprobs phase (StepStats.logprobs_seconds)
+
 
 def decode_rate(core: SchedulerCore, prompts: list[list[int]], gen_len: int, logprobs: int | None, tag: str) -> float:
     """Output tokens/s over the steps where every request decodes (prefill steps are not timed)."""
@@ -41,6 +45,8 @@ def decode_rate(core: SchedulerCore, prompts: list[list[int]], gen_len: int, log
         events = core.step()
         seconds += time.perf_counter() - t0
         tokens += sum(len(e.new_token_ids) for e in events)
+        if logprobs is not None and core.last_step.step_seconds:
+            PHASE.append(core.last_step.logprobs_seconds / core.last_step.step_seconds)
     core.flush_cache()
     return tokens / seconds
 
@@ -89,10 +95,13 @@ def main() -> None:
                 rates[arm].append(decode_rate(core, prompts[:n], a.gen_len, 5 if arm == "on" else None,
                                               f"{n}-{r}-{arm}"))
         off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
-        doc["decode"][n] = {"tok_s_without": off, "tok_s_logprobs5": on, "ratio": on / off}
+        share = statistics.median(PHASE)
+        doc["decode"][n] = {"tok_s_without": off, "tok_s_logprobs5": on, "ratio": on / off, "phase_share": share}
         print(f"{a.model} c={n}: decode {off:.1f} tok/s without logprobs, {on:.1f} with logprobs=5: "
               f"ratio {on / off:.3f} (cost {(1 - on / off) * 100:+.1f} %; medians of {a.rounds} rounds, per round "
-              f"off {[round(x, 1) for x in rates['off']]}, on {[round(x, 1) for x in rates['on']]})")
+              f"off {[round(x, 1) for x in rates['off']]}, on {[round(x, 1) for x in rates['on']]}); the logprobs "
+              f"phase, timed in the step: median {share * 100:.1f} % of a decode step")
+        PHASE.clear()
     (prompt,) = make_prompts(loaded, 1, a.prefill_len, start=max(levels))
     costs = prefill_costs(core, prompt, a.rounds)
     doc["prefill_ms"] = costs

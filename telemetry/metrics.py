@@ -331,8 +331,9 @@ SPECS: tuple[Spec, ...] = (
          R + ("phase",), "stage", "Per engine step, the duration of each phase: schedule (admission, chunking, "
          "building the batch's request list), forward (KV slot allocation, batch metadata, the model's forward), "
          "sample (logits → tokens, finish checks), logprobs (log-probabilities of sampled tokens and of prompt "
-         "tokens, observed only in the steps that computed some, so its mean is their cost), output (outputs built "
-         "and sent to the Detokenizer). Kept as a histogram in the Scheduler and sent whole in its stats.",
+         "tokens; 0 in a step that computed none), output (outputs built and sent to the Detokenizer). Every "
+         "phase is observed once per step, so their means add up to the mean step. Kept as a histogram in the "
+         "Scheduler and sent whole in its stats.",
          source="scheduler",
          read="scheduler.step_phases"),
     Spec("sightline_engine_info", "gauge", "Always 1 while the engine is up; labels say how it computes.",

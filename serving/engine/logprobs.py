@@ -79,14 +79,15 @@ def output_logprobs(raw: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[Sa
     if not asking:
         return None
     out: list[Logprobs | None] = [None] * len(rows)
-    idx = torch.tensor(asking, dtype=torch.int64)
-    logits = (raw if mode == "raw" else adjusted)[idx]
+    src = raw if mode == "raw" else adjusted
+    idx = None if len(asking) == len(rows) else torch.tensor(asking, dtype=torch.int64)  # None: every row, no copy
+    logits, chosen = (src, tokens) if idx is None else (src[idx], tokens[idx])
     if mode != "raw":
         temps = [1.0 if rows[i].params.is_greedy else rows[i].params.temperature for i in asking]
         if any(t != 1.0 for t in temps):
             logits = logits / torch.tensor(temps, dtype=logits.dtype)[:, None]
     ks = [rows[i].params.logprobs or 0 for i in asking]
-    entries = _entries(*_score(logits, tokens[idx], max(ks)), ks)
+    entries = _entries(*_score(logits, chosen, max(ks)), ks)
     for i, k, e in zip(asking, ks, entries):
         out[i] = as_logprobs([e], k)
     return out

@@ -352,10 +352,9 @@ class Scheduler:
         if st.batch_size:
             t_end = now_ns()
             for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
-                                   ("sample", st.sample_seconds), ("output", (t_end - t_out) / 1e9)):
+                                   ("sample", st.sample_seconds), ("logprobs", st.logprobs_seconds),
+                                   ("output", (t_end - t_out) / 1e9)):
                 self.phases.observe(phase, seconds)
-            if st.logprobs_seconds:  # only the steps that computed logprobs: its mean is what they cost
-                self.phases.observe("logprobs", st.logprobs_seconds)
             if self.ring is not None:
                 self.ring.add(st, traces, t_end - t_out)
 

@@ -11,6 +11,7 @@ import torch
 
 from protocol.io_struct import BatchTokenIDOutput, Logprobs, TokenOut
 from protocol.sampling_params import MAX_LOGIT_BIAS, SamplingParams
+from serving.args import ServerArgs
 from serving.engine.sampling import sample
 from serving.ipc import Codec
 from telemetry.step_timeline import StepRing, chrome_trace
@@ -214,3 +215,9 @@ def test_logprobs_phase_reaches_the_step_timeline(tiny):
     assert rec.logprobs == int(st.logprobs_seconds * 1e9)
     phases = [e for e in chrome_trace([(0, [rec])])["traceEvents"] if e.get("cat") == "phase"]
     assert [e["name"] for e in phases] == ["schedule", "forward", "sample", "logprobs", "output"]
+
+
+def test_logprobs_mode_flag_is_checked():
+    assert ServerArgs(logprobs_mode="raw").logprobs_mode == "raw"
+    with pytest.raises(ValueError, match="--logprobs-mode must be processed or raw"):
+        ServerArgs(logprobs_mode="logits")
