@@ -13,7 +13,6 @@ A server not serving embeddings answers 400 `embeddings_not_supported`
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any
 
@@ -22,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from serving.frontend.errors import CLIENT_GONE, APIError, bad_request, error_response
+from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
 from serving.frontend.http.routes.generation import read_body, request_timeout
 from serving.frontend.http.routes.openai_api import decode_body
@@ -91,11 +91,6 @@ def encode_input(body: EncodeRequest, state: ServerState) -> tuple[EmbedReqInput
                          body.priority), many
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def embeddings_endpoint(request: Request, route: str, typ: type, build) -> Response:
     state: ServerState = request.app.state.server
     tel = state.tel
@@ -117,19 +112,12 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build) ->
         tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
     headers = {"x-request-id": req.rid, **tel.response_headers(req)}
-    work = asyncio.ensure_future(tm_embeddings.collect(state.tm, req))
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not work.done():
-            work.cancel()
-            state.tm.abort(req.rid, "client_disconnect")
-    if work not in done:
+    result = await await_or_abort(request, tm_embeddings.collect(state.tm, req),
+                                  lambda: state.tm.abort(req.rid, "client_disconnect"))
+    if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)
-    out, err = work.result()
+    out, err = result
     if err is not None:
         tel.end(req, err.status)
         return error_response(err, headers)

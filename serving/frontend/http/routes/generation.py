@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
+from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
 from serving.frontend.http.routes.choices import submit_choices
 from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
@@ -33,7 +34,7 @@ from serving.frontend.http.routes.openai_api import (
     front_of,
     include_usage,
 )
-from serving.frontend.http.routes.openai_responses import Answer, await_or_abort, make_shape, respond
+from serving.frontend.http.routes.openai_responses import Answer, make_shape, respond
 from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState

@@ -8,13 +8,14 @@ aborted), as vLLM does; a client that goes away aborts every choice.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.io_struct import StrOut
 from serving.frontend.errors import CLIENT_GONE, error_response, result_error
+from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.routes.choice_view import ChoiceView
 from serving.frontend.http.routes.choices import Choice, abort_choices
 from serving.frontend.http.routes.logprob_shapes import TokenText
@@ -23,25 +24,6 @@ from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import Collected, ReqState
 from telemetry.request_telemetry import server_timing
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def await_or_abort(request: Request, work: Awaitable, on_gone: Callable[[], None]):
-    """`work`'s result; None (after `on_gone`) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-            on_gone()
-    return task.result() if task in done else None
 
 
 class Answer:

@@ -69,14 +69,20 @@ def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
     return out
 
 
+async def _read(request: Request, typ: type, route: str) -> tuple[ServerState, Any, Front]:
+    """The body decoded and checked as every request surface checks it (unknown fields, the model)."""
+    state: ServerState = request.app.state.server
+    body = decode_body(await read_body(request, state.args.max_request_bytes), typ)
+    front = front_of(state)
+    check_ignored(body, route, front)
+    _check_model(body.model, front)
+    return state, body, front
+
+
 async def tokenize(request: Request) -> Response:
     """POST /tokenize: `{count, max_model_len, tokens, token_strs?}` of a prompt or chat messages."""
-    state: ServerState = request.app.state.server
     try:
-        body = decode_body(await read_body(request, state.args.max_request_bytes), TokenizeRequest)
-        front = front_of(state)
-        check_ignored(body, "/tokenize", front)
-        _check_model(body.model, front)
+        state, body, front = await _read(request, TokenizeRequest, "/tokenize")
         check_request_template(body.chat_template, front)
         chars = len(body.prompt or "") + sum(len(str(m.content or "")) for m in body.messages or [])
         limit = state.args.max_prompt_chars
@@ -93,12 +99,8 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     """POST /detokenize: `{prompt}`, the text of token ids (special tokens kept, as vLLM)."""
-    state: ServerState = request.app.state.server
     try:
-        body = decode_body(await read_body(request, state.args.max_request_bytes), DetokenizeRequest)
-        front = front_of(state)
-        check_ignored(body, "/detokenize", front)
-        _check_model(body.model, front)
+        state, body, _ = await _read(request, DetokenizeRequest, "/detokenize")
         vocab = len(state.tm.tokenizer)
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
