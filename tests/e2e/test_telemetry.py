@@ -73,6 +73,30 @@ def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp)
     assert STAGES <= {s["name"] for s in local["spans"]}
 
 
+def test_several_choices_are_one_trace_with_a_span_per_choice(server, otlp):
+    trace = "5bf92f3577b34da6a3ce929d0e0e4737"
+    headers = {"traceparent": f"00-{trace}-{PARENT_SPAN}-01"}
+    body = {"prompt": "Hello there", "n": 3, "max_tokens": 2, "temperature": 0, "logprobs": 1}
+    r = httpx.post(server.url + "/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 3
+
+    def complete():
+        got = otlp.trace(trace)
+        names = [s["name"] for s in got]
+        return got if names.count("choice") == 3 and names.count("decode") == 3 and "POST /v1/completions" in names \
+            else None
+
+    spans = wait_until(complete, 15, "the spans of the three choices at the receiver")
+    root = next(s for s in spans if s["kind"] == "SERVER")
+    choices = [s for s in spans if s["name"] == "choice"]
+    assert root["parent_span_id"] == PARENT_SPAN and all(c["parent_span_id"] == root["span_id"] for c in choices)
+    assert sorted(c["attributes"]["sightline.choice.index"] for c in choices) == [0, 1, 2]
+    rids = root["attributes"]["sightline.choice_rids"]
+    assert len(set(rids)) == 3 and r.headers["x-request-id"] not in rids  # the HTTP request has its own id
+    decodes = [s for s in spans if s["name"] == "decode"]  # each choice's engine stages hang under its own span
+    assert {d["parent_span_id"] for d in decodes} == {c["span_id"] for c in choices}
+
+
 def test_request_without_traceparent_starts_a_new_trace(server, otlp):
     r = server.post("/v1/completions", {"prompt": "new trace", "max_tokens": 2})
     tp = r.headers["traceparent"].split("-")
