@@ -112,6 +112,10 @@ class SchedulerSpans:
     def first_output(self, rid: str, meta: ReqMeta) -> None:
         self.producers.start(self.ctx.get(rid), rid, "detokenizer", "BatchTokenIDOutput", meta)
 
+    def forget(self, rid: str) -> None:
+        """The rid ended without an engine record to draw its spans from (its queue message was bad)."""
+        self.ctx.pop(rid, None)
+
     def forward(self, rids: list[str], start: int, end: int, attributes: dict) -> None:
         links = [Link(get_current_span(c).get_span_context()) for r in rids if (c := self.ctx.get(r)) is not None]
         if links:

@@ -193,14 +193,7 @@ class Scheduler:
         rids = [rid for rid, w in self.worker_of.items() if w == worker]
         for rid in rids:
             ev = self.core.abort(rid)
-            if ev is not None:
-                self.spans.finished(ev.req, "abort", "worker_gone", None)
-            self.meta.pop(rid, None)
-            self.pending_detok.pop(rid, None)
-            self.worker_of.pop(rid, None)
-            self.trace_of.pop(rid, None)
-            self.cpu.of(rid, done=True)
-            self.drops.forget(rid, "worker_gone")
+            self._forget(rid, "worker_gone", ev.req if ev is not None else None, "abort", "worker_gone")
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
 
     def _barrier(self, msg: BarrierReq) -> None:
@@ -274,13 +267,24 @@ class Scheduler:
             else:
                 out.finish_reason = "error"
         if ev.finished:
-            del self.meta[ev.rid]
-            self.pending_detok.pop(ev.rid, None)
-            self.worker_of.pop(ev.rid, None)
-            self.trace_of.pop(ev.rid, None)
-            self.drops.forget(ev.rid, out.finish_reason)
-            self.spans.finished(req, out.finish_reason, error_type, error)
+            self._forget(ev.rid, out.finish_reason, req, out.finish_reason, error_type, error)
         return out
+
+    def _forget(self, rid: str, ending: str, req: Req | None, outcome: str | None = None,
+                error_type: str | None = None, error: str | None = None) -> None:
+        """The rid ended here (`ending`, what a late message for it is then attributed to): every per-request
+        table of this process emptied in this one place, whichever way it ended; its stage spans recorded
+        (`outcome`, failed with `error_type`) when the engine's record of it is at hand."""
+        self.meta.pop(rid, None)
+        self.pending_detok.pop(rid, None)
+        self.worker_of.pop(rid, None)
+        self.trace_of.pop(rid, None)
+        self.cpu.of(rid, done=True)
+        self.drops.forget(rid, ending)
+        if req is not None:
+            self.spans.finished(req, outcome or ending, error_type, error)
+        else:
+            self.spans.forget(rid)
 
     def flush(self) -> None:
         if self.outbox:
@@ -367,11 +371,11 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001
             self.errors.report(f"could not build the output of request {ev.rid[:64]!r}; ending it", exc)
             self.core.abort(ev.rid)  # None when it had already finished
-            self.meta.pop(ev.rid, None)
-            detok = self.pending_detok.pop(ev.rid, None) or DetokParams()
+            detok = self.pending_detok.get(ev.rid) or DetokParams()
             self.outbox.append(TokenOut(rid=ev.rid, new_token_ids=[], finish_reason="error",
                                         error="internal engine error", detok=detok,
-                                        worker=self.worker_of.pop(ev.rid, 0)))
+                                        worker=self.worker_of.get(ev.rid, 0)))
+            self._forget(ev.rid, "error", ev.req, "error", "engine_error", "internal engine error")
 
     def expire_queue(self) -> None:
         """Abort requests that waited in the queue longer than --max-queue-time before they first ran (a
