@@ -217,6 +217,7 @@ BAD = [  # (route, body, the param named)
     (CHAT, {"messages": MSGS, "n": 17}, "n"),
     (COMP, {"prompt": PROMPT, "logit_bias": {"12": 101}}, "logit_bias"),
     (COMP, {"prompt": PROMPT, "logit_bias": {"abc": 1}}, "logit_bias"),
+    (COMP, {"prompt": PROMPT, "logit_bias": {"999999": 1}}, "logit_bias"),  # no such token id
     (COMP, {"prompt": PROMPT, "max_tokens": 0}, "max_tokens"),
     (COMP, {"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     (COMP, {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
