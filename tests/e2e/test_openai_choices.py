@@ -144,3 +144,18 @@ def test_prompt_logprobs_field_in_vllms_shape(tiny_server, tiny):
         assert own["logprob"] == pytest.approx(ref[i, ids[i + 1]].item(), abs=1e-4)
         ranks = sorted(v["rank"] for k, v in entry.items() if k != str(ids[i + 1]) or v["rank"] is not None)
         assert ranks[:2] == [1, 2] and not math.isnan(own["logprob"])
+
+
+def test_streamed_echo_and_logprobs_add_up_to_the_whole_response(client, tiny):
+    whole = client.completions.create(model=None, prompt=PROMPT, echo=True, logprobs=1, max_tokens=4, temperature=0)
+    text, tokens, values = "", [], []
+    for chunk in client.completions.create(model=None, prompt=PROMPT, echo=True, logprobs=1, max_tokens=4,
+                                           temperature=0, stream=True):
+        for c in chunk.choices:
+            text += c.text
+            if c.logprobs is not None:
+                tokens += c.logprobs.tokens
+                values += c.logprobs.token_logprobs
+    assert text == whole.choices[0].text and text.startswith(PROMPT)
+    assert tokens == whole.choices[0].logprobs.tokens
+    assert values[0] is None and values[1:] == pytest.approx(whole.choices[0].logprobs.token_logprobs[1:], abs=1e-6)

@@ -145,8 +145,9 @@ async def _outputs(answer: Answer) -> AsyncIterator[tuple[ChoiceView, StrOut]]:
 async def _events(answer: Answer) -> AsyncIterator[bytes]:
     shape, req = answer.shape, answer.req
     if shape.chat:
+        running = answer.usage(0) if shape.continuous else None
         for v in answer.views:
-            yield sse(shape.role_chunk(shape.running_usage(req.prompt_tokens, 0, req.cached_tokens), v.choice.index))
+            yield sse(shape.role_chunk(running, v.choice.index))
     async for view, out in _outputs(answer):
         if (err := result_error(out.finish_reason, out.error, view.choice.state.status)) is not None:
             answer.abort("internal_error")
