@@ -12,6 +12,13 @@ torch and transformers are listed too, since which processes load them matters.
 Every import counts: at module level, inside a function, under `TYPE_CHECKING`, relative or
 absolute.  A cycle is a set of modules that import each other in a circle (a strongly
 connected component of the module graph), printed as its modules in order.
+
+A cycle can also hide from the graph: a module that declares `TokenizerManager = Any` instead
+of importing the class, or that calls another object's private method (`tm._finish(...)`),
+depends on that module's internals all the same.  Both are reported as hidden back-references
+(`hidden_references`); the private calls into third-party internals that have no public
+equivalent are listed in `ALLOWED_PRIVATE_CALLS`, each with its reason.  The exit status is 1
+when there is a cycle or a hidden back-reference.
 """
 
 from __future__ import annotations
@@ -23,6 +30,15 @@ from pathlib import Path
 
 PACKAGES = ("protocol", "telemetry", "serving", "bench", "loadtest", "dashboards", "deploy")
 THIRD_PARTY = ("torch", "transformers", "zmq", "prometheus_client", "opentelemetry")
+# (file, called expression) -> why calling that private member is the only way
+ALLOWED_PRIVATE_CALLS = {
+    ("serving/frontend/http/server.py", "proto._close_stream"):
+        "hypercorn's H2Protocol has no public way to end one HTTP/2 stream",
+    ("serving/frontend/http/server.py", "proto._flush"): "the same: hypercorn's, after ending a stream",
+    ("serving/models/layers/linear.py", "torch._weight_int8pack_mm"):
+        "torch's int8 weight-only matmul kernel has no public name",
+    ("bench/kernels_quant.py", "torch._weight_int8pack_mm"): "the same kernel, benchmarked",
+}
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -108,6 +124,40 @@ def module_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def _is_any(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "Any") or (isinstance(node, ast.Attribute) and node.attr == "Any")
+
+
+def _private_callee(call: ast.Call) -> str | None:
+    """`obj._name` when `call` calls a private member of something other than `self`, `cls` or `super()`."""
+    func = call.func
+    if not isinstance(func, ast.Attribute) or not func.attr.startswith("_") or func.attr.endswith("__"):
+        return None
+    owner = func.value
+    if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+        return None
+    if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+        return None
+    return ast.unparse(func)
+
+
+def hidden_references(root: Path) -> list[str]:
+    """Every `X = Any` stand-in and every call of another object's private member, as `file:line: why`."""
+    found = []
+    for path in modules(root).values():
+        rel = path.relative_to(root).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and _is_any(node.value)):
+                found.append(f"{rel}:{node.lineno}: `{node.targets[0].id} = Any` stands in for a class: import it, "
+                             "or pass what the module needs instead of the object that owns it")
+            elif isinstance(node, ast.Call) and (callee := _private_callee(node)) is not None \
+                    and (rel, callee) not in ALLOWED_PRIVATE_CALLS:
+                found.append(f"{rel}:{node.lineno}: `{callee}()` calls another object's private member: give it a "
+                             "public method (or list a third-party one in ALLOWED_PRIVATE_CALLS, with why)")
+    return sorted(found)
+
+
 def unit_of(module: str, subpackages: set[str]) -> str | None:
     parts = module.split(".")
     if parts[0] in THIRD_PARTY:
@@ -146,7 +196,9 @@ def main(argv: list[str]) -> int:
     print("unit cycles: " + (", ".join(f"{a} <-> {b}" for a, b in found) if found else "none"))
     loops = module_cycles(module_graph(root))
     print("module cycles: " + ("; ".join(" -> ".join(c) for c in loops) if loops else "none"))
-    return 1 if found or loops else 0
+    hidden = hidden_references(root)
+    print("hidden back-references: " + ("".join(f"\n  {h}" for h in hidden) if hidden else "none"))
+    return 1 if found or loops or hidden else 0
 
 
 if __name__ == "__main__":

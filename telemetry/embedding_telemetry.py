@@ -34,17 +34,17 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
     prefill = (st.finished - st.scheduled) / 1e9 if st.finished is not None and st.scheduled is not None else None
     lat = m and m.embed_latency
     for kind, value in (("e2e", e2e), ("queue", queue), ("prefill", prefill), ("tokenize", rt.tokenize_ns / 1e9)):
-        tel._obs(lat, value, rt, model, kind)
+        tel.observe(lat, value, rt, model, kind)
     inputs: int = getattr(rt, "embed_inputs", 0)
     if inputs:
-        tel._obs(m and m.embed_size, inputs, rt, model, "inputs")
-        tel._obs(m and m.embed_size, rt.prompt_tokens, rt, model, "tokens")
-    tel._inc(m and m.requests, model, finish_reason, str(rt.status), outcome)
-    tel._inc(m and m.prompt_tokens_total, model, amount=rt.prompt_tokens)
+        tel.observe(m and m.embed_size, inputs, rt, model, "inputs")
+        tel.observe(m and m.embed_size, rt.prompt_tokens, rt, model, "tokens")
+    tel.count(m and m.requests, model, finish_reason, str(rt.status), outcome)
+    tel.count(m and m.prompt_tokens_total, model, amount=rt.prompt_tokens)
     tel.tenants.request(rt.tenant, outcome)
     tel.tenants.usage(rt.tenant, rt.prompt_tokens, rt.cached_tokens, 0, rt.cpu_ns)
     if abort_reason:
-        tel._inc(m and m.aborts, model, abort_reason)
+        tel.count(m and m.aborts, model, abort_reason)
     rt.breakdown = {
         "queue_ms": round(queue * 1e3, 3) if queue is not None else None,
         "wait_ms": {reason: round(ns / 1e6, 3) for reason, ns in (st.wait_reasons or {}).items()},

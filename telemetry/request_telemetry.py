@@ -142,13 +142,16 @@ class RequestTelemetry:
         if self.genai is not None:
             self.genai.shutdown()
 
-    def _obs(self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None,
+    def observe(self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None,
              *labels: str) -> None:
+        """One observation (labels default to the model), a kept trace's exemplar attached; a no-op without
+        metrics.  Public: the per-operation helpers (telemetry.embedding_telemetry) record through it."""
         if metric is None or value is None:
             return
         metric.labels(*(labels or (self.model,))).observe(max(value, 0.0), exemplar=rt.exemplar() if rt else None)
 
-    def _inc(self, metric: Counter | None, *labels: str, amount: float = 1.0) -> None:
+    def count(self, metric: Counter | None, *labels: str, amount: float = 1.0) -> None:
+        """Add `amount` to a counter; a no-op without metrics."""
         if metric is not None:
             metric.labels(*labels).inc(amount)
 
@@ -200,17 +203,17 @@ class RequestTelemetry:
         return {"traceparent": tp} if tp else {}
 
     def shed(self, reason: str) -> None:
-        self._inc(self.m and self.m.shed, self.model, reason)
+        self.count(self.m and self.m.shed, self.model, reason)
 
     def rejected(self, rt: TracedRequest, status: int, error_type: str, message: str, client_gone: bool) -> None:
         """A request refused before reaching the engine (400, 503...), or whose client left
         before it was read (`client_gone`: a client abort, like one that leaves mid-generation)."""
         outcome = refused_outcome(status, error_type)
-        self._inc(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status), outcome)
+        self.count(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status), outcome)
         self.tenants.request(rt.tenant, outcome)
         self.tail_decide(rt, outcome, None, None)
         if client_gone:
-            self._inc(self.m and self.m.aborts, self.model, "client_disconnect")
+            self.count(self.m and self.m.aborts, self.model, "client_disconnect")
         if rt.span is not None:
             set_error(rt.span, error_type, message)
         if self.genai is not None:
@@ -253,7 +256,7 @@ class RequestTelemetry:
     def on_stats(self, msg, recv: int | None) -> None:
         """A child's stats message: its hop latency (Scheduler's) and its finished spans."""
         if recv is not None:
-            self._obs(self.m and self.m.ipc_hop, (recv - msg.sent_at) / 1e9, None, "scheduler_stats")
+            self.observe(self.m and self.m.ipc_hop, (recv - msg.sent_at) / 1e9, None, "scheduler_stats")
         for rec in msg.spans:
             self.timeline.add_span(rec)
             if self.tail is not None:
@@ -262,10 +265,10 @@ class RequestTelemetry:
     def on_batch(self, batch: BatchStrOutput, recv: int) -> None:
         if batch.outputs:
             hop = self.m and self.m.ipc_hop
-            self._obs(hop, (recv - batch.sent_at) / 1e9, None, "detokenizer_to_tm")
+            self.observe(hop, (recv - batch.sent_at) / 1e9, None, "detokenizer_to_tm")
             st = batch.outputs[0].meta.stamps
             if st.detok_recv and st.sched_sent:
-                self._obs(hop, (st.detok_recv - st.sched_sent) / 1e9, None, "scheduler_to_detokenizer")
+                self.observe(hop, (st.detok_recv - st.sched_sent) / 1e9, None, "scheduler_to_detokenizer")
 
     def on_output(self, rt: TracedRequest, out: StrOut, recv: int) -> None:
         """One output of the request (its `meta` is already the request's latest)."""
@@ -280,9 +283,9 @@ class RequestTelemetry:
         m = self.m
         if rt.first_recv is None:
             rt.first_recv = recv
-            self._obs(m and m.ttft, (recv - rt.arrival) / 1e9, rt)
+            self.observe(m and m.ttft, (recv - rt.arrival) / 1e9, rt)
             if st.sched_recv and st.tokenized:
-                self._obs(m and m.ipc_hop, (st.sched_recv - st.tokenized) / 1e9, None, "tm_to_scheduler")
+                self.observe(m and m.ipc_hop, (st.sched_recv - st.tokenized) / 1e9, None, "tm_to_scheduler")
             self.tracing.record("receive tokenizer_manager", rt.ctx, recv, now_ns(), kind=SpanKind.CONSUMER,
                                 links=self.tracing.link_of(out.meta.trace), attributes={
                                     "sightline.rid": rt.rid, **hop_attributes("tokenizer_manager", "BatchStrOutput",
@@ -290,7 +293,7 @@ class RequestTelemetry:
         elif rt.last_recv is not None:
             gap = (recv - rt.last_recv) / 1e9 / n
             for _ in range(n):
-                self._obs(m and m.itl, gap, rt)
+                self.observe(m and m.itl, gap, rt)
             if self.gaps is not None:
                 self.gaps.output(rt, st, recv)
         rt.last_recv = recv
@@ -308,30 +311,30 @@ class RequestTelemetry:
         tpot = (e2e - ttft) / (completion_tokens - 1) if ttft is not None and completion_tokens >= 2 else None
         outcome = rt.outcome = finished_outcome(finish_reason, abort_reason)
         self.tail_decide(rt, outcome, ttft, tpot)  # first: a kept trace is the exemplar of what follows
-        self._obs(m and m.e2e, e2e, rt)
-        self._obs(m and m.tpot, tpot, rt)
+        self.observe(m and m.e2e, e2e, rt)
+        self.observe(m and m.tpot, tpot, rt)
         queue = queue_seconds(st)
         if queue is not None:
-            self._obs(m and m.queue_time, queue, rt)
+            self.observe(m and m.queue_time, queue, rt)
         waits = st.wait_reasons or {}
         for reason, ns in waits.items():
-            self._obs(m and m.wait_time, ns / 1e9, rt, self.model, reason)
+            self.observe(m and m.wait_time, ns / 1e9, rt, self.model, reason)
         for metric, a, b in ((m and m.prefill_time, st.scheduled, st.first_token),
                              (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:
-                self._obs(metric, (b - a) / 1e9, rt)
-        self._obs(m and m.tokenize_time, rt.tokenize_ns / 1e9, rt)
+                self.observe(metric, (b - a) / 1e9, rt)
+        self.observe(m and m.tokenize_time, rt.tokenize_ns / 1e9, rt)
         if rt.detok_busy_ns:
-            self._obs(m and m.detokenize_time, rt.detok_busy_ns / 1e9, rt)
-        self._obs(m and m.prompt_tokens, rt.prompt_tokens, rt)
-        self._obs(m and m.generation_tokens, completion_tokens, rt)
-        self._inc(m and m.requests, self.model, finish_reason, str(rt.status), outcome)
-        self._inc(m and m.prompt_tokens_total, self.model, amount=rt.prompt_tokens)
-        self._inc(m and m.generation_tokens_total, self.model, amount=completion_tokens)
+            self.observe(m and m.detokenize_time, rt.detok_busy_ns / 1e9, rt)
+        self.observe(m and m.prompt_tokens, rt.prompt_tokens, rt)
+        self.observe(m and m.generation_tokens, completion_tokens, rt)
+        self.count(m and m.requests, self.model, finish_reason, str(rt.status), outcome)
+        self.count(m and m.prompt_tokens_total, self.model, amount=rt.prompt_tokens)
+        self.count(m and m.generation_tokens_total, self.model, amount=completion_tokens)
         self.tenants.request(rt.tenant, outcome)
         self.tenants.usage(rt.tenant, rt.prompt_tokens, rt.cached_tokens, completion_tokens, rt.cpu_ns)
         if abort_reason:
-            self._inc(m and m.aborts, self.model, abort_reason)
+            self.count(m and m.aborts, self.model, abort_reason)
             if abort_reason == ENGINE_FAILURE and self.gaps is not None:
                 self.gaps.cut(rt, end)
         rt.breakdown = {

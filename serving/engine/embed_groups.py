@@ -7,6 +7,10 @@ to the Detokenizer (which passes it through).  If any input fails or is aborted 
 the queue, the client gone) the others are aborted and the request ends with one `TokenOut`
 carrying the error, as a generation request does.
 
+It holds the engine core, the stage spans, the CPU ledger and the error log it needs, not the
+Scheduler: the `TokenOut` that ends a request is returned, and the Scheduler sends it and
+forgets the rid as it does a generation request's.
+
 The request's stamps are its inputs': `scheduled` the first admission, `waited` the longest
 input's time in the queue, `first_token` and `finished` when the last input's pooling was done.
 Each input records its own `queue` and `prefill` spans in the request's trace.
@@ -15,12 +19,15 @@ Each input records its own `queue` and `prefill` spans in the request's trace.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from protocol.io_struct import DetokParams, EmbeddingOut, TokenizedEmbeddingReqInput, TokenOut
 from protocol.sampling_params import SamplingParams
-from serving.engine.events import TokenEvent
+from serving.engine.cpu_share import CpuLedger
+from serving.engine.events import TokenEvent, end_with_error
 from serving.engine.request import FinishReason
+from serving.engine.scheduler_core import SchedulerCore
+from serving.ratelog import RateLimitedLog
+from telemetry.engine_spans import SchedulerSpans
 
 
 @dataclass
@@ -38,18 +45,17 @@ class EmbedGroup:
 
 
 class EmbedGroups:
-    def __init__(self, sched: Any) -> None:
-        """`sched`: the Scheduler process (serving.engine.scheduler), whose core, outbox, spans and counters
-        these requests use."""
-        self.sched = sched
+    def __init__(self, core: SchedulerCore, spans: SchedulerSpans, cpu: CpuLedger, errors: RateLimitedLog) -> None:
+        self.core, self.spans, self.cpu, self.errors = core, spans, cpu, errors
         self.groups: dict[str, EmbedGroup] = {}
         self.parent: dict[str, tuple[str, int]] = {}  # input rid -> (request rid, index)
         self.outbox: list[EmbeddingOut] = []
         self.requests_total = 0
         self.inputs_total = 0
 
-    def add(self, msg: TokenizedEmbeddingReqInput, now: int) -> None:
-        s, core = self.sched, self.sched.core
+    def add(self, msg: TokenizedEmbeddingReqInput, now: int) -> TokenOut | None:
+        """Queue every input; the request's error answer if it could not be queued (None: queued)."""
+        core = self.core
         msg.meta.stamps.sched_recv = now
         subs = [f"{msg.rid}/{i}" for i in range(len(msg.inputs))]
         i = 0
@@ -63,38 +69,38 @@ class EmbedGroups:
                 self.parent[sub] = (msg.rid, i)
         except Exception as exc:  # noqa: BLE001 - a client error (ValueError) or the engine's: this request alone
             if not isinstance(exc, ValueError):
-                s.errors.report(f"could not queue embeddings request {msg.rid[:64]!r}", exc)
+                self.errors.report(f"could not queue embeddings request {msg.rid[:64]!r}", exc)
             for sub in subs:
                 if self.parent.pop(sub, None) is not None:
                     core.abort(sub)
             error = f"input {i}: {exc}" if isinstance(exc, ValueError) else "the engine could not queue this request"
-            s.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=error,
-                                     prompt_tokens=sum(map(len, msg.inputs)), detok=DetokParams(), meta=msg.meta,
-                                     worker=msg.worker))
-            return
+            return TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=error,
+                            prompt_tokens=sum(map(len, msg.inputs)), detok=DetokParams(), meta=msg.meta,
+                            worker=msg.worker)
         self.groups[msg.rid] = EmbedGroup(msg, subs)
         self.requests_total += 1
         self.inputs_total += len(subs)
-        s.prompt_tokens_total += sum(map(len, msg.inputs))
-        s.spans.received(msg.rid, msg.meta, now, now)
-        ctx = s.spans.ctx.get(msg.rid)
+        self.spans.received(msg.rid, msg.meta, now, now)
+        ctx = self.spans.ctx.get(msg.rid)
         if ctx is not None:  # each input's stage spans go in the request's trace
             for sub in subs:
-                s.spans.ctx[sub] = ctx
+                self.spans.ctx[sub] = ctx
+        return None
 
-    def take(self, ev: TokenEvent, error_type: str | None, error: str | None) -> bool:
-        """The event of an input request (True: handled here, not a generation rid's)."""
-        owner = self.parent.pop(ev.rid, None)
-        if owner is None:
-            return False
-        rid, i = owner
+    def owns(self, rid: str) -> bool:
+        """`rid` is one of these requests' inputs (an engine rid), not a generation request's."""
+        return rid in self.parent
+
+    def take(self, ev: TokenEvent, error_type: str | None, error: str | None) -> TokenOut | None:
+        """The event of an input (`owns(ev.rid)`); the request's error answer when this input ended it."""
+        rid, i = self.parent.pop(ev.rid)
         g = self.groups.get(rid)
-        req, s = ev.req, self.sched
-        s.spans.finished(req, ev.finish_reason.value if ev.finish_reason else "abort", error_type, error)
+        req = ev.req
+        self.spans.finished(req, ev.finish_reason.value if ev.finish_reason else "abort", error_type, error)
         if g is None:
-            return True
+            return None
         t = req.times
-        g.cpu_ns += s.cpu.of(ev.rid, True)
+        g.cpu_ns += self.cpu.of(ev.rid, True)
         if t.scheduled is not None:
             g.scheduled = t.scheduled if g.scheduled is None else min(g.scheduled, t.scheduled)
             waited = t.waited_ns(t.finished)
@@ -107,9 +113,8 @@ class EmbedGroups:
             g.vectors[i], g.dim = vec.tobytes(), int(vec.shape[0])
             if len(g.vectors) == len(g.subs):
                 self._done(g)
-            return True
-        self._fail(g, ev, error_type, error)
-        return True
+            return None
+        return self._fail(g, ev, error_type, error)
 
     def _stamp(self, g: EmbedGroup) -> None:
         st = g.msg.meta.stamps
@@ -123,57 +128,49 @@ class EmbedGroups:
         del self.groups[g.msg.rid]
         self._stamp(g)
         meta = g.msg.meta
-        self.sched.spans.first_output(g.msg.rid, meta)
-        self.sched.spans.ctx.pop(g.msg.rid, None)
+        self.spans.first_output(g.msg.rid, meta)
+        self.spans.ctx.pop(g.msg.rid, None)
         self.outbox.append(EmbeddingOut(
             rid=g.msg.rid, embeddings=[g.vectors[i] for i in range(len(g.subs))], dim=g.dim,
             prompt_tokens=sum(map(len, g.msg.inputs)), cached_tokens=g.cached_tokens, cpu_ns=g.cpu_ns, meta=meta,
             worker=g.msg.worker))
 
-    def _fail(self, g: EmbedGroup, ev: TokenEvent, error_type: str | None, error: str | None) -> None:
-        """One input ended without its embedding: abort the others, end the request with its cause."""
+    def _fail(self, g: EmbedGroup, ev: TokenEvent, error_type: str | None, error: str | None) -> TokenOut:
+        """One input ended without its embedding: abort the others; the request's answer carries the cause."""
         del self.groups[g.msg.rid]
         for sub in g.subs:
             if sub in self.parent:
                 self.parent.pop(sub)
-                other = self.sched.core.abort(sub)
+                other = self.core.abort(sub)
                 if other is not None:
-                    self.sched.spans.finished(other.req, "abort", error_type, error)
-                    self.sched.cpu.of(sub, True)
+                    self.spans.finished(other.req, "abort", error_type, error)
+                    self.cpu.of(sub, True)
         self._stamp(g)
-        self.sched.spans.ctx.pop(g.msg.rid, None)
+        self.spans.ctx.pop(g.msg.rid, None)
         reason = ev.finish_reason.value if ev.finish_reason else "abort"
         out = TokenOut(rid=g.msg.rid, new_token_ids=[], finish_reason=reason, error=error,
                        prompt_tokens=sum(map(len, g.msg.inputs)), cached_tokens=g.cached_tokens, cpu_ns=g.cpu_ns,
                        detok=DetokParams(), meta=g.msg.meta, worker=g.msg.worker)
         if error is not None:
-            if error_type == "timeout":
-                out.abort_reason = error_type
-            else:
-                out.finish_reason = "error"
+            end_with_error(out, error_type, error)
         elif ev.error is not None:
             out.finish_reason, out.error = "error", ev.error
-        self.sched.outbox.append(out)
-        self.sched.drops.forget(g.msg.rid, out.finish_reason)
+        return out
 
-    def abort(self, rid: str, reason: str) -> bool:
-        """An AbortReq for a request rid (True: it was an embeddings request here)."""
-        g = self.groups.get(rid)
-        if g is None:
-            return False
+    def abort(self, rid: str, reason: str) -> TokenOut | None:
+        """An AbortReq for a request rid in `groups`; the request's answer if the abort ended it."""
+        g = self.groups[rid]
         sub = next((s for s in g.subs if s in self.parent), None)
-        ev = self.sched.core.abort(sub) if sub is not None else None
-        if ev is not None:
-            self.take(ev, reason, None)
-        return True
+        ev = self.core.abort(sub) if sub is not None else None
+        return self.take(ev, reason, None) if ev is not None else None
 
     def worker_gone(self, worker: int) -> None:
         for rid in [r for r, g in self.groups.items() if g.msg.worker == worker]:
             g = self.groups.pop(rid)
             for sub in g.subs:
                 if self.parent.pop(sub, None) is not None:
-                    ev = self.sched.core.abort(sub)
+                    ev = self.core.abort(sub)
                     if ev is not None:
-                        self.sched.spans.finished(ev.req, "abort", "worker_gone", None)
-                    self.sched.cpu.of(sub, True)
-            self.sched.spans.ctx.pop(rid, None)
+                        self.spans.finished(ev.req, "abort", "worker_gone", None)
+                    self.cpu.of(sub, True)
+            self.spans.ctx.pop(rid, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.io_struct import Logprobs
+from protocol.io_struct import Logprobs, TokenOut
 from serving.engine.request import FinishReason, Req
 
 
@@ -23,6 +23,16 @@ class TokenEvent:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def end_with_error(out: TokenOut, error_type: str | None, error: str) -> None:
+    """How a request the engine ended with a cause the client must hear is answered: a timeout stays an
+    abort (its `abort_reason`), anything else (an engine error) finishes it with `error`."""
+    out.error = error
+    if error_type == "timeout":
+        out.abort_reason = error_type
+    else:
+        out.finish_reason = "error"
 
 
 @dataclass

@@ -56,7 +56,7 @@ from serving.engine.cpu_share import CpuLedger
 from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.embed_groups import EmbedGroups
 from serving.engine.embedding import pooling_config
-from serving.engine.events import TokenEvent
+from serving.engine.events import TokenEvent, end_with_error
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore
@@ -87,7 +87,6 @@ class Scheduler:
         self.architecture = loaded.architecture
         self.pooling = pooling_config(loaded.path, args.pooling, loaded.encoder)  # None: generation only
         self.core = SchedulerCore(loaded, args)
-        self.embeds = EmbedGroups(self)
         self.ctx = zmq.Context()
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
@@ -114,6 +113,7 @@ class Scheduler:
         self.phases = PhaseTimes(PHASES, stage)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
         self.cpu = CpuLedger()  # each rid's share of the steps' CPU time (per-tenant usage)
+        self.embeds = EmbedGroups(self.core, self.spans, self.cpu, self.errors)
 
     # -- intake -------------------------------------------------------------------
     def recv_requests(self, timeout_ms: int) -> None:
@@ -130,7 +130,7 @@ class Scheduler:
                 if isinstance(msg, TokenizedGenerateReqInput):
                     self._add(msg)
                 elif isinstance(msg, TokenizedEmbeddingReqInput):
-                    self.embeds.add(msg, now_ns())
+                    self._add_embedding(msg)
                 elif isinstance(msg, AbortReq):
                     self._abort(msg)
                 elif isinstance(msg, FlushCacheReq):
@@ -176,8 +176,22 @@ class Scheduler:
         self.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
+    def _add_embedding(self, msg: TokenizedEmbeddingReqInput) -> None:
+        refused = self.embeds.add(msg, now_ns())
+        if refused is not None:
+            self.outbox.append(refused)
+        else:
+            self.prompt_tokens_total += sum(map(len, msg.inputs))
+
+    def _embedding_ended(self, out: TokenOut | None) -> None:
+        """An embeddings request ended without its vectors (`out`, its answer): sent, and its rid forgotten."""
+        if out is not None:
+            self.outbox.append(out)
+            self.drops.forget(out.rid, out.finish_reason)
+
     def _abort(self, msg: AbortReq) -> None:
-        if self.embeds.abort(msg.rid, msg.reason):
+        if msg.rid in self.embeds.groups:
+            self._embedding_ended(self.embeds.abort(msg.rid, msg.reason))
             return
         event = self.core.abort(msg.rid)
         if event is None:
@@ -261,11 +275,7 @@ class Scheduler:
             if req.prompt_logprobs is not None and req.score_from is None:  # every prompt token scored
                 out.prompt_logprobs = req.prompt_logprobs
         if error is not None:  # an engine error, or an abort with a cause the client must hear (timeout)
-            out.error = error
-            if error_type == "timeout":
-                out.abort_reason = error_type
-            else:
-                out.finish_reason = "error"
+            end_with_error(out, error_type, error)
         if ev.finished:
             self._forget(ev.rid, out.finish_reason, req, out.finish_reason, error_type, error)
         return out
@@ -364,7 +374,10 @@ class Scheduler:
 
     def _emit(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> None:
         """Queue the rid's output; if building it fails, end that rid alone with an explicit error."""
-        if ev is None or self.embeds.take(ev, error_type, error):  # an embeddings request's input
+        if ev is None:
+            return
+        if self.embeds.owns(ev.rid):  # an embeddings request's input
+            self._embedding_ended(self.embeds.take(ev, error_type, error))
             return
         try:
             self.outbox.append(self._token_out(ev, error_type, error))

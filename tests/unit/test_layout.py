@@ -80,6 +80,23 @@ def test_module_cycles_are_found():
     assert graph_module.module_cycles(edges) == [["a", "b", "c"], ["e", "f"]]
 
 
+def test_no_hidden_back_reference():
+    """No module stands a class in with `X = Any` or calls another object's private member: a
+    dependency the import graph cannot see (`scripts/import_graph.py` prints them)."""
+    assert _import_graph().hidden_references(ROOT) == []
+
+
+def test_hidden_back_references_are_found(tmp_path):
+    """The finder itself: a stand-in and a private call are found; `self`, `cls` and `super()` calls are not."""
+    (tmp_path / "serving").mkdir()
+    (tmp_path / "serving" / "a.py").write_text(
+        "from typing import Any\nManager = Any\n\n\nclass A:\n    def f(self, tm):\n"
+        "        self._g()\n        super()._g()\n        tm._finish(1)\n        return tm.__len__()\n")
+    found = _import_graph().hidden_references(tmp_path)
+    assert [f.split(": ", 1)[0] for f in found] == ["serving/a.py:2", "serving/a.py:9"]
+    assert "`Manager = Any`" in found[0] and "`tm._finish()`" in found[1]
+
+
 def _monitor_fields() -> set[str]:
     """The fields EngineMonitor keeps its state in: every private attribute its methods assign on `self`."""
     tree = ast.parse((ROOT / "serving/frontend/supervision/engine_monitor.py").read_text())

@@ -1,5 +1,7 @@
-"""Embeddings requests in the TokenizerManager: validate, tokenize every input, send one
-`TokenizedEmbeddingReqInput`, and finish the request when its `EmbeddingOut` arrives.
+"""Embeddings requests in the TokenizerManager: what it checks and tokenizes before sending one
+`TokenizedEmbeddingReqInput` (admitted and sent as a generation request is,
+`TokenizerManager.submit_embeddings`), and the vectors the client gets once its `EmbeddingOut`
+has finished the request.
 
 One HTTP request is one `ReqState` here (one rid in `rid_to_state`, one admission and tenant
 charge for all its tokens, one outcome); the Scheduler runs each input as its own
@@ -17,30 +19,15 @@ its sentence-transformers Normalize module; true with `--pooling` on a generativ
 
 from __future__ import annotations
 
-import asyncio
-import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator
 
 import numpy as np
 
-from protocol.io_struct import (
-    BatchEmbeddingOutput,
-    EmbeddingOut,
-    Ready,
-    ReqMeta,
-    Stamps,
-    TokenizedEmbeddingReqInput,
-)
-from serving.frontend.engine_state import check_available
-from serving.frontend.errors import APIError, bad_request
-from serving.frontend.tenants.gate import refused
-from serving.frontend.tenants.namespace import cache_namespace, check_salt
-from serving.frontend.tenants.priority import engine_priority
+from protocol.io_struct import EmbeddingOut, Ready, StrOut
+from serving.frontend.errors import APIError, bad_request, result_error
 from serving.frontend.tokenizer_manager.req_state import ReqState
-from telemetry.clock import now_ns
-
-TokenizerManager = Any  # serving.frontend.tokenizer_manager.manager's, which imports this module
+from serving.frontend.tokenizer_manager.tokenization import PromptTokenizer
 
 EMBEDDINGS = "embeddings"  # the requests' gen_ai.operation.name
 
@@ -92,8 +79,25 @@ def truncate(ids: list[int], keep: int, encoder: bool) -> list[int]:
     return ids[:keep - 1] + ids[-1:] if keep > 1 else ids[:1]
 
 
-async def tokenize(tm: TokenizerManager, obj: EmbedReqInput, ready: Ready) -> list[list[int]]:
-    context_len, vocab_size, max_chars = ready.context_len, ready.vocab_size, tm.input_limits(ready).max_chars
+def check(obj: EmbedReqInput, ready: Ready, max_inputs: int) -> None:
+    """What can be checked before tokenizing (400s); sets `normalize` to the model's default if unset."""
+    if not ready.pooling:
+        raise bad_request("this model does not serve embeddings: start the server with --pooling last|mean|cls, or "
+                          "serve an embedding model", param=obj.param, code="embeddings_not_supported")
+    if not obj.inputs:
+        raise bad_request(f"{obj.param} is empty", param=obj.param, code="empty_prompt")
+    if len(obj.inputs) > max_inputs:
+        raise bad_request(f"at most {max_inputs} inputs per request (--max-embedding-inputs), got "
+                          f"{len(obj.inputs)}", param=obj.param, code="too_many_inputs")
+    if obj.dimensions is not None and not 1 <= obj.dimensions <= ready.hidden_size:
+        raise bad_request(f"dimensions must be in [1, {ready.hidden_size}] for this model", param="dimensions")
+    if obj.normalize is None:
+        obj.normalize = ready.normalize
+
+
+async def tokenize(prompts: PromptTokenizer, obj: EmbedReqInput, ready: Ready, max_chars: int) -> list[list[int]]:
+    """Every input's token ids, truncated as asked; 400 on an empty, oversized or out-of-vocabulary input."""
+    context_len, vocab_size = ready.context_len, ready.vocab_size
     out = []
     k = obj.truncate_prompt_tokens
     if k is not None and not (k == -1 or 1 <= k <= context_len):
@@ -104,7 +108,7 @@ async def tokenize(tm: TokenizerManager, obj: EmbedReqInput, ready: Ready) -> li
             if len(item) > max_chars:
                 raise bad_request(f"input {i} has {len(item)} characters; it cannot fit the {context_len}-token "
                                   "context", param=obj.param, code="context_length_exceeded")
-            ids = await tm.prompts.encode(_Text(item), vocab_size)
+            ids = await prompts.encode(_Text(item), vocab_size)
         else:
             ids = list(item)
             if any(not 0 <= t < vocab_size for t in ids):
@@ -121,80 +125,11 @@ async def tokenize(tm: TokenizerManager, obj: EmbedReqInput, ready: Ready) -> li
     return out
 
 
-async def submit(tm: TokenizerManager, obj: EmbedReqInput, state: ReqState) -> ReqState:
-    """`TokenizerManager.submit` for embeddings; raises APIError (4xx/503) before anything is sent."""
-    ready = check_available(tm.engine, tm.oldest_arrival())
-    if not ready.pooling:
-        raise bad_request("this model does not serve embeddings: start the server with --pooling last|mean|cls, or "
-                          "serve an embedding model", param=obj.param, code="embeddings_not_supported")
-    if not obj.inputs:
-        raise bad_request(f"{obj.param} is empty", param=obj.param, code="empty_prompt")
-    if len(obj.inputs) > tm.args.max_embedding_inputs:
-        raise bad_request(f"at most {tm.args.max_embedding_inputs} inputs per request (--max-embedding-inputs), got "
-                          f"{len(obj.inputs)}", param=obj.param, code="too_many_inputs")
-    if obj.dimensions is not None and not 1 <= obj.dimensions <= ready.hidden_size:
-        raise bad_request(f"dimensions must be in [1, {ready.hidden_size}] for this model", param="dimensions")
-    if obj.normalize is None:
-        obj.normalize = ready.normalize
-    check_salt(obj.cache_salt)
-    namespace = cache_namespace(tm.args.prefix_cache_sharing, state.tenant, obj.cache_salt)
-    tenant = tm.policy(state.tenant)
-    if obj.priority is not None and not -1000 <= obj.priority <= 1000:
-        raise bad_request("priority must be an integer in [-1000, 1000]", param="priority")
-    priority = engine_priority(tm.args.priority_order, tenant.priority, obj.priority)
-    tm.admission.check_queue()
-    rid = uuid.uuid4().hex
-    t0 = now_ns()
-    inputs = await tokenize(tm, obj, ready)
-    t1 = now_ns()
-    ready = check_available(tm.engine, tm.oldest_arrival())
-    tokens = sum(map(len, inputs))
-    tm.admission.check_queue()
-    tm.admission.check_tokens(tokens, others_in_flight=bool(tm.rid_to_state))
-    if tm.tenants is not None and (refusal := await tm.tenants.acquire(state.tenant, rid, tokens)):
-        tm.tel.shed(f"tenant_{refusal.limit}")
-        raise refused(refusal)
-    state.rid, state.client_rid, state.prompt_tokens, state.budget_tokens = rid, obj.rid or rid, tokens, tokens
-    state.embed_inputs = len(inputs)
-    tm.tel.tokenized(state, t0, t1)
-    carrier, producer = tm.tel.producer(state)
-    state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))
-    tm.rid_to_state[rid] = state
-    tm.admission.admit(tokens)
-    state.dp_rank = tm.dispatcher.pick(inputs[0], tokens, namespace)
-    if obj.timeout:
-        state.timer = asyncio.get_running_loop().call_later(
-            obj.timeout, tm.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
-    tm.transport.send(TokenizedEmbeddingReqInput(rid=rid, inputs=inputs, pooling=ready.pooling, meta=state.meta,
-                                                 worker=tm.worker, priority=priority, cache_namespace=namespace),
-                      state.dp_rank)
-    if producer is not None:
-        producer.end()
-    return state
-
-
-def handle_output(tm: TokenizerManager, batch: BatchEmbeddingOutput) -> None:
-    """Each `EmbeddingOut` finishes its request (one message, the whole answer)."""
-    for out in batch.outputs:
-        state = tm.rid_to_state.get(out.rid)
-        if state is None:
-            tm.drops.drop("BatchEmbeddingOutput", out.rid, out.meta.trace)
-            continue
-        state.meta, state.embedding = out.meta, out
-        state.cached_tokens, state.cpu_ns = out.cached_tokens, out.cpu_ns
-        if not state.started:
-            state.started = True
-            tm.admission.started()
-        tm._finish(state, "stop", None, None)
-        state.event.set()
-
-
-async def collect(tm: TokenizerManager, state: ReqState) -> tuple[EmbeddingOut | None, APIError | None]:
-    """The request's result, or the error it ended with (an engine error, a timeout, a shutdown...)."""
-    from serving.frontend.errors import result_error
-
+async def collect(outputs: AsyncIterator[StrOut], state: ReqState) -> tuple[EmbeddingOut | None, APIError | None]:
+    """The request's result, or the error it ended with (an engine error, a timeout, a shutdown...);
+    `outputs`: `TokenizerManager.stream(state)`, which aborts the request if this reader goes away."""
     last = None
-    async for out in tm.stream(state):
+    async for out in outputs:
         last = out
     if state.embedding is not None:
         return state.embedding, None

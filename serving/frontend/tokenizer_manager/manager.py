@@ -22,7 +22,7 @@ import asyncio
 import logging
 import re
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from protocol.io_struct import (
     AbortReq,
@@ -40,6 +40,7 @@ from protocol.io_struct import (
     StepTimelineOutput,
     StepTimelineReq,
     StrOut,
+    TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
 )
 from serving.args import ServerArgs
@@ -52,8 +53,9 @@ from serving.frontend.tenants.priority import engine_priority
 from serving.frontend.tokenizer_manager import embeddings
 from serving.frontend.tokenizer_manager.admission import Admission
 from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
+from serving.frontend.tokenizer_manager.replies import RankReplies, combine_flushes
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState, join_logprobs
-from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, prompt_too_long
+from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, check_tokens
 from serving.frontend.tokenizer_manager.transport import EngineTransport
 from serving.ipc import DropCounter
 from serving.ratelog import RateLimitedLog
@@ -85,9 +87,9 @@ class TokenizerManager:
         self.handling_errors = RateLimitedLog(log)
         self.rid_to_state: dict[str, ReqState] = {}
         self.finished_total = 0
-        self._flushes: dict[str, _FlushReplies] = {}  # awaiting every rank's reply
-        self._timelines: dict[str, _RankReplies] = {}  # the same, for GET /debug/timeline
-        self._barriers: dict[str, _RankReplies] = {}  # POST /debug/barrier: every rank's marker, on each path
+        self._flushes: dict[str, RankReplies] = {}  # awaiting every rank's reply
+        self._timelines: dict[str, RankReplies] = {}  # the same, for GET /debug/timeline
+        self._barriers: dict[str, RankReplies] = {}  # POST /debug/barrier: every rank's marker, on each path
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -125,14 +127,14 @@ class TokenizerManager:
                 self._handle_str_output(msg)
                 return
             if isinstance(msg, BatchEmbeddingOutput):
-                embeddings.handle_output(self, msg)
+                self._handle_embedding_output(msg)
                 return
             if isinstance(msg, FlushCacheReqOutput):
                 pending = self._flushes.get(msg.id)
                 if pending is None or pending.done.done():  # its caller timed out, or an engine restart
                     self.drops.drop("FlushCacheReqOutput", msg.id, {})
                 else:
-                    pending.add(msg)
+                    pending.add(msg.dp_rank, msg)
                 return
             if isinstance(msg, StepTimelineOutput):
                 waiting = self._timelines.get(msg.id)
@@ -175,14 +177,31 @@ class TokenizerManager:
         state.cached_tokens = max(state.cached_tokens, out.cached_tokens)
         state.retractions = max(state.retractions, out.retractions)
         state.cpu_ns = max(state.cpu_ns, out.cpu_ns)
-        if not state.started:
-            state.started = True
-            self.admission.started()
+        self._started(state)
         self.tel.on_output(state, out, recv)
         if out.finish_reason is not None:
             self._finish(state, out.finish_reason, out.abort_reason, out.error)
             if out.engine_running:  # the Detokenizer ended it (a stop string, or it failed there)
                 self._send_abort(state, "stop_string" if out.finish_reason == "stop" else "detokenizer_error")
+
+    def _handle_embedding_output(self, batch: BatchEmbeddingOutput) -> None:
+        """Each `EmbeddingOut` finishes its request (one message, the whole answer)."""
+        for out in batch.outputs:
+            state = self.rid_to_state.get(out.rid)
+            if state is None:
+                self.drops.drop("BatchEmbeddingOutput", out.rid, out.meta.trace)
+                continue
+            state.meta, state.embedding = out.meta, out
+            state.cached_tokens, state.cpu_ns = out.cached_tokens, out.cpu_ns
+            self._started(state)
+            self._finish(state, "stop", None, None)
+            state.event.set()
+
+    def _started(self, state: ReqState) -> None:
+        """Its first output arrived: it no longer counts as queued."""
+        if not state.started:
+            state.started = True
+            self.admission.started()
 
     def _finish(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
         """The rid leaves rid_to_state: mark it, count it, observe it (exactly once)."""
@@ -200,48 +219,23 @@ class TokenizerManager:
         state.breakdown = self.tel.finish(state, reason, abort_reason, error)
 
     # -- submitting -------------------------------------------------------------------
-    def _validate(self, obj: GenerateReqInput, ids: list[int], ready: Ready) -> None:
-        names = obj.param_names
-        if not ids:
-            raise bad_request("prompt is empty", param="messages" if obj.messages is not None else "prompt",
-                              code="empty_prompt")
-        ctx = ready.context_len
-        if len(ids) >= ctx:
-            raise prompt_too_long(ctx, len(ids), "messages" if obj.messages is not None else "prompt")
-        want = obj.max_new_tokens
-        # 0 (completions with echo: the prompt's logprobs alone): the engine runs one token, the route drops it
-        obj.sampling.max_new_tokens = ctx - len(ids) if want is None else max(want, 1)
-        if want is not None and len(ids) + want > ctx:
-            raise bad_request(f"This model's maximum context length is {ctx} tokens. However, you requested "
-                              f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
-                              param=names.get("max_new_tokens", "max_new_tokens"), code="context_length_exceeded")
-        try:
-            obj.sampling.validate(ready.vocab_size)
-        except ValueError as exc:
-            field_name = str(exc).split(" ", 1)[0]
-            param = names.get(field_name, field_name)
-            raise bad_request(str(exc).replace(field_name, param, 1), param=param) from None
-
-    async def submit(self, obj: GenerateReqInput, state: ReqState) -> ReqState:
-        """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent.
-
-        The internal rid is always fresh (a client's `rid` is only echoed back): a client
-        reusing its rid right after a disconnect must never receive the old request's
-        late outputs or abort.
-        """
-        ready = check_available(self.engine, self.oldest_arrival())
-        if ready.embedding_only:
-            raise bad_request("this is an embedding model: it serves POST /v1/embeddings and /encode, not generation",
-                              code="generation_not_supported")
-        if obj.rid is not None and not _RID.match(obj.rid):
-            raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
-        rid = uuid.uuid4().hex
+    def _options(self, obj: GenerateReqInput | embeddings.EmbedReqInput, state: ReqState) -> tuple[str, int]:
+        """The request's cache namespace and engine priority (400 on a bad salt or priority)."""
         check_salt(obj.cache_salt)
         namespace = cache_namespace(self.args.prefix_cache_sharing, state.tenant, obj.cache_salt)
         tenant = self.policy(state.tenant)
         if obj.priority is not None and not -1000 <= obj.priority <= 1000:
             raise bad_request("priority must be an integer in [-1000, 1000]", param="priority")
-        priority = engine_priority(self.args.priority_order, tenant.priority, obj.priority)
+        return namespace, engine_priority(self.args.priority_order, tenant.priority, obj.priority)
+
+    async def submit(self, obj: GenerateReqInput, state: ReqState) -> ReqState:
+        """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent."""
+        ready = check_available(self.engine, self.oldest_arrival())
+        if ready.embedding_only:
+            raise bad_request("this is an embedding model: it serves POST /v1/embeddings and /encode, not generation",
+                              code="generation_not_supported")
+        _check_rid(obj.rid)
+        namespace, priority = self._options(obj, state)
         self.admission.check_queue()
         check_size(obj, ready.context_len, self.input_limits(ready))
         t0 = now_ns()
@@ -249,40 +243,67 @@ class TokenizerManager:
         t1 = now_ns()
         # the engine may have been replaced, paused or stopped while this request was tokenized
         ready = check_available(self.engine, self.oldest_arrival())
-        self._validate(obj, ids, ready)
-        self.admission.check_queue()  # others may have been admitted meanwhile
-        budget = self.args.expected_tokens(len(ids), obj.sampling.max_new_tokens)  # what the Scheduler first expects
-        self.admission.check_tokens(budget, others_in_flight=bool(self.rid_to_state))
-        if self.tenants is not None and (refusal := await self.tenants.acquire(state.tenant, rid, len(ids))):
-            self.tel.shed(f"tenant_{refusal.limit}")
-            raise refused(refusal)
-        state.rid, state.client_rid, state.prompt_tokens, state.budget_tokens = rid, obj.rid or rid, len(ids), budget
+        check_tokens(obj, ids, ready)
         if obj.echo or obj.sampling.prompt_logprobs is not None:
             state.prompt_ids = ids
         state.param_sources = obj.param_sources
-        self.tel.tokenized(state, t0, t1)
+        detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:],
+                            include_stop_str_in_output=obj.include_stop_str_in_output)
+        budget = self.args.expected_tokens(len(ids), obj.sampling.max_new_tokens)  # what the Scheduler first expects
+        return await self._admit_and_send(
+            state, obj.rid, obj.timeout, ids, len(ids), budget, namespace, (t0, t1),
+            lambda rid, meta: TokenizedGenerateReqInput(
+                rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok, meta=meta, worker=self.worker,
+                priority=priority, cache_namespace=namespace))
+
+    async def submit_embeddings(self, obj: embeddings.EmbedReqInput, state: ReqState) -> ReqState:
+        """`submit` for an embeddings request: every input tokenized, one message for all of them."""
+        _check_rid(obj.rid)
+        ready = check_available(self.engine, self.oldest_arrival())
+        embeddings.check(obj, ready, self.args.max_embedding_inputs)
+        namespace, priority = self._options(obj, state)
+        self.admission.check_queue()
+        t0 = now_ns()
+        inputs = await embeddings.tokenize(self.prompts, obj, ready, self.input_limits(ready).max_chars)
+        t1 = now_ns()
+        ready = check_available(self.engine, self.oldest_arrival())
+        tokens = sum(map(len, inputs))
+        state.embed_inputs = len(inputs)
+        return await self._admit_and_send(
+            state, obj.rid, obj.timeout, inputs[0], tokens, tokens, namespace, (t0, t1),
+            lambda rid, meta: TokenizedEmbeddingReqInput(rid=rid, inputs=inputs, pooling=ready.pooling, meta=meta,
+                                                         worker=self.worker, priority=priority,
+                                                         cache_namespace=namespace))
+
+    async def _admit_and_send(self, state: ReqState, client_rid: str | None, timeout: float | None,
+                              first_ids: list[int], prompt_tokens: int, budget: int, namespace: str,
+                              tokenize_ns: tuple[int, int], message: Callable[[str, ReqMeta], Message]) -> ReqState:
+        """Admit a tokenized request (429 when full, the tenant's limits) and send it to the rank picked for it.
+
+        The internal rid is always fresh (a client's `rid` is only echoed back): a client reusing its rid
+        right after a disconnect must never receive the old request's late outputs or abort.
+        """
+        rid = uuid.uuid4().hex
+        self.admission.check_queue()  # others may have been admitted while this one was tokenized
+        self.admission.check_tokens(budget, others_in_flight=bool(self.rid_to_state))
+        if self.tenants is not None and (refusal := await self.tenants.acquire(state.tenant, rid, prompt_tokens)):
+            self.tel.shed(f"tenant_{refusal.limit}")
+            raise refused(refusal)
+        state.rid, state.client_rid = rid, client_rid or rid
+        state.prompt_tokens, state.budget_tokens = prompt_tokens, budget
+        self.tel.tokenized(state, *tokenize_ns)
         carrier, producer = self.tel.producer(state)
         state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))
         self.rid_to_state[rid] = state
         self.admission.admit(budget)
-        state.dp_rank = self.dispatcher.pick(ids, budget, namespace)
-        if obj.timeout:
+        state.dp_rank = self.dispatcher.pick(first_ids, budget, namespace)
+        if timeout:
             state.timer = asyncio.get_running_loop().call_later(
-                obj.timeout, self.abort, rid, "timeout", f"the request timed out after {obj.timeout:g} s")
-        detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:],
-                            include_stop_str_in_output=obj.include_stop_str_in_output)
-        self.transport.send(TokenizedGenerateReqInput(rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok,
-                                                      meta=state.meta, worker=self.worker, priority=priority,
-                                                      cache_namespace=namespace), state.dp_rank)
+                timeout, self.abort, rid, "timeout", f"the request timed out after {timeout:g} s")
+        self.transport.send(message(rid, state.meta), state.dp_rank)
         if producer is not None:
             producer.end()
         return state
-
-    async def submit_embeddings(self, obj: embeddings.EmbedReqInput, state: ReqState) -> ReqState:
-        """`submit` for an embeddings request (serving.frontend.tokenizer_manager.embeddings)."""
-        if obj.rid is not None and not _RID.match(obj.rid):
-            raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")
-        return await embeddings.submit(self, obj, state)
 
     def input_limits(self, ready: Ready) -> InputLimits:
         return InputLimits.for_context(ready.context_len, self.args.max_prompt_chars, self.args.max_messages)
@@ -326,7 +347,7 @@ class TokenizerManager:
         """Ask every Scheduler rank to empty its prefix cache; one reply for all (a success when every rank
         flushed); raises TimeoutError when one does not answer."""
         fid = uuid.uuid4().hex
-        pending = self._flushes[fid] = _FlushReplies(self.args.dp_size)
+        pending = self._flushes[fid] = RankReplies(self.args.dp_size, combine_flushes)
         try:
             for rank in range(self.args.dp_size):
                 self.transport.send(FlushCacheReq(id=fid, force=force, worker=self.worker), rank)
@@ -338,7 +359,7 @@ class TokenizerManager:
         """Every Scheduler rank's steps of the last `seconds`, by rank; raises TimeoutError when one does not
         answer."""
         tid = uuid.uuid4().hex
-        pending = self._timelines[tid] = _RankReplies(self.args.dp_size)
+        pending = self._timelines[tid] = RankReplies(self.args.dp_size)
         try:
             for rank in range(self.args.dp_size):
                 self.transport.send(StepTimelineReq(id=tid, seconds=seconds, worker=self.worker), rank)
@@ -351,7 +372,7 @@ class TokenizerManager:
         path and both control paths: what the children sent before it (outputs, stats) has then been
         handled.  Returns the number of ranks; raises TimeoutError when one does not answer."""
         bid = uuid.uuid4().hex
-        pending = self._barriers[bid] = _RankReplies(3 * self.args.dp_size)  # output, control, detokenizer
+        pending = self._barriers[bid] = RankReplies(3 * self.args.dp_size)  # output, control, detokenizer
         try:
             for rank in range(self.args.dp_size):
                 self.transport.send(BarrierReq(id=bid, worker=self.worker), rank)
@@ -388,32 +409,6 @@ class TokenizerManager:
         self.transport.send(AbortReq(rid=state.rid, reason=reason, meta=state.meta), state.dp_rank)
 
 
-class _FlushReplies:
-    """The replies of every rank to one FlushCacheReq, combined into one."""
-
-    def __init__(self, ranks: int) -> None:
-        self.replies: dict[int, FlushCacheReqOutput] = {}
-        self.ranks = ranks
-        self.done: asyncio.Future[FlushCacheReqOutput] = asyncio.get_running_loop().create_future()
-
-    def add(self, reply: FlushCacheReqOutput) -> None:
-        self.replies[reply.dp_rank] = reply
-        if len(self.replies) == self.ranks:
-            failed = [r for r in self.replies.values() if not r.success]
-            self.done.set_result(FlushCacheReqOutput(
-                id=reply.id, success=not failed, message=failed[0].message if failed else "",
-                flushed_tokens=sum(r.flushed_tokens for r in self.replies.values())))
-
-
-class _RankReplies:
-    """One reply from every rank (or every (rank, path)), in key order."""
-
-    def __init__(self, ranks: int) -> None:
-        self.replies: dict[Any, Any] = {}
-        self.ranks = ranks
-        self.done: asyncio.Future[list] = asyncio.get_running_loop().create_future()
-
-    def add(self, rank: Any, reply: Any) -> None:
-        self.replies[rank] = reply
-        if len(self.replies) == self.ranks and not self.done.done():
-            self.done.set_result([self.replies[r] for r in sorted(self.replies)])
+def _check_rid(rid: str | None) -> None:
+    if rid is not None and not _RID.match(rid):
+        raise bad_request("rid must be 1-128 characters [A-Za-z0-9._:-]", param="rid")

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.io_struct import Ready
 from serving.frontend.errors import APIError, bad_request
 from serving.frontend.tokenizer_manager import generation_defaults
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions, load_template, render
@@ -69,6 +70,31 @@ def check_size(obj: Any, context_len: int, limits: InputLimits) -> None:
         raise bad_request(f"the {param} has {chars} characters; the limit is {limits.max_chars} "
                           f"(see --max-prompt-chars); it could not fit the {context_len}-token context",
                           param=param, code="context_length_exceeded")
+
+
+def check_tokens(obj: Any, ids: list[int], ready: Ready) -> None:
+    """The tokenized prompt against the context window (`Ready`), and the sampling parameters against the
+    vocabulary; sets `max_new_tokens` to what the window leaves when the request named none."""
+    names = obj.param_names
+    if not ids:
+        raise bad_request("prompt is empty", param="messages" if obj.messages is not None else "prompt",
+                          code="empty_prompt")
+    ctx = ready.context_len
+    if len(ids) >= ctx:
+        raise prompt_too_long(ctx, len(ids), "messages" if obj.messages is not None else "prompt")
+    want = obj.max_new_tokens
+    # 0 (completions with echo: the prompt's logprobs alone): the engine runs one token, the route drops it
+    obj.sampling.max_new_tokens = ctx - len(ids) if want is None else max(want, 1)
+    if want is not None and len(ids) + want > ctx:
+        raise bad_request(f"This model's maximum context length is {ctx} tokens. However, you requested "
+                          f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
+                          param=names.get("max_new_tokens", "max_new_tokens"), code="context_length_exceeded")
+    try:
+        obj.sampling.validate(ready.vocab_size)
+    except ValueError as exc:
+        field_name = str(exc).split(" ", 1)[0]
+        param = names.get(field_name, field_name)
+        raise bad_request(str(exc).replace(field_name, param, 1), param=param) from None
 
 
 class PromptTokenizer:

@@ -27,17 +27,18 @@ Each POST is logged (one INFO line: client, action, result), counted
 gauge `sightline_paused{mode}`; the Overview dashboard shows both as annotations.  Who may
 call them is decided in `auth.py` (the API key, else loopback clients only).
 
+Pause and resume are `serving.frontend.pause.PauseController`'s, driven here by `LocalPause`.
 With several tokenizer workers (`--tokenizer-worker-num` > 1) the worker that takes the
 POST checks its body and hands the action to the hub (`workers/control_relay.py`), which
-owns the pause state, orders every worker (each applies its part with `apply_order`: its
-own requests, tracer, log level, and the engine messages to every rank) and answers once
-every worker and rank confirmed, or 503 `control_unconfirmed` naming those that did not.
+owns the pause state (the same controller, its own driver), orders every worker (each
+applies its part with `apply_order`: its own requests, tracer, log level, and the engine
+messages to every rank) and answers once every worker and rank confirmed, or 503
+`control_unconfirmed` naming those that did not.
 `GET /control/config` is the answering worker's own view.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -49,15 +50,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.io_struct import ContinueReq, PauseReq, SetLogLevelReq
-from serving.frontend.engine_state import require_engine
 from serving.frontend.errors import APIError, bad_request, error_response
 from serving.frontend.http.state import ServerState
+from serving.frontend.pause import CONFIRM_TIMEOUT, PauseController, PauseOrder, unconfirmed_ranks
 from serving.ipc import engine_roles
 from telemetry.metrics import PAUSE_MODES
 
 log = logging.getLogger("sightline.control")
 DEFAULT_MODE = "abort"  # SGLang's default
-CONFIRM_TIMEOUT = 5.0  # seconds every Scheduler rank has to confirm a pause or a resume
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ABORT_MESSAGE = "the request was aborted by an operator (POST /pause_generation, mode abort)"
 # names of settings whose values are never shown (the API key, OTLP headers carrying tokens...)
@@ -163,52 +163,38 @@ async def config(request: Request) -> Response:
 
 
 # -- what the actions do -------------------------------------------------------------------
+class LocalPause:
+    """The pause driver of a server that is its only tokenizer worker: its own requests and every rank."""
+
+    unpause_first = False
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def state_changed(self) -> None:
+        _show(self.state)
+
+    async def apply(self, order: PauseOrder, what: str) -> dict:
+        tm, aborted = self.state.tm, 0
+        if order.abort:
+            aborted = len(tm.rid_to_state)
+            tm.abort_all("operator", ABORT_MESSAGE)
+        if order.engine is not None:
+            tm.broadcast(PauseReq(epoch=order.epoch) if order.engine == "pause" else ContinueReq())
+            if await unconfirmed_ranks(self.state.monitor, order.epoch):
+                raise APIError(503, f"the engine did not confirm the {what} within {CONFIRM_TIMEOUT:g} s; "
+                                    "admission stays as requested, retry to confirm", type="server_unavailable",
+                               code="control_unconfirmed")
+        return {"aborted": aborted, "in_flight": len(tm.rid_to_state)}
+
+
 async def pause(state: ServerState, mode: str) -> dict:
     """Put the server in pause `mode` (see the module docstring); what it did, for the response."""
-    mon, tm = state.monitor, state.tm
-    previous = mon.paused
-    if mode == "in_place":
-        require_engine(mon)  # 503 while no engine runs: nothing to pause in place
-    mon.pause(mode)  # from here new generation requests get 503 paused
-    _show(state)
-    aborted = 0
-    if mode == "abort":
-        aborted = len(tm.rid_to_state)
-        tm.abort_all("operator", ABORT_MESSAGE)
-    if mode == "in_place" and previous != "in_place":
-        tm.broadcast(PauseReq(epoch=mon.next_pause_epoch()))
-        await _confirm(lambda: mon.ranks_paused(mon.pause_epoch), "pause")
-    elif mode != "in_place" and previous == "in_place":  # what is left steps again (or was aborted above)
-        await _step_again(state)
-    return {"mode": mode, "previous": previous, "aborted": aborted, "in_flight": len(tm.rid_to_state)}
+    return await PauseController(state.monitor, LocalPause(state)).pause(mode)
 
 
 async def resume(state: ServerState) -> dict:
-    mon = state.monitor
-    previous = mon.paused
-    if previous == "in_place":
-        await _step_again(state)
-    mon.unpause()
-    _show(state)
-    return {"resumed": previous, "in_flight": len(state.tm.rid_to_state)}
-
-
-async def _step_again(state: ServerState) -> None:
-    mon = state.monitor
-    mon.stepping_again()  # the stall clock starts again from here, not from the last token
-    state.tm.broadcast(ContinueReq())
-    await _confirm(lambda: mon.ranks_paused(0), "resume")
-
-
-async def _confirm(done, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + CONFIRM_TIMEOUT
-    while not done():
-        if loop.time() > deadline:
-            raise APIError(503, f"the engine did not confirm the {what} within {CONFIRM_TIMEOUT:g} s; "
-                                "admission stays as requested, retry to confirm", type="server_unavailable",
-                           code="control_unconfirmed")
-        await asyncio.sleep(0.02)
+    return await PauseController(state.monitor, LocalPause(state)).resume()
 
 
 def _show(state: ServerState) -> None:

@@ -112,7 +112,7 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build) ->
         tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
     headers = {"x-request-id": req.rid, **tel.response_headers(req)}
-    result = await await_or_abort(request, tm_embeddings.collect(state.tm, req),
+    result = await await_or_abort(request, tm_embeddings.collect(state.tm.stream(req), req),
                                   lambda: state.tm.abort(req.rid, "client_disconnect"))
     if result is None:
         tel.end(req, CLIENT_GONE)

@@ -60,7 +60,7 @@ def test_one_message_for_every_input_and_the_answer_finishes_it():
         front.transport.deliver(BatchEmbeddingOutput(outputs=[EmbeddingOut(
             rid=st.rid, embeddings=[vec(3, 4, 0, 0), vec(0, 0, 1, 0)], dim=4, prompt_tokens=st.prompt_tokens,
             meta=ReqMeta(stamps=stamps))]))
-        out, err = await embeddings.collect(front.tm, st)
+        out, err = await embeddings.collect(front.tm.stream(st), st)
         assert err is None and st.finished and st.rid not in front.tm.rid_to_state
         v = finish_vectors(out, None, True)
         assert np.allclose(v[0], [0.6, 0.8, 0, 0]) and np.allclose(v[1], [0, 0, 1, 0])
@@ -85,7 +85,7 @@ def test_an_error_from_the_engine_ends_the_request_with_it():
         st = await front.tm.submit_embeddings(EmbedReqInput(["a"]), state())
         front.transport.deliver(BatchStrOutput(outputs=[StrOut(rid=st.rid, text="", output_ids=[],
                                                                finish_reason="error", error="boom")]))
-        out, err = await embeddings.collect(front.tm, st)
+        out, err = await embeddings.collect(front.tm.stream(st), st)
         assert out is None and err.status == 500 and err.message == "boom"
     asyncio.run(body())
 
