@@ -23,6 +23,23 @@ MAX_TOKEN_ID = 2**31 - 1  # bound on a token id when the vocabulary is not known
 GREEDY_TEMPERATURE = 1e-5  # below it sampling is greedy
 MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI allows
 MAX_LOGIT_BIAS = 300  # entries per request (OpenAI's limit)
+GRAMMAR_KINDS = ("json_schema", "regex", "choice", "grammar")
+MAX_GRAMMAR_BYTES = 256 * 1024  # a structured-output spec larger than this is refused (400) by the front end
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """A constraint on a request's output, compiled by the engine's grammar backend (serving.structured).
+
+    `kind` is one of GRAMMAR_KINDS: `json_schema` (`spec` is a JSON Schema as JSON text; `json_object` is
+    `{"type": "object"}`), `regex`, `choice` (`spec` is a JSON list of strings) or `grammar` (Lark as
+    llguidance reads it, or GBNF).  While `after_token_ids` is not empty the output is free until that
+    token sequence has been generated (a reasoning model's end-of-thinking marker), then constrained.
+    Frozen and hashable: the engine caches compiled grammars by it.
+    """
+
+    kind: str
+    spec: str
+    after_token_ids: tuple[int, ...] = ()
 
 
 class SamplingParams(msgspec.Struct, kw_only=True):
@@ -41,6 +58,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     prompt_logprobs: int | None = None  # the same for every prompt token after the first
     logit_bias: dict[int, float] = {}  # token id -> added to its logit before anything else
     min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
+    structured: StructuredOutput | None = None  # a grammar the output must follow (masks in the sampler)
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError "<field> <why>, got <value>" for the first out-of-range field (the API's 400)."""
@@ -77,6 +95,17 @@ class SamplingParams(msgspec.Struct, kw_only=True):
         if bad is not None:
             raise ValueError(f"stop_token_ids must be token ids in [0, {limit}), got {bad!r}")
         self._validate_logit_bias(limit)
+        self._validate_structured()
+
+    def _validate_structured(self) -> None:
+        """Shape only (kind, size): whether the spec compiles is the grammar backend's check (serving.structured)."""
+        so = self.structured
+        if so is None:
+            return
+        if so.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"structured.kind must be one of {list(GRAMMAR_KINDS)}, got {so.kind!r}")
+        if len(so.spec.encode()) > MAX_GRAMMAR_BYTES:
+            raise ValueError(f"structured.spec must be at most {MAX_GRAMMAR_BYTES} bytes, got {len(so.spec.encode())}")
 
     def _validate_logit_bias(self, limit: int) -> None:
         bias = self.logit_bias
