@@ -3,7 +3,9 @@
 Order per row: logit_bias (added to the logits) → penalties (repetition over
 prompt+output, frequency and presence over output, as in vLLM/HF) → min_tokens (EOS and
 the request's stop token ids masked to -inf while it has fewer than min_tokens outputs) →
-temperature → top-k → top-p → min-p → draw.  Temperature 0 (or top_k 1) is greedy.  The
+the grammar mask of a structured output (between `adjust` and `pick`, by the engine's
+`serving.engine.grammar`) → temperature → top-k → top-p → min-p → draw.  Temperature 0 (or
+top_k 1) is greedy.  The
 first three (`adjust`) copy the logits only when some row needs them, so the engine keeps the
 model's logits for `--logprobs-mode raw` (`serving.engine.logprobs`).  Each request draws
 from its own `torch.Generator`, seeded by its `seed`, so a seeded request gives the same
