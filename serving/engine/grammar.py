@@ -13,8 +13,8 @@ One `Grammars` per SchedulerCore owns it all (the requests' `GrammarState`s are 
    Each step `poll`s the compiles: a request's matcher is a copy of the compiled one; a compile
    error ends that request alone, its message naming the problem.
 3. mask: in the step, after logit_bias, penalties and min_tokens (`sampling.adjust`) and before
-   temperature and the cuts (`sampling.pick`), `mask` fills every active row's bitmask (one
-   parallel llguidance call) and adds it to the logits as a 0/-inf bias (serving.engine.token_mask),
+   temperature and the cuts (`sampling.pick`), `mask` fills every active row's bitmask (llguidance
+   drops the GIL for it) and adds it to the logits as a 0/-inf bias (serving.engine.token_mask),
    so `--logprobs-mode processed` sees it.  Rows without a grammar are not touched, and a step
    with no grammar anywhere does nothing here.  A row whose mask leaves no token that can be drawn
    is a dead end.
@@ -52,6 +52,10 @@ from telemetry.stats import PhaseTimes
 
 CACHE_SIZE = 64  # compiled grammars kept (least recently used dropped first)
 COMPILE_THREADS = 2
+# Masks filled by llguidance's thread pool (one call for the batch) or one call per row.  On 2 cores, 16 json_schema
+# rows (bench.structured), the fill itself takes the same either way (~1.2 ms a step), and the pool's threads, still
+# spinning after it, slow the torch ops that follow (the mask's bias ~0.6 ms instead of ~0.4): one call per row.
+PARALLEL_FILL = False
 DEAD_END = "structured output: the grammar allows no further token: "
 
 
@@ -111,7 +115,8 @@ class Grammars:
         self._tokenizer: LLTokenizer | None = None
         self._tokenizer_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # started by the first compile
-        self._executor: LLExecutor | None = None  # llguidance's own threads, for the batch's masks
+        self._executor: LLExecutor | None = None  # llguidance's own threads, for the batch's masks (PARALLEL_FILL)
+        self.parallel_fill = PARALLEL_FILL
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._bitmask = torch.empty(0, 0, dtype=torch.int32)
         self._compiled: list[float] = []  # compile seconds, appended by the pool, observed by `poll`
@@ -213,22 +218,27 @@ class Grammars:
 
     # -- mask --------------------------------------------------------------------------------
     def mask(self, logits: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[Req], keep_raw: bool
-             ) -> torch.Tensor:
+             ) -> tuple[torch.Tensor, list[bool] | None]:
         """`adjusted` (the sampler's logits [R, V], `sampling.adjust`) with every active row's grammar mask
-        added; rows without one untouched.  `logits` (the model's) are copied first only when `adjusted` is
-        them and `keep_raw` (a masked row reports raw logprobs); else the masks are added in place."""
+        added, rows without one untouched; and which rows were masked (None: none, for `sampling.pick`).
+        `logits` (the model's) are copied first only when `adjusted` is them and `keep_raw` (a masked row
+        reports raw logprobs); else the masks are added in place."""
         idx = [i for i, r in enumerate(rows) if r.grammar is not None and r.grammar.active]
         if not idx:
-            return adjusted
+            return adjusted, None
         matchers = [rows[i].grammar.matcher for i in idx]
         vocab = self.tokenizer().vocab_size  # built: a matcher exists
         words = (vocab + 31) // 32
         if self._bitmask.shape[0] < len(idx) or self._bitmask.shape[1] != words:
             self._bitmask = torch.empty(max(len(idx), 2 * self._bitmask.shape[0]), words, dtype=torch.int32)
         bitmask = self._bitmask[:len(idx)]
-        if self._executor is None:
-            self._executor = LLExecutor(max(1, min(COMPILE_THREADS, os.cpu_count() or 1)))
-        fill_next_token_bitmask_par(self._executor, [(m, j) for j, m in enumerate(matchers)], bitmask)
+        if self.parallel_fill:
+            if self._executor is None:
+                self._executor = LLExecutor(max(1, min(COMPILE_THREADS, os.cpu_count() or 1)))
+            fill_next_token_bitmask_par(self._executor, [(m, j) for j, m in enumerate(matchers)], bitmask)
+        else:
+            for j, m in enumerate(matchers):
+                fill_next_token_bitmask(m, bitmask, j)
         if adjusted is logits and keep_raw:
             adjusted = logits.clone()
         at = None if len(idx) == len(rows) else torch.tensor(idx, dtype=torch.int64)
@@ -245,7 +255,10 @@ class Grammars:
                 continue
             g.dead = DEAD_END + why
             adjusted[i] = 0.0  # something to draw from: the token is discarded, the request ends
-        return adjusted
+        masked = [False] * len(rows)
+        for i in idx:
+            masked[i] = True
+        return adjusted, masked
 
     # -- consume -------------------------------------------------------------------------------
     def advance(self, req: Req, tok: int) -> str | None:

@@ -416,14 +416,15 @@ class SchedulerCore:
                 raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
             adjusted = adjust(logits, sampled, self.eos_ids)
             t_mask = t_masked = 0
+            masked = None
             if self.grammar.live:
                 t_mask = now_ns()
                 raw = self.args.logprobs_mode == "raw"  # a masked row's raw logprobs need the model's logits kept
-                adjusted = self.grammar.mask(logits, adjusted, sampled, keep_raw=raw and any(
+                adjusted, masked = self.grammar.mask(logits, adjusted, sampled, keep_raw=raw and any(
                     r.grammar is not None and r.params.logprobs is not None for r in sampled))
                 t_masked = now_ns()
                 self._grammar_ns += t_masked - t_mask
-            picked = pick(adjusted, sampled)
+            picked = pick(adjusted, sampled, masked)
             tokens = picked.tolist()
             t2 = now_ns()
             self._sample_ns += t2 - t1 - (t_masked - t_mask)

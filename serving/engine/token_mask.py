@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 
 _TABLES: dict[torch.dtype, torch.Tensor] = {}
@@ -53,8 +54,14 @@ def apply_bias(logits: torch.Tensor, rows: torch.Tensor | None, bias: torch.Tens
 
 
 def allowed_counts(bitmask: torch.Tensor) -> tuple[list[bool], list[bool]]:
-    """Per row of bitmask [n, W]: (allows nothing, allows exactly one id), from the words alone."""
-    nonzero = (bitmask != 0).sum(-1)
-    word = bitmask.to(torch.int64).sum(-1) & 0xFFFFFFFF  # the one non-zero word, unsigned, where there is one
-    single = (nonzero == 1) & ((word & (word - 1)) == 0)
-    return (nonzero == 0).tolist(), single.tolist()
+    """Per row of bitmask [n, W]: (allows nothing, allows exactly one id), from its words (in numpy: a few
+    small arrays, where each torch op would cost more than its work)."""
+    words = bitmask.numpy()
+    nonzero = np.count_nonzero(words, axis=1).tolist()
+    single = [k == 1 and _one_bit(int(words[j][words[j] != 0][0])) for j, k in enumerate(nonzero)]
+    return [k == 0 for k in nonzero], single
+
+
+def _one_bit(word: int) -> bool:
+    word &= 0xFFFFFFFF
+    return word & (word - 1) == 0

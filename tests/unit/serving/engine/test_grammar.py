@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
+import torch
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from protocol.io_struct import ReqMeta
 from protocol.sampling_params import SamplingParams, StructuredOutput
+from serving.engine.sampling import _normaliser, pick
 from serving.engine.scheduler_core import SchedulerCore
 from telemetry.engine_spans import SchedulerSpans
 from telemetry.step_timeline import StepRing, chrome_trace
@@ -258,3 +261,22 @@ def test_the_grammar_phase_is_timed_and_on_the_timeline(tiny, core):
     core.add_request("plain", ids, sampled(2, 1, ignore_eos=True))
     core.run_to_completion()
     assert core.last_step.grammar_seconds == 0  # no grammar in the batch: nothing done
+
+
+def test_the_samplers_floor_for_masked_rows_changes_no_draw():
+    """A masked row's -inf logits are raised to EXP_FLOOR before the normaliser's exp (its fast path): the same
+    sums to the last bit, so the same draws."""
+    torch.manual_seed(0)
+    logits = torch.randn(24, 49152) * 3
+    logits[:, :40] += 10  # peaked, as a trained model's
+    allowed = torch.rand(24, 49152) < torch.linspace(0.001, 1.0, 24)[:, None]
+    masked = [i % 2 == 0 for i in range(24)]
+    logits[torch.tensor(masked)] = logits[torch.tensor(masked)].masked_fill(~allowed[torch.tensor(masked)],
+                                                                            float("-inf"))
+    peak = logits.max(-1, keepdim=True).values.double()
+    assert torch.equal(_normaliser(logits, peak, masked), _normaliser(logits, peak, None))
+
+    def rows():
+        return [SimpleNamespace(params=SamplingParams(temperature=t), generator=torch.Generator().manual_seed(i),
+                                input_ids=[], output_ids=[]) for i, t in enumerate([1.0, 0.7, 1.5, 0.0] * 6)]
+    assert torch.equal(pick(logits, rows(), masked), pick(logits, rows()))
