@@ -112,6 +112,7 @@ bench: setup
 	$(if $(BENCH_QUICK),,$(PY) -m bench.accuracy)
 	$(PY) -m bench.memory --json results/bench/memory.json
 	$(PY) -m bench.logprobs --json results/bench/logprobs.json $(if $(BENCH_QUICK),--rounds 1,)
+	$(PY) -m bench.structured --json results/bench/structured.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(if $(BENCH_QUICK)$(findstring --skip-peers,$(ARGS)),,$(PY) -m bench.perplexity)
 	$(PY) -m bench.table --dir results/bench
 

@@ -286,9 +286,9 @@ class DetokenizerStats(_Msg):
 
 # -- Scheduler → TokenizerManager ------------------------------------------------------
 class PhaseHistogram(msgspec.Struct, array_like=True):
-    """Cumulative histogram of one engine-step phase's durations, in seconds."""
+    """Cumulative histogram of one engine-step phase's durations (or of grammar compiles), in seconds."""
 
-    phase: str  # schedule | forward | sample | logprobs | output
+    phase: str  # schedule | forward | sample | grammar | logprobs | output (or compile)
     bounds: list[float]  # upper bounds of the finite buckets
     counts: list[int]  # observations per bucket (not cumulative); one more than bounds: the +Inf bucket
     sum: float
@@ -315,6 +315,24 @@ class MissCount(msgspec.Struct, array_like=True):
     """Prefix-cache misses one Scheduler rank explained, of one reason (serving.engine.prefix_misses)."""
 
     reason: str
+    count: int
+
+
+GRAMMAR_CACHE_RESULTS = ("hit", "miss")  # a request's grammar was compiled already (or compiling), or not
+GRAMMAR_ERROR_KINDS = ("compile", "dead_end")  # requests a grammar ended with an error
+
+
+class GrammarCacheCount(msgspec.Struct, array_like=True):
+    """Requests with a grammar one Scheduler rank looked up in its compiled-grammar cache, of one result."""
+
+    result: str
+    count: int
+
+
+class GrammarErrorCount(msgspec.Struct, array_like=True):
+    """Requests one Scheduler rank ended because of their grammar, of one kind (serving.engine.grammar)."""
+
+    kind: str
     count: int
 
 
@@ -362,6 +380,12 @@ class SchedulerStats(_Msg, kw_only=True):
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed
     decode_gaps: list[GapCount] = msgspec.field(default_factory=_no_gaps)  # cumulative, every cause
     prefix_misses: list[MissCount] = msgspec.field(default_factory=lambda: [MissCount(r, 0) for r in MISS_REASONS])
+    grammar_compile_seconds: list[PhaseHistogram] = []  # cumulative: cold grammar compiles (phase "compile")
+    grammar_cache: list[GrammarCacheCount] = msgspec.field(
+        default_factory=lambda: [GrammarCacheCount(r, 0) for r in GRAMMAR_CACHE_RESULTS])
+    grammar_forced_tokens_total: int = 0  # cumulative: tokens sampled from a grammar mask that allowed only them
+    grammar_errors: list[GrammarErrorCount] = msgspec.field(
+        default_factory=lambda: [GrammarErrorCount(k, 0) for k in GRAMMAR_ERROR_KINDS])
 
     @property
     def kv_usage_ratio(self) -> float:
@@ -504,6 +528,7 @@ class StepRecord(msgspec.Struct, array_like=True):
     prefill_rids: list[str]
     trace_ids: list[str]  # per rid, "" when not traced
     logprobs: int = 0  # log-probabilities of sampled and prompt tokens (outside `sample`)
+    grammar: int = 0  # grammar masks filled and applied, sampled tokens consumed (outside `sample`)
 
 
 class StepTimelineOutput(_Msg):

@@ -4,7 +4,8 @@ Scheduler: `receive scheduler` (CONSUMER), `queue` (one per waiting interval: a 
 request waits again, and that `queue` span opens with a `retracted` event saying what it
 had and what the prefix cache kept, and a `wait_reason` event each time the reason it
 was not admitted changed, serving.engine.wait_reasons, and an `admitted` or `resumed` event
-where it ends in an admission), one `prefill` per chunk (the first says why the prefix cache
+where it ends in an admission; with a structured output, the first says what its grammar cost:
+`sightline.grammar.*`, serving.engine.grammar), one `prefill` per chunk (the first says why the prefix cache
 matched no more: `sightline.prefix_cache.*`, serving.engine.prefix_misses; with prompt logprobs
 asked, `sightline.prompt_tokens_scored` and `sightline.prompt_tokens_cached`), `decode` (a `decode_gap` event per
 long inter-token gap, serving.engine.decode_gaps, and a `finished` event),
@@ -57,6 +58,10 @@ class PrefixMissInfo(Protocol):
     def attributes(self) -> dict[str, str | int]: ...
 
 
+class GrammarInfo(Protocol):
+    def attributes(self) -> dict[str, str | float | bool]: ...
+
+
 class EngineRequest(Protocol):
     """What the stage spans read from an engine request (`serving.engine.request.Req`)."""
 
@@ -67,6 +72,7 @@ class EngineRequest(Protocol):
     prefix_miss: PrefixMissInfo | None  # why the cache matched no more (serving.engine.prefix_misses)
     prompt_logprobs: Logprobs | None  # prompt logprobs asked: the entries scored
     prompt_cache_held: int  # prompt positions the prefix cache held at admission
+    grammar: GrammarInfo | None  # its structured output's grammar (serving.engine.grammar)
 
     @property
     def prompt_len(self) -> int: ...
@@ -131,6 +137,7 @@ class SchedulerSpans:
         err = error_type if reason not in ("stop", "length") else None
         base = {"sightline.rid": rid}
         waits = t.waits or [(t.queued, t.finished or t.queued)]
+        grammar = req.grammar.attributes() if req.grammar is not None else {}
         for i, (start, end) in enumerate(waits):  # the first wait, then one after each retraction
             after = t.retractions[i - 1:i] if i else []
             reasons = [("wait_reason", at, {"sightline.wait.reason": r})
@@ -138,7 +145,8 @@ class SchedulerSpans:
             if end != t.finished:  # it was admitted at the end of this wait (not ended in the queue)
                 reasons.append(("resumed" if i else "admitted", end, {"sightline.queue.after_retractions": i}))
             self.tracing.record("queue", ctx, start, end, attributes={
-                **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i},
+                **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i,
+                **(grammar if i == 0 else {})},
                 error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
         miss = req.prefix_miss.attributes() if req.prefix_miss is not None else {}
         if req.prompt_logprobs is not None:  # scoring recomputes what the cache held: what that cost

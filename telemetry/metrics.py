@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.io_struct import GAP_CAUSES, MISS_REASONS, SchedulerStats
+from protocol.io_struct import GAP_CAUSES, GRAMMAR_CACHE_RESULTS, GRAMMAR_ERROR_KINDS, MISS_REASONS, SchedulerStats
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
 from telemetry.stats import EngineView
@@ -72,7 +72,8 @@ SPECS: tuple[Spec, ...] = (
          "head of the queue did not fit in the KV available) | queue_order (behind a head waiting for KV: admission "
          "is strict FCFS) | running_limit (--max-running-requests run) | step_budget (the step's prefill budget was "
          "spent) | retracted (the step retracted requests: it admits no one) | paused (POST /pause_generation mode "
-         "in_place) | next_step (arrived while a step ran, admitted by the next).", attr="wait_time"),
+         "in_place) | next_step (arrived while a step ran, admitted by the next) | grammar (its structured output's "
+         "grammar was still compiling; admission passes over it).", attr="wait_time"),
     Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
          "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.",
          attr="prefill_time"),
@@ -330,12 +331,33 @@ SPECS: tuple[Spec, ...] = (
     Spec("sightline_engine_step_phase_seconds", "histogram", "Where engine steps spend their time, by phase.",
          R + ("phase",), "stage", "Per engine step, the duration of each phase: schedule (admission, chunking, "
          "building the batch's request list), forward (KV slot allocation, batch metadata, the model's forward), "
-         "sample (logits → tokens, finish checks), logprobs (log-probabilities of sampled tokens and of prompt "
-         "tokens; 0 in a step that computed none), output (outputs built and sent to the Detokenizer). Every "
+         "sample (logits → tokens, finish checks), grammar (structured outputs: grammar masks filled and added to "
+         "the logits, sampled tokens consumed by their matchers; 0 in a step without any), logprobs "
+         "(log-probabilities of sampled tokens and of prompt tokens; 0 in a step that computed none), output "
+         "(outputs built and sent to the Detokenizer). Every "
          "phase is observed once per step, so their means add up to the mean step. Kept as a histogram in the "
          "Scheduler and sent whole in its stats.",
          source="scheduler",
          read="scheduler.step_phases"),
+    Spec("sightline_grammar_compile_seconds", "histogram", "Structured-output grammar compiles, cold (not cached).",
+         R, "stage", "Per grammar compiled (a cache miss), on the Scheduler's compile threads: llguidance's matcher "
+         "built from the spec and its first token mask computed (the tokenizer is built once, not counted). A "
+         "request waits for it with wait reason `grammar`.", source="scheduler",
+         read="scheduler.grammar_compile_seconds"),
+    Spec("sightline_grammar_cache_total", "counter", "Requests with a structured output, by whether their grammar "
+         "was compiled already.", R + ("result",), definition="result: hit (the Scheduler's compiled-grammar cache "
+         "held it, or it was compiling for another request) | miss (compiled for it). The cache keeps the 64 "
+         "grammars used last, keyed by kind and spec.", source="scheduler", read="scheduler.grammar_cache"),
+    Spec("sightline_grammar_forced_tokens_total", "counter",
+         "Tokens sampled from a grammar mask that allowed exactly that token.", R,
+         definition="Counted when the token is consumed; the share of a structured output the grammar alone "
+         "decided (a forward pass each, with nothing to choose).", source="scheduler",
+         read="scheduler.grammar_forced_tokens_total"),
+    Spec("sightline_grammar_errors_total", "counter", "Requests ended with an error by their grammar, by kind.",
+         R + ("kind",), definition="kind: compile (the spec did not compile in the engine: the front end checks "
+         "it first, so this is rare) | dead_end (the mask left no token to draw: min_tokens banned all it allowed, "
+         "or the matcher refused a token). Only that request ends; its batch mates go on.", source="scheduler",
+         read="scheduler.grammar_errors"),
     Spec("sightline_engine_info", "gauge", "Always 1 while the engine is up; labels say how it computes.",
          R + ("architecture", "dtype", "quantization"), definition="architecture: the registered model class served "
          "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM); dtype: float32 | bfloat16 "
@@ -422,6 +444,8 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
     "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
     "sightline_prefix_cache_misses_total": _each(reason=MISS_REASONS),
+    "sightline_grammar_cache_total": _each(result=GRAMMAR_CACHE_RESULTS),
+    "sightline_grammar_errors_total": _each(kind=GRAMMAR_ERROR_KINDS),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 _TENANT_LAZY = ("the tenant values come from the keys file: each tenant's series are made at 0 when the keys load "

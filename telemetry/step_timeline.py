@@ -8,8 +8,9 @@ step; nothing is built until asked) and sends those of the last N seconds on a
 - one process per rank (`pid` = dp rank, named `scheduler dp<rank>`), one track (`tid` 0);
 - one complete slice (`ph: X`) per step, `args`: its phases' ms, decode count, prefill
   tokens, retracted requests, its rids, prefill rids and trace ids; inside it one slice per
-  phase (schedule, forward, sample, logprobs, output), laid end to end in that order (logprobs:
-  the log-probabilities of sampled and prompt tokens, absent from steps that computed none);
+  phase (schedule, forward, sample, grammar, logprobs, output), laid end to end in that order
+  (grammar: structured outputs' masks and token consumption; logprobs: the log-probabilities of
+  sampled and prompt tokens; each absent from steps that had none);
 - per traced request, a flow (`ph: s` at its first step, `t` at the next ones, `f` at its
   last; `id` = its trace id, `cat: request`) through every step that served it, so a step
   leads to the trace of each of its requests and back.
@@ -25,7 +26,7 @@ from typing import Iterable, Protocol
 from protocol.io_struct import StepRecord
 from telemetry.clock import WallAnchor, now_ns
 
-PHASES = ("schedule", "forward", "sample", "logprobs", "output")
+PHASES = ("schedule", "forward", "sample", "grammar", "logprobs", "output")
 
 
 class Step(Protocol):
@@ -37,6 +38,7 @@ class Step(Protocol):
     forward_seconds: float
     sample_seconds: float
     logprobs_seconds: float
+    grammar_seconds: float
     num_decode: int
     num_prefill_tokens: int
     num_retracted: int
@@ -67,7 +69,8 @@ class StepRing:
             out.append(StepRecord(
                 st.started_ns, st.ended_ns, int(st.schedule_seconds * 1e9), int(st.forward_seconds * 1e9),
                 int(st.sample_seconds * 1e9), output_ns, st.num_decode, st.num_prefill_tokens, st.num_retracted,
-                list(st.rids), list(st.prefill_rids), list(traces), int(st.logprobs_seconds * 1e9)))
+                list(st.rids), list(st.prefill_rids), list(traces), int(st.logprobs_seconds * 1e9),
+                int(st.grammar_seconds * 1e9)))
         out.reverse()
         return out
 
@@ -92,7 +95,7 @@ def chrome_trace(ranks: Iterable[tuple[int, list[StepRecord]]], anchor: WallAnch
         seen: set[str] = set()
         for i, s in enumerate(steps):
             ts, dur = _us(anchor, s.start), max((s.end - s.start) / 1e3, 0.001)
-            phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.logprobs, s.output)))
+            phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.grammar, s.logprobs, s.output)))
             events.append({"ph": "X", "name": "step", "cat": "step", "pid": rank, "tid": 0, "ts": ts, "dur": dur,
                            "args": {**{f"{p}_ms": round(ns / 1e6, 3) for p, ns in phases.items()},
                                     "decode": s.num_decode, "prefill_tokens": s.prefill_tokens,

@@ -16,6 +16,7 @@ from telemetry.outcomes import FinishReason  # one table of how requests end, th
 
 if TYPE_CHECKING:
     from serving.engine.embedding import PoolState
+    from serving.engine.grammar import GrammarState
     from serving.engine.prefix_misses import PrefixMiss
     from serving.engine.radix_cache import TreeNode
 
@@ -98,6 +99,7 @@ class Req:
     hold: bool = False  # a test seam holds it before its last token (serving.engine.seams)
     prompt_logprobs: Logprobs | None = None  # prompt_logprobs asked: entries of prompt tokens 1.. scored so far
     prompt_cache_held: int = 0  # prompt positions the prefix cache held at admission, computed again to score them
+    grammar: GrammarState | None = None  # structured output asked: its grammar (serving.engine.grammar)
 
     @property
     def prompt_len(self) -> int:
@@ -115,6 +117,11 @@ class Req:
         if lp is None or len(lp.token_logprobs) >= self.prompt_len - 1:
             return None
         return len(lp.token_logprobs)
+
+    @property
+    def grammar_pending(self) -> bool:
+        """Its grammar is still compiling: it cannot be admitted yet (wait reason `grammar`)."""
+        return self.grammar is not None and self.grammar.pending
 
     @property
     def held(self) -> bool:

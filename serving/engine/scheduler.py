@@ -366,7 +366,8 @@ class Scheduler:
         if st.batch_size:
             t_end = now_ns()
             for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
-                                   ("sample", st.sample_seconds), ("logprobs", st.logprobs_seconds),
+                                   ("sample", st.sample_seconds), ("grammar", st.grammar_seconds),
+                                   ("logprobs", st.logprobs_seconds),
                                    ("output", (t_end - t_out) / 1e9)):
                 self.phases.observe(phase, seconds)
             if self.ring is not None:
@@ -429,6 +430,7 @@ class Scheduler:
                 self.errors.report("scheduler loop iteration failed", exc)
 
     def close(self) -> None:
+        self.core.grammar.close()
         self.ctx.destroy(linger=0)
         self.tracing.shutdown()
 

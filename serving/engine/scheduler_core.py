@@ -15,7 +15,11 @@ Each step:
      expected KV need and the running requests' fit, and fewer than
      `max_running_requests` run.  A step that retracted admits no one;
   4. one ragged forward runs decodes and prefill chunks side by side;
-  5. requests whose prompt is complete sample a token; finished ones free KV at once.
+  5. requests whose prompt is complete sample a token (through their grammar's mask, if they
+     have one: `serving.engine.grammar`); finished ones free KV at once.
+
+A request with a structured output waits (reason `grammar`) until its grammar is compiled, off
+the step loop; admission passes over it meanwhile.
 
 A resumed request computes again what the cache no longer holds of its prompt and its
 output, then samples its next token from the same generator state, so it produces the
@@ -55,6 +59,7 @@ from serving.engine.batch import Work
 from serving.engine.cache_manager import CacheManager
 from serving.engine.embedding import PoolState, pool_rows
 from serving.engine.events import StepStats, TokenEvent
+from serving.engine.grammar import Grammars
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
 from serving.engine.logprobs import PromptScore, extend, output_logprobs, score_prompts, score_window
@@ -67,10 +72,12 @@ from serving.engine.stopping import eos_ids, finish_reason
 from serving.engine.wait_queue import WaitQueue
 from serving.engine.wait_reasons import KV_CAPACITY, RETRACTED, RUNNING_LIMIT, STEP_BUDGET, assign
 from serving.ratelog import RateLimitedLog
+from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
 FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
+COMPILE_POLL_S = 0.005  # an idle step waits this long at most for a grammar compile
 
 
 class SchedulerCore:
@@ -91,12 +98,14 @@ class SchedulerCore:
         self.seams = Seams.from_env()
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
-        self._forward_ns = self._sample_ns = self._logprobs_ns = 0  # this step's, over every run of it (isolation too)
+        self._forward_ns = self._sample_ns = self._logprobs_ns = self._grammar_ns = 0  # this step's, every run of it
         self.encoder = self.runner.encoder
         # an encoder's hidden states depend on the whole input: no prefix of it can be reused
         self.tree: RadixCache | None = None if args.disable_prefix_cache or self.encoder else RadixCache()
         self.cache = CacheManager(self.pool, self.tree)
         self.policy = AdmissionPolicy.from_args(args)
+        stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
+        self.grammar = Grammars(loaded.path, self.eos_ids, self.vocab_size, stage)  # no thread until a grammar
         # cumulative counters (telemetry)
         self.prefix_queries_tokens = 0  # prompt tokens of admitted requests
         self.prefix_hits_tokens = 0  # of those, reused from the cache
@@ -135,6 +144,8 @@ class SchedulerCore:
             req.pooling, req.max_new_tokens = PoolState(pooling), 0
         elif params.prompt_logprobs is not None:
             req.prompt_logprobs = Logprobs(token_logprobs=[])
+        if pooling is None and params.structured is not None:
+            req.grammar = self.grammar.start(req, req.times.queued)
         self.reqs[rid] = req
         self.waiting.append(req)
         return req
@@ -201,7 +212,7 @@ class SchedulerCore:
             "num_running": self.num_running, "num_waiting": self.num_waiting, "held": self.num_held,
             **self.pool.stats(),
             "kv_reserved": self.kv_committed, "new_token_ratio": self.policy.ratio,
-            **self.last_step.stats(),
+            **self.last_step.stats(), **self.grammar.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "prefix_queries_tokens_total": self.prefix_queries_tokens,
             "prefix_hits_tokens_total": self.prefix_hits_tokens,
@@ -249,11 +260,15 @@ class SchedulerCore:
                 budget, room = budget - n, room - n
         committed = self.policy.committed(self.running) if admit_new else 0.0
         blocked = None if admit_new else RETRACTED  # why the head of the queue stays there (wait_reasons)
-        while admit_new and self.waiting:
+        i = 0  # the queue's head: the first request whose grammar (if any) is compiled
+        while admit_new and i < len(self.waiting):
+            if self.waiting[i].grammar_pending:  # it waits for its grammar, holding back no one
+                i += 1
+                continue
             if budget <= 0 or len(self.running) >= self.args.max_running_requests:
                 blocked = STEP_BUDGET if budget <= 0 else RUNNING_LIMIT
                 break
-            req = self.waiting[0]
+            req = self.waiting[i]
             match = self.cache.match(req)
             need = self.policy.need(req) - match.length  # it allocates only what the cache does not hold
             if committed + match.gain + need > self.cache.available:
@@ -262,7 +277,7 @@ class SchedulerCore:
             if self.encoder and req.prefill_len > min(budget, room):  # whole in one step, or not yet
                 blocked = STEP_BUDGET if req.prefill_len > budget else KV_CAPACITY
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             self.cache.attach(req, match)
             committed += need
             room -= match.gain
@@ -326,6 +341,7 @@ class SchedulerCore:
     def step(self) -> list[TokenEvent]:
         """Run one batch; returns the new tokens and finishes it produced."""
         t0 = now_ns()
+        failed_grammars = self._grammars_compiled() if self.grammar.live else []
         retracted = self._make_room()
         decoding = [r for r in self.running if r.prefill_done and not r.held]
         chunks = self._admit(self.prefill_budget(len(decoding)), len(decoding), admit_new=not retracted)
@@ -333,10 +349,10 @@ class SchedulerCore:
             self.policy.stepped(decoded=bool(decoding))
         if not decoding and not chunks:
             self.last_step = StepStats(num_retracted=len(retracted))
-            return []
+            return failed_grammars
         group = [(r, 1) for r in decoding] + chunks
         t_sched = now_ns()
-        self._forward_ns = self._sample_ns = self._logprobs_ns = 0
+        self._forward_ns = self._sample_ns = self._logprobs_ns = self._grammar_ns = 0
         try:
             produced, failed = self._run(group), []
         except Exception as exc:  # noqa: BLE001 - find the requests responsible, keep the rest
@@ -348,14 +364,17 @@ class SchedulerCore:
                 req.times.prefill_chunks.append((t0, t1, n))
                 if self.tree is not None:  # a request arriving now reuses what this one computed
                     self.cache.give_to_tree(req, keep_lock=True)
-        events = [self._fail(req, exc) for req, exc in failed]
+        events = failed_grammars + [self._fail(req, exc) for req, exc in failed]
+        run_grammar_ns = self._grammar_ns
         events += [self._append_token(req, tok, t1, lp) for req, tok, lp in produced]
         t2 = now_ns()
+        consume_ns = self._grammar_ns - run_grammar_ns  # inside t1..t2: not the sample phase's
         self.last_step = StepStats(
             batch_size=len(group), num_decode=len(decoding),
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
             step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
-            sample_seconds=(self._sample_ns + t2 - t1) / 1e9, logprobs_seconds=self._logprobs_ns / 1e9,
+            sample_seconds=(self._sample_ns + t2 - t1 - consume_ns) / 1e9, logprobs_seconds=self._logprobs_ns / 1e9,
+            grammar_seconds=self._grammar_ns / 1e9,
             started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
             prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group))
@@ -396,10 +415,19 @@ class SchedulerCore:
             if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
                 raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
             adjusted = adjust(logits, sampled, self.eos_ids)
-            picked = pick(adjusted, sampled)
+            t_mask = t_masked = 0
+            masked = None
+            if self.grammar.live:
+                t_mask = now_ns()
+                raw = self.args.logprobs_mode == "raw"  # a masked row's raw logprobs need the model's logits kept
+                adjusted, masked = self.grammar.mask(logits, adjusted, sampled, keep_raw=raw and any(
+                    r.grammar is not None and r.params.logprobs is not None for r in sampled))
+                t_masked = now_ns()
+                self._grammar_ns += t_masked - t_mask
+            picked = pick(adjusted, sampled, masked)
             tokens = picked.tolist()
             t2 = now_ns()
-            self._sample_ns += t2 - t1
+            self._sample_ns += t2 - t1 - (t_masked - t_mask)
             lps = output_logprobs(logits, adjusted, sampled, picked, self.args.logprobs_mode)  # None: none asked
             prompt_lps = score_prompts(self.runner.model.head, self.runner.scored, scoring) if scoring else []
             if lps is not None or scoring:
@@ -442,23 +470,53 @@ class SchedulerCore:
         self._finish(req, FinishReason.ERROR)
         return TokenEvent(req.rid, [], FinishReason.ERROR, req, error=req.error)
 
+    def _grammars_compiled(self) -> list[TokenEvent]:
+        """Waiting requests whose grammar compiled can be admitted from now; those whose compile failed end
+        here with its error.  With nothing running and only compiles to wait for, wait for one (briefly)."""
+        if not self.running and len(self.grammar.pending) == len(self.waiting):
+            self.grammar.wait(COMPILE_POLL_S)
+        events = []
+        for req, error in self.grammar.poll(now_ns()):
+            self.waiting.remove(req)
+            events.append(self._end_with_error(req, error))
+        return events
+
+    def _end_with_error(self, req: Req, error: str) -> TokenEvent:
+        """End one request because of what it asked for (its grammar): an error it is told, batch mates untouched."""
+        log.debug("request %r ended: %s", req.rid[:64], error)
+        req.error = error
+        if req.status is ReqStatus.RUNNING:
+            self.running.remove(req)
+        self._finish(req, FinishReason.ERROR)
+        return TokenEvent(req.rid, [], FinishReason.ERROR, req, error=error)
+
     def _append_token(self, req: Req, tok: int, t: int, lp: Logprobs | None = None) -> TokenEvent:
         if req.pooling is not None:  # its prompt has run: the embedding is its result
             req.embedding, req.times.first_token = req.pooling.result(), t
             self.running.remove(req)
             self._finish(req, FinishReason.STOP)
             return TokenEvent(req.rid, [], FinishReason.STOP, req)
+        if req.grammar is not None:
+            t0 = now_ns()
+            error = self.grammar.advance(req, tok)
+            self._grammar_ns += now_ns() - t0
+            if error is not None:
+                return self._end_with_error(req, error)
         req.output_ids.append(tok)
         req.times.token_times.append(t)
         if req.times.first_token is None:
             req.times.first_token = t
         reason = finish_reason(req, tok, self.eos_ids)
+        if reason is None and req.grammar is not None and req.grammar.complete:
+            reason = FinishReason.STOP  # the grammar is done: nothing may follow
         if reason is not None:
             self.running.remove(req)
             self._finish(req, reason)
         return TokenEvent(req.rid, [tok], reason, req, logprobs=lp)
 
     def _finish(self, req: Req, reason: FinishReason) -> None:
+        if req.grammar is not None:
+            self.grammar.release(req)
         self.cache.release(req, cache=reason is not FinishReason.ERROR)  # a failed step may have left bad K/V
         req.status = ReqStatus.FINISHED
         req.finish_reason = reason

@@ -12,7 +12,10 @@ not admitted (`WaitReasons.assign`):
 - `retracted`: the step retracted requests, and a step that retracts admits no one;
 - `paused`: the Scheduler is paused (POST /pause_generation mode in_place): no step runs;
 - `next_step`: the request arrived while a step ran and was admitted by the next one
-  (its whole wait is the rest of that step).
+  (its whole wait is the rest of that step);
+- `grammar`: its structured output's grammar was still compiling (serving.engine.grammar);
+  admission passes over it, so it holds back no one, and it takes precedence over the
+  reasons above (whatever else held the queue, it could not have run).
 
 A `WaitLedger` on the request's times accumulates ns per reason over every waiting
 interval, with the same stamps as `ReqTimes.waits`, so the reasons sum exactly to the
@@ -26,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 KV_CAPACITY, QUEUE_ORDER, RUNNING_LIMIT, STEP_BUDGET = "kv_capacity", "queue_order", "running_limit", "step_budget"
-RETRACTED, PAUSED, NEXT_STEP = "retracted", "paused", "next_step"
-WAIT_REASONS = (KV_CAPACITY, QUEUE_ORDER, RUNNING_LIMIT, STEP_BUDGET, RETRACTED, PAUSED, NEXT_STEP)
+RETRACTED, PAUSED, NEXT_STEP, GRAMMAR = "retracted", "paused", "next_step", "grammar"
+WAIT_REASONS = (KV_CAPACITY, QUEUE_ORDER, RUNNING_LIMIT, STEP_BUDGET, RETRACTED, PAUSED, NEXT_STEP, GRAMMAR)
 GLOBAL_REASONS = frozenset((RUNNING_LIMIT, STEP_BUDGET, RETRACTED, PAUSED))  # they hold back every waiting request
 MAX_CHANGES = 32  # reason changes kept per request (span events); the times per reason are always complete
 
@@ -66,15 +69,17 @@ class WaitLedger:
 def assign(waiting: Iterable, blocked: str | None, at: int) -> None:
     """Give every request still waiting its reason for this step.
 
-    `blocked`: why the queue's head was not admitted (None: the queue is empty or the loop
-    did not get to it).  A global reason holds back everyone; `kv_capacity` holds back the
-    head, and the rest wait behind it (`queue_order`).
+    `blocked`: why the queue's head was not admitted (None: every request left waits for its
+    grammar, or the queue is empty).  A global reason holds back everyone; `kv_capacity` holds
+    back the head, and the rest wait behind it (`queue_order`).  A request whose grammar is
+    still compiling waits for it (`grammar`) and is no one's head.
     """
-    if blocked is None:
-        return
     behind = blocked if blocked in GLOBAL_REASONS else QUEUE_ORDER
     reason = blocked
     for req in waiting:
         t = req.times
-        t.wait.set(reason, at, t.waiting_since if t.waiting_since is not None else at)
-        reason = behind
+        if req.grammar_pending:
+            t.wait.set(GRAMMAR, at, t.waiting_since if t.waiting_since is not None else at)
+        elif reason is not None:
+            t.wait.set(reason, at, t.waiting_since if t.waiting_since is not None else at)
+            reason = behind
