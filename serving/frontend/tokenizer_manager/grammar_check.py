@@ -53,6 +53,8 @@ def meta_schema_error(schema: Any) -> str | None:
     except SchemaError as exc:
         where = "/".join(str(p) for p in exc.path)
         return f"{exc.message}" + (f" (at {where})" if where else "")
+    except RecursionError:
+        return "it is nested too deeply"
     return None
 
 

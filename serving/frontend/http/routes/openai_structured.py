@@ -42,7 +42,10 @@ def json_spec(value: Any, param: str, options: dict[str, Any] | None = None) -> 
         raise bad_request(f"{param} must be a JSON Schema (an object)", param=param, code="invalid_schema")
     if options and isinstance(value, dict):
         value = {**value, "x-guidance": {**value.get("x-guidance", {}), **options}}
-    return json.dumps(value)
+    try:
+        return json.dumps(value)
+    except RecursionError:
+        raise bad_request(f"{param} is nested too deeply", param=param, code="invalid_schema") from None
 
 
 def _response_format(req: _SamplingFields) -> list[Constraint]:

@@ -2,7 +2,8 @@
 the answer is read, and the grammar that forces a call.
 
 - `tools`: functions only; each needs `function.name` (OpenAI's characters, unique) and, if given,
-  `parameters` as an object schema (absent: no arguments).  The tools go to the chat template as
+  `parameters` as an object schema (absent: no arguments), checked like any structured output
+  (meta-schema, llguidance) whatever `tool_choice` says.  The tools go to the chat template as
   its `tools` variable, as transformers' apply_chat_template passes them.
 - `tool_choice`: `auto` (the default with tools: free text, read by the server's tool-call parser),
   `none` (tools rendered, nothing read), `required` or `{"type": "function", "function": {"name"}}`:
@@ -23,7 +24,7 @@ import msgspec
 from protocol.sampling_params import StructuredOutput
 from serving.frontend.errors import bad_request
 from serving.frontend.output_parsing import ParsingConfig, ParsingSpec
-from serving.frontend.tokenizer_manager.grammar_check import Constraint, meta_schema_error
+from serving.frontend.tokenizer_manager.grammar_check import Constraint
 from serving.frontend.tool_parsers import ToolSpec, get, valid_name
 
 MAX_TOOLS = 128  # OpenAI's limit
@@ -47,7 +48,7 @@ class ToolSetup:
     template_tools: list[dict] | None = None  # the template's `tools`
     parsing: ParsingSpec | None = None  # how answers are read (tools part; the route adds reasoning)
     forced: Constraint | None = None  # tool_choice required or named: the grammar
-    checks: list[Constraint] = field(default_factory=list)  # each forced tool's schema, by its field
+    checks: list[Constraint] = field(default_factory=list)  # every tool's schema, by its field
     keep_specials: bool = False  # the format's marker is a special token the Detokenizer must keep
 
 
@@ -75,8 +76,6 @@ def _tool(i: int, raw: Any) -> tuple[dict, ToolSpec]:
     if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
         raise bad_request(f"{param} must be a JSON Schema of an object (the arguments), got "
                           f"{json.dumps(params)[:80]}", param=param, code="invalid_schema")
-    if params is not None and (why := meta_schema_error(params)) is not None:
-        raise bad_request(f"{param} is not a valid JSON Schema: {why}", param=param, code="invalid_schema")
     rendered = {"type": "function", "function": {k: v for k, v in msgspec.structs.asdict(fn).items()
                                                  if v is not None}}
     return rendered, ToolSpec(fn.name, params if params is not None else NO_ARGUMENTS)
@@ -86,8 +85,8 @@ def template_tools(raw: list[Any] | None) -> tuple[list[dict] | None, list[ToolS
     """The tools as the template renders them, and their specs (400 naming the field at fault)."""
     if raw is None:
         return None, []
-    if len(raw) > MAX_TOOLS:
-        raise bad_request(f"at most {MAX_TOOLS} tools are allowed, got {len(raw)}", param="tools")
+    if not 1 <= len(raw) <= MAX_TOOLS:
+        raise bad_request(f"tools must list 1 to {MAX_TOOLS} tools, got {len(raw)}", param="tools")
     pairs = [_tool(i, t) for i, t in enumerate(raw)]
     names = [spec.name for _, spec in pairs]
     if len(set(names)) != len(names):
@@ -120,7 +119,12 @@ def tool_setup(tools: list[Any] | None, choice: Any, parallel: bool | None, cfg:
     mode = _choice(choice, specs)
     if mode != "none" and not specs:
         raise bad_request("tool_choice needs tools", param="tool_choice")
-    setup = ToolSetup(template_tools=rendered)
+    try:  # each schema checked (meta-schema, llguidance) off the event loop, before the engine
+        checks = [Constraint(StructuredOutput(kind="json_schema", spec=json.dumps(s.parameters)),
+                             f"tools[{i}].function.parameters") for i, s in enumerate(specs)]
+    except RecursionError:
+        raise bad_request("a tool's parameters are nested too deeply", param="tools", code="invalid_schema") from None
+    setup = ToolSetup(template_tools=rendered, checks=checks)
     if mode == "none":
         return setup
     if cfg.tool_parser is None:
@@ -134,8 +138,6 @@ def tool_setup(tools: list[Any] | None, choice: Any, parallel: bool | None, cfg:
     if mode == "auto":
         return setup
     forced = specs if mode == "required" else [s for s in specs if s.name == mode]
-    setup.checks = [Constraint(StructuredOutput(kind="json_schema", spec=json.dumps(s.parameters)),
-                               f"tools[{specs.index(s)}].function.parameters") for s in forced]
     lark = parser.grammar(forced, many, cfg.marker, prefix='/\\n{0,2}/' if after else "")
     setup.forced = Constraint(StructuredOutput(kind="grammar", spec=lark, after_token_ids=after), "tools")
     return setup
