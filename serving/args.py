@@ -148,6 +148,16 @@ class ServerArgs:
     trust_request_chat_template: bool = _opt(False, "Accept a request's own `chat_template` (vLLM's flag of the same "
                                                     "name): a template is code run in the front end's event loop, so "
                                                     "by default such requests are refused with a 400.")
+    tool_call_parser: str = _opt("auto", "How chat answers are read for tool calls: 'hermes' (Qwen2, 2.5, 3: "
+                                         "<tool_call> blocks), 'llama3_json' (Llama 3.x JSON calls), 'mistral' "
+                                         "([TOOL_CALLS] lists), 'auto' (picked from the chat template's text, "
+                                         "else hermes; the choice is logged at start) or 'none' (a request with "
+                                         "tools must then say tool_choice none).")
+    reasoning_parser: str = _opt("none", "How chat answers' thinking is told apart from the answer: 'qwen3' (an "
+                                         "answer opening <think>), 'deepseek_r1' (the answer starts thinking "
+                                         "unless chat_template_kwargs turns thinking off) or 'none'. The thinking "
+                                         "goes to `reasoning_content`, its tokens to usage's reasoning_tokens, and "
+                                         "a structured output or forced tool call starts after </think>.")
     generation_config: str = _opt("auto", "'auto': the model directory's generation_config.json supplies the "
                                           "defaults of temperature, top_p, top_k, min_p, repetition_penalty and "
                                           "max_tokens for requests that leave them unset (as vLLM); 'none': "
@@ -324,6 +334,12 @@ class ServerArgs:
             raise ValueError("--max-n must be >= 1 and at most --max-choices")
         if self.chat_template and not os.path.isfile(self.chat_template) and "{" not in self.chat_template:
             raise ValueError(f"--chat-template: {self.chat_template!r} is neither a file nor a Jinja template")
+        from telemetry.metrics import TOOL_CALL_PARSERS
+
+        if self.tool_call_parser not in ("auto", *TOOL_CALL_PARSERS, "none"):
+            raise ValueError(f"--tool-call-parser must be one of auto, {', '.join(TOOL_CALL_PARSERS)}, none")
+        if self.reasoning_parser not in ("qwen3", "deepseek_r1", "none"):
+            raise ValueError("--reasoning-parser must be qwen3, deepseek_r1 or none")
         if self.generation_config not in ("auto", "none"):
             raise ValueError("--generation-config must be auto or none")
         if self.priority_order not in ("lower-first", "higher-first"):

@@ -145,6 +145,10 @@ class FlightRecorder:
             finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace_id,
             output_chars=out.chars, output_sha256=out.sha.hexdigest())
         prompt = None if obj is None else obj.messages if obj.messages is not None else obj.prompt
+        failure = getattr(rt, "tool_call_failure", None)
+        if failure is not None:
+            rec.tool_call_parse_failed = failure[0]
+            rec.tool_call_text = failure[1] if self.content else None
         if self.content:
             rec.output = "".join(out.parts or ())
             if obj is not None and obj.stop:

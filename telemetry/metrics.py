@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from protocol.io_struct import GAP_CAUSES, GRAMMAR_CACHE_RESULTS, GRAMMAR_ERROR_KINDS, MISS_REASONS, SchedulerStats
 from telemetry.buckets import DEFAULT_BUCKETS
-from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, requests_series
+from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, REQUEST_FINISH_REASONS, requests_series
 from telemetry.stats import EngineView
 from telemetry.tail_sampling import DROP_REASONS, KEEP_REASONS
 
@@ -108,7 +108,8 @@ SPECS: tuple[Spec, ...] = (
          "Requests (generation and embeddings) that ended, by finish reason, HTTP status and outcome (exactly one "
          "per request).",
          M + ("finish_reason", "status", "outcome"),
-         definition="finish_reason: " + " | ".join(FINISH_REASONS) + ". status: the HTTP status the request "
+         definition="finish_reason: " + " | ".join(REQUEST_FINISH_REASONS) + " (tool_calls: the model stopped "
+         "and its answer parsed as tool calls; counted with outcome stop). status: the HTTP status the request "
          "ended with (200; 400, 408, 413 or 429 for a request refused before the engine; 499 client gone; "
          "500 engine failure; 503 unavailable; 504 timeout). outcome: " + " | ".join(OUTCOMES)
          + " (telemetry/outcomes.py): `sum by (outcome)` adds up to the requests that reached a generation route.",
@@ -148,6 +149,13 @@ SPECS: tuple[Spec, ...] = (
          "vLLM fields other servers accept (`serving.frontend.http.routes.openai_requests.FOREIGN_FIELDS`), else "
          "`other`, so clients cannot grow the series without bound; the request span's `sightline.ignored_fields` "
          "names them all.", attr="fields_ignored"),
+    Spec("sightline_tool_call_parse_failures_total", "counter",
+         "Chat answers that started like a tool call but did not parse, by tool-call parser.", ("parser",),
+         definition="One per choice whose model stopped by itself (finish reason stop) after writing text that "
+         "starts like a call in the parser's format (a `<tool_call>` block, `[TOOL_CALLS]`, a JSON object) "
+         "but is not one (not JSON, no name, arguments not an object, unfinished): the text is returned as "
+         "the message's content. parser: --tool-call-parser's choice. With --dump-content the flight "
+         "recorder keeps the text (`tool_call_text`).", attr="tool_parse_failures"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
          "/pause_generation mode abort).", attr="aborts"),
@@ -408,6 +416,7 @@ SERVER_LABELS = ("model_name", "dp_rank", "role")
 PAUSE_MODES = ("abort", "in_place", "drain")
 CONTROL_ACTIONS = tuple(f"pause_{m}" for m in PAUSE_MODES) + ("continue", "tracing", "log_level")
 COMPONENTS = ("tokenizer_manager", "scheduler", "detokenizer")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # serving.frontend.tool_parsers.PARSERS, checked there
 
 
 def _each(**values: tuple[str, ...]) -> tuple[dict[str, str], ...]:
@@ -442,6 +451,7 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_worker_failures_total": _each(cause=("exited", "stalled")),
     "sightline_request_dump_errors_total": _each(reason=("write_error", "queue_full")),
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
+    "sightline_tool_call_parse_failures_total": _each(parser=TOOL_CALL_PARSERS),
     "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
     "sightline_prefix_cache_misses_total": _each(reason=MISS_REASONS),
     "sightline_grammar_cache_total": _each(result=GRAMMAR_CACHE_RESULTS),
@@ -580,6 +590,7 @@ class Metrics:
     tenant_cpu: Counter
     key_reloads: Counter
     fields_ignored: Counter
+    tool_parse_failures: Counter
     engine_failures: Counter
     engine_restarts: Counter
     http_requests: Counter

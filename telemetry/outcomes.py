@@ -28,6 +28,9 @@ class FinishReason(str, enum.Enum):
 
 
 FINISH_REASONS = tuple(r.value for r in FinishReason)
+# the API's, never the engine's: a request the model stopped whose answer the front end parsed as tool calls
+TOOL_CALLS = "tool_calls"
+REQUEST_FINISH_REASONS = FINISH_REASONS + (TOOL_CALLS,)  # the `finish_reason` label of sightline_requests_total
 
 STOP, LENGTH = "stop", "length"  # the model finished: a stop token or string; max_tokens or the context
 REJECTED = "rejected"  # a 4xx before admission: bad body, too large, body not in time...
@@ -58,9 +61,11 @@ class Ending:
     error_type: str | None = None  # the API error `type` of an admitted request that ends without its answer
 
 
-# an admitted request the model finished, or the engine failed alone
+# an admitted request the model finished, or the engine failed alone; a stop whose answer is tool calls is
+# a finer grain of stop (its outcome), so `sum by (outcome)` is unchanged by tool calling
 FINISHED = (
     Ending("stop", 200, STOP),
+    Ending(TOOL_CALLS, 200, STOP),
     Ending("length", 200, LENGTH),
     Ending("error", 500, ERROR, error_type="internal_error"),
 )

@@ -46,6 +46,8 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     output_sha256: str = ""
     prompt: str | list | None = None  # only with --dump-content: the text, or the chat messages
     output: str | None = None  # only with --dump-content
+    tool_call_parse_failed: str | None = None  # the tool-call parser that could not read the answer's calls
+    tool_call_text: str | None = None  # only with --dump-content: the text it could not read
 
 
 _decoder = msgspec.json.Decoder(RequestRecord)

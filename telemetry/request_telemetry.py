@@ -92,6 +92,7 @@ class TracedRequest(Protocol):
     completion_tokens: int
     choice_of: str | None  # one choice of a request with several: that request's id (it decides tail sampling)
     outcome: str | None  # how it ended (telemetry.outcomes), once finished
+    tool_call_failure: tuple[str, str] | None  # (parser, text) of an answer whose tool calls did not parse
 
     def exemplar(self) -> dict[str, str] | None: ...
 
@@ -235,6 +236,14 @@ class RequestTelemetry:
         rt.span.end(end_time=self.tracing.wall(end))
 
     # -- TokenizerManager side ---------------------------------------------------------
+    def tool_call_parse_failed(self, rt: TracedRequest, parser: str, text: str) -> None:
+        """An answer started like a tool call and did not parse (it goes back as content): counted, named on
+        the span, and kept for the flight recorder (which writes the text only with --dump-content)."""
+        self.count(self.m and self.m.tool_parse_failures, parser)
+        rt.tool_call_failure = (parser, text)
+        if rt.span is not None:
+            rt.span.set_attribute("sightline.tool_call_parse_failed", parser)
+
     def tokenized(self, rt: TracedRequest, start: int, end: int) -> None:
         rt.tokenize_ns = end - start
         if rt.span is not None:

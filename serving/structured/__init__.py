@@ -5,6 +5,6 @@ problem); the engine compiles the same spec into per-request matchers (serving.e
 llguidance is the backend; `backend.py` is the one place that knows it.
 """
 
-from serving.structured.backend import GrammarError, check, to_backend_grammar
+from serving.structured.backend import GrammarError, backend_tokenizer, check, to_backend_grammar
 
-__all__ = ["GrammarError", "check", "to_backend_grammar"]
+__all__ = ["GrammarError", "backend_tokenizer", "check", "to_backend_grammar"]

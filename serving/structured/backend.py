@@ -9,6 +9,7 @@ the same three names.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.gbnf_to_lark import any_to_lark
@@ -55,11 +56,31 @@ def to_backend_grammar(so: StructuredOutput) -> str:
     raise GrammarError(f"unknown structured output kind {so.kind!r}")
 
 
+def backend_tokenizer(hf_tokenizer: Any) -> LLTokenizer:
+    """llguidance's view of a Hugging Face fast tokenizer: about a second for a large vocabulary, so build
+    it once and off the event loop."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(hf_tokenizer)
+
+
+def _message(text: str) -> str:
+    """llguidance's error without its `<non-verbose/>` placeholder line."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip() and line.strip() != "<non-verbose/>")
+
+
 def check(so: StructuredOutput, tokenizer: LLTokenizer | None = None) -> str:
-    """The backend grammar for `so` after llguidance validated it (with `tokenizer`, the lexer is built too,
-    which is where an exploding regex is caught); raises GrammarError with llguidance's message."""
+    """The backend grammar for `so` after llguidance validated it; raises GrammarError with llguidance's
+    message.  With `tokenizer` the first token mask is computed too: llguidance builds its lexer lazily,
+    so a regex whose automaton explodes (`(.{1,100}){1,100}z`) passes validation and fails there, within
+    llguidance's limits, instead of on the engine's first step."""
     grammar = to_backend_grammar(so)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=limits())
     if is_error:
-        raise GrammarError(messages[0].strip() if messages else "the grammar is invalid")
+        raise GrammarError(_message(messages[0]) if messages else "the grammar is invalid")
+    if tokenizer is not None:
+        matcher = LLMatcher(tokenizer, grammar, limits=limits(), log_level=0)
+        matcher.compute_bitmask()
+        if matcher.is_error():
+            raise GrammarError(_message(matcher.get_error()) or "the grammar is invalid")
     return grammar

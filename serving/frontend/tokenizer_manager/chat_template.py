@@ -36,6 +36,7 @@ class ChatTemplateOptions:
     kwargs: dict[str, Any] = field(default_factory=dict)  # `chat_template_kwargs`: extra template variables
     documents: list[dict[str, Any]] | None = None
     chat_template: str | None = None  # the request's own template, instead of the server's
+    tools: list[dict[str, Any]] | None = None  # the request's tools ({"type": "function", "function": {...}})
 
 
 def check_options(opts: ChatTemplateOptions, messages: list[dict[str, Any]]) -> None:
@@ -81,7 +82,8 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], opts: ChatTemplateOpt
     try:
         return tokenizer.apply_chat_template(
             messages, tokenize=False, chat_template=template, add_generation_prompt=opts.add_generation_prompt,
-            continue_final_message=opts.continue_final_message, documents=opts.documents, **opts.kwargs)
+            continue_final_message=opts.continue_final_message, documents=opts.documents, tools=opts.tools,
+            **opts.kwargs)
     except Exception as exc:  # noqa: BLE001 - a template that rejects these messages (or a broken template)
         param = "chat_template" if opts.chat_template else "messages"
         raise bad_request(f"the chat template failed to render these messages: {exc}", param=param,

@@ -179,6 +179,8 @@ class TokenizerManager:
         state.cpu_ns = max(state.cpu_ns, out.cpu_ns)
         self._started(state)
         self.tel.on_output(state, out, recv)
+        if state.parsing is not None:
+            state.parsing.feed(out.text, len(out.output_ids))
         if out.finish_reason is not None:
             self._finish(state, out.finish_reason, out.abort_reason, out.error)
             if out.engine_running:  # the Detokenizer ended it (a stop string, or it failed there)
@@ -204,9 +206,11 @@ class TokenizerManager:
             self.admission.started()
 
     def _finish(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
-        """The rid leaves rid_to_state: mark it, count it, observe it (exactly once)."""
-        state.finished, state.finish_reason = True, reason
-        state.status = http_status(reason, abort_reason)
+        """The rid leaves rid_to_state: mark it, count it, observe it (exactly once).  A chat answer read for
+        tool calls finishes as the client is told (`tool_calls`), the engine's reason aside."""
+        told = state.parsing.finish(reason) if state.parsing is not None else reason
+        state.finished, state.finish_reason = True, told
+        state.status = http_status(told, abort_reason)
         self.rid_to_state.pop(state.rid, None)
         self.finished_total += 1
         self.admission.release(state.budget_tokens, state.started)
@@ -216,7 +220,7 @@ class TokenizerManager:
         if state.timer is not None:
             state.timer.cancel()
         self.drops.forget(state.rid, abort_reason or reason)
-        state.breakdown = self.tel.finish(state, reason, abort_reason, error)
+        state.breakdown = self.tel.finish(state, told, abort_reason, error)
 
     # -- submitting -------------------------------------------------------------------
     def _options(self, obj: GenerateReqInput | embeddings.EmbedReqInput, state: ReqState) -> tuple[str, int]:
@@ -238,6 +242,8 @@ class TokenizerManager:
         namespace, priority = self._options(obj, state)
         self.admission.check_queue()
         check_size(obj, ready.context_len, self.input_limits(ready))
+        if obj.constraints:  # a spec that cannot compile is a 400 here, never an engine step
+            await self.prompts.grammar.check(obj.constraints)
         t0 = now_ns()
         ids = await self.prompts.encode(obj, ready.vocab_size)
         t1 = now_ns()

@@ -6,14 +6,25 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry.context import Context
 from opentelemetry.trace import Span
 
 from protocol.io_struct import Logprobs, ReqMeta, Stamps, StrOut
 from protocol.sampling_params import SamplingParams
+from serving.frontend.output_parsing import ParsingSpec
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions
+from serving.frontend.tokenizer_manager.grammar_check import Constraint
+
+
+class OutputParser(Protocol):
+    """What the TokenizerManager asks of a choice's output parsing (serving.frontend.output_parsing):
+    each output's text in order, and at the end the finish reason the client is told."""
+
+    def feed(self, text: str, tokens: int) -> None: ...
+
+    def finish(self, reason: str) -> str: ...
 
 
 @dataclass
@@ -42,6 +53,9 @@ class GenerateReqInput:
     # default: where its effective value came from (on the span and in /debug/requests)
     template: ChatTemplateOptions | None = None  # how `messages` are rendered (vLLM's chat-template fields)
     ignored_fields: list[str] = field(default_factory=list)  # unknown body fields ignored (--allow-unknown-fields)
+    constraints: list[Constraint] = field(default_factory=list)  # structured-output specs checked before the
+    # engine, each with the field a 400 names (`sampling.structured` is the last)
+    parsing: ParsingSpec | None = None  # chat: how the answer is read (reasoning, tool calls)
 
 
 @dataclass
@@ -103,6 +117,9 @@ class ReqState:
     embedding: Any = None  # its protocol.io_struct.EmbeddingOut, once it arrived
     # -- where its effective sampling values came from (GenerateReqInput.param_sources): /debug/requests --
     param_sources: dict[str, str] = field(default_factory=dict)
+    # -- chat answers read for reasoning and tool calls (serving.frontend.output_parsing) --
+    parsing: OutputParser | None = None
+    tool_call_failure: tuple[str, str] | None = None  # (parser, text): its tool calls did not parse
 
     def exemplar(self) -> dict[str, str] | None:
         return {"trace_id": self.trace_id} if self.trace_id else None

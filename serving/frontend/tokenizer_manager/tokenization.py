@@ -24,8 +24,10 @@ from typing import Any
 
 from protocol.io_struct import Ready
 from serving.frontend.errors import APIError, bad_request
+from serving.frontend.output_parsing import ParsingConfig
 from serving.frontend.tokenizer_manager import generation_defaults
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions, load_template, render
+from serving.frontend.tokenizer_manager.grammar_check import GrammarChecker
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,9 @@ def prompt_too_long(context_len: int, tokens: int, param: str) -> APIError:
 def input_chars(obj: Any) -> int:
     """Characters the tokenizer would see (prompt string, or every message's content)."""
     if obj.messages is not None:
-        return sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in obj.messages)
+        tools = getattr(getattr(obj, "template", None), "tools", None)  # rendered into the prompt too
+        return sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in obj.messages) + \
+            len(str(tools or ""))
     return len(obj.prompt) if isinstance(obj.prompt, str) else 0
 
 
@@ -102,7 +106,9 @@ class PromptTokenizer:
 
     It also holds what the model directory and the flags say about turning a request into
     tokens: `--chat-template` (instead of the tokenizer's) and the sampling defaults of
-    generation_config.json (`--generation-config auto`), both read once at start.
+    generation_config.json (`--generation-config auto`), both read once at start; the output
+    parsers the flags and the template pick (`parsing`); and the checker of structured-output
+    constraints (`grammar`).
     """
 
     def __init__(self, tokenizer: Any, args: Any = None) -> None:
@@ -113,6 +119,8 @@ class PromptTokenizer:
                      len(self.chat_template))
         mode = getattr(args, "generation_config", "none")
         self.defaults = generation_defaults.load(getattr(tokenizer, "name_or_path", None), mode)
+        self.parsing = ParsingConfig.load(args, tokenizer, self.chat_template)
+        self.grammar = GrammarChecker(tokenizer)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sightline-tokenize")
 
     def render(self, messages: list[dict[str, Any]], template: ChatTemplateOptions | None) -> str:

@@ -9,7 +9,15 @@ import ast
 from serving.frontend.errors import ABORT_STATUS, CLIENT_GONE, http_status, result_error
 from telemetry import outcomes
 from telemetry.metrics import ZERO_SERIES
-from telemetry.outcomes import ABORTS, ENDINGS, ERROR_TYPES, FINISH_REASONS, FINISHED, OUTCOMES, REFUSALS
+from telemetry.outcomes import (
+    ABORTS,
+    ENDINGS,
+    ERROR_TYPES,
+    FINISHED,
+    OUTCOMES,
+    REFUSALS,
+    REQUEST_FINISH_REASONS,
+)
 from tests.helpers import REPO
 
 ROOT = REPO
@@ -17,13 +25,13 @@ ROOT = REPO
 
 def test_every_row_is_complete():
     for e in ENDINGS:
-        assert e.finish_reason in FINISH_REASONS, e
+        assert e.finish_reason in REQUEST_FINISH_REASONS, e
         assert e.outcome in OUTCOMES, e
         assert 200 <= e.status < 600, e
     assert all(e.abort_reason and e.finish_reason == "abort" and e.status >= 400 for e in ABORTS)
     assert len({e.abort_reason for e in ABORTS}) == len(ABORTS), "an abort reason is listed twice"
     assert len({(e.status, e.code) for e in REFUSALS}) == len(REFUSALS), "a refusal is listed twice"
-    assert {e.finish_reason for e in ENDINGS} == set(FINISH_REASONS)
+    assert {e.finish_reason for e in ENDINGS} == set(REQUEST_FINISH_REASONS)  # the engine's, and tool_calls
     assert {e.outcome for e in ENDINGS} == set(OUTCOMES), "an outcome no request can end with"
 
 

@@ -94,6 +94,17 @@ def test_dump_content_records_the_texts(tmp_path):
     assert "tpot_ms" not in b.breakdown  # one output token
 
 
+@pytest.mark.parametrize("content", [False, True])
+def test_a_tool_call_that_did_not_parse_is_named_and_its_text_kept_only_with_content(tmp_path, content):
+    rec = FlightRecorder(str(tmp_path), "m", content=content)
+    rt = finished(outputs=("<tool_call>{oops",))
+    rt.tool_call_failure = ("hermes", "<tool_call>{oops")
+    run(rec, rt, outputs=("<tool_call>{oops",))
+    rec.close()
+    (r,) = read_records(tmp_path)
+    assert r.tool_call_parse_failed == "hermes" and r.tool_call_text == ("<tool_call>{oops" if content else None)
+
+
 def test_files_rotate_and_the_oldest_go(tmp_path):
     rec = FlightRecorder(str(tmp_path), "m", max_file_mb=2 / 1024, max_files=3, ring=10, prefix="requests-w2-")
     for i in range(60):

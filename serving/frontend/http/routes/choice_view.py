@@ -10,6 +10,7 @@ from protocol.io_struct import Logprobs, StrOut
 from serving.frontend.http.routes.choices import Choice
 from serving.frontend.http.routes.logprob_shapes import merge_parts
 from serving.frontend.http.routes.openai_shapes import ResponseShape
+from serving.frontend.output_parsing import OutputParsing
 
 
 class ChoiceView:
@@ -22,6 +23,8 @@ class ChoiceView:
         self.prompt_only = choice.obj.max_new_tokens == 0
         self.prompt_logprobs: Logprobs | None = None  # its prompt's (the first choice of the prompt computes them)
         self.completion_tokens = 0
+        parsing = choice.state.parsing  # a chat answer read for reasoning and tool calls
+        self.parsing: OutputParsing | None = parsing if isinstance(parsing, OutputParsing) else None
 
     def _echo(self, prompt_lp: Logprobs | None) -> tuple[str, dict | None]:
         """The prompt as the client sent it (token ids decoded), and its logprobs part."""
@@ -48,4 +51,10 @@ class ChoiceView:
         """(text, logprobs, finish_reason) for one streamed output."""
         text, lp = self.piece(out.text, out.output_ids, out.logprobs, prompt_lp)
         finish = "length" if self.prompt_only and out.finish_reason is not None else out.finish_reason
+        if self.parsing is not None and finish is not None:
+            finish = self.choice.state.finish_reason or finish  # as the TokenizerManager counted it (tool_calls)
         return text, lp, finish
+
+    def delta(self) -> dict | None:
+        """A parsed answer's new fields for the next chunk (None: the output's text is the content)."""
+        return self.parsing.drain() if self.parsing is not None else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import msgspec
@@ -59,11 +60,18 @@ async def _started(state: ReqState) -> None:
             state.event.clear()
 
 
+def _read_answers(state: ServerState, choice: ReqState, obj: GenerateReqInput) -> None:
+    """A chat choice whose answer is read for reasoning or tool calls gets its own parsing."""
+    if obj.parsing is not None:
+        choice.parsing = obj.parsing.start(functools.partial(state.tel.tool_call_parse_failed, choice))
+
+
 async def submit_choices(state: ServerState, parent: ReqState, obj: GenerateReqInput) -> list[Choice]:
     """Submit every choice (see the module's docstring); raises the first refusal, after aborting the rest."""
     subs = expand(obj)
     if len(subs) == 1:
         _, _, sub = subs[0]
+        _read_answers(state, parent, sub)
         await state.tm.submit(sub, parent)
         return [Choice(0, 0, sub, parent)]
     choices = []
@@ -71,6 +79,7 @@ async def submit_choices(state: ServerState, parent: ReqState, obj: GenerateReqI
         child = ReqState(route=parent.route, operation=parent.operation, arrival=parent.arrival, stream=parent.stream,
                          tenant=parent.tenant)
         state.tel.begin_choice(parent, child, index)
+        _read_answers(state, child, sub)
         choices.append(Choice(index, prompt_index, sub, child))
     firsts = [c for c in choices if c.index % obj.n == 0]
     rest = [c for c in choices if c.index % obj.n != 0]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from protocol.sampling_params import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
+from serving.frontend import reasoning
 from serving.frontend.errors import APIError, bad_request
 from serving.frontend.http.routes.openai_chat import chat_messages, template_options
 from serving.frontend.http.routes.openai_requests import (
@@ -22,6 +23,9 @@ from serving.frontend.http.routes.openai_requests import (
     _SamplingFields,
     decode_body,  # noqa: F401 - the routes' decoder lives with the structs
 )
+from serving.frontend.http.routes.openai_structured import structured_output, with_start
+from serving.frontend.http.routes.openai_tools import tool_setup
+from serving.frontend.output_parsing import ParsingConfig, ParsingSpec
 from serving.frontend.tokenizer_manager.generation_defaults import resolve
 from serving.frontend.tokenizer_manager.req_state import GenerateReqInput
 
@@ -40,13 +44,14 @@ class Front:
     defaults: dict[str, Any] = field(default_factory=dict)  # from generation_config.json
     count_ignored: Callable[[str, str], None] | None = None  # (route, field)
     trust_template: bool = False  # --trust-request-chat-template
+    parsing: ParsingConfig = field(default_factory=ParsingConfig)  # --tool-call-parser, --reasoning-parser
 
 
 def front_of(state: Any) -> Front:
     args, metrics = state.args, state.metrics
     count = (lambda route, name: metrics.fields_ignored.labels(route, name).inc()) if metrics is not None else None
     return Front(state.model_name, args.max_stop_strings, args.max_n, args.max_choices, args.allow_unknown_fields,
-                 state.tm.prompts.defaults, count, args.trust_request_chat_template)
+                 state.tm.prompts.defaults, count, args.trust_request_chat_template, state.tm.prompts.parsing)
 
 
 def check_request_template(template: str | None, front: Front) -> None:
@@ -98,25 +103,12 @@ def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def _refusals(req: _SamplingFields) -> None:
-    for name in ("structured_outputs", "lora_request"):
-        unsupported(getattr(req, name) is not None, name, name)
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend",
-                 "guided_whitespace_pattern"):
-        if getattr(req, name) is not None:
-            raise bad_request(f"{name} is not supported by this server (vLLM replaced it with structured_outputs, "
-                              "which this server does not support either)", param=name, code="unsupported_parameter")
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type") not in (None, "text"):
-        unsupported(True, "response_format", f"response_format {fmt.get('type')!r} (only 'text')")
-
-
 def _common(req: _SamplingFields, front: Front, default_max: int | None) -> tuple[SamplingParams, dict, dict]:
     """Sampling params and the GenerateReqInput fields both routes share."""
     if req.model is not None and req.model != front.served:
         raise APIError(400, f"The model `{req.model}` does not exist; this server serves `{front.served}`",
                        param="model", code="model_not_found")
-    _refusals(req)
+    unsupported(req.lora_request is not None, "lora_request", "lora_request")
     _in_range(req.n, 1, front.max_n, "n")
     if req.user is not None and len(req.user) > 256:
         raise bad_request("user must be at most 256 characters", param="user")
@@ -193,8 +185,11 @@ def completion_input(req: CompletionRequest, front: Front, route: str = "/v1/com
         raise bad_request(f"n x prompts = {n} x {len(prompts)} exceeds the limit of {front.max_choices} choices per "
                           "request (--max-choices)", param=param, code="too_many_choices")
     prompt, batch = (prompts[0], None) if len(prompts) == 1 else (None, prompts)
+    constraints = structured_output(req)
+    params.structured = constraints[0].so if constraints else None
     return GenerateReqInput(prompt=prompt, batch=batch, sampling=params, echo=bool(req.echo),
-                            param_names={"max_new_tokens": "max_tokens"}, ignored_fields=ignored, **fields)
+                            param_names={"max_new_tokens": "max_tokens"}, ignored_fields=ignored,
+                            constraints=constraints, **fields)
 
 
 def chat_input(req: ChatCompletionRequest, front: Front, route: str = "/v1/chat/completions") -> GenerateReqInput:
@@ -213,14 +208,31 @@ def chat_input(req: ChatCompletionRequest, front: Front, route: str = "/v1/chat/
         fields["user"] = req.safety_identifier[:256]
     check_request_template(req.chat_template, front)
     messages = chat_messages(req.messages)
+    cfg = front.parsing
+    thinking = reasoning.thinking_requested(req.chat_template_kwargs or {})
+    after = cfg.think_end_ids if cfg.reasoning and thinking else ()  # constraints apply to the answer
+    constraints = [with_start(c, after) for c in structured_output(req)]
+    tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls, cfg, after)
+    if constraints and tools.forced is not None:
+        raise bad_request(f"{constraints[0].param} and a forced tool_choice cannot be combined: the call's grammar "
+                          "is the constraint", param="tool_choice", code="conflicting_constraints")
+    main = constraints[0] if constraints else tools.forced
+    params.structured = main.so if main is not None else None
+    parsing = None
+    if cfg.reasoning or tools.parsing is not None:
+        base = tools.parsing or ParsingSpec()
+        parsing = ParsingSpec(cfg.reasoning, thinking, base.tools, base.max_calls, base.drop)
+    if tools.keep_specials:
+        fields["skip_special_tokens"] = False
     return GenerateReqInput(messages=messages, sampling=params, param_names={"max_new_tokens": param},
-                            template=template_options(req, messages), ignored_fields=ignored, **fields)
+                            template=template_options(req, messages, tools.template_tools), ignored_fields=ignored,
+                            constraints=tools.checks + ([main] if main is not None else []), parsing=parsing,
+                            **fields)
 
 
 def _chat_refusals(req: ChatCompletionRequest) -> None:
-    for name in ("tools", "functions", "function_call", "parallel_tool_calls"):
-        unsupported(getattr(req, name) is not None, name, f"tool calling ({name})")
-    unsupported(req.tool_choice not in (None, "none"), "tool_choice", "tool_choice other than 'none'")
+    for name in ("functions", "function_call"):
+        unsupported(getattr(req, name) is not None, name, f"the deprecated function calling ({name}: use tools)")
     for name in ("audio", "prediction", "web_search_options", "reasoning_effort", "verbosity", "metadata",
                  "prompt_cache_key"):
         unsupported(getattr(req, name) is not None, name, name)

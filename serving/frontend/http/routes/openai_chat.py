@@ -72,13 +72,14 @@ def chat_messages(raw: list[ChatMessage]) -> list[dict[str, Any]]:
     return messages
 
 
-def template_options(req: Any, messages: list[dict[str, Any]]) -> ChatTemplateOptions:
-    """The chat-template fields of a chat request or a /tokenize body, checked (400 naming the field)."""
+def template_options(req: Any, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> ChatTemplateOptions:
+    """The chat-template fields of a chat request or a /tokenize body, checked (400 naming the field);
+    `tools`: the request's tools as the template renders them (openai_tools)."""
     cont = bool(getattr(req, "continue_final_message", None))
     add = getattr(req, "add_generation_prompt", None)
     opts = ChatTemplateOptions(add_generation_prompt=(not cont) if add is None else add, continue_final_message=cont,
                                kwargs=dict(getattr(req, "chat_template_kwargs", None) or {}),
                                documents=getattr(req, "documents", None),
-                               chat_template=getattr(req, "chat_template", None))
+                               chat_template=getattr(req, "chat_template", None), tools=tools)
     check_options(opts, messages)
     return opts

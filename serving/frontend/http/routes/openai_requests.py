@@ -26,6 +26,36 @@ class StreamOptions(msgspec.Struct, **_STRICT):
     continuous_usage_stats: bool | None = None  # vLLM's: the running usage on every chunk (benchmark clients)
 
 
+class JsonSchemaFormat(msgspec.Struct, **_STRICT):
+    """`response_format.json_schema`: the schema is enforced whatever `strict` says (constrained decoding)."""
+
+    name: str | None = None
+    schema: Any = None
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(msgspec.Struct, **_STRICT):
+    type: str
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(msgspec.Struct, **_STRICT):
+    """vLLM's `structured_outputs`: one of json, regex, choice, grammar, json_object."""
+
+    json: Any = None  # a JSON Schema, as an object or as JSON text
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark (llguidance's) or GBNF
+    json_object: bool | None = None
+    disable_any_whitespace: bool | None = None  # json: no whitespace between tokens (compact JSON)
+    whitespace_pattern: str | None = None  # json: the regex whitespace between tokens must match
+    # vLLM's, declared to be refused by name
+    disable_fallback: Any = None
+    disable_additional_properties: Any = None
+    structural_tag: Any = None
+
+
 class _SamplingFields(msgspec.Struct, **_STRICT):
     """What both routes share: OpenAI's sampling fields and vLLM's extensions."""
 
@@ -54,9 +84,9 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     prompt_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
-    # declared to be refused by name (structured outputs, LoRA): another issue builds them
-    structured_outputs: Any = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    # declared to be refused by name: vLLM's retired guided_* fields (see structured_outputs), LoRA
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
@@ -113,7 +143,7 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # each checked by openai_tools (a 400 names `tools[i].…`)
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None

@@ -53,7 +53,16 @@ class Answer:
         """Prompt tokens once per prompt (its first choice prefilled it), completion tokens over every choice."""
         firsts = [v.choice.state for v in self.firsts.values()]
         done = completion if completion is not None else sum(v.completion_tokens for v in self.views)
-        return usage(sum(s.prompt_tokens for s in firsts), done, sum(s.cached_tokens for s in firsts))
+        return usage(sum(s.prompt_tokens for s in firsts), done, sum(s.cached_tokens for s in firsts),
+                     self.reasoning_tokens())
+
+    @property
+    def reasoning(self) -> bool:
+        """A reasoning parser reads these answers (--reasoning-parser)."""
+        return any(v.parsing is not None and v.parsing.spec.reasoning for v in self.views)
+
+    def reasoning_tokens(self) -> int | None:
+        return sum(v.parsing.reasoning_tokens for v in self.views if v.parsing) if self.reasoning else None
 
     def breakdown(self) -> dict | None:
         if self.single:
@@ -105,6 +114,10 @@ def _body(answer: Answer, results: list[Collected]) -> dict:
         if v.choice.obj.prompt_logprobs_field:
             plp = shape.prompt_logprobs(first.choice.state.prompt_ids or [], prompt_lp)
             prompt_field = prompt_field or plp
+        if v.parsing is not None and v.parsing.result is not None:  # read for reasoning and tool calls
+            out.append(shape.message(v.choice.index, v.parsing.result, v.choice.state.finish_reason, lp,
+                                     answer.reasoning))
+            continue
         out.append(shape.choice(v.choice.index, text, finish, lp, plp))
     completion = None if any(v.prompt_only or v.choice.obj.echo for v in answer.views) else \
         sum(r.completion_tokens for r in results)
@@ -157,15 +170,16 @@ async def _events(answer: Answer) -> AsyncIterator[bytes]:
         if out.prompt_logprobs is not None:
             view.prompt_logprobs = out.prompt_logprobs
         text, lp, finish = view.out(out, answer.firsts[view.choice.prompt_index].prompt_logprobs)
-        if text or lp or finish is not None:
+        delta = view.delta()
+        if (delta if delta is not None else text) or lp or finish is not None:
             running = None
             if shape.continuous:
                 running = answer.usage() if not answer.single else \
-                    usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens)
-            yield sse(shape.delta_chunk(text, finish, running, view.choice.index, lp))
+                    usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
+            yield sse(shape.delta_chunk(text, finish, running, view.choice.index, lp, delta))
     if shape.with_usage:
         use = answer.usage() if not answer.single or answer.views[0].prompt_only or answer.views[0].choice.obj.echo \
-            else usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens)
+            else usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
         chunk = shape.usage_chunk(use)
         chunk["sightline"] = answer.breakdown()
         yield sse(chunk)

@@ -13,18 +13,24 @@ from serving.frontend.http.routes.logprob_shapes import (
     chat_content,
     vllm_prompt_logprobs,
 )
+from serving.frontend.output_parsing import Answer
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache served."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None
+          ) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache served;
+    `completion_tokens_details.reasoning_tokens` with a reasoning parser (--reasoning-parser)."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 def openai_finish(reason: str | None) -> str | None:
-    """OpenAI knows stop and length; an abort that still produced a response reads as stop."""
-    return None if reason is None else ("length" if reason == "length" else "stop")
+    """OpenAI's stop, length and tool_calls; an abort that still produced a response reads as stop."""
+    return None if reason is None else reason if reason in ("length", "tool_calls") else "stop"
 
 
 class ChoiceLogprobs:
@@ -83,6 +89,17 @@ class ResponseShape:
             out["prompt_logprobs"] = prompt_logprobs
         return out
 
+    def message(self, index: int, answer: Answer, finish: str | None, logprobs: dict | None,
+                reasoning: bool) -> dict:
+        """One chat choice whose answer was read for reasoning and tool calls (serving.frontend.output_parsing):
+        `reasoning_content` with a reasoning parser, `tool_calls` when it called (then content may be null)."""
+        msg: dict = {"role": "assistant", "content": answer.content}
+        if reasoning:
+            msg["reasoning_content"] = answer.reasoning
+        if answer.tool_calls:
+            msg["tool_calls"] = answer.tool_calls
+        return {"index": index, "message": msg, "logprobs": logprobs, "finish_reason": openai_finish(finish)}
+
     def body(self, choices: list[dict], use: dict, prompt_logprobs: list | None = None) -> dict:
         body = self._envelope("chat.completion" if self.chat else "text_completion", choices)
         if self.chat and prompt_logprobs is not None:  # vLLM puts chat's on the response
@@ -114,9 +131,10 @@ class ResponseShape:
                              "finish_reason": None}], running)
 
     def delta_chunk(self, text: str, finish: str | None, running: dict | None = None, index: int = 0,
-                    logprobs: dict | None = None) -> dict:
+                    logprobs: dict | None = None, delta: dict | None = None) -> dict:
+        """`delta`: a parsed chat answer's fields (reasoning_content, content, tool_calls) instead of `text`."""
         if self.chat:
-            delta = {"content": text} if text else {}
+            delta = delta if delta is not None else {"content": text} if text else {}
             return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
                                  "finish_reason": openai_finish(finish)}], running)
         return self._chunk([{"index": index, "text": text, "logprobs": logprobs,

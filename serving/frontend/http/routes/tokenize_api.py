@@ -21,6 +21,7 @@ from serving.frontend.http.routes.generation import read_body
 from serving.frontend.http.routes.openai_api import Front, check_ignored, check_request_template, front_of
 from serving.frontend.http.routes.openai_chat import chat_messages, template_options
 from serving.frontend.http.routes.openai_requests import ChatMessage, decode_body
+from serving.frontend.http.routes.openai_tools import template_tools
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.tokenization import INLINE_CHARS
 
@@ -37,6 +38,7 @@ class TokenizeRequest(msgspec.Struct, **_STRICT):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, Any]] | None = None
+    tools: list[Any] | None = None  # rendered as a chat completion renders them
     return_token_strs: bool | None = None
 
 
@@ -57,7 +59,7 @@ def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
         raise bad_request("give exactly one of `prompt` and `messages`", param="prompt")
     if body.messages is not None:
         messages = chat_messages(body.messages)
-        text = prompts.render(messages, template_options(body, messages))
+        text = prompts.render(messages, template_options(body, messages, template_tools(body.tools)[0]))
         special = bool(body.add_special_tokens)
     else:
         text, special = body.prompt, body.add_special_tokens is not False

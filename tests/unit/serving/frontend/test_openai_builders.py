@@ -10,6 +10,7 @@ import pytest
 from serving.frontend.errors import APIError
 from serving.frontend.http.routes.openai_api import Front, chat_input, completion_input
 from serving.frontend.http.routes.openai_requests import ChatCompletionRequest, CompletionRequest, decode_body
+from serving.frontend.output_parsing import ParsingConfig
 from serving.frontend.tenants.priority import engine_priority
 from serving.frontend.tokenizer_manager import generation_defaults
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions, render
@@ -62,7 +63,7 @@ def test_chat_fields_map_to_the_engine_contract():
     (comp, {"logit_bias": {"-1": 1}}, "logit_bias"), (comp, {"logit_bias": {"1": -100.5}}, "logit_bias"),
     (comp, {"max_tokens": 0}, "max_tokens"), (chat, {"max_tokens": 0, "echo": True}, "echo"),
     (comp, {"best_of": 2}, "best_of"), (comp, {"suffix": ""}, "suffix"), (chat, {"tool_choice": "auto"}, "tool_choice"),
-    (chat, {"guided_json": {}}, "guided_json"), (comp, {"response_format": {"type": "json_object"}}, "response_format"),
+    (chat, {"guided_json": {}}, "guided_json"), (comp, {"response_format": {"type": "xml"}}, "response_format.type"),
     (chat, {"continue_final_message": True}, "continue_final_message"),
     (chat, {"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs"),
     (chat, {"messages": [{"role": "user", "content": "x", "nickname": "y"}]}, "messages[0].nickname"),
@@ -131,3 +132,78 @@ def test_span_attributes_name_ignored_fields_and_sources():
     assert attrs["sightline.ignored_fields"] == ["wibble"]
     assert attrs["sightline.param_source.temperature"] == "request"
     assert attrs["sightline.param_source.top_p"] == "default"
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+HERMES = Front("m", parsing=ParsingConfig(tool_parser="hermes"))
+THINKING = Front("m", parsing=ParsingConfig(tool_parser="hermes", reasoning="qwen3", think_end_ids=(7, 8)))
+
+
+def test_structured_outputs_map_to_one_constraint_named_by_its_field():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    obj = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
+    (c,) = obj.constraints
+    assert (c.so.kind, json.loads(c.so.spec), c.param) == ("json_schema", schema, "response_format.json_schema.schema")
+    assert obj.sampling.structured == c.so
+    assert json.loads(chat(response_format={"type": "json_object"}).sampling.structured.spec) == {"type": "object"}
+    assert chat(response_format={"type": "text"}).sampling.structured is None
+    compact = comp(structured_outputs={"json": json.dumps(schema), "disable_any_whitespace": True}).sampling.structured
+    assert json.loads(compact.spec)["x-guidance"] == {"whitespace_flexible": False}
+    assert comp(structured_outputs={"choice": ["a", "b"]}).constraints[0].param == "structured_outputs.choice"
+    assert comp(structured_outputs={"regex": "a+"}).sampling.structured.kind == "regex"
+    assert comp(structured_outputs={"grammar": 'start: "x"'}).sampling.structured.kind == "grammar"
+    thought = chat(THINKING, response_format={"type": "json_object"}).sampling.structured
+    assert thought.after_token_ids == (7, 8)  # the constraint starts after </think>
+    off = chat(THINKING, response_format={"type": "json_object"}, chat_template_kwargs={"enable_thinking": False})
+    assert off.sampling.structured.after_token_ids == ()
+
+
+@pytest.mark.parametrize("fn,body,param,code", [
+    (chat, {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+     "structured_outputs.regex", "conflicting_constraints"),
+    (comp, {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice",
+     "conflicting_constraints"),
+    (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format.json_schema.schema", "invalid_schema"),
+    (comp, {"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "invalid_schema"),
+    (comp, {"structured_outputs": {"regex": "a", "disable_any_whitespace": True}},
+     "structured_outputs.disable_any_whitespace", None),
+    (comp, {"structured_outputs": {"structural_tag": {}}}, "structured_outputs.structural_tag",
+     "unsupported_parameter"),
+    (comp, {"structured_outputs": {"backend": "xgrammar"}}, "structured_outputs.backend", "unknown_parameter"),
+    (chat, {"guided_regex": "a"}, "guided_regex", "unsupported_parameter"),
+    (chat, {"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
+     "conflicting_constraints"),
+    (chat, {"tools": [{"type": "function", "function": {"description": "-"}}]}, "tools[0].function.name", None),
+    (chat, {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+     "tools[0].function.parameters", "invalid_schema"),
+    (chat, {"tools": [TOOL, {"type": "code_interpreter", "function": {"name": "g"}}]}, "tools[1].type", None),
+    (chat, {"tools": [TOOL, TOOL]}, "tools", None),
+    (chat, {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "no"}}}, "tool_choice", None),
+    (chat, {"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", None),
+])
+def test_structured_and_tool_fields_refused_by_name(fn, body, param, code):
+    err = refusal(fn, front=HERMES, **body) if fn is chat else refusal(fn, **body)
+    assert (err.param, err.code) == (param, code), err.message
+    if param == "guided_regex":
+        assert "structured_outputs.regex" in err.message
+
+
+def test_tools_render_and_are_read_and_forced_by_tool_choice():
+    auto = chat(HERMES, tools=[TOOL])
+    assert auto.template.tools == [TOOL] and auto.parsing.tools.name == "hermes" and auto.sampling.structured is None
+    assert auto.parsing.max_calls is None
+    assert chat(HERMES, tools=[TOOL], parallel_tool_calls=False).parsing.max_calls == 1
+    none = chat(HERMES, tools=[TOOL], tool_choice="none")
+    assert none.template.tools == [TOOL] and none.parsing is None
+    assert [c.param for c in none.constraints] == ["tools[0].function.parameters"]  # checked whatever the choice
+    forced = chat(HERMES, tools=[TOOL, {"type": "function", "function": {"name": "now"}}],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    grammar = forced.sampling.structured
+    assert grammar.kind == "grammar" and '\\"get_weather\\"' in grammar.spec and "now" not in grammar.spec
+    assert [c.param for c in forced.constraints] == ["tools[0].function.parameters", "tools[1].function.parameters",
+                                                     "tools"]
+    assert chat(THINKING, tools=[TOOL], tool_choice="required").sampling.structured.after_token_ids == (7, 8)
+    refusal(chat, front=Front("m", parsing=ParsingConfig(tool_parser=None)), tools=[TOOL])  # --tool-call-parser none
+    assert chat(Front("m"), tools=[TOOL], tool_choice="none").parsing is None
