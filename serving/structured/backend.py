@@ -27,6 +27,38 @@ def limits() -> LLParserLimits:
     return LLParserLimits(verbose_errors=False)
 
 
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "additionalItems")
+
+
+def closed_schema(schema: object, close: bool = True) -> object:
+    """A copy of `schema` where every object that lists `properties` and says nothing of other keys
+    (`additionalProperties`, `patternProperties`, `unevaluatedProperties`) allows no others.
+
+    JSON Schema leaves such objects open, so a grammar built from the letter of the schema lets a small
+    model append invented keys until max_tokens; OpenAI's strict mode and xgrammar's default (vLLM's,
+    SGLang's) close them, and the clients that generate schemas from Pydantic models expect that.  A
+    schema that wants other keys says `"additionalProperties": true`.  The direct members of an `allOf`
+    stay as they are (each lists only its part of the keys: closing them would admit no object)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_schema(s, close=key != "allOf") for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_schema(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_schema(out[key])
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if close and isinstance(out.get("properties"), dict) and not any(k in out for k in open_keys):
+        out["additionalProperties"] = False
+    return out
+
+
 def to_backend_grammar(so: StructuredOutput) -> str:
     """llguidance's grammar text for `so` (raises GrammarError when the spec is not even parseable)."""
     if so.kind == "json_schema":
@@ -36,7 +68,9 @@ def to_backend_grammar(so: StructuredOutput) -> str:
             raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError("the JSON schema must be an object")
-        return LLMatcher.grammar_from_json_schema(schema if isinstance(schema, dict) else {} if schema else {"not": {}})
+        if isinstance(schema, bool):
+            schema = {} if schema else {"not": {}}
+        return LLMatcher.grammar_from_json_schema(closed_schema(schema))
     if so.kind == "regex":
         return LLMatcher.grammar_from_regex(so.spec)
     if so.kind == "choice":
