@@ -127,12 +127,19 @@ class Grammars:
 
     # -- compile -------------------------------------------------------------------------
     def tokenizer(self) -> LLTokenizer:
-        """llguidance's tokenizer, built once from the model's tokenizer.json (raises GrammarError)."""
+        """llguidance's tokenizer, built once from the model's tokenizer.json (raises GrammarError).
+
+        Its vocabulary is the logits' width when the file has no more tokens (the ids past the file's are
+        never allowed), else the file's own (`token_mask` gives the ids past the logits -inf)."""
         with self._tokenizer_lock:
             if self._tokenizer is None:
+                eos = self.eos_ids or None
                 try:
                     text = (self.model_dir / "tokenizer.json").read_text()
-                    self._tokenizer = LLTokenizer(text, eos_token=self.eos_ids or None)
+                    try:
+                        self._tokenizer = LLTokenizer(text, n_vocab=self.width, eos_token=eos)
+                    except Exception:  # noqa: BLE001 - "vocab size too small": the file has more tokens
+                        self._tokenizer = LLTokenizer(text, eos_token=eos)
                 except Exception as exc:  # noqa: BLE001 - whatever the file or llguidance raised
                     raise GrammarError(f"structured outputs need the model's tokenizer.json: {exc}") from None
             return self._tokenizer

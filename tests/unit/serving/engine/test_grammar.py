@@ -22,6 +22,7 @@ from protocol.io_struct import ReqMeta
 from protocol.sampling_params import SamplingParams, StructuredOutput
 from serving.engine.sampling import _normaliser, pick
 from serving.engine.scheduler_core import SchedulerCore
+from serving.engine.token_mask import allowed_counts, apply_bias, mask_bias
 from telemetry.engine_spans import SchedulerSpans
 from telemetry.step_timeline import StepRing, chrome_trace
 from telemetry.tracing import Tracing
@@ -280,3 +281,23 @@ def test_the_samplers_floor_for_masked_rows_changes_no_draw():
         return [SimpleNamespace(params=SamplingParams(temperature=t), generator=torch.Generator().manual_seed(i),
                                 input_ids=[], output_ids=[]) for i, t in enumerate([1.0, 0.7, 1.5, 0.0] * 6)]
     assert torch.equal(pick(logits, rows(), masked), pick(logits, rows()))
+
+
+def test_a_bitmask_becomes_a_bias_over_the_logits_width():
+    """Bit b of word w allows id 32w + b; ids past the tokenizer's vocabulary and the bitmask's width are -inf."""
+    bitmask = torch.zeros(3, 2, dtype=torch.int32)
+    for row, ids in enumerate(([0, 5, 33, 63], [31], [])):
+        for i in ids:
+            bitmask[row, i // 32] |= torch.tensor(1 << (i % 32)).to(torch.int32)  # bit 31: the sign bit
+    for width in (36, 64, 70):
+        bias = mask_bias(bitmask, vocab=40, width=width)
+        assert bias.shape == (3, width)
+        finite = [torch.isfinite(r).nonzero().flatten().tolist() for r in bias]
+        assert finite == [[i for i in (0, 5, 33) if i < width], [31], []]
+        assert torch.all(bias[torch.isfinite(bias)] == 0)
+    assert allowed_counts(bitmask) == ([False, False, True], [False, True, False])
+    logits = torch.randn(4, 36)
+    want = logits.clone()
+    apply_bias(logits, torch.tensor([3, 0, 1]), mask_bias(bitmask, vocab=40, width=36))
+    assert torch.equal(logits[2], want[2])  # a row without a mask: untouched
+    assert torch.equal(logits[3][[0, 5, 33]], want[3][[0, 5, 33]]) and torch.isinf(logits[3][1])
