@@ -1,0 +1,137 @@
+"""Drive a running server with a real client library, as its users would: one scenario per call.
+
+Run with the clients' own interpreter (.venv-clients/bin/python, tests/clients/requirements.txt):
+    drive.py SCENARIO BASE_URL
+prints one JSON object: what the client returned (the validated object's fields, the tool calls
+made, the requests' shapes), for tests/e2e/test_structured_clients.py to check.  Nothing here
+fakes the server or patches the client; the only settings are the base URL and, for the Agents SDK,
+tracing off (it would export to OpenAI's servers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
+
+class City(BaseModel):
+    """What every scenario extracts: small enough for a 135M model, bounded so the grammar ends early."""
+
+    name: str = Field(max_length=24)
+    country: Literal["France", "Japan", "Peru"]
+    population_millions: int = Field(ge=0, le=50)
+
+
+PROMPT = "Paris is the capital of France and has about 2 million people. Extract the city."
+
+
+def _openai(base_url: str):
+    from openai import OpenAI
+
+    return OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
+
+
+def _model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def openai_parse(base_url: str) -> dict:
+    """openai's `.parse()`: response_format from a Pydantic model (json_schema, strict), parsed back."""
+    client = _openai(base_url)
+    out = client.chat.completions.parse(model=_model(client), messages=[{"role": "user", "content": PROMPT}],
+                                        response_format=City, max_tokens=64, temperature=0)
+    msg = out.choices[0].message
+    return {"parsed": msg.parsed.model_dump(), "type": type(msg.parsed).__name__,
+            "finish_reason": out.choices[0].finish_reason}
+
+
+def _instructor(base_url: str, mode_name: str) -> dict:
+    import instructor
+
+    client = _openai(base_url)
+    model = _model(client)
+    patched = instructor.from_openai(client, mode=getattr(instructor.Mode, mode_name))
+    city = patched.chat.completions.create(model=model, response_model=City, max_retries=0, max_tokens=64,
+                                           temperature=0, messages=[{"role": "user", "content": PROMPT}])
+    return {"parsed": city.model_dump(), "type": type(city).__name__}
+
+
+def instructor_tools(base_url: str) -> dict:
+    return _instructor(base_url, "TOOLS")
+
+
+def instructor_json(base_url: str) -> dict:
+    return _instructor(base_url, "JSON")
+
+
+def instructor_json_schema(base_url: str) -> dict:
+    return _instructor(base_url, "JSON_SCHEMA")
+
+
+def _langchain(base_url: str, method: str) -> dict:
+    from langchain_openai import ChatOpenAI
+
+    model = _model(_openai(base_url))
+    llm = ChatOpenAI(base_url=base_url, api_key="none", model=model, temperature=0, max_tokens=64, max_retries=0)
+    city = llm.with_structured_output(City, method=method).invoke(PROMPT)
+    return {"parsed": city.model_dump(), "type": type(city).__name__}
+
+
+def langchain_json_schema(base_url: str) -> dict:
+    return _langchain(base_url, "json_schema")
+
+
+def langchain_function_calling(base_url: str) -> dict:
+    return _langchain(base_url, "function_calling")
+
+
+def agents_tool_turn(base_url: str) -> dict:
+    """The Agents SDK on chat completions: one function tool, tool_choice required; the tool runs and its result
+    goes back to the model in the next turn (the SDK resets tool_choice after a call, so that turn may answer)."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[dict] = []
+
+    @function_tool
+    def lookup_population(city: str, year: int) -> str:
+        """The population of a city in a given year."""
+        calls.append({"city": city, "year": year})
+        return f"{city} had 2.1 million people in {year}."
+
+    async def run() -> dict:
+        client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
+        model_id = (await client.models.list()).data[0].id
+        agent = Agent(name="assistant", instructions="Use the tool to answer.", tools=[lookup_population],
+                      model=OpenAIChatCompletionsModel(model=model_id, openai_client=client),
+                      model_settings=ModelSettings(tool_choice="required", max_tokens=48, temperature=0))
+        result = await Runner.run(agent, "How many people lived in Paris in 2020?", max_turns=4)
+        items = [type(i).__name__ for i in result.new_items]
+        return {"calls": calls, "items": items, "final_output": str(result.final_output)}
+
+    return asyncio.run(run())
+
+
+SCENARIOS = {f.__name__: f for f in (openai_parse, instructor_tools, instructor_json, instructor_json_schema,
+                                      langchain_json_schema, langchain_function_calling, agents_tool_turn)}
+
+
+def main() -> None:
+    name, base_url = sys.argv[1], sys.argv[2]
+    try:
+        result = {"ok": True, **SCENARIOS[name](base_url)}
+    except Exception as e:  # noqa: BLE001 - the test reads what failed, with the client's own words
+        result = {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
+    print(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()
