@@ -20,7 +20,7 @@ from serving.frontend.tokenizer_manager.grammar_check import Constraint
 GUIDED = {"guided_json": "structured_outputs.json", "guided_regex": "structured_outputs.regex",
           "guided_choice": "structured_outputs.choice", "guided_grammar": "structured_outputs.grammar",
           "guided_whitespace_pattern": "structured_outputs.whitespace_pattern",
-          "guided_decoding_backend": "nothing: the backend is llguidance"}
+          "guided_decoding_backend": "structured_outputs (whose backend is llguidance, not chosen per request)"}
 _REFUSED = ("disable_fallback", "disable_additional_properties", "structural_tag")
 
 
