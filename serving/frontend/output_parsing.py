@@ -125,7 +125,7 @@ class OutputParsing:
     def finish(self, reason: str) -> str:
         """The request ended with `reason` (the engine's): the finish reason the client is told."""
         try:
-            self._update(True)
+            self._update(True, reason == "length")
         except Exception:  # noqa: BLE001 - a parser bug must not lose the answer: it goes back as text
             log.exception("output parsing failed; the answer is returned as text")
             self.result = Answer(self.text, None, [])
@@ -156,7 +156,7 @@ class OutputParsing:
         text = text.replace(drop, "")
         return text if final else reasoning.held(text, drop)
 
-    def _update(self, final: bool) -> None:
+    def _update(self, final: bool, truncated: bool = False) -> None:
         text = self._visible(final)
         if self.spec.reasoning is None:
             sp = reasoning.Split("", text, False, True)
@@ -174,7 +174,7 @@ class OutputParsing:
             return
         content, deltas = self.calls.feed(piece)
         if final:
-            more, rest = self.calls.finish()
+            more, rest = self.calls.finish(truncated)
             content, deltas = content + more, deltas + rest
         self._add("content", content)
         for d in deltas:
