@@ -119,4 +119,4 @@ def test_engine_a_json_schema_answer_validates_streamed_and_whole(srv):
     assert streamed == whole["message"]["content"]
     compact = srv.post(COMP, {"prompt": "A record:", "max_tokens": 60, "structured_outputs": {
         "json": CITY, "disable_any_whitespace": True}}).json()["choices"][0]["text"]
-    assert json.dumps(json.loads(compact), separators=(",", ":")) == compact
+    assert json.dumps(json.loads(compact), separators=(",", ":"), ensure_ascii=False) == compact
