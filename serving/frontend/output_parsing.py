@@ -93,7 +93,7 @@ class ParsingSpec:
 
 
 @dataclass
-class Answer:
+class ParsedAnswer:
     content: str | None
     reasoning: str | None  # None without a reasoning parser, or when the answer did not think
     tool_calls: list[dict]
@@ -110,7 +110,7 @@ class OutputParsing:
         self.closed = spec.reasoning is None  # the reasoning ended (or there is none)
         self.reasoning_tokens = 0
         self.pending: dict = {}
-        self.result: Answer | None = None  # once finished
+        self.result: ParsedAnswer | None = None  # once finished
         self._split = reasoning.Split("", "", None)
 
     # -- the TokenizerManager's side --------------------------------------------------
@@ -128,7 +128,7 @@ class OutputParsing:
             self._update(True, reason == "length")
         except Exception:  # noqa: BLE001 - a parser bug must not lose the answer: it goes back as text
             log.exception("output parsing failed; the answer is returned as text")
-            self.result = Answer(self.text, None, [])
+            self.result = ParsedAnswer(self.text, None, [])
             return reason
         final = self.calls.final if self.calls is not None else None
         calls = self.calls.tool_calls() if self.calls is not None else []
@@ -139,7 +139,7 @@ class OutputParsing:
         thought = sp.reasoning if sp.thinking else None
         if (calls or thought) and not content:
             content = None
-        self.result = Answer(content, thought if self.spec.reasoning else None, calls)
+        self.result = ParsedAnswer(content, thought if self.spec.reasoning else None, calls)
         return TOOL_CALLS if calls and reason == "stop" else reason
 
     # -- the HTTP side --------------------------------------------------------------------
