@@ -93,7 +93,7 @@ class ParsingSpec:
 
 
 @dataclass
-class Answer:
+class ParsedAnswer:
     content: str | None
     reasoning: str | None  # None without a reasoning parser, or when the answer did not think
     tool_calls: list[dict]
@@ -110,7 +110,7 @@ class OutputParsing:
         self.closed = spec.reasoning is None  # the reasoning ended (or there is none)
         self.reasoning_tokens = 0
         self.pending: dict = {}
-        self.result: Answer | None = None  # once finished
+        self.result: ParsedAnswer | None = None  # once finished
         self._split = reasoning.Split("", "", None)
 
     # -- the TokenizerManager's side --------------------------------------------------
@@ -125,10 +125,10 @@ class OutputParsing:
     def finish(self, reason: str) -> str:
         """The request ended with `reason` (the engine's): the finish reason the client is told."""
         try:
-            self._update(True)
+            self._update(True, reason == "length")
         except Exception:  # noqa: BLE001 - a parser bug must not lose the answer: it goes back as text
             log.exception("output parsing failed; the answer is returned as text")
-            self.result = Answer(self.text, None, [])
+            self.result = ParsedAnswer(self.text, None, [])
             return reason
         final = self.calls.final if self.calls is not None else None
         calls = self.calls.tool_calls() if self.calls is not None else []
@@ -139,7 +139,7 @@ class OutputParsing:
         thought = sp.reasoning if sp.thinking else None
         if (calls or thought) and not content:
             content = None
-        self.result = Answer(content, thought if self.spec.reasoning else None, calls)
+        self.result = ParsedAnswer(content, thought if self.spec.reasoning else None, calls)
         return TOOL_CALLS if calls and reason == "stop" else reason
 
     # -- the HTTP side --------------------------------------------------------------------
@@ -156,7 +156,7 @@ class OutputParsing:
         text = text.replace(drop, "")
         return text if final else reasoning.held(text, drop)
 
-    def _update(self, final: bool) -> None:
+    def _update(self, final: bool, truncated: bool = False) -> None:
         text = self._visible(final)
         if self.spec.reasoning is None:
             sp = reasoning.Split("", text, False, True)
@@ -174,7 +174,7 @@ class OutputParsing:
             return
         content, deltas = self.calls.feed(piece)
         if final:
-            more, rest = self.calls.finish()
+            more, rest = self.calls.finish(truncated)
             content, deltas = content + more, deltas + rest
         self._add("content", content)
         for d in deltas:

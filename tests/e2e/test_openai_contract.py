@@ -25,7 +25,8 @@ MSGS = [{"role": "user", "content": "Tell me a story."}]
 PROMPT = "Once upon a time"
 
 # how each field is covered: effect (observed below), refused (400 naming it), accepted (no observable effect on
-# this model; checked to be read, e.g. its range)
+# this model; checked to be read, e.g. its range). The constraints' effect on the output (response_format,
+# structured_outputs, a forced tool_choice) is observed in test_structured_outputs.py and test_tool_calling.py.
 COVERAGE = {
     "model": "effect", "max_tokens": "effect", "max_completion_tokens": "effect", "temperature": "effect",
     "top_p": "effect", "n": "effect", "stream": "effect", "stream_options": "effect", "stop": "effect",
@@ -33,14 +34,14 @@ COVERAGE = {
     "user": "accepted", "cache_salt": "effect", "priority": "accepted", "top_k": "effect", "min_p": "effect",
     "repetition_penalty": "effect", "min_tokens": "effect", "ignore_eos": "accepted", "stop_token_ids": "effect",
     "skip_special_tokens": "accepted", "include_stop_str_in_output": "effect", "prompt_logprobs": "effect",
-    "response_format": "refused", "structured_outputs": "refused", "guided_json": "refused",
+    "response_format": "accepted", "structured_outputs": "accepted", "guided_json": "refused",
     "guided_regex": "refused", "guided_choice": "refused", "guided_grammar": "refused",
     "guided_decoding_backend": "refused", "guided_whitespace_pattern": "refused", "lora_request": "refused",
     # completions
     "prompt": "effect", "echo": "effect", "best_of": "refused", "suffix": "refused", "logprobs": "effect",
     # chat
-    "messages": "effect", "top_logprobs": "effect", "tools": "refused", "tool_choice": "refused",
-    "functions": "refused", "function_call": "refused", "parallel_tool_calls": "refused", "audio": "refused",
+    "messages": "effect", "top_logprobs": "effect", "tools": "effect", "tool_choice": "accepted",
+    "functions": "refused", "function_call": "refused", "parallel_tool_calls": "accepted", "audio": "refused",
     "modalities": "refused", "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
     "web_search_options": "refused", "metadata": "refused", "store": "refused", "service_tier": "refused",
     "prompt_cache_key": "refused", "safety_identifier": "accepted", "chat_template": "effect",
@@ -48,11 +49,9 @@ COVERAGE = {
     "documents": "effect",
 }
 REFUSED = [  # (route, field, a value it refuses)
-    (COMP, "best_of", 2), (COMP, "suffix", "!"), (CHAT, "response_format", {"type": "json_object"}),
-    (COMP, "response_format", {"type": "json_schema", "json_schema": {}}),
-    (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]), (CHAT, "tool_choice", "auto"),
-    (CHAT, "functions", [{"name": "f"}]), (CHAT, "function_call", "auto"), (CHAT, "parallel_tool_calls", True),
-    (CHAT, "structured_outputs", {"json": {}}), (COMP, "guided_json", {}), (CHAT, "guided_regex", "a+"),
+    (COMP, "best_of", 2), (COMP, "suffix", "!"), (CHAT, "tool_choice", "auto"),  # tool_choice without tools
+    (CHAT, "functions", [{"name": "f"}]), (CHAT, "function_call", "auto"),
+    (COMP, "guided_json", {}), (CHAT, "guided_regex", "a+"),
     (CHAT, "guided_choice", ["a"]), (COMP, "guided_grammar", "root ::= x"), (CHAT, "guided_decoding_backend", "x"),
     (CHAT, "guided_whitespace_pattern", " "), (CHAT, "lora_request", {"name": "x"}), (CHAT, "audio", {}),
     (CHAT, "modalities", ["text", "audio"]), (CHAT, "prediction", {"type": "content", "content": "x"}),
@@ -198,6 +197,17 @@ def test_chat_template_options_on_tokenize(srv):
     assert httpx.get(srv.url + "/version", timeout=10).json()["version"]
 
 
+def test_tools_are_rendered_into_the_prompt(srv):
+    template = "{{ messages[0].content }}{% for t in tools or [] %} {{ t.function.name }}{% endfor %}"
+    tools = [{"type": "function", "function": {"name": "lookup_the_weather"}}]
+    bare = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 1, "chat_template": template})["usage"]["prompt_tokens"]
+    shown = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 1, "chat_template": template, "tools": tools,
+                           "tool_choice": "none", "parallel_tool_calls": False})
+    assert shown["usage"]["prompt_tokens"] > bare
+    assert ok(srv, "/tokenize", {"messages": MSGS, "chat_template": template, "tools": tools})["count"] == \
+        shown["usage"]["prompt_tokens"]
+
+
 def test_chat_template_options_change_the_prompt(srv):
     base = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 1})["usage"]["prompt_tokens"]
     thinking = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}})
@@ -226,6 +236,14 @@ BAD = [  # (route, body, the param named)
             "add_generation_prompt": True}, "continue_final_message"),
     (CHAT, {"messages": MSGS, "chat_template": "{{ raise_exception('no such role here') }}"}, "chat_template"),
     (CHAT, {"messages": MSGS, "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+    (CHAT, {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}},
+     "response_format.json_schema.schema"),
+    (COMP, {"prompt": PROMPT, "response_format": {"type": "xml"}}, "response_format.type"),
+    (COMP, {"prompt": PROMPT, "structured_outputs": {"regex": "(a"}}, "structured_outputs.regex"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}],
+            "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ("/tokenize", {"messages": MSGS, "continue_final_message": True}, "continue_final_message"),
     ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
     ("/detokenize", {"tokens": [10**9]}, "tokens"),

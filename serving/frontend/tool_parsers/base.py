@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -116,8 +117,6 @@ class ToolParser:
         return f"{literal(head)} {args_rule} {literal('}')}"
 
     def new_id(self) -> str:
-        import uuid
-
         return "call_" + uuid.uuid4().hex[:24]
 
     def grammar(self, tools: list[ToolSpec], parallel: bool, marker: Marker, prefix: str = "") -> str:

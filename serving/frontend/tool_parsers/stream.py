@@ -4,7 +4,8 @@ Every update re-scans the text so far with the format's `scan` and sends what is
 past what was sent, a call's first delta once its name is known (index, id, type, name, the
 arguments so far), then the rest of its arguments in pieces.  The final scan decides the answer;
 a call that began but does not parse makes the whole text content (a stream has then already
-sent part of it as a call, and sends the rest as content).
+sent part of it as a call, and sends the rest as content), unless max_tokens cut it after complete
+calls: those are the answer.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ class ToolCallStream:
         self.text += text
         return self._diff(self.parser.scan(self.text, False))
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """The text is complete: what is left to send (the answer is then `final`)."""
+    def finish(self, truncated: bool = False) -> tuple[str, list[dict]]:
+        """The text is complete: what is left to send (the answer is then `final`).  `truncated` (max_tokens
+        cut it): the calls completed before the cut are the answer's, the unfinished one is dropped (a stream
+        has sent its beginning)."""
         scan = self.parser.scan(self.text, True)
+        if scan.failed and truncated:
+            partial = self.parser.scan(self.text, False)
+            done = [c for c in partial.calls[:next((i for i, c in enumerate(partial.calls) if not c.done),
+                                                   len(partial.calls))]]
+            if done:
+                scan = type(scan)(partial.content, done, started=True)
         scan.calls = scan.calls[:self.max_calls]
         self.final = scan
         return self._diff(scan)

@@ -221,7 +221,8 @@ def chat_input(req: ChatCompletionRequest, front: Front, route: str = "/v1/chat/
     parsing = None
     if cfg.reasoning or tools.parsing is not None:
         base = tools.parsing or ParsingSpec()
-        parsing = ParsingSpec(cfg.reasoning, thinking, base.tools, base.max_calls, base.drop)
+        parsing = ParsingSpec(reasoning=cfg.reasoning, thinking=thinking, tools=base.tools, max_calls=base.max_calls,
+                              drop=base.drop)
     if tools.keep_specials:
         fields["skip_special_tokens"] = False
     return GenerateReqInput(messages=messages, sampling=params, param_names={"max_new_tokens": param},

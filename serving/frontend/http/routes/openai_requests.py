@@ -50,9 +50,9 @@ class StructuredOutputsParams(msgspec.Struct, **_STRICT):
     json_object: bool | None = None
     disable_any_whitespace: bool | None = None  # json: no whitespace between tokens (compact JSON)
     whitespace_pattern: str | None = None  # json: the regex whitespace between tokens must match
+    disable_additional_properties: bool | None = None  # json: objects closed unless they say (default: true)
     # vLLM's, declared to be refused by name
     disable_fallback: Any = None
-    disable_additional_properties: Any = None
     structural_tag: Any = None
 
 

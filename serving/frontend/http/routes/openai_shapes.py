@@ -13,7 +13,7 @@ from serving.frontend.http.routes.logprob_shapes import (
     chat_content,
     vllm_prompt_logprobs,
 )
-from serving.frontend.output_parsing import Answer
+from serving.frontend.output_parsing import ParsedAnswer
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None
@@ -89,7 +89,7 @@ class ResponseShape:
             out["prompt_logprobs"] = prompt_logprobs
         return out
 
-    def message(self, index: int, answer: Answer, finish: str | None, logprobs: dict | None,
+    def message(self, index: int, answer: ParsedAnswer, finish: str | None, logprobs: dict | None,
                 reasoning: bool) -> dict:
         """One chat choice whose answer was read for reasoning and tool calls (serving.frontend.output_parsing):
         `reasoning_content` with a reasoning parser, `tool_calls` when it called (then content may be null)."""

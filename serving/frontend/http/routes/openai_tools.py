@@ -8,7 +8,9 @@ the answer is read, and the grammar that forces a call.
 - `tool_choice`: `auto` (the default with tools: free text, read by the server's tool-call parser),
   `none` (tools rendered, nothing read), `required` or `{"type": "function", "function": {"name"}}`:
   forced with a grammar of the parser's own format (serving.frontend.tool_parsers), so the model
-  writes the calls it was trained to write and the same parser reads them.
+  writes the calls it was trained to write and the same parser reads them; a named function is
+  called once (as vLLM), `required` one or more times; the arguments' objects are closed where
+  their schema leaves them open (`openai_structured.closed`).
 - `parallel_tool_calls` (default true): false allows one call (the grammar, and the parser keeps the
   first).
 """
@@ -23,6 +25,7 @@ import msgspec
 
 from protocol.sampling_params import StructuredOutput
 from serving.frontend.errors import bad_request
+from serving.frontend.http.routes.openai_structured import closed
 from serving.frontend.output_parsing import ParsingConfig, ParsingSpec
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
 from serving.frontend.tool_parsers import ToolSpec, get, valid_name
@@ -94,29 +97,29 @@ def template_tools(raw: list[Any] | None) -> tuple[list[dict] | None, list[ToolS
     return [r for r, _ in pairs], [s for _, s in pairs]
 
 
-def _choice(choice: Any, specs: list[ToolSpec]) -> str | None:
-    """`auto`, `none`, `required`, or the named tool's name."""
+def _choice(choice: Any, specs: list[ToolSpec]) -> tuple[str, str | None]:
+    """(`auto` | `none` | `required` | `function`, the named function's name)."""
     if choice is None:
-        return "auto" if specs else "none"
+        return ("auto" if specs else "none"), None
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
             raise bad_request(f"tool_choice must be auto, none, required or a function, got {choice!r}",
                               param="tool_choice")
-        return choice
+        return choice, None
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):
         raise bad_request('tool_choice must be auto, none, required or {"type": "function", "function": '
                           '{"name": ...}}', param="tool_choice")
     if name not in {s.name for s in specs}:
         raise bad_request(f"tool_choice names the function {name!r}, which is not among tools", param="tool_choice")
-    return name
+    return "function", name
 
 
 def tool_setup(tools: list[Any] | None, choice: Any, parallel: bool | None, cfg: ParsingConfig,
                after: tuple[int, ...]) -> ToolSetup:
     """What the request's tool fields mean on this server (`after`: where a forced call may start)."""
     rendered, specs = template_tools(tools)
-    mode = _choice(choice, specs)
+    mode, named = _choice(choice, specs)
     if mode != "none" and not specs:
         raise bad_request("tool_choice needs tools", param="tool_choice")
     try:  # each schema checked (meta-schema, llguidance) off the event loop, before the engine
@@ -131,13 +134,13 @@ def tool_setup(tools: list[Any] | None, choice: Any, parallel: bool | None, cfg:
         raise bad_request("tool calling needs a tool-call parser; this server runs with --tool-call-parser none "
                           "(send tool_choice none to only show the tools to the model)", param="tool_choice")
     parser = get(cfg.tool_parser)
-    many = parallel is not False
+    many = parallel is not False and mode != "function"
     setup.parsing = ParsingSpec(tools=parser, max_calls=None if many else 1,
                                 drop=cfg.eos_text if cfg.keeps_specials() else "")
     setup.keep_specials = cfg.keeps_specials()
     if mode == "auto":
         return setup
-    forced = specs if mode == "required" else [s for s in specs if s.name == mode]
+    forced = [ToolSpec(s.name, closed(s.parameters)) for s in specs if named in (None, s.name)]
     lark = parser.grammar(forced, many, cfg.marker, prefix='/\\n{0,2}/' if after else "")
     setup.forced = Constraint(StructuredOutput(kind="grammar", spec=lark, after_token_ids=after), "tools")
     return setup

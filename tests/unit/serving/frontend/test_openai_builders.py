@@ -144,7 +144,10 @@ def test_structured_outputs_map_to_one_constraint_named_by_its_field():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     obj = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
     (c,) = obj.constraints
-    assert (c.so.kind, json.loads(c.so.spec), c.param) == ("json_schema", schema, "response_format.json_schema.schema")
+    closed = {**schema, "additionalProperties": False}  # as vLLM's default backend reads it
+    assert (c.so.kind, json.loads(c.so.spec), c.param) == ("json_schema", closed, "response_format.json_schema.schema")
+    kept = comp(structured_outputs={"json": schema, "disable_additional_properties": False}).sampling.structured
+    assert json.loads(kept.spec) == schema
     assert obj.sampling.structured == c.so
     assert json.loads(chat(response_format={"type": "json_object"}).sampling.structured.spec) == {"type": "object"}
     assert chat(response_format={"type": "text"}).sampling.structured is None
@@ -205,5 +208,23 @@ def test_tools_render_and_are_read_and_forced_by_tool_choice():
     assert [c.param for c in forced.constraints] == ["tools[0].function.parameters", "tools[1].function.parameters",
                                                      "tools"]
     assert chat(THINKING, tools=[TOOL], tool_choice="required").sampling.structured.after_token_ids == (7, 8)
+    assert forced.parsing.max_calls == 1 and "block (" not in grammar.spec  # a named function: one call
+    assert "start: block (" in chat(HERMES, tools=[TOOL], tool_choice="required").sampling.structured.spec
     refusal(chat, front=Front("m", parsing=ParsingConfig(tool_parser=None)), tools=[TOOL])  # --tool-call-parser none
     assert chat(Front("m"), tools=[TOOL], tool_choice="none").parsing is None
+
+
+def test_closed_objects():
+    from serving.frontend.http.routes.openai_structured import closed
+
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+                                               "c": {"type": "array", "items": {"properties": {"d": {}}}},
+                                               "e": {"type": "object", "additionalProperties": True}},
+              "$defs": {"X": {"properties": {"y": {}}}}, "anyOf": [{"properties": {"z": {}}}],
+              "allOf": [{"properties": {"p": {}}}]}
+    out = closed(schema)
+    assert "additionalProperties" not in out and "additionalProperties" not in out["allOf"][0]  # composed: as is
+    props = out["properties"]
+    assert props["a"]["additionalProperties"] is False and props["c"]["items"]["additionalProperties"] is False
+    assert props["e"]["additionalProperties"] is True and out["$defs"]["X"]["additionalProperties"] is False
+    assert out["anyOf"][0]["additionalProperties"] is False and "additionalProperties" not in schema["$defs"]["X"]

@@ -116,11 +116,15 @@ def test_a_call_that_does_not_parse_is_content_and_reported(parser, text):
         assert reason == "stop" and content == text
 
 
-def test_a_call_cut_by_length_is_not_a_parse_failure():
+def test_a_call_cut_by_length_is_not_a_parse_failure_and_complete_calls_are_kept():
     failures = []
     p = ParsingSpec(tools=get("hermes")).start(lambda *a: failures.append(a))
     p.feed('<tool_call>\n{"name": "f", "arguments": {"a": ', 3)
+    assert p.finish("length") == "length" and failures == [] and p.result.tool_calls == []
+    p = ParsingSpec(tools=get("hermes")).start(lambda *a: failures.append(a))
+    p.feed('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "g", "ar', 9)
     assert p.finish("length") == "length" and failures == []
+    assert [c["function"] for c in p.result.tool_calls] == [{"name": "f", "arguments": '{"a": 1}'}]
 
 
 def test_arguments_written_as_a_json_string_and_other_key_orders():
