@@ -27,12 +27,14 @@ def limits() -> LLParserLimits:
     return LLParserLimits(verbose_errors=False)
 
 
+MAX_SCHEMA_DEPTH = 64  # deeper subschemas are left as written (llguidance bounds what they may cost)
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "additionalItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "additionalItems",
+                  "propertyNames")
 
 
-def closed_schema(schema: object, close: bool = True) -> object:
+def closed_schema(schema: object, close: bool = True, depth: int = 0) -> object:
     """A copy of `schema` where every object that lists `properties` and says nothing of other keys
     (`additionalProperties`, `patternProperties`, `unevaluatedProperties`) allows no others.
 
@@ -40,20 +42,21 @@ def closed_schema(schema: object, close: bool = True) -> object:
     model append invented keys until max_tokens; OpenAI's strict mode and xgrammar's default (vLLM's,
     SGLang's) close them, and the clients that generate schemas from Pydantic models expect that.  A
     schema that wants other keys says `"additionalProperties": true`.  The direct members of an `allOf`
-    stay as they are (each lists only its part of the keys: closing them would admit no object)."""
-    if not isinstance(schema, dict):
+    stay as they are, and so does an object beside an `allOf` (each lists only its part of the keys: closing
+    them would admit no object)."""
+    if not isinstance(schema, dict) or depth > MAX_SCHEMA_DEPTH:
         return schema
     out = dict(schema)
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [closed_schema(s, close=key != "allOf") for s in out[key]]
+            out[key] = [closed_schema(s, key != "allOf", depth + 1) for s in out[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {k: closed_schema(v) for k, v in out[key].items()}
+            out[key] = {k: closed_schema(v, True, depth + 1) for k, v in out[key].items()}
     for key in _SUBSCHEMA_ONE:
         if isinstance(out.get(key), dict):
-            out[key] = closed_schema(out[key])
-    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+            out[key] = closed_schema(out[key], True, depth + 1)
+    open_keys = ("additionalProperties", "patternProperties", "unevaluatedProperties", "allOf")
     if close and isinstance(out.get("properties"), dict) and not any(k in out for k in open_keys):
         out["additionalProperties"] = False
     return out
@@ -70,7 +73,7 @@ def to_backend_grammar(so: StructuredOutput) -> str:
             raise GrammarError("the JSON schema must be an object")
         if isinstance(schema, bool):
             schema = {} if schema else {"not": {}}
-        return LLMatcher.grammar_from_json_schema(closed_schema(schema))
+        return LLMatcher.grammar_from_json_schema(schema)
     if so.kind == "regex":
         return LLMatcher.grammar_from_regex(so.spec)
     if so.kind == "choice":

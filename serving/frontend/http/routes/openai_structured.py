@@ -16,40 +16,13 @@ from protocol.sampling_params import StructuredOutput
 from serving.frontend.errors import bad_request
 from serving.frontend.http.routes.openai_requests import _SamplingFields
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
+from serving.structured.backend import closed_schema
 
 GUIDED = {"guided_json": "structured_outputs.json", "guided_regex": "structured_outputs.regex",
           "guided_choice": "structured_outputs.choice", "guided_grammar": "structured_outputs.grammar",
           "guided_whitespace_pattern": "structured_outputs.whitespace_pattern",
           "guided_decoding_backend": "structured_outputs (whose backend is llguidance, not chosen per request)"}
 _REFUSED = ("disable_fallback", "structural_tag")
-_SUBSCHEMAS = ("items", "additionalItems", "contains", "not", "if", "then", "else", "propertyNames")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "dependentSchemas")
-
-
-def closed(schema: Any, depth: int = 0) -> Any:
-    """`schema` with `additionalProperties: false` on every object that declares `properties` and says nothing
-    about others, as vLLM's default backend (xgrammar's strict mode) reads schemas: left open, an object lets a
-    model add keys until max_tokens.  `allOf` members are left as written (closing them would break the
-    composition); a schema is copied, never changed in place."""
-    if not isinstance(schema, dict) or depth > 64:
-        return schema
-    out = dict(schema)
-    if "properties" in out and not {"additionalProperties", "patternProperties", "unevaluatedProperties",
-                                    "allOf"} & set(out):
-        out["additionalProperties"] = False
-    for key in _SUBSCHEMAS:
-        if key in out:
-            out[key] = closed(out[key], depth + 1)
-    for key in _SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed(s, depth + 1) for s in out[key]]
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: closed(v, depth + 1) for k, v in out[key].items()}
-    if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = closed(out["additionalProperties"], depth + 1)
-    return out
 
 
 def refuse_guided(req: _SamplingFields) -> None:
@@ -70,7 +43,7 @@ def json_spec(value: Any, param: str, options: dict[str, Any] | None = None, clo
     if not isinstance(value, (dict, bool)):
         raise bad_request(f"{param} must be a JSON Schema (an object)", param=param, code="invalid_schema")
     if close:
-        value = closed(value)
+        value = closed_schema(value)
     if options and isinstance(value, dict):
         value = {**value, "x-guidance": {**value.get("x-guidance", {}), **options}}
     try:

@@ -25,7 +25,7 @@ import msgspec
 
 from protocol.sampling_params import StructuredOutput
 from serving.frontend.errors import bad_request
-from serving.frontend.http.routes.openai_structured import closed
+from serving.structured.backend import closed_schema
 from serving.frontend.output_parsing import ParsingConfig, ParsingSpec
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
 from serving.frontend.tool_parsers import ToolSpec, get, valid_name
@@ -140,7 +140,7 @@ def tool_setup(tools: list[Any] | None, choice: Any, parallel: bool | None, cfg:
     setup.keep_specials = cfg.keeps_specials()
     if mode == "auto":
         return setup
-    forced = [ToolSpec(s.name, closed(s.parameters)) for s in specs if named in (None, s.name)]
+    forced = [ToolSpec(s.name, closed_schema(s.parameters)) for s in specs if named in (None, s.name)]
     lark = parser.grammar(forced, many, cfg.marker, prefix='/\\n{0,2}/' if after else "")
     setup.forced = Constraint(StructuredOutput(kind="grammar", spec=lark, after_token_ids=after), "tools")
     return setup

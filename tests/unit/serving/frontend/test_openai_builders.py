@@ -212,19 +212,3 @@ def test_tools_render_and_are_read_and_forced_by_tool_choice():
     assert "start: block (" in chat(HERMES, tools=[TOOL], tool_choice="required").sampling.structured.spec
     refusal(chat, front=Front("m", parsing=ParsingConfig(tool_parser=None)), tools=[TOOL])  # --tool-call-parser none
     assert chat(Front("m"), tools=[TOOL], tool_choice="none").parsing is None
-
-
-def test_closed_objects():
-    from serving.frontend.http.routes.openai_structured import closed
-
-    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "integer"}}},
-                                               "c": {"type": "array", "items": {"properties": {"d": {}}}},
-                                               "e": {"type": "object", "additionalProperties": True}},
-              "$defs": {"X": {"properties": {"y": {}}}}, "anyOf": [{"properties": {"z": {}}}],
-              "allOf": [{"properties": {"p": {}}}]}
-    out = closed(schema)
-    assert "additionalProperties" not in out and "additionalProperties" not in out["allOf"][0]  # composed: as is
-    props = out["properties"]
-    assert props["a"]["additionalProperties"] is False and props["c"]["items"]["additionalProperties"] is False
-    assert props["e"]["additionalProperties"] is True and out["$defs"]["X"]["additionalProperties"] is False
-    assert out["anyOf"][0]["additionalProperties"] is False and "additionalProperties" not in schema["$defs"]["X"]

@@ -44,6 +44,18 @@ def test_what_a_schema_says_of_other_keys_is_kept():
     parts = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
     assert closed_schema(parts) == parts
     jsonschema.validate({"a": 1, "b": 2}, closed_schema(parts))
+    beside = {"properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}]}
+    assert closed_schema(beside) == beside
+
+
+def test_deep_schemas_are_closed_to_a_bound_not_to_the_recursion_limit():
+    schema: dict = {"type": "object", "properties": {}}
+    inner = schema
+    for _ in range(3000):
+        inner["properties"]["x"] = {"type": "object", "properties": {}}
+        inner = inner["properties"]["x"]
+    out = closed_schema(schema)
+    assert out["additionalProperties"] is False
 
 
 @pytest.mark.parametrize("kind,spec", [
