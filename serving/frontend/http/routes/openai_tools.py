@@ -25,10 +25,10 @@ import msgspec
 
 from protocol.sampling_params import StructuredOutput
 from serving.frontend.errors import bad_request
-from serving.structured.backend import closed_schema
 from serving.frontend.output_parsing import ParsingConfig, ParsingSpec
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
 from serving.frontend.tool_parsers import ToolSpec, get, valid_name
+from serving.structured.backend import closed_schema
 
 MAX_TOOLS = 128  # OpenAI's limit
 NO_ARGUMENTS = {"type": "object", "properties": {}, "additionalProperties": False}
