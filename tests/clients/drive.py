@@ -52,14 +52,14 @@ def openai_parse(base_url: str) -> dict:
             "finish_reason": out.choices[0].finish_reason}
 
 
-def _instructor(base_url: str, mode_name: str) -> dict:
+def _instructor(base_url: str, mode_name: str, **extra) -> dict:
     import instructor
 
     client = _openai(base_url)
     model = _model(client)
     patched = instructor.from_openai(client, mode=getattr(instructor.Mode, mode_name))
     city = patched.chat.completions.create(model=model, response_model=City, max_retries=0, max_tokens=64,
-                                           temperature=0, messages=[{"role": "user", "content": PROMPT}])
+                                           temperature=0, messages=[{"role": "user", "content": PROMPT}], **extra)
     return {"parsed": city.model_dump(), "type": type(city).__name__}
 
 
@@ -68,7 +68,9 @@ def instructor_tools(base_url: str) -> dict:
 
 
 def instructor_json(base_url: str) -> dict:
-    return _instructor(base_url, "JSON")
+    """JSON mode sends response_format json_object, which forces *an* object; the schema goes in extra_body as
+    structured_outputs.json, as instructor's JSON mode is used against vLLM, and says which object."""
+    return _instructor(base_url, "JSON", extra_body={"structured_outputs": {"json": City.model_json_schema()}})
 
 
 def instructor_json_schema(base_url: str) -> dict:

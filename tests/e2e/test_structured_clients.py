@@ -70,8 +70,8 @@ def test_client_gets_a_validated_object(server, scenario):
 
 
 def test_instructor_json_mode(server):
-    """JSON mode only forces *an object* (response_format json_object); the schema is in instructor's system
-    prompt, so the object's fields are the model's work: the test checks what instructor validated."""
+    """JSON mode with the schema in extra_body (structured_outputs.json beside instructor's json_object): the
+    schema says which object, so the object validates."""
     result = drive(server, "instructor_json")
     assert result["type"] == "City"
     assert_city(result["parsed"])

@@ -102,10 +102,24 @@ def _structured_outputs(req: _SamplingFields) -> list[Constraint]:
     return found
 
 
+def _narrows_an_object(found: list[Constraint]) -> bool:
+    """response_format json_object with structured_outputs.json an object schema: the schema says which object
+    (the way instructor's JSON mode is used against vLLM, the schema passed in extra_body), not a conflict."""
+    if len(found) != 2 or found[0].param != "response_format" or found[1].param != "structured_outputs.json":
+        return False
+    if found[0].so.spec != '{"type": "object"}':
+        return False
+    schema = json.loads(found[1].so.spec)
+    return isinstance(schema, dict) and (schema.get("type") == "object" or "properties" in schema)
+
+
 def structured_output(req: _SamplingFields) -> list[Constraint]:
-    """The request's constraint (a one-element list), or none; a 400 naming the second of two."""
+    """The request's constraint (a one-element list), or none; a 400 naming the second of two (except an object
+    schema beside json_object, which narrows it)."""
     refuse_guided(req)
     found = _response_format(req) + _structured_outputs(req)
+    if _narrows_an_object(found):
+        return found[1:]
     if len(found) > 1:
         raise bad_request(f"at most one structured output constraint per request: got {found[0].param} and "
                           f"{found[1].param}", param=found[1].param, code="conflicting_constraints")

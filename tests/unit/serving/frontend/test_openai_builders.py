@@ -160,11 +160,16 @@ def test_structured_outputs_map_to_one_constraint_named_by_its_field():
     assert thought.after_token_ids == (7, 8)  # the constraint starts after </think>
     off = chat(THINKING, response_format={"type": "json_object"}, chat_template_kwargs={"enable_thinking": False})
     assert off.sampling.structured.after_token_ids == ()
+    # an object schema beside json_object says which object (instructor's JSON mode with the schema in extra_body)
+    (narrowed,) = chat(response_format={"type": "json_object"}, structured_outputs={"json": schema}).constraints
+    assert narrowed.param == "structured_outputs.json" and json.loads(narrowed.so.spec) == closed
 
 
 @pytest.mark.parametrize("fn,body,param,code", [
     (chat, {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      "structured_outputs.regex", "conflicting_constraints"),
+    (chat, {"response_format": {"type": "json_object"}, "structured_outputs": {"json": {"type": "array"}}},
+     "structured_outputs.json", "conflicting_constraints"),  # not an object: not a narrowing
     (comp, {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice",
      "conflicting_constraints"),
     (chat, {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
