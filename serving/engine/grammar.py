@@ -45,7 +45,7 @@ from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_pa
 
 from protocol.io_struct import GrammarCacheCount, GrammarErrorCount
 from protocol.sampling_params import SamplingParams, StructuredOutput
-from serving.engine.token_mask import allowed_counts, apply_bias, mask_bias
+from serving.engine.token_mask import MaskBias, allowed_counts, apply_bias
 from serving.structured import GrammarError, to_backend_grammar
 from serving.structured.backend import limits
 from telemetry.stats import PhaseTimes
@@ -120,6 +120,7 @@ class Grammars:
         self.parallel_fill = PARALLEL_FILL
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._bitmask = torch.empty(0, 0, dtype=torch.int32)
+        self._bias = MaskBias()
         self._compiled: list[float] = []  # compile seconds, appended by the pool, observed by `poll`
         self.pending: list[Req] = []  # waiting for their compile
         self.live = 0  # requests holding a grammar, not finished: while 0 the step pays nothing here
@@ -250,7 +251,7 @@ class Grammars:
         if adjusted is logits and keep_raw:
             adjusted = logits.clone()
         at = None if len(idx) == len(rows) else torch.tensor(idx, dtype=torch.int64)
-        apply_bias(adjusted, at, mask_bias(bitmask, vocab, adjusted.shape[-1], adjusted.dtype))
+        apply_bias(adjusted, at, self._bias(bitmask, vocab, adjusted.shape[-1], adjusted.dtype))
         empty, single = allowed_counts(bitmask)
         for j, i in enumerate(idx):
             g = rows[i].grammar
