@@ -53,7 +53,7 @@ from telemetry.stats import PhaseTimes
 CACHE_SIZE = 64  # compiled grammars kept (least recently used dropped first)
 COMPILE_THREADS = 2
 # Masks filled by llguidance's thread pool (one call for the batch) or one call per row.  On 2 cores, 16 json_schema
-# rows (bench.structured): the grammar phase 1.73 ms a decode step with the pool, 1.76 per row, the same within the
+# rows (bench.structured): the grammar phase 2.11 ms a decode step with the pool, 2.09 per row, the same within the
 # noise; profiled, the fill itself takes ~1.2 ms either way, and the pool's threads, spinning after it, slowed the
 # torch ops that follow (the bias ~0.6 ms instead of ~0.4).  One call per row: no threads beside torch's.
 PARALLEL_FILL = False
