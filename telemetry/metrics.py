@@ -349,8 +349,9 @@ SPECS: tuple[Spec, ...] = (
          read="scheduler.step_phases"),
     Spec("sightline_grammar_compile_seconds", "histogram", "Structured-output grammar compiles, cold (not cached).",
          R, "stage", "Per grammar compiled (a cache miss), on the Scheduler's compile threads: llguidance's matcher "
-         "built from the spec and its first token mask computed (the tokenizer is built once, not counted). A "
-         "request waits for it with wait reason `grammar`.", source="scheduler",
+         "built from the spec and its first token mask computed (the tokenizer is built once, not counted; a compile "
+         "that fails is counted in sightline_grammar_errors_total instead). A request waits for it with wait reason "
+         "`grammar`.", source="scheduler",
          read="scheduler.grammar_compile_seconds"),
     Spec("sightline_grammar_cache_total", "counter", "Requests with a structured output, by whether their grammar "
          "was compiled already.", R + ("result",), definition="result: hit (the Scheduler's compiled-grammar cache "

@@ -45,7 +45,7 @@ from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_pa
 
 from protocol.io_struct import GrammarCacheCount, GrammarErrorCount
 from protocol.sampling_params import SamplingParams, StructuredOutput
-from serving.engine.token_mask import allowed_counts, apply_bias, mask_bias
+from serving.engine.token_mask import MaskBias, allowed_counts, apply_bias
 from serving.structured import GrammarError, to_backend_grammar
 from serving.structured.backend import limits
 from telemetry.stats import PhaseTimes
@@ -53,8 +53,9 @@ from telemetry.stats import PhaseTimes
 CACHE_SIZE = 64  # compiled grammars kept (least recently used dropped first)
 COMPILE_THREADS = 2
 # Masks filled by llguidance's thread pool (one call for the batch) or one call per row.  On 2 cores, 16 json_schema
-# rows (bench.structured), the fill itself takes the same either way (~1.2 ms a step), and the pool's threads, still
-# spinning after it, slow the torch ops that follow (the mask's bias ~0.6 ms instead of ~0.4): one call per row.
+# rows (bench.structured): the grammar phase 2.11 ms a decode step with the pool, 2.09 per row, the same within the
+# noise; profiled, the fill itself takes ~1.2 ms either way, and the pool's threads, spinning after it, slowed the
+# torch ops that follow (the bias ~0.6 ms instead of ~0.4).  One call per row: no threads beside torch's.
 PARALLEL_FILL = False
 DEAD_END = "structured output: the grammar allows no further token: "
 
@@ -119,6 +120,7 @@ class Grammars:
         self.parallel_fill = PARALLEL_FILL
         self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
         self._bitmask = torch.empty(0, 0, dtype=torch.int32)
+        self._bias = MaskBias()
         self._compiled: list[float] = []  # compile seconds, appended by the pool, observed by `poll`
         self.pending: list[Req] = []  # waiting for their compile
         self.live = 0  # requests holding a grammar, not finished: while 0 the step pays nothing here
@@ -249,7 +251,7 @@ class Grammars:
         if adjusted is logits and keep_raw:
             adjusted = logits.clone()
         at = None if len(idx) == len(rows) else torch.tensor(idx, dtype=torch.int64)
-        apply_bias(adjusted, at, mask_bias(bitmask, vocab, adjusted.shape[-1], adjusted.dtype))
+        apply_bias(adjusted, at, self._bias(bitmask, vocab, adjusted.shape[-1], adjusted.dtype))
         empty, single = allowed_counts(bitmask)
         for j, i in enumerate(idx):
             g = rows[i].grammar

@@ -301,3 +301,19 @@ def test_a_bitmask_becomes_a_bias_over_the_logits_width():
     apply_bias(logits, torch.tensor([3, 0, 1]), mask_bias(bitmask, vocab=40, width=36))
     assert torch.equal(logits[2], want[2])  # a row without a mask: untouched
     assert torch.equal(logits[3][[0, 5, 33]], want[3][[0, 5, 33]]) and torch.isinf(logits[3][1])
+
+
+def test_an_eos_the_grammar_allows_ends_the_request_like_any_eos(tiny, core):
+    """`[0-9]{1,8}` accepts after one digit and may go on: EOS is allowed there, and drawn it ends the request
+    with `stop` (a special token: no text), the grammar complete."""
+    ids = encode(tiny, "A number:")
+    reqs = [core.add_request(f"n{i}", ids, sampled(16, i, StructuredOutput(kind="regex", spec="[0-9]{1,8}")))
+            for i in range(16)]
+    out, end = run(core)
+    eos = set(core.eos_ids)
+    ended_on_eos = [r for r in reqs if r.output_ids[-1] in eos]
+    assert ended_on_eos  # 1 token in ~11 allowed at each accepting step: some of 16 draw it
+    for r in reqs:
+        assert end[r.rid] == ("stop", None) and r.grammar.complete
+        assert not eos & set(r.output_ids[:-1])
+        assert re.fullmatch("[0-9]{1,8}", text(tiny, r.output_ids)), text(tiny, r.output_ids)
