@@ -23,6 +23,11 @@ GUIDED = {"guided_json": "structured_outputs.json", "guided_regex": "structured_
           "guided_whitespace_pattern": "structured_outputs.whitespace_pattern",
           "guided_decoding_backend": "structured_outputs (whose backend is llguidance, not chosen per request)"}
 _REFUSED = ("disable_fallback", "structural_tag")
+# Whitespace between JSON tokens unless the request or the schema says otherwise: up to this many characters
+# in a row. llguidance's default (any amount) lets a sampled model write newlines until max_tokens (3 of 200
+# SmolLM2 samples at temperature 1); a bound still admits pretty-printed JSON nested 30 deep.
+BOUNDED_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,64}"
+_WHITESPACE_KEYS = ("whitespace_flexible", "whitespace_pattern")
 
 
 def refuse_guided(req: _SamplingFields) -> None:
@@ -44,12 +49,18 @@ def json_spec(value: Any, param: str, options: dict[str, Any] | None = None, clo
         raise bad_request(f"{param} must be a JSON Schema (an object)", param=param, code="invalid_schema")
     if close:
         value = closed_schema(value)
-    if options and isinstance(value, dict):
-        value = {**value, "x-guidance": {**value.get("x-guidance", {}), **options}}
+    if isinstance(value, dict):
+        own = value.get("x-guidance") if isinstance(value.get("x-guidance"), dict) else {}
+        if not any(k in own or k in (options or {}) for k in _WHITESPACE_KEYS):
+            options = {**(options or {}), "whitespace_pattern": BOUNDED_WHITESPACE}
+        value = {**value, "x-guidance": {**own, **options}}
     try:
         return json.dumps(value)
     except RecursionError:
         raise bad_request(f"{param} is nested too deeply", param=param, code="invalid_schema") from None
+
+
+JSON_OBJECT = json_spec({"type": "object"}, "response_format")  # any object
 
 
 def _response_format(req: _SamplingFields) -> list[Constraint]:
@@ -57,7 +68,7 @@ def _response_format(req: _SamplingFields) -> list[Constraint]:
     if fmt is None or fmt.type == "text":
         return []
     if fmt.type == "json_object":
-        return [Constraint(StructuredOutput(kind="json_schema", spec='{"type": "object"}'), "response_format")]
+        return [Constraint(StructuredOutput(kind="json_schema", spec=JSON_OBJECT), "response_format")]
     if fmt.type != "json_schema":
         raise bad_request(f"response_format type {fmt.type!r} is not supported (text, json_object, json_schema)",
                           param="response_format.type", code="unsupported_parameter")
@@ -107,7 +118,7 @@ def _narrows_an_object(found: list[Constraint]) -> bool:
     (the way instructor's JSON mode is used against vLLM, the schema passed in extra_body), not a conflict."""
     if len(found) != 2 or found[0].param != "response_format" or found[1].param != "structured_outputs.json":
         return False
-    if found[0].so.spec != '{"type": "object"}':
+    if found[0].so.spec != JSON_OBJECT:
         return False
     schema = json.loads(found[1].so.spec)
     return isinstance(schema, dict) and (schema.get("type") == "object" or "properties" in schema)

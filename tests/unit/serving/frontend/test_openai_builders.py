@@ -10,6 +10,7 @@ import pytest
 from serving.frontend.errors import APIError
 from serving.frontend.http.routes.openai_api import Front, chat_input, completion_input
 from serving.frontend.http.routes.openai_requests import ChatCompletionRequest, CompletionRequest, decode_body
+from serving.frontend.http.routes.openai_structured import BOUNDED_WHITESPACE
 from serving.frontend.output_parsing import ParsingConfig
 from serving.frontend.tenants.priority import engine_priority
 from serving.frontend.tokenizer_manager import generation_defaults
@@ -144,12 +145,17 @@ def test_structured_outputs_map_to_one_constraint_named_by_its_field():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     obj = chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}})
     (c,) = obj.constraints
-    closed = {**schema, "additionalProperties": False}  # as vLLM's default backend reads it
+    bounded = {"x-guidance": {"whitespace_pattern": BOUNDED_WHITESPACE}}  # unless the request says otherwise
+    closed = {**schema, "additionalProperties": False, **bounded}  # as vLLM's default backend reads it
     assert (c.so.kind, json.loads(c.so.spec), c.param) == ("json_schema", closed, "response_format.json_schema.schema")
     kept = comp(structured_outputs={"json": schema, "disable_additional_properties": False}).sampling.structured
-    assert json.loads(kept.spec) == schema
+    assert json.loads(kept.spec) == {**schema, **bounded}
+    own = {**schema, "x-guidance": {"whitespace_flexible": True}}  # the schema's own whitespace setting is kept
+    assert json.loads(comp(structured_outputs={"json": own}).sampling.structured.spec)["x-guidance"] == {
+        "whitespace_flexible": True}
     assert obj.sampling.structured == c.so
-    assert json.loads(chat(response_format={"type": "json_object"}).sampling.structured.spec) == {"type": "object"}
+    assert json.loads(chat(response_format={"type": "json_object"}).sampling.structured.spec) == {
+        "type": "object", **bounded}
     assert chat(response_format={"type": "text"}).sampling.structured is None
     compact = comp(structured_outputs={"json": json.dumps(schema), "disable_any_whitespace": True}).sampling.structured
     assert json.loads(compact.spec)["x-guidance"] == {"whitespace_flexible": False}
