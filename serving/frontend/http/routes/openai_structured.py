@@ -53,7 +53,7 @@ def json_spec(value: Any, param: str, options: dict[str, Any] | None = None, clo
         own = value.get("x-guidance") if isinstance(value.get("x-guidance"), dict) else {}
         if not any(k in own or k in (options or {}) for k in _WHITESPACE_KEYS):
             options = {**(options or {}), "whitespace_pattern": BOUNDED_WHITESPACE}
-        value = {**value, "x-guidance": {**own, **options}}
+        value = {**value, "x-guidance": {**own, **(options or {})}}
     try:
         return json.dumps(value)
     except RecursionError:

@@ -153,6 +153,8 @@ def test_structured_outputs_map_to_one_constraint_named_by_its_field():
     own = {**schema, "x-guidance": {"whitespace_flexible": True}}  # the schema's own whitespace setting is kept
     assert json.loads(comp(structured_outputs={"json": own}).sampling.structured.spec)["x-guidance"] == {
         "whitespace_flexible": True}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": own}}  # no request options at all
+    assert json.loads(chat(response_format=rf).sampling.structured.spec)["x-guidance"] == {"whitespace_flexible": True}
     assert obj.sampling.structured == c.so
     assert json.loads(chat(response_format={"type": "json_object"}).sampling.structured.spec) == {
         "type": "object", **bounded}
