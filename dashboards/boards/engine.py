@@ -101,6 +101,32 @@ def board() -> Board:
                    [(q.gauge("sightline_seconds_since_last_token", agg="max"), "since last token")],
                    width=8, height=8, decimals=1),
     )
+    b.row(
+        "Structured outputs",
+        timeseries_panel("Grammar compiles", "Compile time of structured-output grammars not cached (p50, p99; "
+                         "left) and the share of structured requests whose grammar was cached or compiling already "
+                         "(right). A request waits for its compile with wait reason grammar (Troubleshooting → why "
+                         "requests waited); a low hit ratio with slow compiles: specs that change per request "
+                         "(a timestamp or id in the schema).", "s",
+                         [(q.quantile(0.5, "sightline_grammar_compile_seconds"), "compile p50"),
+                          (q.quantile(0.99, "sightline_grammar_compile_seconds"), "compile p99"),
+                          (q.ratio("sightline_grammar_cache_total", 'result="hit"'), "cache hit ratio")],
+                         right={"C": "percentunit"}, width=8),
+        timeseries_panel("Grammar work per step", "Mean time per step spent filling and applying grammar masks and "
+                         "feeding the sampled tokens to the matchers (the step's grammar phase; left), and tokens the "
+                         "grammar alone decided (a mask with one token allowed; right). A grammar phase growing with "
+                         "the batch: many structured requests at once, or schemas whose masks are costly.", "s",
+                         [(q.mean("sightline_engine_step_phase_seconds", 'phase="grammar"'), "grammar phase"),
+                          (q.rate("sightline_grammar_forced_tokens_total"), "forced tokens/s")],
+                         right={"B": "suffix: tokens/s"}, width=8),
+        timeseries_panel("Structured outputs that failed", "Requests a grammar ended with an error, by kind "
+                         "(compile: the engine could not compile a spec the front end let through; dead_end: no token "
+                         "left to draw), and tool calls the front end could not parse, by parser (their text came "
+                         "back as content: runbook → Tool calls come back as text).", "ops",
+                         [(q.rate("sightline_grammar_errors_total", by=("kind",)), "grammar {{kind}}"),
+                          (q.rate("sightline_tool_call_parse_failures_total", by=("parser",)),
+                           "tool call parse {{parser}}")], width=8),
+    )
     b.row("Request sizes", *(
         timeseries_panel(title, f"{what} per request, p50 and p99.", "short",
                          [(q.quantile(x, metric), f"p{round(x * 100)}") for x in (0.5, 0.99)])

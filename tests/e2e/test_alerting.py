@@ -175,7 +175,8 @@ BURST = QUEUE + 4  # sent while the engine is stopped: QUEUE - 1 wait (behind th
 
 
 async def _load(url: str) -> list[int]:
-    """A few dozen requests: plain, streamed, walked away from mid-stream, invalid, and embeddings."""
+    """A few dozen requests: plain, streamed, walked away from mid-stream, invalid, embeddings, structured outputs
+    and a tool call that does not parse."""
     import asyncio
 
     import httpx
@@ -206,14 +207,29 @@ async def _load(url: str) -> list[int]:
             r = await client.post("/v1/embeddings", json={"input": [f"Embed {i}", f"and {i} more"]})
             return r.status_code
 
+        async def structured(i: int) -> int:  # a schema of its own: a compile (a miss); asked twice: a hit
+            schema = {"type": "object", "properties": {f"k{i % 4}": {"enum": ["a", "b"]}}, "required": [f"k{i % 4}"]}
+            r = await client.post("/v1/completions", json={"prompt": "JSON:", "max_tokens": 16, "structured_outputs": {
+                "json": schema, "disable_any_whitespace": True}})
+            return r.status_code
+
+        async def broken_call() -> int:  # a regex forces half a tool call: the tool-call parser fails on it
+            half = '<tool_call>\n{"name": "f", "arguments": {'
+            r = await client.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "Call f."}], "max_tokens": 24,
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "structured_outputs": {"regex": half.replace("{", r"\{")}})
+            return r.status_code
+
         async def one(job):
             async with gate:
                 return await job
 
-        # embeddings first and last: their histograms need observations in more than one scrape
-        jobs = [embed(i) for i in range(3)] + [plain(i) for i in range(16)] + [streamed(i) for i in range(16)]
+        # embeddings and grammar compiles first and last: their histograms need observations in more than one scrape
+        jobs = [embed(i) for i in range(3)] + [structured(i) for i in range(3)]
+        jobs += [plain(i) for i in range(16)] + [streamed(i) for i in range(16)]
         jobs += [streamed(i, walk_away=True) for i in range(6)] + [invalid(i) for i in range(2)]
-        jobs += [embed(i) for i in range(3, 6)]
+        jobs += [embed(i) for i in range(3, 6)] + [structured(i) for i in range(3, 6)] + [broken_call()]
         return await asyncio.gather(*(one(j) for j in jobs))
 
 
@@ -319,7 +335,7 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
                 prom.wait_for("sightline scraped", lambda: prom.api("query", query='up{job="sightline"} == 1')[
                     "result"], 30)
                 statuses = asyncio.run(_load(server.url))
-                assert statuses == [200] * 41 + [400] * 2 + [200] * 3, statuses
+                assert statuses == [200] * 44 + [400] * 2 + [200] * 7, statuses
                 _send_undecodable_frame(server.runtime_dir)
                 assert not stall_paged(), "the engine counted as stalled before it was stopped"
                 burst, fired = _while_engine_stalled(server, while_stalled)

@@ -44,8 +44,8 @@ JOB = 'job="sightline"'
 
 async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
     """`n` requests at once (numbered from `first`), alternating streamed chat and non-streamed
-    completions, every tenth an embeddings request instead; each result: status, completion tokens
-    from `usage`, the replica that served it."""
+    completions (some with a structured output), every tenth an embeddings request instead; each result:
+    status, completion tokens from `usage`, the replica that served it."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         async def one(i: int) -> dict:
             tokens = 4 + i % 13
@@ -53,7 +53,11 @@ async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
                 r = await client.post("/v1/embeddings", json={"input": [f"Replica test {i}", "and one more"]})
                 return {"status": r.status_code, "tokens": 0, "replica": r.headers["x-sightline-replica"]}
             if i % 2:
-                r = await client.post("/v1/completions", json={"prompt": f"Replica test {i}:", "max_tokens": tokens})
+                body = {"prompt": f"Replica test {i}:", "max_tokens": tokens}
+                if i % 10 == 3:  # a structured output: the grammar panels get data too (compiles in both waves)
+                    body["structured_outputs"] = {"json": {"type": "object", "properties": {
+                        f"k{i}": {"enum": ["a", "b"]}}, "required": [f"k{i}"]}, "disable_any_whitespace": True}
+                r = await client.post("/v1/completions", json=body)
                 return {"status": r.status_code, "tokens": r.json()["usage"]["completion_tokens"],
                         "replica": r.headers["x-sightline-replica"]}
             body = {"messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": tokens, "stream": True,
