@@ -41,7 +41,6 @@ from typing import Protocol, Sequence
 
 import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
-from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_par
 
 from protocol.io_struct import GrammarCacheCount, GrammarErrorCount
 from protocol.sampling_params import SamplingParams, StructuredOutput
@@ -58,6 +57,15 @@ COMPILE_THREADS = 2
 # torch ops that follow (the bias ~0.6 ms instead of ~0.4).  One call per row: no threads beside torch's.
 PARALLEL_FILL = False
 DEAD_END = "structured output: the grammar allows no further token: "
+
+
+def fill_mask(matcher: LLMatcher, bitmask: torch.Tensor, row: int) -> None:
+    """Row `row` of the int32 `bitmask` [R, words] (contiguous, on the CPU) set to the tokens `matcher` allows.
+
+    llguidance.torch has the same wrappers, but importing it wraps a helper in `torch.compile`, which loads
+    torch._dynamo: ~2.5 s more for every Scheduler start and restart."""
+    v = bitmask[row]
+    matcher.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * 4)
 
 
 def _first_line(text: str) -> str:
@@ -159,7 +167,7 @@ class Grammars:
         if matcher.is_error():
             raise GrammarError(_first_line(matcher.get_error()) or "the grammar is invalid")
         warm = torch.empty(1, (tok.vocab_size + 31) // 32, dtype=torch.int32)
-        fill_next_token_bitmask(matcher.deep_copy(), warm)  # builds the lexer states the first step needs
+        fill_mask(matcher.deep_copy(), warm, 0)  # builds the lexer states the first step needs
         self._compiled.append(perf_counter() - t0)
         return matcher
 
@@ -244,10 +252,11 @@ class Grammars:
         if self.parallel_fill:
             if self._executor is None:
                 self._executor = LLExecutor(max(1, min(COMPILE_THREADS, os.cpu_count() or 1)))
-            fill_next_token_bitmask_par(self._executor, [(m, j) for j, m in enumerate(matchers)], bitmask)
+            self._executor.unsafe_compute_mask_ptr([(m, j) for j, m in enumerate(matchers)], bitmask.data_ptr(),
+                                                   bitmask.shape[1] * 4, bitmask.shape[0])
         else:
             for j, m in enumerate(matchers):
-                fill_next_token_bitmask(m, bitmask, j)
+                fill_mask(m, bitmask, j)
         if adjusted is logits and keep_raw:
             adjusted = logits.clone()
         at = None if len(idx) == len(rows) else torch.tensor(idx, dtype=torch.int64)

@@ -317,3 +317,14 @@ def test_an_eos_the_grammar_allows_ends_the_request_like_any_eos(tiny, core):
         assert end[r.rid] == ("stop", None) and r.grammar.complete
         assert not eos & set(r.output_ids[:-1])
         assert re.fullmatch("[0-9]{1,8}", text(tiny, r.output_ids)), text(tiny, r.output_ids)
+
+
+def test_the_scheduler_does_not_load_torch_dynamo():
+    """llguidance.torch wraps a helper in torch.compile at import, which loads torch._dynamo (~2.5 s of every
+    Scheduler start and restart): the engine fills masks through llguidance's own calls instead."""
+    import subprocess
+    import sys
+
+    code = "import sys, serving.engine.scheduler; print('torch._dynamo' in sys.modules, 'llguidance' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
