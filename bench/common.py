@@ -4,6 +4,7 @@ local server and the JSON file a run writes.  No torch: a prompt needs only a to
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import statistics
@@ -180,6 +181,31 @@ def _pct(xs: list[float], q: float) -> float:
 def start_server(model: str, port: int, log: Path, flags: list[str]) -> LocalServer:
     """A local server at `--log-level warning` plus `flags`, healthy on return."""
     return LocalServer(model, port, log, ["--log-level", "warning", *flags])
+
+
+def engine_bench_args(description: str, gen_len: int) -> argparse.ArgumentParser:
+    """The options every in-process engine bench takes (model, concurrency levels, lengths, rounds, --json)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--concurrency", default="1,16")
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--gen-len", type=int, default=gen_len)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    return ap
+
+
+def in_process_engine(a: argparse.Namespace) -> tuple[Any, Any, list[int], list[list[int]]]:
+    """(loaded model, float32 SchedulerCore, concurrency levels, prompts for the largest) from `engine_bench_args`'
+    options; imported here, after the bench has set its thread environment."""
+    from serving.args import ServerArgs
+    from serving.engine.loader import load_model
+    from serving.engine.scheduler_core import SchedulerCore
+
+    loaded = load_model(a.model)
+    core = SchedulerCore(loaded, ServerArgs(model=a.model, dtype="float32"))
+    levels = [int(c) for c in a.concurrency.split(",")]
+    return loaded, core, levels, make_prompts(loaded, max(levels), a.prompt_len)
 
 
 def write_json(path: Path, doc: dict) -> None:

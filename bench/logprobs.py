@@ -18,20 +18,16 @@ cold prefill does, plus the scoring.  A benchmark prints numbers; it asserts not
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
-from pathlib import Path
 
 if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads.
     # Without it OpenMP's threads spin after the logprobs ops and slow the next forward's kernel team by ~40 %.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bench.common import make_prompts, write_json  # noqa: E402
+from bench.common import engine_bench_args, in_process_engine, make_prompts, write_json  # noqa: E402
 from protocol.sampling_params import SamplingParams  # noqa: E402
-from serving.args import ServerArgs  # noqa: E402
-from serving.engine.loader import load_model  # noqa: E402
 from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
 
 PHASE: list[float] = []  # the decode steps' share of time in the logprobs phase (StepStats.logprobs_seconds)
@@ -78,19 +74,10 @@ def prefill_costs(core: SchedulerCore, prompt: list[int], rounds: int) -> dict[s
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--concurrency", default="1,16")
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--gen-len", type=int, default=32)
+    ap = engine_bench_args(__doc__, gen_len=32)
     ap.add_argument("--prefill-len", type=int, default=256)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
-    loaded = load_model(a.model)
-    core = SchedulerCore(loaded, ServerArgs(model=a.model, dtype="float32"))
-    levels = [int(c) for c in a.concurrency.split(",")]
-    prompts = make_prompts(loaded, max(levels), a.prompt_len)
+    loaded, core, levels, prompts = in_process_engine(a)
     decode_rate(core, prompts[:2], 4, 5, "warmup")
     doc: dict[str, object] = {"model": a.model, "decode": {}, "prefill_ms": {}}
     for n in levels:

@@ -26,23 +26,19 @@ numbers; it asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import time
-from pathlib import Path
 
 if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from bench.common import make_prompts, write_json  # noqa: E402
+from bench.common import engine_bench_args, in_process_engine, write_json  # noqa: E402
 from protocol.sampling_params import SamplingParams, StructuredOutput  # noqa: E402
-from serving.args import ServerArgs  # noqa: E402
 from serving.engine.grammar import PARALLEL_FILL, Grammars  # noqa: E402
-from serving.engine.loader import load_model  # noqa: E402
 from serving.engine.request import Req  # noqa: E402
 from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
 from telemetry.buckets import DEFAULT_BUCKETS  # noqa: E402
@@ -151,19 +147,10 @@ def fill_ways(core: SchedulerCore, prompts: list[list[int]], gen_len: int, tempe
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--concurrency", default="1,16")
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--gen-len", type=int, default=64)
+    ap = engine_bench_args(__doc__, gen_len=64)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
-    loaded = load_model(a.model)
-    core = SchedulerCore(loaded, ServerArgs(model=a.model, dtype="float32"))
-    levels = [int(c) for c in a.concurrency.split(",")]
-    prompts = make_prompts(loaded, max(levels), a.prompt_len)
+    loaded, core, levels, prompts = in_process_engine(a)
     decode_rate(core, prompts[:2], 4, a.temperature, 1, "warmup")  # compiles SCHEMA: cached from here
     doc: dict[str, object] = {"model": a.model, "temperature": a.temperature, "decode": {}}
     for n in levels:

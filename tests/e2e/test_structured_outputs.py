@@ -48,12 +48,9 @@ BAD = [  # (route, the constraint fields, the param named, the error code)
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    s = ServerProc(tmpdir=tmp_path_factory.mktemp("structured"))
-    try:
-        yield s
-    finally:
-        s.stop()
+def srv(server):
+    """The module's own tiny-random server (tests/conftest.py): the Scheduler counters must see only this traffic."""
+    return server
 
 
 def base(path: str) -> dict:

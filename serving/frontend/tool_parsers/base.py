@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from serving.frontend.tool_parsers.json_scan import ScanError, scan_object
+from serving.frontend.tool_parsers.json_scan import ScanError, scan_object, skip_ws
 
 NAME_KEYS = ("name",)
 
@@ -95,6 +95,28 @@ def read_call(text: str, i: int, args_keys: tuple[str, ...], final: bool) -> tup
     except ValueError:
         raise ScanError("the call's arguments are not JSON") from None
     return CallProgress(name, args, True), obj.end
+
+
+def read_calls(text: str, pos: int, out: Scan, args_keys: tuple[str, ...], final: bool, separator: str | None,
+               after: str) -> Scan:
+    """Call objects from `text[pos]` on, separated by `separator` (None: one only), appended to `out.calls`;
+    raises ScanError when what follows `after` (the marker, for the message) is not a call."""
+    while True:
+        pos = skip_ws(text, pos)
+        if pos >= len(text):
+            if final and not out.calls:
+                raise ScanError(f"no call after {after}")
+            return out
+        if text[pos] != "{":
+            raise ScanError("expected a call object")
+        call, end = read_call(text, pos, args_keys, final)
+        out.calls.append(call)
+        if end is None:
+            return out
+        pos = skip_ws(text, end)
+        if separator is None or not text.startswith(separator, pos):
+            return out
+        pos += len(separator)
 
 
 class ToolParser:

@@ -9,8 +9,8 @@ dropped.  `arguments` is accepted in place of `parameters`.
 
 from __future__ import annotations
 
-from serving.frontend.tool_parsers.base import Marker, Scan, ToolParser, guarded, literal, read_call
-from serving.frontend.tool_parsers.json_scan import ScanError, skip_ws
+from serving.frontend.tool_parsers.base import Marker, Scan, ToolParser, guarded, literal, read_calls
+from serving.frontend.tool_parsers.json_scan import skip_ws
 
 TAG = "<|python_tag|>"
 
@@ -33,23 +33,7 @@ class Llama3JsonParser(ToolParser):
         out = Scan("", started=True)
 
         def calls() -> Scan:
-            pos = first
-            while True:
-                pos = skip_ws(text, pos)
-                if pos >= len(text):
-                    if final and not out.calls:
-                        raise ScanError("no call after the tag")
-                    return out
-                if text[pos] != "{":
-                    raise ScanError("expected a call object")
-                call, end = read_call(text, pos, self.args_keys, final)
-                out.calls.append(call)
-                if end is None:
-                    return out
-                pos = skip_ws(text, end)
-                if not text.startswith(";", pos):
-                    return out
-                pos += 1
+            return read_calls(text, first, out, self.args_keys, final, ";", "the tag")
 
         return guarded(calls, text, final, out)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import string
 
-from serving.frontend.tool_parsers.base import Marker, Scan, ToolParser, guarded, held_back, literal, read_call
-from serving.frontend.tool_parsers.json_scan import ScanError, skip_ws
+from serving.frontend.tool_parsers.base import Marker, Scan, ToolParser, guarded, held_back, literal, read_calls
+from serving.frontend.tool_parsers.json_scan import skip_ws
 
 MARK = "[TOOL_CALLS]"
 _ID_CHARS = string.ascii_letters + string.digits
@@ -30,23 +30,7 @@ class MistralParser(ToolParser):
         def calls() -> Scan:
             pos = skip_ws(text, i + len(MARK))
             listed = text.startswith("[", pos)
-            pos += listed
-            while True:
-                pos = skip_ws(text, pos)
-                if pos >= len(text):
-                    if final and not out.calls:
-                        raise ScanError("no call after [TOOL_CALLS]")
-                    return out
-                if text[pos] != "{":
-                    raise ScanError("expected a call object")
-                call, end = read_call(text, pos, self.args_keys, final)
-                out.calls.append(call)
-                if end is None:
-                    return out
-                pos = skip_ws(text, end)
-                if not (listed and text.startswith(",", pos)):
-                    return out
-                pos += 1
+            return read_calls(text, pos + listed, out, self.args_keys, final, "," if listed else None, MARK)
 
         return guarded(calls, text, final, out)
 
