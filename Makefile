@@ -73,7 +73,7 @@ serve: setup
 test: setup lint bytecode
 	$(PY) scripts/run_tests.py $(ARGS)
 
-# The same on one core (taskset) with no step floor in any test server: run once after touching a
+# The same with both lanes on one core (taskset), the slowest machine: run once after touching a
 # timing-sensitive test.
 test-hostile: setup lint bytecode
 	$(PY) scripts/run_tests.py --hostile $(ARGS)
