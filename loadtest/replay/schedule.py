@@ -10,7 +10,9 @@ from pathlib import Path
 SCHEDULE_FILE = "replay_schedule.jsonl"
 SENT_FILE = "replay_sent.jsonl"
 CHAT, COMPLETIONS, GENERATE, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings"
-ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate", EMBEDDINGS: "embeddings"}
+MESSAGES = "/v1/messages"  # Anthropic's Messages API: its record holds the chat messages it was rendered from
+ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate", EMBEDDINGS: "embeddings",
+             MESSAGES: "messages"}
 SUCCESS = ("stop", "length")
 LATE_S = 0.1  # a request sent more than this after its due time counts as late
 

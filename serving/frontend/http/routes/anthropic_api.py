@@ -70,7 +70,7 @@ def _turn(i: int, role: str, blocks: list[Block], called: set[str]) -> list[Chat
         where = f"messages[{i}].content[{j}]"
         kind = "assistant" if b.type in ("tool_use", "thinking") else "user" if b.type == "tool_result" else role
         if kind != role:
-            raise bad_request(f"{where}: a {b.type} block belongs in a {kind} turn, not a {role} turn", param=where)
+            raise bad_request(f"{where}: {b.type} blocks belong in {kind} turns, not {role} turns", param=where)
         if b.type == "text":
             if not b.text:
                 raise bad_request(f"{where}: text content blocks must be non-empty", param=where)
