@@ -1,4 +1,5 @@
-"""OpenAI-style API errors: `{"error": {"message", "type", "param", "code"}}` with a status."""
+"""OpenAI-style API errors: `{"error": {"message", "type", "param", "code"}}` with a status; on the Messages API's
+paths (`/v1/messages...`), Anthropic's `{"type": "error", "error": {"type", "message"}}`."""
 
 from __future__ import annotations
 
