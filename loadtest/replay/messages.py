@@ -3,7 +3,7 @@
 The flight recorder keeps the chat messages a Messages request was rendered from (the server turns
 `system` into a system message, `tool_use` blocks into an assistant's `tool_calls`, `tool_result`
 blocks into `tool` messages); this turns them back, so the replayed body renders to the same prompt.
-Only the sampling fields the Messages API has are sent (temperature, top_p, top_k).
+Only the sampling fields the Messages API takes are sent (temperature, top_p, top_k, and the server's `seed`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-SAMPLING = ("temperature", "top_p", "top_k")
+SAMPLING = ("temperature", "top_p", "top_k", "seed")
 
 
 def _assistant_blocks(m: dict) -> list[dict]:

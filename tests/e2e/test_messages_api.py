@@ -21,7 +21,7 @@ from loadtest.replay.run import make_items, plan_schedule
 from loadtest.replay.schedule import MESSAGES
 from telemetry.request_record import read_records
 from tests.client_venv import drive, need_clients_venv
-from tests.server_util import TEST_KEY, ServerProc, scrape, value, wait_until
+from tests.server_util import HOLD, TEST_KEY, ServerProc, scrape, value, wait_until
 
 pytestmark = pytest.mark.smollm
 
@@ -193,7 +193,8 @@ def test_bad_input_is_refused_in_anthropics_shape_and_the_server_keeps_serving(s
 
 
 def test_an_error_after_the_stream_started_is_an_error_event(srv):
-    evs = events(srv, {**ASK, "max_tokens": 64}, headers={"x-request-timeout": "0.02"})
+    """Held one token short of its end (the hold seam), the request outlives its deadline."""
+    evs = events(srv, {**ASK, "max_tokens": 8, **HOLD}, headers={"x-request-timeout": "1"})
     assert evs[0][0] == "message_start" and evs[-1][0] == "error"
     assert evs[-1][1]["error"]["type"] == "timeout_error"
     assert post(srv, {**ASK, "max_tokens": 2}).json()["stop_reason"] == "max_tokens"

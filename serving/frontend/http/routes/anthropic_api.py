@@ -221,7 +221,8 @@ def messages_input(body: MessagesRequest, front: Front) -> GenerateReqInput:
             raise bad_request("metadata.user_id must be a string", param="metadata.user_id")
         req.max_tokens, req.stop, req.temperature, req.top_p = body.max_tokens, body.stop_sequences, \
             body.temperature, body.top_p
-        req.top_k, req.stream, req.user, req.ignore_eos = body.top_k, body.stream, user, body.ignore_eos
+        req.top_k, req.stream, req.user, req.ignore_eos, req.seed = body.top_k, body.stream, user, body.ignore_eos, \
+            body.seed
         return chat_input(req, front, ROUTE)
     except APIError as err:
         raise _renamed(err) from None

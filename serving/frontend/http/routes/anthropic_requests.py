@@ -70,7 +70,9 @@ class MessagesRequest(_Common, **_STRICT):
     stream: bool | None = None
     metadata: dict[str, Any] | None = None  # `user_id`: the end user's id (OpenAI's `user`)
     service_tier: str | None = None  # auto | standard_only: one tier here
-    ignore_eos: bool | None = None  # vLLM's extension: a replay's exact output length
+    # this server's extensions (vLLM's fields): a replay's exact output length, a reproducible draw
+    ignore_eos: bool | None = None
+    seed: int | None = None
     inference_geo: Any = None
     speed: Any = None
     diagnostics: Any = None

@@ -36,14 +36,15 @@ def refused(status: int = 400, **body) -> str:
 
 def test_system_turns_and_sampling_map_to_the_chat_request():
     obj = build(system=[{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}], temperature=0.5,
-                top_p=0.9, top_k=20, stop_sequences=["END"], metadata={"user_id": "u-1"}, stream=True,
+                top_p=0.9, top_k=20, stop_sequences=["END"], metadata={"user_id": "u-1"}, stream=True, seed=7,
                 messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
                           {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}])
     assert obj.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "ab"},
                             {"role": "assistant", "content": "c"}, {"role": "user", "content": "d"}]
     sp = obj.sampling
     assert (sp.temperature, sp.top_p, sp.top_k, obj.stop, obj.user, obj.stream) == (0.5, 0.9, 20, ["END"], "u-1", True)
-    assert obj.max_new_tokens == 8 and obj.template.add_generation_prompt and not obj.template.continue_final_message
+    assert sp.seed == 7 and obj.max_new_tokens == 8
+    assert obj.template.add_generation_prompt and not obj.template.continue_final_message
 
 
 def test_a_final_assistant_turn_is_continued_and_an_empty_one_dropped():
