@@ -3,9 +3,10 @@
 Run with the clients' own interpreter (.venv-clients/bin/python, tests/clients/requirements.txt):
     drive.py SCENARIO BASE_URL
 prints one JSON object: what the client returned (the validated object's fields, the tool calls
-made, the requests' shapes), for tests/e2e/test_structured_clients.py to check.  Nothing here
-fakes the server or patches the client; the only settings are the base URL and, for the Agents SDK,
-tracing off (it would export to OpenAI's servers).
+made, the requests' shapes), for tests/e2e/test_structured_clients.py and test_messages_api.py to check.
+Nothing here fakes the server or patches the client; the only settings are the base URL, the anthropic
+SDK's key (ANTHROPIC_API_KEY, as its users set it) and, for the Agents SDK, tracing off (it would export to
+OpenAI's servers).
 """
 
 from __future__ import annotations
