@@ -1,4 +1,4 @@
-"""Incremental SSE parsing and the per-request reading of an OpenAI stream.
+"""Incremental SSE parsing and the per-request reading of an OpenAI stream (or an Anthropic Messages one).
 
 `SSEParser` takes bytes as the socket delivers them: an event may be split anywhere
 (even inside a UTF-8 character or between `\\r` and `\\n`), so lines are cut on bytes
@@ -6,6 +6,8 @@ and decoded only when whole.  `StreamReader` turns the events of one response in
 `RequestRecord`: TTFT at the first chunk that carries text (the chat role chunk carries
 none and comes before any token), one chunk time per text chunk, usage (with
 `prompt_tokens_details.cached_tokens`), finish reason, and why it failed (error event, invalid JSON, no `[DONE]`).
+A Messages stream (`/v1/messages`, replayed) ends with `message_stop` instead of `[DONE]`, its usage and stop
+reason in `message_delta`.
 """
 
 from __future__ import annotations
@@ -63,8 +65,18 @@ class SSEParser:
         return bool(self._buf.strip() or self._data)
 
 
-# The error type of a mid-stream error event → the HTTP status it stands for (docs/api.md).
-ERROR_EVENT_STATUS = {"internal_error": 500, "server_unavailable": 503, "timeout": 504}
+# The error type of a mid-stream error event → the HTTP status it stands for (docs/api.md); OpenAI's, Anthropic's.
+ERROR_EVENT_STATUS = {"internal_error": 500, "server_unavailable": 503, "timeout": 504, "api_error": 500,
+                      "overloaded_error": 503, "timeout_error": 504}
+# Anthropic's stop reasons (POST /v1/messages) as finish reasons
+ANTHROPIC_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "stop", "max_tokens": "length"}
+
+
+def anthropic_usage(rec: RequestRecord, use: dict) -> None:
+    """Anthropic's usage: the prompt is its uncached input plus what the cache read."""
+    cached = use.get("cache_read_input_tokens") or 0
+    rec.prompt_tokens, rec.cached_tokens = (use.get("input_tokens") or 0) + cached, cached
+    rec.completion_tokens = use.get("output_tokens")
 
 
 class StreamReader:
@@ -106,6 +118,9 @@ class StreamReader:
             self.rec.status = ERROR_EVENT_STATUS.get(kind, 500)
             self._fail(f"error event: {err.get('code') or kind}", "error" if self.rec.status == 500 else "abort")
             return
+        if obj.get("type") in ("message_start", "content_block_delta", "message_delta", "message_stop"):
+            self._anthropic(obj, t)
+            return
         if obj.get("usage"):
             usage = obj["usage"]
             self.rec.prompt_tokens = usage.get("prompt_tokens")
@@ -120,6 +135,21 @@ class StreamReader:
                 self.rec.ttft = t
             if finish:
                 self.rec.finish_reason = finish
+
+    def _anthropic(self, obj: dict, t: float) -> None:
+        """An event of Anthropic's Messages stream: a delta's text (any block), the stop and usage, the end."""
+        kind = obj["type"]
+        if kind == "message_stop":
+            self.done = True
+        elif kind == "content_block_delta":
+            delta = obj.get("delta") or {}
+            if delta.get("text") or delta.get("partial_json") or delta.get("thinking"):
+                self.rec.chunk_times.append(t)
+                if self.rec.ttft is None:
+                    self.rec.ttft = t
+        elif kind == "message_delta":
+            anthropic_usage(self.rec, obj.get("usage") or {})
+            self.rec.finish_reason = ANTHROPIC_FINISH.get((obj.get("delta") or {}).get("stop_reason"), "abort")
 
     def finish(self, now: float) -> RequestRecord:
         """The stream ended (connection closed after the last chunk): fill e2e, judge completeness."""

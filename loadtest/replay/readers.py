@@ -10,7 +10,7 @@ from typing import Any
 
 from loadtest.records import RequestRecord as ClientRecord
 from loadtest.replay.schedule import SUCCESS, ReplayItem
-from loadtest.sse import StreamReader
+from loadtest.sse import ANTHROPIC_FINISH, StreamReader, anthropic_usage
 
 
 class ReplayStreamReader(StreamReader):
@@ -88,6 +88,13 @@ class ReplayBodyReader:
             self.server = obj.get("sightline")
             rec.prompt_tokens, rec.completion_tokens, rec.finish_reason = (obj.get("usage") or {}).get(
                 "prompt_tokens"), 0, "stop"
+            return rec
+        if obj.get("type") == "message":  # /v1/messages
+            anthropic_usage(rec, obj.get("usage") or {})
+            self.server = obj.get("sightline")
+            rec.finish_reason = ANTHROPIC_FINISH.get(obj.get("stop_reason"), "abort")
+            if rec.finish_reason not in SUCCESS:
+                rec.error = f"no stop_reason in the response ({obj.get('stop_reason')})"
             return rec
         if "meta_info" in obj:  # /generate
             meta = obj["meta_info"]

@@ -7,7 +7,9 @@ recorded arrival offset from the first replayed record divided by `--speed`, to 
 route, streaming or not, with the recorded sampling parameters and the recorded prompt
 when the dump has content (`--dump-content`), otherwise synthetic text of exactly the
 recorded prompt token count (counted with the served model's tokenizer, as the server
-counts: chat messages through the chat template).
+counts: chat messages through the chat template).  A `/v1/messages` record is sent as a Messages API
+body again (loadtest/replay/messages.py: its system prompt, turns and tool blocks from the recorded
+chat messages).
 
 Output lengths (`--replay-max-tokens`): `exact` (default) sends max_tokens = the recorded
 completion_tokens with ignore_eos and no stop strings, so every replayed request generates
@@ -54,9 +56,19 @@ from typing import Any, Callable, Iterable
 
 import httpx
 
+from loadtest.replay.messages import messages_body
 from loadtest.replay.pooling import TOKEN_ID_RANGE, pooling_body, synthetic_inputs
 from loadtest.replay.report import analyse
-from loadtest.replay.schedule import CHAT, ENDPOINTS, GENERATE, POOLING_PATHS, SCHEDULE_FILE, SENT_FILE, ReplayItem
+from loadtest.replay.schedule import (
+    CHAT,
+    ENDPOINTS,
+    GENERATE,
+    MESSAGES,
+    POOLING_PATHS,
+    SCHEDULE_FILE,
+    SENT_FILE,
+    ReplayItem,
+)
 from loadtest.workloads import WORDS
 from telemetry.request_record import RequestRecord, read_records
 
@@ -126,7 +138,7 @@ def synthetic_prompt(rec: RequestRecord, counter: PromptCounter | None) -> tuple
     n = rec.prompt_tokens
     if rec.route in POOLING_PATHS:  # the recorded number of inputs, the tokens spread over them
         return synthetic_inputs(rec.route, rec.params or {}, n, seed, lambda m, s: _text(m, counter, s))
-    if rec.route == CHAT:
+    if rec.route in (CHAT, MESSAGES):
         if counter is None:  # about one token a word, after a chat template's ~30 tokens of its own
             rng = random.Random(seed)
             return [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(max(1, n - 30)))}], None
@@ -150,6 +162,9 @@ def build_request(rec: RequestRecord, prompt: Any, model: str, max_tokens_mode: 
     else:
         max_tokens, ignore_eos = p.get("max_new_tokens"), bool(p.get("ignore_eos"))
         stop = p.get("stop_strings") or None
+    if rec.route == MESSAGES:
+        return MESSAGES, messages_body(prompt, model, sampling, max_tokens or p.get("max_new_tokens") or 1,
+                                       ignore_eos, stop, rec.stream)
     if rec.route == GENERATE:
         sp = {**sampling, "ignore_eos": ignore_eos}
         if max_tokens is not None:
@@ -205,7 +220,7 @@ def make_items(planned: list[tuple[RequestRecord, float]], model: str, counter: 
     for i, (rec, due) in enumerate(planned):
         if rec.prompt is not None:
             prompt, source, sent = rec.prompt, "recorded", rec.prompt_tokens
-            if rec.route == CHAT and isinstance(prompt, str):  # a chat record holds messages; be lenient
+            if rec.route in (CHAT, MESSAGES) and isinstance(prompt, str):  # a chat record holds messages
                 prompt = [{"role": "user", "content": prompt}]
         else:
             (prompt, sent), source = synthetic_prompt(rec, counter), "synthetic"

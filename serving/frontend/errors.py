@@ -1,4 +1,5 @@
-"""OpenAI-style API errors: `{"error": {"message", "type", "param", "code"}}` with a status."""
+"""OpenAI-style API errors: `{"error": {"message", "type", "param", "code"}}` with a status; on the Messages API's
+paths (`/v1/messages...`), Anthropic's `{"type": "error", "error": {"type", "message"}}`."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def error_response(err: APIError, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(err.body()), status_code=err.status, media_type="application/json",
+def error_response(err: APIError, headers: dict[str, str] | None = None, path: str = "") -> Response:
+    """The error as JSON: OpenAI's shape, or Anthropic's on the Messages API's `path`s."""
+    return Response(_json.encode(body_for(path, err)), status_code=err.status, media_type="application/json",
                     headers={**err.headers, **(headers or {})})
 
 
@@ -77,3 +79,31 @@ def result_error(finish_reason: str | None, error: str | None, status: int) -> A
         return None
     status = status if status in ERROR_TYPES else 500
     return APIError(status, error or "the engine failed this request", type=ERROR_TYPES[status])
+
+
+# -- the Messages API's own error shape (POST /v1/messages, /v1/messages/count_tokens) ----
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                   503: "overloaded_error", 504: "timeout_error"}
+
+
+def anthropic_route(path: str) -> bool:
+    """A path whose clients (the `anthropic` SDK) read Anthropic's error shape, not OpenAI's."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+def anthropic_body(status: int, message: str) -> dict:
+    """`{"type": "error", "error": {"type", "message"}}`, the type by status as Anthropic's API gives it."""
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def body_for(path: str, err: APIError) -> dict:
+    return anthropic_body(err.status, err.message) if anthropic_route(path) else err.body()
+
+
+def refusal_for(path: str, status: int, body: bytes) -> bytes:
+    """A middleware's prebuilt OpenAI-shaped refusal, in Anthropic's shape on the Messages API's paths."""
+    if not anthropic_route(path):
+        return body
+    return _json.encode(anthropic_body(status, msgspec.json.decode(body)["error"]["message"]))

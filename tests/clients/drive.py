@@ -3,9 +3,10 @@
 Run with the clients' own interpreter (.venv-clients/bin/python, tests/clients/requirements.txt):
     drive.py SCENARIO BASE_URL
 prints one JSON object: what the client returned (the validated object's fields, the tool calls
-made, the requests' shapes), for tests/e2e/test_structured_clients.py to check.  Nothing here
-fakes the server or patches the client; the only settings are the base URL and, for the Agents SDK,
-tracing off (it would export to OpenAI's servers).
+made, the requests' shapes), for tests/e2e/test_structured_clients.py and test_messages_api.py to check.
+Nothing here fakes the server or patches the client; the only settings are the base URL, the anthropic
+SDK's key (ANTHROPIC_API_KEY, as its users set it) and, for the Agents SDK, tracing off (it would export to
+OpenAI's servers).
 """
 
 from __future__ import annotations
@@ -122,8 +123,109 @@ def agents_tool_turn(base_url: str) -> dict:
     return asyncio.run(run())
 
 
+# -- the anthropic SDK on /v1/messages (BASE_URL is the server's root; the key is ANTHROPIC_API_KEY, sent as
+# x-api-key) --------------------------------------------------------------------------------------------
+QUESTION = "What is the capital of France?"
+GREEDY = {"temperature": 0}  # this SDK dropped its sampling arguments; the API (and the server) still take them
+WEATHER = {"name": "get_weather", "description": "The weather in a city now.",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                            "required": ["city"]}}
+
+
+def _anthropic(base_url: str):
+    """The client and the served model's id (its models.list reads /v1/models' `data[].id`)."""
+    from anthropic import Anthropic
+
+    client = Anthropic(base_url=base_url.removesuffix("/v1"), max_retries=0, timeout=60)
+    return client, client.models.list().data[0].id
+
+
+def _message(msg) -> dict:
+    """What a test checks of a Message: its text, blocks, stop and usage."""
+    return {"id": msg.id, "model": msg.model, "text": "".join(b.text for b in msg.content if b.type == "text"),
+            "types": [b.type for b in msg.content], "stop_reason": msg.stop_reason,
+            "stop_sequence": msg.stop_sequence, "usage": msg.usage.model_dump(exclude_none=True)}
+
+
+def anthropic_create(base_url: str) -> dict:
+    """messages.create, then the same request with a stop sequence taken from its answer (greedy: the same
+    tokens until there)."""
+    client, model = _anthropic(base_url)
+    ask = {"model": model, "max_tokens": 12, "extra_body": GREEDY, "system": "Answer in one short sentence.",
+           "messages": [{"role": "user", "content": QUESTION}]}
+    first = _message(client.messages.create(**ask))
+    words = first["text"].split()
+    stop = words[1] if len(words) > 1 else words[0]
+    return {"first": first, "stop": stop, "stopped": _message(client.messages.create(**ask, stop_sequences=[stop]))}
+
+
+def anthropic_stream(base_url: str) -> dict:
+    """messages.stream: the text as it streams (text_stream), then the final message the SDK accumulated."""
+    client, model = _anthropic(base_url)
+    with client.messages.stream(model=model, max_tokens=10, extra_body=GREEDY,
+                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+        pieces = list(stream.text_stream)
+        final = stream.get_final_message()
+    return {"pieces": pieces, "final": _message(final)}
+
+
+def anthropic_tool_round_trip(base_url: str) -> dict:
+    """A forced tool call (tool_choice {type: tool}), its result sent back as a tool_result block, the answer."""
+    client, model = _anthropic(base_url)
+    messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.messages.create(model=model, max_tokens=32, extra_body=GREEDY, tools=[WEATHER],
+                                   tool_choice={"type": "tool", "name": "get_weather"}, messages=messages)
+    calls = [b for b in first.content if b.type == "tool_use"]
+    results = [{"type": "tool_result", "tool_use_id": c.id, "content": "Sunny and 21 degrees."} for c in calls]
+    second = client.messages.create(model=model, max_tokens=12, extra_body=GREEDY, tools=[WEATHER],
+                                    messages=[*messages, {"role": "assistant", "content": first.content},
+                                              {"role": "user", "content": results}])
+    return {"first": _message(first), "calls": [{"id": c.id, "name": c.name, "input": c.input} for c in calls],
+            "second": _message(second)}
+
+
+def anthropic_count_tokens(base_url: str) -> dict:
+    """messages.count_tokens, and the input usage of the same prompt answered."""
+    client, model = _anthropic(base_url)
+    ask = {"model": model, "system": "Be brief.", "messages": [{"role": "user", "content": QUESTION}]}
+    counted = client.messages.count_tokens(**ask)
+    answered = client.messages.create(**ask, max_tokens=2)
+    return {"counted": counted.input_tokens, "usage": answered.usage.model_dump(exclude_none=True)}
+
+
+def anthropic_types(base_url: str) -> dict:
+    """The server's raw bodies and every streamed event validated against the SDK's own pydantic types (the
+    SDK builds its objects without validating)."""
+    import httpx
+    from anthropic.types import Message, RawMessageStreamEvent
+    from pydantic import TypeAdapter
+
+    url, model = base_url.removesuffix("/v1") + "/v1/messages", _anthropic(base_url)[1]
+    headers = {"x-api-key": os.environ.get("ANTHROPIC_API_KEY", ""), "anthropic-version": "2023-06-01"}
+    plain = {"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": QUESTION}]}
+    tool = {**plain, "max_tokens": 32, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "get_weather"}}
+    types = []
+    for body in (plain, tool):
+        answer = Message.model_validate(httpx.post(url, json=body, headers=headers, timeout=60).json())
+        types.append([b.type for b in answer.content])
+    adapter, names = TypeAdapter(RawMessageStreamEvent), []
+    for body in (plain, tool):
+        with httpx.stream("POST", url, json={**body, "stream": True}, headers=headers, timeout=60) as r:
+            name = None
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: ") and name != "ping":
+                    event = adapter.validate_python(json.loads(line[6:]))
+                    assert event.type == name, (event.type, name)
+                    names.append(name)
+    return {"events": names, "types": types}
+
+
 SCENARIOS = {f.__name__: f for f in (openai_parse, instructor_tools, instructor_json, instructor_json_schema,
-                                      langchain_json_schema, langchain_function_calling, agents_tool_turn)}
+                                      langchain_json_schema, langchain_function_calling, agents_tool_turn,
+                                      anthropic_create, anthropic_stream, anthropic_tool_round_trip,
+                                      anthropic_count_tokens, anthropic_types)}
 
 
 def main() -> None:

@@ -8,29 +8,17 @@ checks the object it returned — the grammar forces the shape, so a 135M model 
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.client_venv import CLIENTS_PY, ROOT, need_clients_venv
+from tests.client_venv import drive as drive_client
 from tests.server_util import ServerProc
 
 pytestmark = [pytest.mark.smollm, pytest.mark.lane2]
 
-ROOT = Path(__file__).resolve().parents[2]
-CLIENTS_PY = ROOT / ".venv-clients" / "bin" / "python"
-DRIVE = ROOT / "tests" / "clients" / "drive.py"
 COUNTRIES = {"France", "Japan", "Peru"}
-
-
-def need_clients_venv() -> None:
-    if not CLIENTS_PY.exists():
-        message = f"{CLIENTS_PY} is missing: `make setup` builds it from tests/clients/requirements.txt"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +30,7 @@ def server(tmp_path_factory):
 
 
 def drive(server: ServerProc, scenario: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTHON"))}
-    proc = subprocess.run([str(CLIENTS_PY), str(DRIVE), scenario, server.url + "/v1"], capture_output=True,
-                          text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["ok"], result["error"]
-    return result
+    return drive_client(server.url + "/v1", scenario)
 
 
 def assert_city(parsed: dict) -> None:

@@ -21,6 +21,7 @@ from serving.frontend.http.routes import control, debug, ops, tokenize_api
 from serving.frontend.http.routes.embeddings import embeddings, encode
 from serving.frontend.http.routes.generation import chat_completions, completions, generate
 from serving.frontend.http.routes.inspector import debug_ui
+from serving.frontend.http.routes.messages import count_tokens, messages
 from serving.frontend.http.routes.profiling import debug_profile
 from serving.frontend.http.routes.rerank import rerank, score
 from serving.frontend.http.state import ServerState
@@ -30,6 +31,8 @@ log = logging.getLogger(__name__)
 ROUTES = [
     Route("/v1/completions", completions, methods=["POST"]),
     Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    Route("/v1/messages", messages, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/generate", generate, methods=["POST"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/encode", encode, methods=["POST"]),
@@ -62,7 +65,7 @@ ROUTES = [
 
 
 async def _api_error(request: Request, exc: APIError) -> Response:
-    return error_response(exc)
+    return error_response(exc, path=request.url.path)
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -70,7 +73,7 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
     msg = {404: f"no route for {request.url.path}",
            405: f"method {request.method} is not allowed on {request.url.path}"}
     return error_response(APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), type=kind),
-                          headers=getattr(exc, "headers", None))
+                          headers=getattr(exc, "headers", None), path=request.url.path)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
@@ -78,7 +81,8 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     are added here."""
     log.exception("unhandled error on %s", request.url.path)
     return error_response(APIError(500, "internal server error", type="internal_error"),
-                          headers={k.decode(): v.decode() for k, v in response_ids(request.scope)})
+                          headers={k.decode(): v.decode() for k, v in response_ids(request.scope)},
+                          path=request.url.path)
 
 
 def _cors(args) -> list[Middleware]:

@@ -313,3 +313,46 @@ def test_rerank_and_score_records_are_replayed_as_their_bodies_were(tok):
                 1.1)
     out = reader.finish(1.2)
     assert out.ok and (out.prompt_tokens, out.finish_reason) == (7, "stop") and reader.server == {"e2e_ms": 2.0}
+
+
+def test_messages_records_are_replayed_as_messages_bodies():
+    """A /v1/messages record: its recorded chat messages sent back as the Messages body they came from (system,
+    tool_use and tool_result blocks), only the Messages API's sampling fields; its stream and body read back."""
+    from loadtest.replay.schedule import MESSAGES
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "t1", "type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "t1", "content": "Sunny"}, {"role": "user", "content": "Thanks"}]
+    r = rec(0, 0.0, MESSAGES, operation="chat", prompt=chat, completion_tokens=5,
+            params={"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
+                    "stop_strings": ["END"]})
+    (item,) = make_items([(r, 0.0)], "m", None)
+    assert item.path == MESSAGES and item.endpoint == "messages"
+    assert item.body == {"model": "m", "max_tokens": 5, "stream": True, "temperature": 0.0, "top_p": 1.0,
+                         "system": "Be brief.", "ignore_eos": True, "messages": [
+                             {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+                             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w",
+                                                                "input": {"city": "Paris"}}]},
+                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                                           "content": "Sunny"}, {"type": "text", "text": "Thanks"}]}]}
+    _, recorded = build_request(r, chat, "m", "recorded")
+    assert recorded["max_tokens"] == 16 and recorded["stop_sequences"] == ["END"] and "ignore_eos" not in recorded
+    bd = {"ttft_ms": 9.0, "e2e_ms": 30.0}
+    stream = ReplayStreamReader(ClientRecord("replay-messages", "messages", 0, 1.0, T0, 0.0), 0.0)
+    out = _feed(stream, [
+        {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 0}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "sightline": bd,
+         "usage": {"input_tokens": 2, "cache_read_input_tokens": 7, "output_tokens": 5}},
+        {"type": "message_stop"}])
+    assert out.ok, out.error
+    assert (out.prompt_tokens, out.cached_tokens, out.completion_tokens, out.finish_reason) == (9, 7, 5, "length")
+    assert out.ttft == pytest.approx(0.03) and stream.server == bd
+    body = ReplayBodyReader(ClientRecord("replay", "messages", 0, 1.0, T0, 0.0), 1.0)
+    body.feed(json.dumps({"type": "message", "stop_reason": "end_turn", "sightline": bd, "usage": {
+        "input_tokens": 3, "cache_read_input_tokens": 0, "output_tokens": 2}}).encode(), 1.1)
+    out = body.finish(1.2)
+    assert out.ok and (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (3, 2, "stop")

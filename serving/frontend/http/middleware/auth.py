@@ -27,11 +27,12 @@ import ipaddress
 import msgspec
 
 from serving.args import ServerArgs
+from serving.frontend.errors import refusal_for
 from serving.frontend.tenants.keys import ANONYMOUS, Principal
 from serving.frontend.tenants.store import KeyStore
 
 _BODY = msgspec.json.encode({"error": {
-    "message": "Incorrect or missing API key: send 'Authorization: Bearer <key>'.",
+    "message": "Incorrect or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
     "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}})
 
 
@@ -105,7 +106,8 @@ def principal_of(scope) -> Principal:
     return scope.get(PRINCIPAL) or ANONYMOUS
 
 
-async def _refuse(send, status: int, body: bytes, extra: tuple = ()) -> None:
+async def _refuse(scope, send, status: int, body: bytes, extra: tuple = ()) -> None:
+    body = refusal_for(scope["path"], status, body)
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), *extra, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -126,7 +128,7 @@ class AuthMiddleware:
             return
         path, enabled = scope["path"], self.keys.enabled
         if is_control(path) and control_decision(scope, self.args, enabled) == "forbid":
-            await _refuse(send, 403, _FORBIDDEN)
+            await _refuse(scope, send, 403, _FORBIDDEN)
             return
         if not enabled or not protected(path, self.args):
             scope[PRINCIPAL] = ANONYMOUS if not enabled else self.keys.table.lookup(
@@ -135,10 +137,10 @@ class AuthMiddleware:
             return
         who = self.keys.table.lookup(presented_key(dict(scope["headers"])))
         if who is None:
-            await _refuse(send, 401, _BODY, ((b"www-authenticate", b"Bearer"),))
+            await _refuse(scope, send, 401, _BODY, ((b"www-authenticate", b"Bearer"),))
             return
         if admin_only(path) and not who.admin:
-            await _refuse(send, 403, _ADMIN_ONLY)
+            await _refuse(scope, send, 403, _ADMIN_ONLY)
             return
         scope[PRINCIPAL] = who
         await self.app(scope, receive, send)

@@ -18,7 +18,7 @@ import ipaddress
 
 import msgspec
 
-from serving.frontend.errors import APIError
+from serving.frontend.errors import APIError, body_for
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -68,8 +68,8 @@ def has_body(headers: dict[bytes, bytes]) -> bool:
     return b"transfer-encoding" in headers or (length not in (b"", b"0"))
 
 
-async def send_error(send, err: APIError) -> None:
-    body = msgspec.json.encode(err.body())
+async def send_error(scope, send, err: APIError) -> None:
+    body = msgspec.json.encode(body_for(scope["path"], err))
     await send({"type": "http.response.start", "status": err.status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -88,13 +88,13 @@ class GuardMiddleware:
         if self.hosts is not None:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.hosts:
-                await send_error(send, APIError(
+                await send_error(scope, send, APIError(
                     400, f"Host {host!r} is not allowed on this server (see --allowed-hosts)", param="host",
                     code="invalid_host"))
                 return
         if scope["method"] == "POST" and has_body(headers) \
                 and not is_json(headers.get(b"content-type", b"").decode("latin-1")):
-            await send_error(send, APIError(
+            await send_error(scope, send, APIError(
                 415, "Content-Type must be application/json", type="invalid_request_error",
                 param="content-type", code="unsupported_media_type"))
             return

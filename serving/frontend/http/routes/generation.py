@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
-from serving.frontend.http.routes.choices import submit_choices
+from serving.frontend.http.routes.choices import Choice, submit_choices
 from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest,
@@ -113,13 +113,26 @@ def _request_attributes(obj: GenerateReqInput) -> dict:
     return attrs
 
 
-async def generation(request: Request, kind: Kind) -> Response:
-    """Every generation endpoint: decode → submit → stream or collect; telemetry around it."""
+@dataclass
+class Admitted:
+    """A generation request past every check and submitted: what its response is built from."""
+
+    req: ReqState
+    body: Any  # the decoded body (`Kind.body`)
+    obj: GenerateReqInput
+    choices: list[Choice]  # empty on /generate (the request itself is submitted)
+    headers: dict[str, str]  # x-request-id and traceparent
+
+
+async def admit(request: Request, kind: Kind) -> Admitted | Response:
+    """Decode → build → submit, telemetry opened around it; a refusal is the error response (in the
+    route's own error shape), counted once."""
     state: ServerState = request.app.state.server
     tel = state.tel
     req = ReqState(route=kind.route, operation=kind.operation, arrival=now_ns(),
                    tenant=principal_of(request.scope).tenant)
     tel.begin(req, request.headers, "POST", {"sightline.tenant": req.tenant})
+    choices: list[Choice] = []
     try:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
@@ -137,11 +150,21 @@ async def generation(request: Request, kind: Kind) -> Response:
             choices = await submit_choices(state, req, obj)
     except APIError as err:
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)
-        return error_response(err, tel.response_headers(req))
+        return error_response(err, tel.response_headers(req), path=kind.route)
     except Exception:
         tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
-    headers = {"x-request-id": req.rid, **tel.response_headers(req)}
+    return Admitted(req, body, obj, choices, {"x-request-id": req.rid, **tel.response_headers(req)})
+
+
+async def generation(request: Request, kind: Kind) -> Response:
+    """Every generation endpoint of the OpenAI and SGLang shapes: admit, then stream or collect."""
+    state: ServerState = request.app.state.server
+    tel = state.tel
+    got = await admit(request, kind)
+    if isinstance(got, Response):
+        return got
+    req, body, obj, choices, headers = got.req, got.body, got.obj, got.choices, got.headers
     if kind.route != "/generate":
         shape = make_shape(state, req, kind.operation == "chat", obj.sampling.logprobs is not None
                            or obj.sampling.prompt_logprobs is not None, include_usage(body), continuous_usage(body))
