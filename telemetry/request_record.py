@@ -23,8 +23,8 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     v: int = FORMAT_VERSION
     arrival: float  # wall clock, s since the epoch: the HTTP handler was entered
     rid: str
-    route: str  # the path it came in on: /v1/chat/completions | /v1/completions | /v1/messages | /generate | /v1/embeddings | ...
-    operation: str  # gen_ai.operation.name: text_completion | chat (also /v1/messages) | generate | embeddings (rerank, score too)
+    route: str  # the path it came in on: /v1/chat/completions | /v1/messages | /generate | /v1/embeddings | ...
+    operation: str  # gen_ai.operation.name: text_completion | chat (also messages) | generate | embeddings
     model: str
     stream: bool = False
     tenant: str = "default"  # the tenant its API key named
