@@ -1,9 +1,11 @@
 """Drive a running server with a real client library, as its users would: one scenario per call.
 
 Run with the clients' own interpreter (.venv-clients/bin/python, tests/clients/requirements.txt):
-    drive.py SCENARIO BASE_URL
-prints one JSON object: what the client returned (the validated object's fields, the tool calls
-made, the requests' shapes), for tests/e2e/test_structured_clients.py and test_messages_api.py to check.
+    drive.py SCENARIO BASE_URL     one scenario, one JSON line out
+    drive.py --serve               one {"scenario", "base_url", "env"} line in, one JSON line out, until EOF
+                                   (tests/client_venv.py: the libraries imported once for a whole test run)
+Each JSON object is what the client returned (the validated object's fields, the tool calls made, the
+requests' shapes), for tests/e2e/test_structured_clients.py and test_messages_api.py to check.
 Nothing here fakes the server or patches the client; the only settings are the base URL, the anthropic
 SDK's key (ANTHROPIC_API_KEY, as its users set it) and, for the Agents SDK, tracing off (it would export to
 OpenAI's servers).
@@ -228,13 +230,26 @@ SCENARIOS = {f.__name__: f for f in (openai_parse, instructor_tools, instructor_
                                       anthropic_count_tokens, anthropic_types)}
 
 
-def main() -> None:
-    name, base_url = sys.argv[1], sys.argv[2]
+def run(name: str, base_url: str, env: dict[str, str] | None = None) -> dict:
+    """One scenario, with `env` set for it alone (the key a client reads when it is constructed)."""
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
     try:
-        result = {"ok": True, **SCENARIOS[name](base_url)}
+        return {"ok": True, **SCENARIOS[name](base_url)}
     except Exception as e:  # noqa: BLE001 - the test reads what failed, with the client's own words
-        result = {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
-    print(json.dumps(result, default=str))
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def main() -> None:
+    if sys.argv[1] == "--serve":  # one JSON request a line on stdin, one JSON answer a line on stdout
+        for line in sys.stdin:
+            ask = json.loads(line)
+            print(json.dumps(run(ask["scenario"], ask["base_url"], ask.get("env")), default=str), flush=True)
+        return
+    print(json.dumps(run(sys.argv[1], sys.argv[2]), default=str))
 
 
 if __name__ == "__main__":
