@@ -107,17 +107,18 @@ def _histogram(fam, start: int, now: int) -> Metric:
 
 
 def registry_metrics(registry: CollectorRegistry, skip: frozenset[str], start: int) -> list[Metric]:
-    """Every family of `registry` but the `skip`ped (mirrored) histograms, as OTLP metrics now."""
+    """Every family of `registry` but the `skip`ped (mirrored) histograms, as OTLP metrics now (a family
+    with no series yet is left out: OTLP has no empty metric)."""
     now = time.time_ns()
     out = []
     for fam in registry.collect():
         if fam.name in skip:
             continue
-        if fam.type == "histogram":
+        if fam.type == "histogram" and fam.samples:
             out.append(_histogram(fam, start, now))
         elif fam.type in ("counter", "gauge"):
             suffix = "_total" if fam.type == "counter" else ""
-            points = [NumberDataPoint(dict(s.labels), start, now, s.value) for s in fam.samples
+            points = [NumberDataPoint(dict(s.labels), start, now, float(s.value)) for s in fam.samples
                       if s.name == fam.name + suffix]
             if points:
                 out.append(_number(fam.name, fam.documentation, fam.type, points))
