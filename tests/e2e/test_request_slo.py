@@ -18,17 +18,10 @@ from tests.server_util import ServerProc, scrape, sse_events, value, wait_until
 
 ADMIN = "sk-slo-admin-0123456789abcdef"  # --api-key: tenant default, admin (the test harness's /debug)
 KEY_A, KEY_B = "sk-slo-tenant-a-0123456789", "sk-slo-tenant-b-0123456789"
-KEYS = f"""
+KEYS = f"""keys = [{{tenant = "a", key = "{KEY_A}"}}, {{tenant = "b", key = "{KEY_B}"}}]
+
 [tenants.a]
 slo_e2e_ms = 60000
-
-[[keys]]
-tenant = "a"
-key = "{KEY_A}"
-
-[[keys]]
-tenant = "b"
-key = "{KEY_B}"
 """
 EASY = "60000"  # ms: met by any request that succeeds here
 TIGHT = "0.001"  # ms: missed by every request
