@@ -92,6 +92,17 @@ def parse_headers(headers: Mapping[str, str]) -> Objectives:
     return Objectives(**found)
 
 
+def objective_headers(thresholds_ms: Mapping[str, float]) -> dict[str, str]:
+    """The headers that carry objectives given in ms by `ttft_ms`, `tpot_ms`, `e2e_ms` (the load tests'
+    goodput thresholds), so the server judges requests as the client does; other keys are ignored."""
+    out = {}
+    for key, ms in thresholds_ms.items():
+        names = HEADERS.get(key.removesuffix("_ms"))
+        if names and ms > 0:
+            out[names[0]] = f"{ms:g}"
+    return out
+
+
 def judge(obj: Objectives, outcome: str, ttft: float | None, tpot: float | None,
           e2e: float) -> dict[str, bool]:
     """{objective: met} for the objectives judged, plus `all` when any was; {} without objectives."""

@@ -7,7 +7,7 @@ import pytest
 
 from serving.frontend.tenants.keys import KeysFileError, parse
 from telemetry import outcomes
-from telemetry.request_slo import Objectives, SLOHeaderError, judge, parse_headers
+from telemetry.request_slo import Objectives, SLOHeaderError, judge, objective_headers, parse_headers
 from telemetry.tail_sampling import TailPolicy
 
 
@@ -69,3 +69,9 @@ def test_tail_sampling_keeps_a_missed_objective_after_the_outcomes():
     assert policy.keep_reason(outcomes.STOP, 2.0, 0.01, missed_slo=True) == "slo"
     assert policy.keep_reason(outcomes.STOP, 2.0, 0.01) == "ttft"
     assert policy.keep_reason(outcomes.STOP, 0.1, 0.01) is None
+
+
+def test_the_load_tests_thresholds_as_headers_read_back_the_same():
+    sent = objective_headers({"ttft_ms": 1000.0, "tpot_ms": 100.0, "e2e_ms": 0.0, "objective": 0.99})
+    assert sent == {"x-llm-d-slo-ttft-ms": "1000", "x-llm-d-slo-tpot-ms": "100"}
+    assert parse_headers(sent) == Objectives(ttft=1.0, tpot=0.1)
