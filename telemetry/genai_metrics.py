@@ -125,19 +125,25 @@ class GenAIMetrics:
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
-        from telemetry.otlp_catalogue import CountingExporter, HistogramMirror, LoopCall, exponential_views
+        from telemetry.otlp_catalogue import (
+            CountingExporter,
+            HistogramMirror,
+            LoopCall,
+            exponential_views,
+            registry_metrics,
+        )
         from telemetry.request_telemetry import PROVIDER
 
         resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
                                     "sightline.process.role": "main", "process.pid": os.getpid(), **(where or {})})
         histograms = catalogue.histograms() if catalogue is not None else []
         self.loop_call, self.mirror = LoopCall(), None
-        extra = None
-        if catalogue is not None:
-            from telemetry.otlp_catalogue import registry_metrics
+        start, mirrored = time_ns(), frozenset(h._name for h in histograms)
 
-            start, names = time_ns(), frozenset(h._name for h in histograms)
-            extra = lambda: self.loop_call(lambda: registry_metrics(catalogue.registry, names, start))  # noqa: E731
+        def registry_now() -> list:  # the catalogue's families but the mirrored, read on the event loop
+            return self.loop_call(lambda: registry_metrics(catalogue.registry, mirrored, start))
+
+        extra = registry_now if catalogue is not None else None
 
         def exporter(name: str):
             if name == "console":
@@ -152,7 +158,7 @@ class GenAIMetrics:
         self.provider._disabled = False
         meter = self.provider.get_meter("sightline", schema_url=SCHEMA_URL)
         if catalogue is not None:
-            self.mirror = HistogramMirror(meter, catalogue.registry, histograms)
+            self.mirror = HistogramMirror(meter, histograms)
         self.semconv = semconv
         self.instruments = {}
         for i in INSTRUMENTS:

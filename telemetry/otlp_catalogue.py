@@ -66,12 +66,11 @@ def exponential_views(names: Iterable[str]) -> list[View]:
 class HistogramMirror:
     """OpenTelemetry twins of a registry's histograms, recorded where the Prometheus ones are observed."""
 
-    def __init__(self, meter, registry: CollectorRegistry, histograms: Iterable) -> None:
+    def __init__(self, meter, histograms: Iterable) -> None:
         self.twins: dict[int, tuple] = {}  # id(prometheus histogram) → (OTel histogram, its label names)
         for h in histograms:
             twin = meter.create_histogram(h._name, unit=unit_of(h._name), description=h._documentation)
             self.twins[id(h)] = (twin, h._labelnames)
-        self.names = frozenset(h._name for h in histograms)
 
     def observe(self, metric, labels: tuple[str, ...], value: float) -> None:
         twin = self.twins.get(id(metric))
