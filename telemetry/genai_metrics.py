@@ -119,13 +119,14 @@ class GenAIMetrics:
                  endpoint: str | None = None, base_endpoint: str | None = None,
                  interval_ms: int = DEFAULT_INTERVAL_MS, instance_id: str = "",
                  where: dict[str, int] | None = None, semconv: str = "legacy", catalogue=None,
-                 count_export=None) -> None:
+                 count_export=None, role: str = "main") -> None:
         # imported here: ServerArgs validates the flags with this module, in processes that export nothing
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
         from telemetry.otlp_catalogue import (
+            CatalogueReader,
             CountingExporter,
             HistogramMirror,
             LoopCall,
@@ -135,7 +136,7 @@ class GenAIMetrics:
         from telemetry.request_telemetry import PROVIDER
 
         resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
-                                    "sightline.process.role": "main", "process.pid": os.getpid(), **(where or {})})
+                                    "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})})
         histograms = catalogue.histograms() if catalogue is not None else []
         self.loop_call, self.mirror = LoopCall(), None
         start, mirrored = time_ns(), frozenset(h._name for h in histograms)
@@ -145,13 +146,13 @@ class GenAIMetrics:
 
         extra = registry_now if catalogue is not None else None
 
-        def exporter(name: str):
+        def exporter(name: str):  # the catalogue goes to every exporter; only OTLP pushes are counted
             if name == "console":
-                return ConsoleMetricExporter()
+                return CountingExporter(ConsoleMetricExporter(), resource, None, extra)
             return CountingExporter(_otlp_exporter(protocol, endpoint, base_endpoint), resource, count_export, extra)
 
-        readers = [PeriodicExportingMetricReader(exporter(name), export_interval_millis=interval_ms)
-                   for name in exporters]
+        reader = CatalogueReader if catalogue is not None else PeriodicExportingMetricReader
+        readers = [reader(exporter(name), export_interval_millis=interval_ms) for name in exporters]
         self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False,
                                       views=exponential_views(h._name for h in histograms))
         # The SDK reads OTEL_SDK_DISABLED itself; `metrics_exporters` already weighed it against the flags.
@@ -175,9 +176,11 @@ class GenAIMetrics:
 
     @classmethod
     def from_args(cls, args, model: str, instance_id: str, where: dict[str, int] | None = None,
-                  env: Mapping[str, str] | None = None, metrics=None) -> "GenAIMetrics | None":
+                  env: Mapping[str, str] | None = None, metrics=None, role: str = "main") -> "GenAIMetrics | None":
         """The process's GenAI metrics as the flags and the OTEL_* variables configure them; None when off.
-        `metrics`: the process's Prometheus metrics (exports counted; the catalogue, when asked for)."""
+        `metrics`: the process's Prometheus metrics (exports counted; the catalogue, when asked for).
+        `role` hub: the hub of several tokenizer workers, which pushes only its catalogue (the engine's
+        numbers) and serves no request itself."""
         exporters = metrics_exporters(args, env)
         if not exporters:
             return None
@@ -186,7 +189,7 @@ class GenAIMetrics:
                    interval_ms=resolve_interval(args.otel_metric_export_interval, env), instance_id=instance_id,
                    where=where, semconv=resolve_semconv(args.otel_genai_semconv, env),
                    catalogue=metrics if args.otel_metrics_catalogue else None,
-                   count_export=metrics.count_otlp_export if metrics is not None else None)
+                   count_export=metrics.count_otlp_export if metrics is not None else None, role=role)
 
     def _add(self, instrument, value: float, attrs: dict) -> None:
         metric = self.instruments.get(instrument.name)

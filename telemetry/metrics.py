@@ -665,8 +665,10 @@ class Metrics:
         return [getattr(self, s.attr) for s in SPECS if s.kind == "histogram" and s.attr and hasattr(self, s.attr)]
 
     def count_otlp_export(self, result: str) -> None:
-        """One OTLP metric export ended: ok | failed."""
-        self.otlp_exports.labels(result).inc()
+        """One OTLP metric export ended: ok | failed (the hub of several workers counts none: each worker
+        counts its own)."""
+        if hasattr(self, "otlp_exports"):
+            self.otlp_exports.labels(result).inc()
 
     def count_tail(self, decision: str, reason: str) -> None:
         """One trace decided (or evicted undecided) by tail sampling."""

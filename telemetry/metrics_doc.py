@@ -154,9 +154,11 @@ histograms the process observes itself (the per-request latencies and sizes, the
 lag) as **exponential histograms** — recorded at each observation with base-2 buckets (scale up
 to 20), so they arrive in Prometheus as native histograms, which its Python client cannot
 expose. The engine's histograms (step phases, grammar compiles) keep their Prometheus buckets.
-With several tokenizer workers each worker pushes its own registry (its requests); the engine's
-numbers, held by the hub, stay on `/metrics`. Each push's result is counted in
-`sightline_otlp_metric_exports_total{result}`.
+With several tokenizer workers each worker pushes its own registry (its requests; resource
+`sightline.worker`) and the hub the engine's numbers it holds (resource
+`sightline.process.role=hub`): summed over the resources they are `/metrics`' merged numbers. A
+push goes out every interval even before a request. Each worker's pushes are counted in
+`sightline_otlp_metric_exports_total{result}` (the hub's are not).
 
 | instrument | kind, unit | bucket boundaries (the conventions') | recorded for | Prometheus counterpart |
 |---|---|---|---|---|

@@ -12,7 +12,8 @@ exporter) each front-end process pushes, beside the GenAI instruments:
   histograms with their Prometheus buckets), read from the registry at each export
   (`registry_metrics`), so the numbers are exactly those of `/metrics`.
 
-Names are the Prometheus names (a counter's without `_total`, which the receiver adds back); a
+With several tokenizer workers each worker pushes its own registry and the hub the engine's
+numbers it holds.  Names are the Prometheus names (a counter's without `_total`, which the receiver adds back); a
 name ending in `_seconds` has unit `s`, `_bytes` `By`.  `CountingExporter` wraps the OTLP exporter:
 it appends the registry's metrics to each export and counts each export's result
 (`sightline_otlp_metric_exports_total`), with or without the catalogue.
@@ -37,6 +38,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricExportResult,
     MetricsData,
     NumberDataPoint,
+    PeriodicExportingMetricReader,
     ResourceMetrics,
     ScopeMetrics,
     Sum,
@@ -163,6 +165,19 @@ class CountingExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
         self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
+
+
+class CatalogueReader(PeriodicExportingMetricReader):
+    """Exports at every interval even while the SDK's own instruments hold nothing (the SDK's reader then
+    skips the export; the hub of several workers records no GenAI instrument at all): the catalogue is
+    the content."""
+
+    def collect(self, timeout_millis: float = 10_000) -> None:
+        if self._collect is None:  # not registered with a provider yet: the SDK's own warning
+            super().collect(timeout_millis)
+            return
+        data = self._collect(self, timeout_millis=timeout_millis)
+        self._receive_metrics(data or MetricsData([]), timeout_millis=timeout_millis)
 
 
 class LoopCall:
