@@ -153,7 +153,9 @@ pushes also carry every metric of this page that the process holds, under its Pr
 histograms the process observes itself (the per-request latencies and sizes, the event-loop
 lag) as **exponential histograms** — recorded at each observation with base-2 buckets (scale up
 to 20), so they arrive in Prometheus as native histograms, which its Python client cannot
-expose. The engine's histograms (step phases, grammar compiles) keep their Prometheus buckets.
+expose (each such observation costs about five times the Prometheus one: the SDK's exponential
+aggregation, tens of µs per observation on a busy 2-core box, ITL once per token; hence off by
+default). The engine's histograms (step phases, grammar compiles) keep their Prometheus buckets.
 With several tokenizer workers each worker pushes its own registry (its requests; resource
 `sightline.worker`) and the hub the engine's numbers it holds (resource
 `sightline.process.role=hub`): summed over the resources they are `/metrics`' merged numbers. A
