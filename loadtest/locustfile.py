@@ -63,6 +63,7 @@ from loadtest.server import auth_headers, facts
 from loadtest.sse import EmbeddingReader, StreamReader
 from loadtest.stats import GOODPUT_KEYS, meets
 from loadtest.workloads import build_request, pick_workload
+from telemetry.request_slo import objective_headers
 
 PLAN_ENV = "SIGHTLINE_LOADTEST_PLAN"
 CLIENT_CLOSED = 499  # the status the server counts for a request whose client went away
@@ -236,8 +237,10 @@ def stage_and_level(env: Environment) -> tuple[int, float]:
 
 
 def _session(connections: int) -> requests.Session:
+    """Every request carries the goodput thresholds as objective headers: the server counts its own goodput
+    against the same numbers (SLOs → Server-side goodput)."""
     s = requests.Session()
-    s.headers.update(auth_headers())
+    s.headers.update({**auth_headers(), **objective_headers(PLAN.scenario.goodput)})
     s.mount("http://", requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=connections))
     return s
 

@@ -265,8 +265,8 @@ class ServerArgs:
     tail_sampling_overrides_parent: bool = _opt(False, "Tail sampling also records a request whose caller sent a "
                                                        "traceparent with sampled=0 (by default that choice is "
                                                        "respected: nothing is recorded).")
-    otel_metrics_exporter: str | None = _opt(None, "OpenTelemetry GenAI metrics (gen_ai.server.*, "
-                                                   "gen_ai.client.token.usage) pushed beside /metrics; exporters, "
+    otel_metrics_exporter: str | None = _opt(None, "OpenTelemetry GenAI metrics (gen_ai.server.*, token usage "
+                                                   "per --otel-genai-semconv) pushed beside /metrics; exporters, "
                                                    "comma-separated: otlp, console, none (default: "
                                                    "$OTEL_METRICS_EXPORTER, else otlp when a metrics endpoint is set "
                                                    "by --otel-exporter-otlp-metrics-endpoint or "
@@ -282,6 +282,15 @@ class ServerArgs:
     otel_metric_export_interval: int | None = _opt(None, "Milliseconds between OTLP metric exports; what is left is "
                                                          "exported at shutdown (default: $OTEL_METRIC_EXPORT_INTERVAL, "
                                                          "else 60000).")
+    otel_genai_semconv: str | None = _opt(None, "GenAI metric names pushed over OTLP: legacy (gen_ai.client.token."
+                                                "usage), latest (gen_ai.client.inference.usage.* counters by "
+                                                "gen_ai.token.modality, gen_ai.client.inference.operation.* "
+                                                "histograms) or both, side by side (default: latest when "
+                                                "$OTEL_SEMCONV_STABILITY_OPT_IN lists gen_ai_latest_experimental, "
+                                                "else legacy).")
+    otel_metrics_catalogue: bool = _opt(False, "With an OTLP metrics exporter, also push every Prometheus metric of "
+                                               "/metrics, the histograms this process observes as exponential "
+                                               "histograms (docs/metrics.md).")
     log_format: str = _opt("json", "Log format: json (one object per line, with rid/trace_id/span_id) or text.")
     log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the "
                                     "prompt or output).")
@@ -415,6 +424,9 @@ class ServerArgs:
         from telemetry.genai_metrics import resolve_metrics_exporters
 
         resolve_metrics_exporters(self.otel_metrics_exporter)
+        from telemetry.genai_instruments import resolve_semconv
+
+        resolve_semconv(self.otel_genai_semconv, {})
         if self.otel_metric_export_interval is not None and self.otel_metric_export_interval < 1:
             raise ValueError("--otel-metric-export-interval must be >= 1 (milliseconds)")
         if self.heartbeat_interval <= 0 or self.startup_timeout <= 0:

@@ -2,9 +2,11 @@
 
 One `GenAIMetrics` per front-end process (the single main process, or each tokenizer worker)
 owns an opentelemetry-sdk `MeterProvider` with one `PeriodicExportingMetricReader` per exporter
-and records, per request, the model-server instruments of the GenAI conventions (status
-Development) with their names, units and advisory bucket boundaries (`INSTRUMENTS`).
-`RequestTelemetry.finish` / `.rejected` call `record`; `shutdown` exports what is left.
+and records, per request, the instruments of the GenAI conventions (status Development) with
+their names, units and advisory bucket boundaries (telemetry/genai_instruments.py: which names,
+legacy, latest or both, per --otel-genai-semconv).  `RequestTelemetry.finish` / `.rejected` call
+`record`; `shutdown` exports what is left.  With --otel-metrics-catalogue the same provider pushes
+the whole Prometheus catalogue too (telemetry/otlp_catalogue.py).
 
 Switching on (flags win over the standard variables, read as telemetry/tracing.py reads them):
 the exporters are --otel-metrics-exporter, else $OTEL_METRICS_EXPORTER, else `otlp` when a
@@ -19,47 +21,29 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from time import time_ns
 from typing import Mapping, Sequence
 
+from telemetry.genai_instruments import (
+    DURATION,
+    INSTRUMENTS,
+    OPERATION_INPUT,
+    OPERATION_OUTPUT,
+    SCHEMA_URL,
+    TOKENS,
+    TPOT,
+    TTFT,
+    USAGE_CACHE_READ,
+    USAGE_INPUT,
+    USAGE_OUTPUT,
+    resolve_semconv,
+)
 from telemetry.tracing import _env, sdk_disabled, service_name
 
 log = logging.getLogger("sightline.genai_metrics")
 DEFAULT_INTERVAL_MS = 60000  # the SDKs' OTEL_METRIC_EXPORT_INTERVAL default
 
 
-@dataclass(frozen=True)
-class Instrument:
-    name: str
-    unit: str
-    description: str
-    buckets: tuple[float, ...]
-    prometheus: str  # our closest Prometheus metric (docs/metrics.md)
-    recorded: str  # when a request is recorded (docs/metrics.md)
-
-
-TTFT = Instrument(
-    "gen_ai.server.time_to_first_token", "s", "Time to generate first token for successful responses.",
-    (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
-    "sightline_time_to_first_token_seconds", "successful requests that produced a token")
-TPOT = Instrument(
-    "gen_ai.server.time_per_output_token", "s",
-    "Time per output token generated after the first token for successful responses.",
-    (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5),
-    "sightline_time_per_output_token_seconds", "successful requests of n >= 2 output tokens: (e2e − TTFT) / (n − 1)")
-DURATION = Instrument(
-    "gen_ai.server.request.duration", "s",
-    "Generative AI server request duration such as time-to-last byte or last output token.",
-    (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92),
-    "sightline_e2e_request_latency_seconds",
-    "every request: finished, failed or aborted (`error.type`), or refused before the engine (`error.type`)")
-TOKENS = Instrument(
-    "gen_ai.client.token.usage", "{token}", "Number of input and output tokens used.",
-    tuple(float(4 ** i) for i in range(14)),
-    "sightline_request_prompt_tokens / sightline_request_generation_tokens",
-    "successful requests, twice: `gen_ai.token.type` input (prompt tokens) and output (completion tokens), "
-    "as in the response's `usage`")
-INSTRUMENTS = (TTFT, TPOT, DURATION, TOKENS)
 _EXPORTERS = ("otlp", "console", "none")
 
 
@@ -128,67 +112,123 @@ def _otlp_exporter(protocol: str | None, endpoint: str | None, base: str | None)
 
 
 class GenAIMetrics:
-    """The GenAI instruments of one front-end process and the provider that exports them."""
+    """The GenAI instruments of one front-end process and the provider that exports them (with
+    `catalogue`, a `telemetry.metrics.Metrics`: its whole registry too)."""
 
     def __init__(self, exporters: Sequence[str], model: str, *, protocol: str | None = None,
                  endpoint: str | None = None, base_endpoint: str | None = None,
                  interval_ms: int = DEFAULT_INTERVAL_MS, instance_id: str = "",
-                 where: dict[str, int] | None = None) -> None:
+                 where: dict[str, int] | None = None, semconv: str = "legacy", catalogue=None,
+                 count_export=None, role: str = "main") -> None:
         # imported here: ServerArgs validates the flags with this module, in processes that export nothing
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
+        from telemetry.otlp_catalogue import (
+            CatalogueReader,
+            CountingExporter,
+            HistogramMirror,
+            LoopCall,
+            exponential_views,
+            registry_metrics,
+        )
         from telemetry.request_telemetry import PROVIDER
 
         resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
-                                    "sightline.process.role": "main", "process.pid": os.getpid(), **(where or {})})
-        readers = [PeriodicExportingMetricReader(
-            ConsoleMetricExporter() if name == "console" else _otlp_exporter(protocol, endpoint, base_endpoint),
-            export_interval_millis=interval_ms) for name in exporters]
-        self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False)
+                                    "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})})
+        histograms = catalogue.histograms() if catalogue is not None else []
+        self.loop_call, self.mirror = LoopCall(), None
+        start, mirrored = time_ns(), frozenset(h._name for h in histograms)
+
+        def registry_now() -> list:  # the catalogue's families but the mirrored, read on the event loop
+            return self.loop_call(lambda: registry_metrics(catalogue.registry, mirrored, start))
+
+        extra = registry_now if catalogue is not None else None
+
+        def exporter(name: str):  # the catalogue goes to every exporter; only OTLP pushes are counted
+            if name == "console":
+                return CountingExporter(ConsoleMetricExporter(), resource, None, extra)
+            return CountingExporter(_otlp_exporter(protocol, endpoint, base_endpoint), resource, count_export, extra)
+
+        reader = CatalogueReader if catalogue is not None else PeriodicExportingMetricReader
+        readers = [reader(exporter(name), export_interval_millis=interval_ms) for name in exporters]
+        self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False,
+                                      views=exponential_views(h._name for h in histograms))
         # The SDK reads OTEL_SDK_DISABLED itself; `metrics_exporters` already weighed it against the flags.
         self.provider._disabled = False
-        meter = self.provider.get_meter("sightline")
-        self.ttft, self.tpot, self.duration, self.tokens = (
-            meter.create_histogram(i.name, unit=i.unit, description=i.description,
-                                   explicit_bucket_boundaries_advisory=list(i.buckets)) for i in INSTRUMENTS)
+        meter = self.provider.get_meter("sightline", schema_url=SCHEMA_URL)
+        if catalogue is not None:
+            self.mirror = HistogramMirror(meter, histograms)
+        self.semconv = semconv
+        self.instruments = {}
+        for i in INSTRUMENTS:
+            if not i.emitted(semconv):
+                continue
+            if i.kind == "counter":
+                self.instruments[i.name] = meter.create_counter(i.name, unit=i.unit, description=i.description)
+            else:
+                self.instruments[i.name] = meter.create_histogram(
+                    i.name, unit=i.unit, description=i.description, explicit_bucket_boundaries_advisory=list(i.buckets))
         self.base = {"gen_ai.provider.name": PROVIDER, "gen_ai.request.model": model,
                      "gen_ai.response.model": model}
         self._closed = False
 
     @classmethod
     def from_args(cls, args, model: str, instance_id: str, where: dict[str, int] | None = None,
-                  env: Mapping[str, str] | None = None) -> "GenAIMetrics | None":
-        """The process's GenAI metrics as the flags and the OTEL_* variables configure them; None when off."""
+                  env: Mapping[str, str] | None = None, metrics=None, role: str = "main") -> "GenAIMetrics | None":
+        """The process's GenAI metrics as the flags and the OTEL_* variables configure them; None when off.
+        `metrics`: the process's Prometheus metrics (exports counted; the catalogue, when asked for).
+        `role` hub: the hub of several tokenizer workers, which pushes only its catalogue (the engine's
+        numbers) and serves no request itself."""
         exporters = metrics_exporters(args, env)
         if not exporters:
             return None
         return cls(exporters, model, protocol=args.otel_exporter_otlp_protocol,
                    endpoint=args.otel_exporter_otlp_metrics_endpoint, base_endpoint=args.otel_exporter_otlp_endpoint,
                    interval_ms=resolve_interval(args.otel_metric_export_interval, env), instance_id=instance_id,
-                   where=where)
+                   where=where, semconv=resolve_semconv(args.otel_genai_semconv, env),
+                   catalogue=metrics if args.otel_metrics_catalogue else None,
+                   count_export=metrics.count_otlp_export if metrics is not None else None, role=role)
+
+    def _add(self, instrument, value: float, attrs: dict) -> None:
+        metric = self.instruments.get(instrument.name)
+        if metric is None:
+            return
+        if instrument.kind == "counter":
+            metric.add(value, attrs)
+        else:
+            metric.record(value, attrs)
 
     def record(self, operation: str, duration: float, *, ttft: float | None = None, input_tokens: int | None = None,
-               output_tokens: int | None = None, error_type: str | None = None) -> None:
+               output_tokens: int | None = None, cached_tokens: int = 0, error_type: str | None = None) -> None:
         """One request that ended: `error_type` set for a failed, aborted or refused one (then only the
-        duration is recorded, as the conventions record TTFT, TPOT and usage for successful responses)."""
+        duration and the usage counters are recorded, as the conventions record TTFT, TPOT and the token
+        histograms for successful responses)."""
         attrs = {"gen_ai.operation.name": operation, **self.base}
+        known = bool(input_tokens)  # 0 or None: refused before it was tokenized
+        usage = {**attrs, "gen_ai.token.modality": "text" if known else "unknown"}
+        self._add(USAGE_INPUT, input_tokens or 0, usage)
+        self._add(USAGE_OUTPUT, output_tokens or 0, usage)
+        self._add(USAGE_CACHE_READ, cached_tokens, usage)
         if error_type:
-            self.duration.record(max(duration, 0.0), {**attrs, "error.type": error_type})
+            self._add(DURATION, max(duration, 0.0), {**attrs, "error.type": error_type})
             return
-        self.duration.record(max(duration, 0.0), attrs)
+        self._add(DURATION, max(duration, 0.0), attrs)
         if ttft is not None:
-            self.ttft.record(max(ttft, 0.0), attrs)
+            self._add(TTFT, max(ttft, 0.0), attrs)
             if output_tokens is not None and output_tokens >= 2:
-                self.tpot.record(max(duration - ttft, 0.0) / (output_tokens - 1), attrs)
+                self._add(TPOT, max(duration - ttft, 0.0) / (output_tokens - 1), attrs)
         if input_tokens is not None:
-            self.tokens.record(input_tokens, {**attrs, "gen_ai.token.type": "input"})
+            self._add(TOKENS, input_tokens, {**attrs, "gen_ai.token.type": "input"})
+            self._add(OPERATION_INPUT, input_tokens, attrs)
         if output_tokens is not None:
-            self.tokens.record(output_tokens, {**attrs, "gen_ai.token.type": "output"})
+            self._add(TOKENS, output_tokens, {**attrs, "gen_ai.token.type": "output"})
+            self._add(OPERATION_OUTPUT, output_tokens, attrs)
 
     def shutdown(self, timeout_ms: int = 5000) -> None:
         """Export what was recorded since the last export (a short-lived server's numbers), then stop."""
         if not self._closed:
             self._closed = True
+            self.loop_call.direct = True  # the caller's thread (the loop's) waits for this last export
             self.provider.shutdown(timeout_millis=timeout_ms)

@@ -142,6 +142,16 @@ SPECS: tuple[Spec, ...] = (
          "the requests of its batch in proportion to the tokens it fed each (1 per decode, a prefill chunk's "
          "length), summed over a request's steps and counted when it ends. Time outside steps is not attributed.",
          attr="tenant_cpu"),
+    Spec("sightline_request_slo_total", "counter",
+         "Generation requests with latency objectives, by objective, whether it was met, and tenant.",
+         ("slo", "met", "tenant"), definition="One per objective a request had (its x-llm-d-slo-ttft-ms, "
+         "x-llm-d-slo-tpot-ms or x-sightline-slo-e2e-ms header, else its tenant's slo_*_ms in the keys file; "
+         "telemetry/request_slo.py), counted when it ends: slo=ttft | tpot | e2e, met=true when the request "
+         "succeeded (finish reason stop or length) within it; a failed, aborted or refused request meets none. "
+         "TPOT is not judged for a successful request of fewer than two output tokens. slo=all: once per request "
+         "with any objective, met=true when it met every one — server-side goodput is "
+         "rate(...{slo=\"all\", met=\"true\"}). tenant: as in sightline_tenant_requests_total.",
+         attr="request_slo"),
     Spec("sightline_api_key_reloads_total", "counter", "Reloads of the API keys file, by result.", ("result",),
          definition="result: ok | failed (the file failed its checks: the previous keys stay in force; the log says "
          "why). Counted by every front-end process (each tokenizer worker reloads on its own).",
@@ -189,11 +199,17 @@ SPECS: tuple[Spec, ...] = (
          "series stays apart when the hub merges the workers' registries).", attr="loop_lag"),
     Spec("sightline_tail_sampling_traces_total", "counter",
          "Traces of requests head sampling left out, by what tail sampling decided at the request's end.",
-         ("decision", "reason"), definition="decision=kept, reason: error | aborted | shed | ttft | tpot (the request "
-         "failed; was aborted, timed out or ended by shutdown; was refused with 429; breached the TTFT or TPOT "
-         "threshold) — its trace is exported from every process. decision=dropped, reason: not_selected (none of "
-         "those) | buffer_full (evicted undecided past --tail-sampling-buffer-traces). Head-sampled traces are not "
+         ("decision", "reason"), definition="decision=kept, reason: error | aborted | shed | slo | ttft | tpot (the "
+         "request failed; was aborted, timed out or ended by shutdown; was refused with 429; missed one of its own "
+         "latency objectives, as counted in sightline_request_slo_total; breached the TTFT or TPOT threshold) — "
+         "its trace is exported from every process. decision=dropped, reason: not_selected (none of those) | "
+         "buffer_full (evicted undecided past --tail-sampling-buffer-traces). Head-sampled traces are not "
          "counted here.", attr="tail_traces", hub=True),
+    Spec("sightline_otlp_metric_exports_total", "counter",
+         "OTLP metric exports of this front-end process (--otel-metrics-exporter otlp), by result.", ("result",),
+         definition="result: ok | failed (the collector refused the push or could not be reached; the SDK logs "
+                    "why). One per periodic export and one at shutdown; 0 while OTLP metrics are off.",
+         attr="otlp_exports"),
     Spec("sightline_request_dump_records_total", "counter",
          "Request records the flight recorder wrote to --dump-requests DIR (one per request that reached a "
          "generation route).", attr="request_dump_records"),
@@ -455,6 +471,7 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_prefix_cache_flushes_total": _each(result=("ok", "refused", "error")),
     "sightline_worker_failures_total": _each(cause=("exited", "stalled")),
     "sightline_request_dump_errors_total": _each(reason=("write_error", "queue_full")),
+    "sightline_otlp_metric_exports_total": _each(result=("ok", "failed")),
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
     "sightline_tool_call_parse_failures_total": _each(parser=TOOL_CALL_PARSERS),
     "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
@@ -469,7 +486,7 @@ LAZY_SERIES: dict[str, str] = {
     **{name: _TENANT_LAZY for name in ("sightline_tenant_requests_total", "sightline_tenant_prompt_tokens_total",
                                        "sightline_tenant_cached_tokens_total",
                                        "sightline_tenant_generation_tokens_total",
-                                       "sightline_tenant_cpu_seconds_total")},
+                                       "sightline_tenant_cpu_seconds_total", "sightline_request_slo_total")},
     "sightline_http_requests_total": "route x method x status is bounded but large (thousands of combinations, "
                                      "most of which never happen)",
     "sightline_request_fields_ignored_total": "only under --allow-unknown-fields, and route x field is most of "
@@ -593,6 +610,8 @@ class Metrics:
     tenant_cached_tokens: Counter
     tenant_generation_tokens: Counter
     tenant_cpu: Counter
+    request_slo: Counter
+    otlp_exports: Counter
     key_reloads: Counter
     fields_ignored: Counter
     tool_parse_failures: Counter
@@ -644,6 +663,16 @@ class Metrics:
                 self.paused.labels(mode).set(0)
         ProcessCollector(registry=self.registry)  # the main process's own CPU, memory, fds
         self.build_info.labels(model_name, version).set(1)
+
+    def histograms(self) -> list[Histogram]:
+        """The histograms observed in this process (mirrored by the OTLP catalogue)."""
+        return [getattr(self, s.attr) for s in SPECS if s.kind == "histogram" and s.attr and hasattr(self, s.attr)]
+
+    def count_otlp_export(self, result: str) -> None:
+        """One OTLP metric export ended: ok | failed (the hub of several workers counts none: each worker
+        counts its own)."""
+        if hasattr(self, "otlp_exports"):
+            self.otlp_exports.labels(result).inc()
 
     def count_tail(self, decision: str, reason: str) -> None:
         """One trace decided (or evicted undecided) by tail sampling."""

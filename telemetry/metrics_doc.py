@@ -110,7 +110,10 @@ OTEL_METRICS_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 sig
                "(`http://localhost:4318/v1/metrics`, grpc `:4317`) |\n"
                "| `--otel-exporter-otlp-protocol http/protobuf\\|grpc` | `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, "
                "`OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` |\n"
-               """| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |
+               "| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |\n"
+               "| `--otel-genai-semconv legacy\\|latest\\|both` | `OTEL_SEMCONV_STABILITY_OPT_IN` listing "
+               "`gen_ai_latest_experimental` means `latest` | `legacy` |\n"
+               """| `--otel-metrics-catalogue` | | off |
 
 A flag wins over a variable. A metrics endpoint alone (the flag or
 `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) means `otlp`, as an endpoint does for spans; the shared
@@ -127,12 +130,39 @@ Every point carries `gen_ai.operation.name` (`chat`, `text_completion`, `generat
 `gen_ai.response.model` (the served model name). A failed request's duration carries
 `error.type`, the value its span carries: the abort reason (`client_disconnect`, `timeout`,
 `shutdown`, `engine_failure`, ...), `engine_error`, or for a request refused before the engine
-its API error code (`invalid_json`, ...). Token usage carries `gen_ai.token.type` (`input`: the
-prompt tokens, `output`: the completion tokens, as in the response's `usage`). `server.address`
-and `server.port` are not set. The conventions define no model-server token instrument, so
-token usage goes on their one token-usage histogram, `gen_ai.client.token.usage`.
+its API error code (`invalid_json`, ...). `server.address` and `server.port` are not set. The
+meter's scope carries the schema URL `https://opentelemetry.io/schemas/1.42.0`.
 
-| instrument | unit | bucket boundaries (the conventions') | recorded for | Prometheus counterpart |
+**Token usage, legacy and latest names.** The conventions define no model-server token
+instrument, so token usage goes on the client ones. They moved to
+open-telemetry/semantic-conventions-genai: the one histogram `gen_ai.client.token.usage` by
+`gen_ai.token.type` (`input`: the prompt tokens, `output`: the completion tokens, as in the
+response's `usage`) becomes counters per token category by `gen_ai.token.modality`
+(`gen_ai.client.inference.usage.*`: totals and cost; every request, failed and refused ones
+included, `text`, or `unknown` with 0 for a request refused before it was tokenized) and
+per-operation histograms without modality (`gen_ai.client.inference.operation.*`:
+percentiles). `--otel-genai-semconv` picks the names: `legacy` (the default, as the
+conventions ask of an instrumentation that emitted the old ones), `latest` (only the new;
+also `OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`) or `both`, side by side while
+dashboards and alerts move over; the legacy histogram goes once the new names are the default.
+
+**The whole catalogue** (`--otel-metrics-catalogue`, `telemetry/otlp_catalogue.py`): the same
+pushes also carry every metric of this page that the process holds, under its Prometheus name
+(a counter's without `_total`, which Prometheus's OTLP receiver adds back; unit `s` for
+`_seconds`, `By` for `_bytes`): counters as cumulative monotonic sums, gauges, and the
+histograms the process observes itself (the per-request latencies and sizes, the event-loop
+lag) as **exponential histograms** — recorded at each observation with base-2 buckets (scale up
+to 20), so they arrive in Prometheus as native histograms, which its Python client cannot
+expose (each such observation costs about five times the Prometheus one: the SDK's exponential
+aggregation, tens of µs per observation on a busy 2-core box, ITL once per token; hence off by
+default). The engine's histograms (step phases, grammar compiles) keep their Prometheus buckets.
+With several tokenizer workers each worker pushes its own registry (its requests; resource
+`sightline.worker`) and the hub the engine's numbers it holds (resource
+`sightline.process.role=hub`): summed over the resources they are `/metrics`' merged numbers. A
+push goes out every interval even before a request. Each worker's pushes are counted in
+`sightline_otlp_metric_exports_total{result}` (the hub's are not).
+
+| instrument | kind, unit | bucket boundaries (the conventions') | recorded for | Prometheus counterpart |
 |---|---|---|---|---|
 """)
 
@@ -140,12 +170,13 @@ token usage goes on their one token-usage histogram, `gen_ai.client.token.usage`
 def _genai_section() -> str:
     from telemetry.genai_metrics import INSTRUMENTS
 
-    rows = [f"| `{i.name}` | `{i.unit}` | {', '.join(f'{b:.10g}' for b in i.buckets)} | {i.recorded} | "
+    rows = [f"| `{i.name}` | {i.kind}, `{i.unit}` | {', '.join(f'{b:.10g}' for b in i.buckets) or '—'} | "
+            f"{i.recorded} | "
             + " / ".join(f"`{n.strip()}`" for n in i.prometheus.split("/")) + " |\n" for i in INSTRUMENTS]
     return GENAI_INTRO + "".join(rows) + (
         "\nThe Prometheus histograms observe every request that reached the engine (aborted and failed "
-        "ones too) and none refused before it; TTFT, TPOT and token usage here count successful "
-        "requests only, the duration every request.\n")
+        "ones too) and none refused before it; TTFT, TPOT and the token histograms here count successful "
+        "requests only, the duration and the usage counters every request.\n")
 
 
 def main(argv: list[str]) -> int:

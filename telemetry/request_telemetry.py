@@ -27,6 +27,7 @@ from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
 from telemetry.outcomes import ENGINE_FAILURE, LENGTH, STOP, finished_outcome, refused_outcome
+from telemetry.request_slo import ALL, Objectives, judge
 from telemetry.tail_sampling import TailPolicy, TailSampler
 from telemetry.tenant_usage import TenantUsage
 from telemetry.timeline import Timeline
@@ -76,6 +77,7 @@ class TracedRequest(Protocol):
     cached_tokens: int
     retractions: int  # times the engine took it out of the batch and resumed it
     tenant: str  # the tenant its API key names
+    slo: Objectives | None  # its latency objectives (telemetry.request_slo), judged at its end
     cpu_ns: int  # its share of the engine steps' CPU time
     meta: ReqMeta
     first_recv: int | None
@@ -122,6 +124,7 @@ class RequestTelemetry:
         self.model = model_name
         self.log_requests = log_requests
         self.genai = None  # a telemetry.genai_metrics.GenAIMetrics when OTLP GenAI metrics are exported
+        self.otlp_mirror = None  # a telemetry.otlp_catalogue.HistogramMirror with --otel-metrics-catalogue
         self.loop_lag = loop_lag  # this process's event-loop monitor: stalls during a request go on its span
         self.tail: TailSampler | None = None  # tail sampling: every span of this front end and of the engine
         self.tail_policy = TailPolicy()
@@ -149,7 +152,10 @@ class RequestTelemetry:
         metrics.  Public: the per-operation helpers (telemetry.embedding_telemetry) record through it."""
         if metric is None or value is None:
             return
-        metric.labels(*(labels or (self.model,))).observe(max(value, 0.0), exemplar=rt.exemplar() if rt else None)
+        labels = labels or (self.model,)
+        metric.labels(*labels).observe(max(value, 0.0), exemplar=rt.exemplar() if rt else None)
+        if self.otlp_mirror is not None:
+            self.otlp_mirror.observe(metric, labels, max(value, 0.0))
 
     def count(self, metric: Counter | None, *labels: str, amount: float = 1.0) -> None:
         """Add `amount` to a counter; a no-op without metrics."""
@@ -172,6 +178,7 @@ class RequestTelemetry:
         """One choice of a request with several (`n`, a list of prompts): its own span under the HTTP span, in
         the same trace; the parent decides tail sampling for the whole trace (`end_choices`)."""
         child.choice_of = parent.rid or "http"
+        child.slo = parent.slo  # each choice is judged against the request's objectives
         if parent.span is None or parent.ctx is None:
             return
         span = self.tracing.start("choice", parent.ctx, start_mono=child.arrival,
@@ -194,7 +201,8 @@ class RequestTelemetry:
         worst = next((c for c in children if c.outcome not in (None, STOP, LENGTH)), children[0] if children else None)
         if worst is not None and self.tail is not None and parent.tail_id is not None:
             ttft = min(((c.first_recv - c.arrival) / 1e9 for c in children if c.first_recv), default=None)
-            self.tail_decide(parent, worst.outcome or STOP, ttft, None)
+            missed = any((c.breakdown or {}).get("slo", {}).get(ALL) is False for c in children)
+            self.tail_decide(parent, worst.outcome or STOP, ttft, None, missed)
             for c in children:
                 c.trace_id = parent.trace_id
         self.end(parent, status)
@@ -212,13 +220,15 @@ class RequestTelemetry:
         outcome = refused_outcome(status, error_type)
         self.count(self.m and self.m.requests, self.model, "abort" if client_gone else "error", str(status), outcome)
         self.tenants.request(rt.tenant, outcome)
-        self.tail_decide(rt, outcome, None, None)
+        met = self.judge_slo(rt, outcome, None, None, (now_ns() - rt.arrival) / 1e9)
+        self.tail_decide(rt, outcome, None, None, met.get(ALL) is False)
         if client_gone:
             self.count(self.m and self.m.aborts, self.model, "client_disconnect")
         if rt.span is not None:
             set_error(rt.span, error_type, message)
         if self.genai is not None:
-            self.genai.record(rt.operation, (now_ns() - rt.arrival) / 1e9, error_type=error_type)
+            self.genai.record(rt.operation, (now_ns() - rt.arrival) / 1e9, input_tokens=rt.prompt_tokens,
+                              error_type=error_type)
         self.end(rt, status)
         if self.recorder is not None:
             self.recorder.record(rt, outcome, "abort" if client_gone else "error", status)
@@ -319,7 +329,8 @@ class RequestTelemetry:
         e2e = (end - rt.arrival) / 1e9
         tpot = (e2e - ttft) / (completion_tokens - 1) if ttft is not None and completion_tokens >= 2 else None
         outcome = rt.outcome = finished_outcome(finish_reason, abort_reason)
-        self.tail_decide(rt, outcome, ttft, tpot)  # first: a kept trace is the exemplar of what follows
+        met = self.judge_slo(rt, outcome, ttft, tpot, e2e)
+        self.tail_decide(rt, outcome, ttft, tpot, met.get(ALL) is False)  # first: a kept trace is the exemplar
         self.observe(m and m.e2e, e2e, rt)
         self.observe(m and m.tpot, tpot, rt)
         queue = queue_seconds(st)
@@ -354,11 +365,13 @@ class RequestTelemetry:
             "tokenize_ms": round(rt.tokenize_ns / 1e6, 3), "detokenize_ms": round(rt.detok_busy_ns / 1e6, 3),
             "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,
         }
+        if met:
+            rt.breakdown["slo"] = met
         if rt.trace_id:
             rt.breakdown["trace_id"] = rt.trace_id
         if self.genai is not None:  # error.type as on the span
             self.genai.record(rt.operation, e2e, ttft=ttft, input_tokens=rt.prompt_tokens,
-                              output_tokens=completion_tokens,
+                              output_tokens=completion_tokens, cached_tokens=rt.cached_tokens,
                               error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e)
         summary = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
@@ -376,11 +389,23 @@ class RequestTelemetry:
             self.recorder.record(rt, outcome, finish_reason, rt.status)
         return rt.breakdown
 
-    def tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None) -> None:
+    def judge_slo(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None,
+                  e2e: float) -> dict[str, bool]:
+        """The request's objectives, judged and counted per tenant; the missed ones named on its span."""
+        met = judge(rt.slo, outcome, ttft, tpot, e2e) if rt.slo else {}
+        if met:
+            self.tenants.slo(rt.tenant, met)
+            missed = [k for k, ok in met.items() if not ok and k != ALL]
+            if missed and rt.span is not None:
+                rt.span.set_attribute("sightline.slo.missed", missed)
+        return met
+
+    def tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None,
+                    missed_slo: bool = False) -> None:
         """Tail sampling: the request ended; export its whole trace if it went wrong, else drop it."""
         if self.tail is None or rt.tail_id is None or rt.choice_of:
             return
-        reason = self.tail_policy.keep_reason(outcome, ttft, tpot)
+        reason = self.tail_policy.keep_reason(outcome, ttft, tpot, missed_slo)
         self.tail.decide(rt.tail_id, reason)
         if reason is not None:
             rt.trace_id = rt.tail_id  # exported: exemplars, the breakdown and the log line name it
@@ -394,6 +419,8 @@ class RequestTelemetry:
                  "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens, "gen_ai.latency.e2e": e2e}
         if ttft is not None:
             attrs["sightline.ttft_seconds"] = attrs["gen_ai.latency.time_to_first_token"] = ttft
+            if rt.stream:  # the GenAI conventions' attribute of a streamed response
+                attrs["gen_ai.response.time_to_first_chunk"] = ttft
         queue = queue_seconds(st)
         if queue is not None:
             attrs["sightline.queue_seconds"] = attrs["gen_ai.latency.time_in_queue"] = queue

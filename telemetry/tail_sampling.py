@@ -5,7 +5,8 @@ traces from every process as before.  With tail sampling on, every other request
 recorded too (spans built, not exported: the SDK's RECORD_ONLY), its spans from every
 process reach the front end as `SpanRecord`s (the children forward them in their stats
 messages), and the request's end decides: a request that errored, was aborted or shed, or
-breached the TTFT/TPOT thresholds is exported whole (`keep_reason`); the rest are dropped.
+breached the TTFT/TPOT thresholds or missed one of its own latency objectives
+(telemetry/request_slo.py) is exported whole (`keep_reason`); the rest are dropped.
 
 `TailSampler` holds the undecided traces (bounded: the oldest goes first, counted as
 `buffer_full`), remembers recent decisions so spans that arrive after the decision (the
@@ -33,14 +34,15 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 
 from protocol.io_struct import SpanRecord
 from telemetry import outcomes
+from telemetry.genai_instruments import SCHEMA_URL
 from telemetry.slo_spec import slo_spec_goodput
 
 log = logging.getLogger("sightline.tracing")
-KEEP_REASONS = ("error", "aborted", "shed", "ttft", "tpot")
+KEEP_REASONS = ("error", "aborted", "shed", "slo", "ttft", "tpot")
 DROP_REASONS = ("not_selected", "buffer_full")
 MAX_SPANS_PER_TRACE = 2000
 _WHERE = ("sightline.dp_rank", "sightline.worker")  # resource attributes of their process, carried in the records
-_SCOPE = InstrumentationScope("sightline")
+_SCOPE = InstrumentationScope("sightline", schema_url=SCHEMA_URL)
 _KEEP = {outcomes.ERROR: "error", outcomes.ENGINE_FAILURE: "error", outcomes.UNAVAILABLE: "error",
          outcomes.CLIENT_DISCONNECT: "aborted", outcomes.TIMEOUT: "aborted", outcomes.SHUTDOWN: "aborted",
          outcomes.ABORTED_BY_OPERATOR: "aborted", outcomes.SHED: "shed"}
@@ -48,15 +50,19 @@ _KEEP = {outcomes.ERROR: "error", outcomes.ENGINE_FAILURE: "error", outcomes.UNA
 
 @dataclass(frozen=True)
 class TailPolicy:
-    """What keeps a trace: its outcome, or latency over the SLO thresholds (dashboards/slo.yaml)."""
+    """What keeps a trace: its outcome, a missed objective of the request's own, or latency over the
+    SLO thresholds (dashboards/slo.yaml)."""
 
     ttft_s: float | None = None
     tpot_s: float | None = None
 
-    def keep_reason(self, outcome: str, ttft_s: float | None, tpot_s: float | None) -> str | None:
+    def keep_reason(self, outcome: str, ttft_s: float | None, tpot_s: float | None,
+                    missed_slo: bool = False) -> str | None:
         reason = _KEEP.get(outcome)
         if reason is not None:
             return reason
+        if missed_slo:
+            return "slo"
         if self.ttft_s is not None and ttft_s is not None and ttft_s > self.ttft_s:
             return "ttft"
         if self.tpot_s is not None and tpot_s is not None and tpot_s > self.tpot_s:

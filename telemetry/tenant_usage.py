@@ -8,13 +8,15 @@ Every count is taken where the all-tenant total is (`RequestTelemetry.finish` an
 requests (by outcome) = `sightline_requests_total`, prompt and output tokens =
 `sightline_prompt_tokens_total` and `sightline_generation_tokens_total`; cached tokens sum
 to the requests' `usage.prompt_tokens_details.cached_tokens`; CPU-seconds are each
-request's share of the engine steps it was in (`serving/engine/cpu_share.py`).
+request's share of the engine steps it was in (`serving/engine/cpu_share.py`).  Latency
+objectives met and missed (`sightline_request_slo_total`) are counted per tenant too.
 """
 
 from __future__ import annotations
 
 from telemetry.metrics import Metrics
 from telemetry.outcomes import OUTCOMES
+from telemetry.request_slo import SLO_LABELS
 
 OTHER = "other"
 
@@ -32,6 +34,9 @@ class TenantUsage:
         for t in sorted(self.known) + [OTHER]:
             for outcome in OUTCOMES:
                 self.m.tenant_requests.labels(t, outcome)
+            for slo in SLO_LABELS:
+                for met in ("true", "false"):
+                    self.m.request_slo.labels(slo, met, t)
             for c in (self.m.tenant_prompt_tokens, self.m.tenant_cached_tokens, self.m.tenant_generation_tokens,
                       self.m.tenant_cpu):
                 c.labels(t)
@@ -51,3 +56,11 @@ class TenantUsage:
         self.m.tenant_cached_tokens.labels(t).inc(cached)
         self.m.tenant_generation_tokens.labels(t).inc(output)
         self.m.tenant_cpu.labels(t).inc(cpu_ns / 1e9)
+
+    def slo(self, tenant: str, met: dict[str, bool]) -> None:
+        """One request's objectives, judged (telemetry.request_slo.judge)."""
+        if self.m is None:
+            return
+        t = self.label(tenant)
+        for slo, ok in met.items():
+            self.m.request_slo.labels(slo, "true" if ok else "false", t).inc()

@@ -42,6 +42,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from protocol.io_struct import SpanEventRecord, SpanRecord
 from telemetry.clock import WallAnchor, now_ns
+from telemetry.genai_instruments import SCHEMA_URL
 from telemetry.tail_sampling import TailSampler
 
 log = logging.getLogger("sightline.tracing")
@@ -267,7 +268,7 @@ class Tracing:
         self.provider.add_span_processor(_RecordProcessor(role, sink or self.forwarded.append, dict(where or {})))
         for name in exporters:
             self.provider.add_span_processor(BatchSpanProcessor(self.new_exporter(name)))
-        self.tracer = self.provider.get_tracer("sightline")
+        self.tracer = self.provider.get_tracer("sightline", schema_url=SCHEMA_URL)
 
     def tail_sampler(self, max_traces: int, count=None) -> TailSampler | None:
         """The front end's tail sampler (None when tail sampling is off): it exports kept traces with

@@ -106,6 +106,7 @@ class OTLPReceiver:
                         "start_ns": s.start_time_unix_nano, "end_ns": s.end_time_unix_nano,
                         "attributes": _attrs(s.attributes), "resource": resource, "status": s.status.code,
                         "links": [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                        "scope": ss.scope.name, "schema_url": ss.schema_url,
                     })
         with self.lock:
             self.spans.extend(out)
@@ -120,14 +121,20 @@ class OTLPReceiver:
                     data = getattr(m, kind)
                     for dp in data.data_points:
                         point = {"name": m.name, "unit": m.unit, "description": m.description, "kind": kind,
-                                 "scope": sm.scope.name, "resource": resource, "attributes": _attrs(dp.attributes),
+                                 "scope": sm.scope.name, "schema_url": sm.schema_url, "resource": resource,
+                                 "attributes": _attrs(dp.attributes),
                                  "start_ns": dp.start_time_unix_nano, "time_ns": dp.time_unix_nano,
                                  "temporality": getattr(data, "aggregation_temporality", None)}
                         if kind == "histogram":
                             point.update(count=dp.count, sum=dp.sum, bounds=list(dp.explicit_bounds),
                                          bucket_counts=list(dp.bucket_counts))
+                        elif kind == "exponential_histogram":
+                            point.update(count=dp.count, sum=dp.sum, scale=dp.scale, zero_count=dp.zero_count,
+                                         positive_offset=dp.positive.offset,
+                                         positive_counts=list(dp.positive.bucket_counts))
                         elif kind in ("sum", "gauge"):
                             point["value"] = getattr(dp, dp.WhichOneof("value"))
+                            point["monotonic"] = getattr(data, "is_monotonic", None)
                         out.append(point)
         with self.lock:
             self.points.extend(out)

@@ -3,7 +3,8 @@
 The first row follows the troubleshooting table of SGLang's TokenizerManager (symptoms of
 lost, slow or stale outputs), the second the reliability machinery (watchdog restarts,
 load shedding, deadlines), the third the front-end event loops, the fourth why requests were slow
-(why they waited, what caused their decode gaps), the fifth the prefix cache (its hit ratio, why it missed):
+(why they waited, what caused their decode gaps), the fifth the prefix cache (its hit ratio, why it missed), the
+sixth per-request objectives and the OTLP metric pushes:
 each panel's title is the question a symptom raises and its description says how to read the answer.
 """
 
@@ -190,4 +191,28 @@ def board() -> Board:
             [(q.rate("sightline_prefix_cache_misses_total", by=("reason",), fn="increase"), "{{reason}}")],
             stack=True),
     )
+    b.row("Objectives and OTLP pushes", *objectives_and_exports())
     return b
+
+
+def objectives_and_exports() -> list:
+    """Who misses their latency objectives (and which), and whether the OTLP metric pushes arrive."""
+    return [
+        timeseries_panel(
+            "Which tenants miss their latency objectives, and which?",
+            "Requests per second that missed an objective they carried, by tenant and objective (ttft, tpot, e2e; "
+            "sightline_request_slo_total met=false). One tenant: its own objectives are tighter than the server "
+            "gives (its keys-file slo_*_ms, or the headers its clients send) or its requests are larger; every "
+            "tenant: the server is short (SLOs → Server-side goodput; Why was it slow?). Each missed request's "
+            "trace is kept (tail sampling reason slo) and names what it missed (sightline.slo.missed).", "reqps",
+            [(q.rate("sightline_request_slo_total", 'met="false"', 'slo!="all"', by=("tenant", "slo")),
+              "{{tenant}} {{slo}}")], stack=True),
+        timeseries_panel(
+            "Are the OTLP metric pushes failing?",
+            "OTLP metric exports per second of each front-end process, by result (--otel-metrics-exporter otlp: the "
+            "GenAI instruments and, with --otel-metrics-catalogue, every metric). failed: the collector refused the "
+            "push or could not be reached — the server log has the SDK's reason; its numbers are missing from the "
+            "OTLP backend (not from /metrics). Flat at 0: OTLP metrics are off.", "ops",
+            [(q.rate("sightline_otlp_metric_exports_total", by=("instance", "result")),
+              "{{instance}} {{result}}")]),
+    ]

@@ -52,11 +52,14 @@ def front_telemetry(args: ServerArgs, name: str, instance_id: str, where: dict[s
     metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__,
                       roles=tuple(engine_roles(args.dp_size))) \
         if args.enable_metrics else None
-    loop_lag = LoopLagMonitor(metrics.loop_lag.labels(role).observe if metrics is not None else None)
+    loop_lag = LoopLagMonitor(None)
     tel = RequestTelemetry(tracing, metrics, timeline, name, args.log_requests, loop_lag)
+    if metrics is not None:  # through `observe`, as every histogram of the process (the OTLP catalogue's mirror)
+        loop_lag.observe = lambda lag: tel.observe(metrics.loop_lag, lag, None, role)
     tel.gaps = DownstreamGaps(args.decode_gap_factor, args.decode_gap_floor, wall=tracing.wall) \
         if args.step_timeline_steps else None
-    tel.genai = GenAIMetrics.from_args(args, name, instance_id, where=where)  # None unless exported
+    tel.genai = GenAIMetrics.from_args(args, name, instance_id, where=where, metrics=metrics)  # None unless exported
+    tel.otlp_mirror = tel.genai.mirror if tel.genai is not None else None
     tel.tail = tracing.tail_sampler(args.tail_sampling_buffer_traces, metrics.count_tail if metrics else None)
     tel.tail_policy = slo_policy(args.tail_sampling_ttft_ms, args.tail_sampling_tpot_ms)
     if tel.tail is not None:

@@ -184,8 +184,9 @@ async def _load(url: str) -> list[int]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         gate = asyncio.Semaphore(6)
 
-        async def plain(i: int) -> int:
-            r = await client.post("/v1/completions", json={"prompt": f"Request {i}:", "max_tokens": 12})
+        async def plain(i: int) -> int:  # with objectives (every other one missed): the goodput panels get data
+            slo = {"x-llm-d-slo-ttft-ms": "60000", **({"x-sightline-slo-e2e-ms": "0.001"} if i % 2 else {})}
+            r = await client.post("/v1/completions", json={"prompt": f"Request {i}:", "max_tokens": 12}, headers=slo)
             return r.status_code
 
         async def streamed(i: int, walk_away: bool = False) -> int:

@@ -1,6 +1,9 @@
 """OpenTelemetry GenAI metrics over OTLP/HTTP from a real server to a real receiver decoding
 ExportMetricsServiceRequest: names, units, bucket boundaries and attributes as the semantic
-conventions give them, counts and token sums equal to what the HTTP responses said."""
+conventions give them, the legacy and the latest token instruments side by side
+(--otel-genai-semconv both), counts and token sums equal to what the HTTP responses said; and the
+whole Prometheus catalogue beside them (--otel-metrics-catalogue): per-request histograms as
+exponential histograms, counters equal to /metrics, the exports counted."""
 
 from __future__ import annotations
 
@@ -9,8 +12,9 @@ from collections import Counter
 
 import httpx
 
+from telemetry.genai_instruments import SCHEMA_URL
 from tests.otlp_receiver import OTLPReceiver
-from tests.server_util import ServerProc, sse_events, wait_until
+from tests.server_util import ServerProc, scrape, sse_events, value, wait_until
 
 # The conventions' advisory ExplicitBucketBoundaries, written out here independently of the code.
 SPEC = {
@@ -23,6 +27,11 @@ SPEC = {
     "gen_ai.client.token.usage": ("{token}", [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576,
                                               4194304, 16777216, 67108864]),
 }
+# The latest conventions' token instruments (semantic-conventions-genai): counters by modality, histograms.
+USAGE = {"gen_ai.client.inference.usage.input_tokens": "prompt_tokens",
+         "gen_ai.client.inference.usage.output_tokens": "completion_tokens"}
+OPERATION = {"gen_ai.client.inference.operation.input_tokens": "prompt_tokens",
+             "gen_ai.client.inference.operation.output_tokens": "completion_tokens"}
 ROUTES = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
 
 
@@ -54,7 +63,8 @@ def _by(points, *keys):
 def test_genai_metrics_over_otlp(tmp_path):
     receiver = OTLPReceiver()
     srv = ServerProc("--otel-metrics-exporter", "otlp", "--otel-exporter-otlp-metrics-endpoint",
-                     receiver.endpoint + "/v1/metrics", tmpdir=tmp_path,
+                     receiver.endpoint + "/v1/metrics", "--otel-genai-semconv", "both", "--otel-metrics-catalogue",
+                     tmpdir=tmp_path,
                      env={"OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_SDK_DISABLED": "", "OTEL_SERVICE_NAME": ""})
     usage: dict[str, list[dict]] = {"chat": [], "text_completion": []}
     try:
@@ -67,12 +77,15 @@ def test_genai_metrics_over_otlp(tmp_path):
         usage["text_completion"].append(_send(srv, "text_completion", True))
         bad = srv.post(ROUTES["chat"], b"{not json")
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+        prometheus = scrape(srv)  # nothing more is sent: the last export holds these numbers
     finally:
         srv.stop()  # the last numbers are exported at shutdown
         receiver.close()
 
     latest = {name: receiver.latest_points(name) for name in SPEC}
-    assert {p["name"] for p in receiver.points} == set(SPEC)
+    assert {p["name"] for p in receiver.points if p["name"].startswith("gen_ai.")} == set(SPEC) | set(USAGE) | {
+        "gen_ai.client.inference.usage.cache_read.input_tokens"} | set(OPERATION)
+    assert {p["schema_url"] for p in receiver.points} == {SCHEMA_URL}
     for name, (unit, bounds) in SPEC.items():
         assert latest[name], name
         for p in latest[name]:
@@ -104,3 +117,32 @@ def test_genai_metrics_over_otlp(tmp_path):
             p = tokens[(op, kind)]
             assert p["count"] == len(us) and p["sum"] == sum(u[field] for u in us), (op, kind, json.dumps(us))
             assert sum(p["bucket_counts"]) == p["count"]
+
+    # the latest names: counters by modality (every request; the refused one as 0 `unknown`), histograms
+    for name, field in USAGE.items():
+        points = _by(receiver.latest_points(name), "gen_ai.operation.name", "gen_ai.token.modality")
+        assert all(p["kind"] == "sum" and p["monotonic"] and p["unit"] == "{token}" for p in points.values())
+        assert {k: p["value"] for k, p in points.items()} == {
+            **{(op, "text"): sum(u[field] for u in us) for op, us in usage.items()}, ("chat", "unknown"): 0}
+    for name, field in OPERATION.items():
+        points = _by(receiver.latest_points(name), "gen_ai.operation.name")
+        for op, us in usage.items():
+            p = points[(op,)]
+            assert p["bounds"] == SPEC["gen_ai.client.token.usage"][1]
+            assert "gen_ai.token.modality" not in p["attributes"]
+            assert p["count"] == len(us) and p["sum"] == sum(u[field] for u in us), (name, op)
+
+    # the catalogue: TTFT as an exponential histogram (4 requests produced a token), counters as on /metrics
+    (ttft_exp,) = receiver.latest_points("sightline_time_to_first_token_seconds")
+    assert ttft_exp["kind"] == "exponential_histogram" and ttft_exp["unit"] == "s" and ttft_exp["count"] == 4
+    assert ttft_exp["zero_count"] + sum(ttft_exp["positive_counts"]) == 4 and ttft_exp["scale"] > 0
+    assert ttft_exp["sum"] == value(prometheus, "sightline_time_to_first_token_seconds_sum")
+    requests = receiver.latest_points("sightline_requests")
+    assert requests and all(p["kind"] == "sum" and p["monotonic"] for p in requests)
+    assert sum(p["value"] for p in requests) == value(prometheus, "sightline_requests_total") == 5
+    phases = receiver.latest_points("sightline_engine_step_phase_seconds")  # the engine's keep their buckets
+    assert phases and all(p["kind"] == "histogram" and p["bounds"] and sum(p["bucket_counts"]) == p["count"]
+                          for p in phases)
+    assert sum(p["count"] for p in phases) == value(prometheus, "sightline_engine_step_phase_seconds_count")
+    exports = receiver.latest_points("sightline_otlp_metric_exports")
+    assert [p["attributes"]["result"] for p in exports if p["value"] > 0] == ["ok"], exports

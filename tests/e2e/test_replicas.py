@@ -57,7 +57,9 @@ async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
                 if i % 10 == 3:  # a structured output: the grammar panels get data too (compiles in both waves)
                     body["structured_outputs"] = {"json": {"type": "object", "properties": {
                         f"k{i}": {"enum": ["a", "b"]}}, "required": [f"k{i}"]}, "disable_any_whitespace": True}
-                r = await client.post("/v1/completions", json=body)
+                # objectives (every third one missed): the server-side goodput panels get data
+                slo = {"x-llm-d-slo-ttft-ms": "60000", **({"x-sightline-slo-e2e-ms": "0.001"} if i % 3 == 1 else {})}
+                r = await client.post("/v1/completions", json=body, headers=slo)
                 return {"status": r.status_code, "tokens": r.json()["usage"]["completion_tokens"],
                         "replica": r.headers["x-sightline-replica"]}
             body = {"messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": tokens, "stream": True,

@@ -42,6 +42,8 @@ HELD = 16  # max_tokens of a held stream: it sends 15 tokens, then stays running
 def fleet(tmp_path_factory, otlp):
     srv = ServerProc("--tokenizer-worker-num", "2", "--dp-size", "2", "--max-queued-requests", "512",
                      "--otel-exporter-otlp-endpoint", otlp.endpoint, "--tail-sampling-overrides-parent",
+                     "--otel-metrics-exporter", "otlp", "--otel-metrics-catalogue",
+                     "--otel-metric-export-interval", "2000",
                      tmpdir=tmp_path_factory.mktemp("workers-dp"),
                      env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "200"})
     yield srv
@@ -113,6 +115,29 @@ def test_200_concurrent_mixed_requests_are_complete_right_and_counted_exactly(fl
     exemplars = [line for line in om.splitlines()
                  if line.startswith("sightline_time_to_first_token_seconds_bucket") and "trace_id=" in line]
     assert exemplars, "the merged OpenMetrics exposition lost the exemplars"
+
+
+def test_the_catalogue_over_otlp_from_each_worker_and_the_hub(fleet, otlp):
+    """--otel-metrics-catalogue: each worker pushes its own registry (the requests it served, TTFT as an
+    exponential histogram), the hub the engine's numbers (every rank's); over the workers the requests
+    add up to the merged /metrics."""
+    def pushed():
+        total = value(scrape(fleet), "sightline_requests_total")
+        by_worker: dict = {}
+        for p in otlp.latest_points("sightline_requests"):
+            worker = p["resource"].get("sightline.worker")
+            by_worker[worker] = by_worker.get(worker, 0) + p["value"]
+        return by_worker if set(by_worker) == {1, 2} and sum(by_worker.values()) == total > 0 else None
+
+    wait_until(pushed, 20, "every worker's requests pushed")
+    ttft = otlp.latest_points("sightline_time_to_first_token_seconds")
+    assert {p["resource"]["sightline.worker"] for p in ttft} == {1, 2}
+    assert all(p["kind"] == "exponential_histogram" and p["resource"]["sightline.process.role"] == "main"
+               for p in ttft)
+    phases = otlp.latest_points("sightline_engine_step_phase_seconds")
+    assert phases and {p["resource"]["sightline.process.role"] for p in phases} == {"hub"}
+    assert {p["attributes"]["dp_rank"] for p in phases} == {"0", "1"} and all(p["kind"] == "histogram"
+                                                                             for p in phases)
 
 
 def test_any_worker_finds_any_rid_with_one_trace_across_processes(fleet):

@@ -6,6 +6,9 @@ The keys file (`--api-keys-file`, TOML) lists tenants and keys:
     priority = -1                   # --priority-order lower-first (default): lower is served first
     max_concurrent_requests = 8     # in flight at once, over every tokenizer worker
     tokens_per_minute = 60000       # prompt tokens when admitted + output tokens when finished
+    slo_ttft_ms = 500               # latency objectives of its requests (telemetry/request_slo.py), each
+    slo_tpot_ms = 50                # overridden per request by its header: x-llm-d-slo-ttft-ms, ...
+    slo_e2e_ms = 10000
 
     [[keys]]
     tenant = "acme"
@@ -36,10 +39,13 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from telemetry.request_slo import MAX_MS, Objectives
+
 ROLES = ("user", "admin")
 DEFAULT_TENANT = "default"
 MIN_KEY_CHARS = 16
-_TENANT_FIELDS = {"priority", "max_concurrent_requests", "tokens_per_minute"}
+_SLO_FIELDS = ("slo_ttft_ms", "slo_tpot_ms", "slo_e2e_ms")
+_TENANT_FIELDS = {"priority", "max_concurrent_requests", "tokens_per_minute", *_SLO_FIELDS}
 _KEY_FIELDS = {"tenant", "role", "key", "sha256"}
 
 
@@ -54,6 +60,7 @@ class TenantPolicy:
     priority: int = 0
     max_concurrent_requests: int | None = None
     tokens_per_minute: int | None = None
+    objectives: Objectives | None = None  # its requests' latency objectives, where their headers set none
 
     @property
     def limited(self) -> bool:
@@ -105,6 +112,18 @@ def _int_field(where: str, name: str, value: object, low: int, high: int = 2**62
     return value
 
 
+def _slo_fields(where: str, spec: dict) -> Objectives | None:
+    """A tenant's `slo_*_ms` fields: milliseconds in (0, 1 day]; None when it sets none."""
+    values = {}
+    for name in _SLO_FIELDS:
+        if name in spec:
+            v = spec[name]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= MAX_MS:
+                raise KeysFileError(f"{where}: {name} must be a number of milliseconds in (0, {MAX_MS:.0f}]")
+            values[name.removeprefix("slo_")] = float(v)
+    return Objectives.from_ms(**values) if values else None
+
+
 def check_permissions(path: Path, plaintext: bool) -> None:
     """Refuse a file others could write (or read, when it holds plaintext keys)."""
     mode = path.stat().st_mode
@@ -134,7 +153,8 @@ def parse(text: str, where: str = "keys file") -> tuple[KeyTable, bool]:
             max_concurrent_requests=None if "max_concurrent_requests" not in spec else
             _int_field(f"tenants.{name}", "max_concurrent_requests", spec["max_concurrent_requests"], 1),
             tokens_per_minute=None if "tokens_per_minute" not in spec else
-            _int_field(f"tenants.{name}", "tokens_per_minute", spec["tokens_per_minute"], 1))
+            _int_field(f"tenants.{name}", "tokens_per_minute", spec["tokens_per_minute"], 1),
+            objectives=_slo_fields(f"tenants.{name}", spec))
     seen: set[bytes] = set()
     for i, entry in enumerate(doc.get("keys") or []):
         at = f"{where}: keys[{i}]"

@@ -16,6 +16,7 @@ from protocol.sampling_params import SamplingParams
 from serving.frontend.output_parsing import ParsingSpec
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
+from telemetry.request_slo import Objectives
 
 
 class OutputParser(Protocol):
@@ -73,6 +74,7 @@ class ReqState:
     arrival: int  # monotonic ns: the HTTP handler was entered
     stream: bool = False
     tenant: str = "default"  # the tenant its API key names (auth middleware): usage, limits, cache namespace
+    slo: Objectives | None = None  # its latency objectives (headers, else its tenant's): judged at its end
     # -- identity and admission (TokenizerManager.submit) --
     rid: str = ""  # internal: always a fresh uuid, used to route
     client_rid: str = ""  # what the client calls it (its `rid`, else ours): echoed, never used to route

@@ -60,6 +60,7 @@ from serving.frontend.workers.fleet import WorkerFleet
 from serving.ipc import Codec, Endpoints, engine_roles, make_socket
 from telemetry.buckets import parse_bucket_overrides
 from telemetry.clock import now_ns
+from telemetry.genai_metrics import GenAIMetrics
 from telemetry.metrics import Metrics
 from telemetry.registry_merge import merge, registry_of, snapshot
 from telemetry.timeline import Timeline
@@ -96,6 +97,9 @@ class Hub:
         if self.metrics is not None:
             self.metrics.watch(lambda: self.monitor.view(self._front_counts()), None)
             self.metrics.workers_up.set_function(lambda: len(self.fleet.up()))
+        # --otel-metrics-catalogue: the engine's numbers (held here) over OTLP beside each worker's own
+        self.otlp = GenAIMetrics.from_args(args, name, self.instance_id, metrics=self.metrics, role="hub") \
+            if args.otel_metrics_catalogue and self.metrics is not None else None
 
     # -- the supervisor's Front --------------------------------------------------------
     def has_in_flight(self) -> bool:
@@ -328,4 +332,6 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
         if hub.tail is not None:
             hub.tail.shutdown()  # the kept traces' engine spans still queued
         hub.tracing.shutdown()
+        if hub.otlp is not None:
+            hub.otlp.shutdown()
         hub.ctx.destroy(linger=0)

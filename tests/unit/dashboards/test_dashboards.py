@@ -117,8 +117,10 @@ def test_slo_and_troubleshooting_boards():
     assert "ALERTS{" in slo_text and "sightline_slo_error_budget_remaining:ratio" in slo_text
     for window in ("5m", "30m", "1h", "2h", "6h", "1d", "3d"):
         assert f"sightline_slo_errors:ratio_rate{window}{{" in slo_text, window
+    assert 'sum(rate(sightline_request_slo_total{job=~"$job", instance=~"$instance", slo="all", met="true"}' \
+        in slo_text  # server-side goodput
     trouble = lint.panels(boards()["sightline-troubleshooting"])
-    assert len(trouble) == 15 and all(p["title"].endswith("?") for p in trouble)
+    assert len(trouble) == 17 and all(p["title"].endswith("?") for p in trouble)
     text = "\n".join(exprs(boards()["sightline-troubleshooting"]))
     for needle in ("sum by (role, cause) (increase(sightline_engine_failures_total",
                    "increase(sightline_engine_restarts_total", "sum by (reason) (rate(sightline_requests_shed_total",
@@ -126,7 +128,9 @@ def test_slo_and_troubleshooting_boards():
                    'model_name=~"$model_name", reason="timeout"}',
                    "sum by (reason) (rate(sightline_request_wait_seconds_sum",
                    "sum by (cause) (increase(sightline_decode_gaps_total",
-                   "sum by (reason) (increase(sightline_prefix_cache_misses_total"):
+                   "sum by (reason) (increase(sightline_prefix_cache_misses_total",
+                   "sum by (tenant, slo) (rate(sightline_request_slo_total",
+                   "sum by (instance, result) (rate(sightline_otlp_metric_exports_total"):
         assert needle in text, needle
 
 

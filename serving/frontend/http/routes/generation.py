@@ -39,6 +39,7 @@ from serving.frontend.http.sse import SSE_DONE, SSEResponse, sse
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState
 from telemetry.clock import now_ns
+from telemetry.request_slo import Objectives, SLOHeaderError, parse_headers
 from telemetry.request_telemetry import server_timing
 
 
@@ -78,6 +79,16 @@ def request_timeout(request: Request, default: float | None) -> float | None:
     if not 0 < value <= 86400:
         raise APIError(400, "x-request-timeout must be a number of seconds in (0, 86400]", param="x-request-timeout")
     return min(value, default) if default else value
+
+
+def request_objectives(request: Request, tenant: Objectives | None) -> Objectives | None:
+    """The request's latency objectives: its SLO headers (telemetry/request_slo.py), each one it does not
+    set taken from its tenant's; a malformed header is a 400 that names it."""
+    try:
+        own = parse_headers(request.headers)
+    except SLOHeaderError as exc:
+        raise APIError(400, str(exc), param=exc.header, code="invalid_slo_header") from None
+    return own.over(tenant) or None
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,7 @@ async def admit(request: Request, kind: Kind) -> Admitted | Response:
     tel.begin(req, request.headers, "POST", {"sightline.tenant": req.tenant})
     choices: list[Choice] = []
     try:
+        req.slo = request_objectives(request, state.keys.policy(req.tenant).objectives if state.keys else None)
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
         if tel.recorder is not None:  # the flight recorder: prompt and sampling as run, read when it ends
