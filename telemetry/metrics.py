@@ -156,6 +156,12 @@ SPECS: tuple[Spec, ...] = (
          "but is not one (not JSON, no name, arguments not an object, unfinished): the text is returned as "
          "the message's content. parser: --tool-call-parser's choice. With --dump-content the flight "
          "recorder keeps the text (`tool_call_text`).", attr="tool_parse_failures"),
+    Spec("sightline_responses_store_evictions_total", "counter", "Stored /v1/responses responses evicted to keep "
+         "the store within --responses-store-size (least recently used first).", definition="A later request naming "
+         "an evicted response in `previous_response_id` gets a 400, GET /v1/responses/{id} a 404. Per front-end "
+         "process (each tokenizer worker has its own store).", attr="responses_evicted"),
+    Spec("sightline_responses_stored", "gauge", "Responses held in the /v1/responses store (`store: true`).",
+         attr="responses_stored"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
          "/pause_generation mode abort).", attr="aborts"),
@@ -592,6 +598,8 @@ class Metrics:
     key_reloads: Counter
     fields_ignored: Counter
     tool_parse_failures: Counter
+    responses_evicted: Counter
+    responses_stored: Gauge
     engine_failures: Counter
     engine_restarts: Counter
     http_requests: Counter

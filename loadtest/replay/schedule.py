@@ -10,7 +10,10 @@ from pathlib import Path
 SCHEDULE_FILE = "replay_schedule.jsonl"
 SENT_FILE = "replay_sent.jsonl"
 CHAT, COMPLETIONS, GENERATE, EMBEDDINGS = "/v1/chat/completions", "/v1/completions", "/generate", "/v1/embeddings"
-ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate", EMBEDDINGS: "embeddings"}
+RESPONSES = "/v1/responses"
+ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate", EMBEDDINGS: "embeddings",
+             RESPONSES: "responses"}
+CONVERSATIONS = (CHAT, RESPONSES)  # routes whose records hold chat messages
 SUCCESS = ("stop", "length")
 LATE_S = 0.1  # a request sent more than this after its due time counts as late
 

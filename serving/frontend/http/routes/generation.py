@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse, Response
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
-from serving.frontend.http.routes.choices import submit_choices
+from serving.frontend.http.routes.choices import Choice, submit_choices
 from serving.frontend.http.routes.generate_api import GenerateRequest, generate_body, generate_input
 from serving.frontend.http.routes.openai_api import (
     ChatCompletionRequest,
@@ -86,6 +86,7 @@ class Kind:
     operation: str  # gen_ai.operation.name
     route: str
     build: Callable
+    errors: Callable[[APIError], APIError] | None = None  # a refusal as the route's API names it
 
 
 KINDS = {
@@ -113,13 +114,26 @@ def _request_attributes(obj: GenerateReqInput) -> dict:
     return attrs
 
 
-async def generation(request: Request, kind: Kind) -> Response:
-    """Every generation endpoint: decode → submit → stream or collect; telemetry around it."""
+@dataclass
+class Admitted:
+    """A request decoded, built and submitted: what its route answers from."""
+
+    req: ReqState
+    obj: GenerateReqInput
+    body: Any  # the decoded body
+    choices: list[Choice] | None  # None on /generate (one request, its own shape)
+    headers: dict
+
+
+async def admit(request: Request, kind: Kind) -> Admitted | Response:
+    """Decode → build → submit, with the request's telemetry begun; a refusal is answered here (its error
+    passed through `kind.errors` first, so a route may name its own fields)."""
     state: ServerState = request.app.state.server
     tel = state.tel
     req = ReqState(route=kind.route, operation=kind.operation, arrival=now_ns(),
                    tenant=principal_of(request.scope).tenant)
     tel.begin(req, request.headers, "POST", {"sightline.tenant": req.tenant})
+    choices = None
     try:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
@@ -136,16 +150,26 @@ async def generation(request: Request, kind: Kind) -> Response:
                 req.rid = req.client_rid = uuid.uuid4().hex
             choices = await submit_choices(state, req, obj)
     except APIError as err:
+        err = kind.errors(err) if kind.errors is not None else err
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)
         return error_response(err, tel.response_headers(req))
     except Exception:
         tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
-    headers = {"x-request-id": req.rid, **tel.response_headers(req)}
+    return Admitted(req, obj, body, choices, {"x-request-id": req.rid, **tel.response_headers(req)})
+
+
+async def generation(request: Request, kind: Kind) -> Response:
+    """Every generation endpoint: decode → submit → stream or collect; telemetry around it."""
+    got = await admit(request, kind)
+    if isinstance(got, Response):
+        return got
+    state: ServerState = request.app.state.server
+    tel, req, obj, body, headers = state.tel, got.req, got.obj, got.body, got.headers
     if kind.route != "/generate":
         shape = make_shape(state, req, kind.operation == "chat", obj.sampling.logprobs is not None
                            or obj.sampling.prompt_logprobs is not None, include_usage(body), continuous_usage(body))
-        return await respond(request, Answer(state, req, choices, shape), headers, obj.stream, obj.timeout)
+        return await respond(request, Answer(state, req, got.choices, shape), headers, obj.stream, obj.timeout)
     if obj.stream:
         def on_close() -> None:
             state.tm.abort(req.rid, "client_disconnect")
