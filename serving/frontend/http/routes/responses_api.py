@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 
 from serving.frontend.errors import APIError, bad_request
 from serving.frontend.http.routes.generation import Kind, admit
+from serving.frontend.http.routes.openai_api import front_of
 from serving.frontend.http.routes.openai_responses import Answer, chunks, collect, make_shape, stream
 from serving.frontend.http.routes.responses_input import ROUTE, Turn, responses_error, responses_input, to_messages
 from serving.frontend.http.routes.responses_requests import ResponsesRequest
@@ -37,7 +38,7 @@ def _build(body: ResponsesRequest, state: ServerState):
         if previous is None:
             raise bad_request(f"Previous response with id '{body.previous_response_id}' not found.",
                               param="previous_response_id", code="previous_response_not_found")
-    obj, body.turn = responses_input(body, state, previous)
+    obj, body.turn = responses_input(body, front_of(state), previous)
     return obj
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from serving.frontend.errors import APIError, bad_request
-from serving.frontend.http.routes.openai_api import chat_input, front_of, unsupported
+from serving.frontend.http.routes.openai_api import Front, chat_input, unsupported
 from serving.frontend.http.routes.openai_requests import ChatCompletionRequest
 from serving.frontend.http.routes.responses_requests import ResponsesRequest
 from serving.frontend.http.routes.responses_store import StoredResponse
@@ -189,8 +189,8 @@ def _refusals(body: ResponsesRequest) -> None:
                 "text.verbosity other than medium")
 
 
-def responses_input(body: ResponsesRequest, state: Any, previous: StoredResponse | None) -> tuple[GenerateReqInput,
-                                                                                                     Turn]:
+def responses_input(body: ResponsesRequest, front: Front, previous: StoredResponse | None
+                    ) -> tuple[GenerateReqInput, Turn]:
     """The internal request of one create call, and its turn (`previous`: the stored response it continues)."""
     _refusals(body)
     items = normalize(body.input)
@@ -207,7 +207,7 @@ def responses_input(body: ResponsesRequest, state: Any, previous: StoredResponse
     except msgspec.ValidationError as exc:
         raise bad_request(f"invalid request: {_rename(str(exc))}", code="invalid_type") from None
     req.ignored_fields = list(getattr(body, "ignored_fields", []))
-    obj = chat_input(req, front_of(state), ROUTE)
+    obj = chat_input(req, front, ROUTE)
     obj.param_names = {"max_new_tokens": "max_output_tokens"}
     obj.constraints = [replace(c, param=_rename(c.param)) for c in obj.constraints]
     for i, item in enumerate(items):

@@ -23,10 +23,12 @@ def new_id(prefix: str) -> str:
 
 
 def usage(chat_usage: dict | None) -> dict:
-    """Chat's usage object in Responses' names."""
+    """Chat's usage object in Responses' names (`cache_write_tokens`: OpenAI's explicit cache writes; the
+    prefix cache here keeps prompts without being asked, so none)."""
     u = chat_usage or {}
+    cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {"input_tokens": u.get("prompt_tokens", 0),
-            "input_tokens_details": {"cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)},
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": u.get("completion_tokens", 0),
             "output_tokens_details": {"reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
                 "reasoning_tokens", 0)},
