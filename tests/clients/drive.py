@@ -100,13 +100,10 @@ def langchain_function_calling(base_url: str) -> dict:
     return _langchain(base_url, "function_calling")
 
 
-def agents_tool_turn(base_url: str) -> dict:
-    """The Agents SDK on chat completions: one function tool, tool_choice required; the tool runs and its result
-    goes back to the model in the next turn (the SDK resets tool_choice after a call, so that turn may answer)."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-    from openai import AsyncOpenAI
+def _population_tool():
+    """The agents' function tool, and the list of the calls it got."""
+    from agents import function_tool
 
-    set_tracing_disabled(True)
     calls: list[dict] = []
 
     @function_tool
@@ -114,6 +111,18 @@ def agents_tool_turn(base_url: str) -> dict:
         """The population of a city in a given year."""
         calls.append({"city": city, "year": year})
         return f"{city} had 2.1 million people in {year}."
+
+    return lookup_population, calls
+
+
+def agents_tool_turn(base_url: str) -> dict:
+    """The Agents SDK on chat completions: one function tool, tool_choice required; the tool runs and its result
+    goes back to the model in the next turn (the SDK resets tool_choice after a call, so that turn may answer)."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    lookup_population, calls = _population_tool()
 
     async def run() -> dict:
         client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
@@ -209,15 +218,9 @@ def agents_responses_turn(base_url: str) -> dict:
 
 def agents_responses_tool_turn(base_url: str) -> dict:
     """The default (Responses) model with one function tool: the call, its output sent back, then an answer."""
-    from agents import Agent, ModelSettings, Runner, function_tool
+    from agents import Agent, ModelSettings, Runner
 
-    calls: list[dict] = []
-
-    @function_tool
-    def lookup_population(city: str, year: int) -> str:
-        """The population of a city in a given year."""
-        calls.append({"city": city, "year": year})
-        return f"{city} had 2.1 million people in {year}."
+    lookup_population, calls = _population_tool()
 
     async def run() -> dict:
         client = _agents_default(base_url)

@@ -50,7 +50,8 @@ def test_fields_map_to_the_chat_request():
     assert obj.param_names == {"max_new_tokens": "max_output_tokens"}
     assert obj.template.tools[0]["function"]["name"] == "get_weather" and obj.sampling.structured.kind == "grammar"
     assert [c.param for c in obj.constraints] == ["tools[0].parameters", "tools"]
-    assert turn.echo["tool_choice"] == {"type": "function", "name": "get_weather"} and not turn.echo["parallel_tool_calls"]
+    assert turn.echo["tool_choice"] == {"type": "function", "name": "get_weather"}
+    assert not turn.echo["parallel_tool_calls"]
 
 
 def test_text_format_is_the_response_format_constraint_under_its_own_name():
@@ -121,7 +122,8 @@ def run_stream(chunks: list[dict]) -> tuple[list[dict], EventStream]:
 
 
 def test_text_then_calls_stream_as_items_one_after_another():
-    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14, "prompt_tokens_details": {"cached_tokens": 2}}
+    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
+             "prompt_tokens_details": {"cached_tokens": 2}}
     events, stream = run_stream([
         chunk({"role": "assistant", "content": ""}), chunk({"content": "Let me "}), chunk({"content": "check."}),
         chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
