@@ -200,3 +200,22 @@ def test_the_replay_readers_read_a_responses_stream_and_body():
     body.feed(json.dumps(stream.final).encode(), 0.5)
     got = body.finish(1.0)
     assert (got.error, got.finish_reason, got.prompt_tokens, got.completion_tokens) == (None, "stop", 3, 1)
+
+
+def test_reasoning_is_its_own_item_streamed_or_whole():
+    events, stream = run_stream([chunk({"reasoning_content": "Think"}), chunk({"reasoning_content": "ing."}),
+                                 chunk({"content": "Done."}, "stop")])
+    assert [ev["type"] for ev in events][2:5] == ["response.output_item.added", "response.reasoning_text.delta",
+                                                  "response.reasoning_text.delta"]
+    assert [item["type"] for item in stream.final["output"]] == ["reasoning", "message"]
+    assert stream.final["output"][0]["content"][0]["text"] == "Thinking."
+    whole = ResponseObject("r3", "m", build()[1].echo).from_chat({
+        "choices": [{"message": {"role": "assistant", "content": None, "reasoning_content": "Hm.",
+                                 "tool_calls": [{"id": "c1", "type": "function",
+                                                 "function": {"name": "f", "arguments": "{}"}}]},
+                     "finish_reason": "tool_calls"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10,
+                  "completion_tokens_details": {"reasoning_tokens": 2}}})
+    parsed = Response.model_validate(whole)
+    assert [item.type for item in parsed.output] == ["reasoning", "function_call"] and parsed.status == "completed"
+    assert parsed.usage.output_tokens_details.reasoning_tokens == 2 and parsed.output[1].call_id == "c1"
