@@ -1,9 +1,10 @@
-"""Drive a running server with a real client library, as its users would: one scenario per call.
+"""Drive a running server with a real client library, as its users would: one scenario, or several in a row.
 
 Run with the clients' own interpreter (.venv-clients/bin/python, tests/clients/requirements.txt):
-    drive.py SCENARIO BASE_URL
-prints one JSON object: what the client returned (the validated object's fields, the tool calls
-made, the requests' shapes), for tests/e2e/test_structured_clients.py to check.  Nothing here
+    drive.py SCENARIO[,SCENARIO...] BASE_URL
+prints one JSON object a scenario, a line each: what the client returned (the validated object's fields,
+the tool calls made, the requests' shapes, the usage), for tests/e2e/test_structured_clients.py and
+test_responses_api.py to check (several in one interpreter: its start and imports paid once).  Nothing here
 fakes the server or patches the client; the only settings are the base URL and, for the Agents SDK,
 tracing off (it would export to OpenAI's servers).
 """
@@ -241,12 +242,13 @@ SCENARIOS = {f.__name__: f for f in (openai_parse, instructor_tools, instructor_
 
 
 def main() -> None:
-    name, base_url = sys.argv[1], sys.argv[2]
-    try:
-        result = {"ok": True, **SCENARIOS[name](base_url)}
-    except Exception as e:  # noqa: BLE001 - the test reads what failed, with the client's own words
-        result = {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
-    print(json.dumps(result, default=str))
+    names, base_url = sys.argv[1].split(","), sys.argv[2]
+    for name in names:
+        try:
+            result = {"ok": True, **SCENARIOS[name](base_url)}
+        except Exception as e:  # noqa: BLE001 - the test reads what failed, with the client's own words
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
+        print(json.dumps({"scenario": name, **result}, default=str), flush=True)
 
 
 if __name__ == "__main__":

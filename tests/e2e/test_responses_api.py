@@ -18,11 +18,11 @@ from loadtest.records import RequestRecord as ClientRecord
 from loadtest.replay.readers import reader_class
 from loadtest.replay.run import make_items, plan_schedule
 from telemetry.request_record import read_records
-from tests.e2e.test_structured_clients import drive, need_clients_venv
+from tests.e2e.test_structured_clients import drive_all, need_clients_venv
 from tests.e2e.test_structured_outputs import engine_work
 from tests.server_util import ServerProc, scrape, sse_events, value, wait_until
 
-pytestmark = [pytest.mark.smollm, pytest.mark.lane2]
+pytestmark = [pytest.mark.smollm]
 
 PATH = "/v1/responses"
 STORE = 3
@@ -217,8 +217,28 @@ def test_recorded_requests_replay_as_responses_bodies(srv):
         assert reader.server["e2e_ms"] > 0
 
 
-def test_openai_client_create_follow_up_and_retrieve(srv):
-    result = drive(srv, "responses_turns")
+# run in two client interpreters (each pays its start and imports once; each stays within a test's timeout)
+CLIENT_GROUPS = (("responses_turns", "responses_streams"), ("agents_responses_turn", "agents_responses_tool_turn"))
+
+
+@pytest.fixture(scope="module")
+def clients(srv) -> dict[tuple[str, ...], dict[str, dict]]:
+    """The client groups' results, filled as their first test asks (this module's server only)."""
+    return {}
+
+
+def client(clients: dict, srv: ServerProc, scenario: str) -> dict:
+    """A scenario's result, its group driven on first use."""
+    group = next(g for g in CLIENT_GROUPS if scenario in g)
+    if group not in clients:
+        clients[group] = drive_all(srv, list(group))
+    result = clients[group][scenario]
+    assert result["ok"], result["error"]
+    return result
+
+
+def test_openai_client_create_follow_up_and_retrieve(srv, clients):
+    result = client(clients, srv, "responses_turns")
     first, follow, alone = result["turns"]
     for turn in result["turns"]:
         assert turn["id"].startswith("resp_") and turn["text"].strip()
@@ -229,8 +249,8 @@ def test_openai_client_create_follow_up_and_retrieve(srv):
     assert result["retrieved"] == {"id": follow["id"], "text": follow["text"], "previous": first["id"]}
 
 
-def test_openai_client_streams(srv):
-    result = drive(srv, "responses_streams")
+def test_openai_client_streams(srv, clients):
+    result = client(clients, srv, "responses_streams")
     assert result["kinds"][0] == "response.created" and result["text"] == result["final_text"] != ""
     check_usage(result["usage"], 8)
     helper = result["helper"]  # responses.stream with a Pydantic text_format: parsed back by the client
@@ -239,16 +259,16 @@ def test_openai_client_streams(srv):
     check_usage(helper["usage"], 32)
 
 
-def test_agents_sdk_default_model_runs_a_turn(srv):
-    result = drive(srv, "agents_responses_turn")
+def test_agents_sdk_default_model_runs_a_turn(srv, clients):
+    result = client(clients, srv, "agents_responses_turn")
     assert result["model_class"] == "OpenAIResponsesModel" and result["items"] == ["MessageOutputItem"]
     assert "Paris" in result["final_output"] and result["response_ids"][0].startswith("resp_")
     assert result["usage"]["requests"] == 1 and 0 < result["usage"]["output_tokens"] <= 16
     assert result["usage"]["input_tokens"] > 0
 
 
-def test_agents_sdk_default_model_calls_a_tool_and_answers(srv):
-    result = drive(srv, "agents_responses_tool_turn")
+def test_agents_sdk_default_model_calls_a_tool_and_answers(srv, clients):
+    result = client(clients, srv, "agents_responses_tool_turn")
     assert result["calls"] and isinstance(result["calls"][0]["city"], str)
     assert result["items"][:2] == ["ToolCallItem", "ToolCallOutputItem"] and "MessageOutputItem" in result["items"]
     assert all(rid.startswith("resp_") for rid in result["response_ids"]) and result["final_output"].strip()

@@ -41,12 +41,18 @@ def server(tmp_path_factory):
     srv.stop()
 
 
-def drive(server: ServerProc, scenario: str) -> dict:
+def drive_all(server: ServerProc, scenarios: list[str], timeout: float = 120) -> dict[str, dict]:
+    """Every scenario's result, run one after another in one client interpreter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "PYTHON"))}
-    proc = subprocess.run([str(CLIENTS_PY), str(DRIVE), scenario, server.url + "/v1"], capture_output=True,
-                          text=True, timeout=120, env=env)
+    proc = subprocess.run([str(CLIENTS_PY), str(DRIVE), ",".join(scenarios), server.url + "/v1"],
+                          capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"scenario"')]
+    return {r["scenario"]: r for r in lines}
+
+
+def drive(server: ServerProc, scenario: str) -> dict:
+    result = drive_all(server, [scenario])[scenario]
     assert result["ok"], result["error"]
     return result
 

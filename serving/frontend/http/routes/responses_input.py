@@ -72,17 +72,17 @@ class Turn:
 
 
 def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or text parts (input_text, output_text) joined."""
+    """A message's content (`where`: its path): a string, or text parts (input_text, output_text) joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"{where}.content must be a string or a list of content parts", param=f"{where}.content")
+        raise bad_request(f"{where} must be a string or a list of content parts", param=where)
     out = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}.content[{j}]: only text parts (input_text, output_text) are supported, got "
-                              f"{kind!r}", param=f"{where}.content[{j}].type", code="unsupported_parameter")
+            raise bad_request(f"{where}[{j}]: only text parts (input_text, output_text) are supported, got "
+                              f"{kind!r}", param=f"{where}[{j}].type", code="unsupported_parameter")
         out.append(part["text"])
     return "".join(out)
 
@@ -119,22 +119,20 @@ def to_messages(items: list[dict], names: dict[str, str]) -> list[dict]:
             if role not in ROLES:
                 raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}",
                                   param=f"{where}.role")
-            out.append({"role": role, "content": _text(item.get("content"), where)})
+            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             call_id, name = _field(item, "call_id", where), _field(item, "name", where)
             names[call_id] = name
             call = {"id": call_id, "type": "function",
                     "function": {"name": name, "arguments": item.get("arguments") or "{}"}}
-            if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:  # one message, several calls
-                out[-1]["tool_calls"].append(call)
-            elif out and out[-1]["role"] == "assistant" and not out[-1]["content"]:
-                out[-1]["tool_calls"] = [call]
+            if out and out[-1]["role"] == "assistant":  # one assistant message: its text and every call
+                out[-1].setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             call_id = _field(item, "call_id", where)
             output = item.get("output")
-            text = output if isinstance(output, str) else _text(output, where)
+            text = output if isinstance(output, str) else _text(output, f"{where}.output")
             msg = {"role": "tool", "tool_call_id": call_id, "content": text}
             if call_id in names:
                 msg["name"] = names[call_id]
