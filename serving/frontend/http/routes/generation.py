@@ -3,6 +3,9 @@
     POST /v1/completions, /v1/chat/completions   OpenAI-compatible, stream or not
     POST /generate                               SGLang-style (text or input_ids)
 
+`admit` (decode, build, submit, with the request's telemetry begun) is shared with /v1/responses
+(routes/responses_api.py), which answers from the same choices in its own shapes.
+
 Every failure is an OpenAI-style JSON error with a 4xx/5xx status (the status a request
 ends with is `errors.http_status`); a client that goes away aborts its request down to
 the Scheduler (streaming: the SSE generator is cancelled; non-streaming: a watcher on

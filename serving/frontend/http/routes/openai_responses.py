@@ -1,5 +1,7 @@
 """The answer of /v1/completions and /v1/chat/completions once its choices are submitted
 (`choices.submit_choices`): an SSE stream whose chunks name their choice, or one JSON body.
+/v1/responses reads the same chunks (`chunks`) and body (`collect`) and reshapes them
+(routes/responses_shapes.py).
 
 Any choice that ends in an error ends the whole response with that error (its siblings are
 aborted), as vLLM does; a client that goes away aborts every choice.
