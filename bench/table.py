@@ -17,7 +17,8 @@ and any other mode (bfloat16, `--quantization int8`) after them.  Within a pair,
 together, with each server's output tok/s also as a multiple of our HTTP server's, and a
 `pp` row last (a lone `pp_len`-token prompt, max_tokens 1: prompt tokens ÷ TTFT).  TTFT and
 ITL are measured by the same client code for our server and the peers.  Missing files and
-skipped peers are one line each under the table, with the reason.
+skipped peers are one line each under the table, with the reason.  Then embeddings.json
+(bench.embeddings: the bundled MiniLM's embeddings/s at each batch size beside transformers in-process).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 from pathlib import Path
 
 from bench.common import summary
+from bench.embeddings import embedding_lines
 
 HEAD = ("| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
         "| ITL p99 ms |\n"
@@ -205,6 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     table = render(load(a.dir / "engine.json"), https, load(a.peers or a.dir / "peers.json"))
     print(table)
     print("\n".join(roofline(load(a.dir / "kernels.json"), table)))
+    embeddings = load(a.dir / "embeddings.json")
+    print("\n".join(embedding_lines(embeddings) if embeddings else
+                    ["embeddings: no embeddings.json (run `python -m bench.embeddings --json ...`)"]))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ goes to a log printed when the lane ends; then the 25 slowest tests of the whole
 closing line with the totals.  Exit status: non-zero when any lane failed.
 
 Usage: python scripts/run_tests.py [--hostile] [pytest args...]
-  --hostile  one core (taskset -c 0) and the step floor forced to 0 in every test server
-             (`make test-hostile`): how a timing-sensitive test behaves on the slowest machine.
+  --hostile  both lanes on one core (taskset -c 0; `make test-hostile`): how a timing-sensitive test
+             behaves on the slowest machine, its engine steps slow and preempted by the other lane.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-HOSTILE_ENV = "SIGHTLINE_TEST_HOSTILE"  # read by tests/server_util.ServerProc: no step floor
 STARTS_LOG_ENV = "SIGHTLINE_TEST_STARTS_LOG"  # tests/server_util.ServerProc appends one line a server start
 CPU_LOG_ENV = "SIGHTLINE_TEST_CPU_LOG"  # tests/conftest.py appends each module's CPU seconds
 
@@ -101,7 +100,7 @@ def main(argv: list[str]) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="sightline-tests-"))
     starts = logdir / "server-starts.jsonl"
     cpu = logdir / "module-cpu.jsonl"
-    env = {**os.environ, STARTS_LOG_ENV: str(starts), CPU_LOG_ENV: str(cpu), **({HOSTILE_ENV: "1"} if hostile else {})}
+    env = {**os.environ, STARTS_LOG_ENV: str(starts), CPU_LOG_ENV: str(cpu)}
     prefix = ["taskset", "-c", "0"] if hostile else []
     common = ["-p", "no:cacheprovider", *extra]
     lanes = {
@@ -120,7 +119,7 @@ def main(argv: list[str]) -> int:
         t.join()
     counts, times = summary([xml for _, xml, _ in results.values()])
     print(f"\n===== the 25 slowest tests of the run ({time.monotonic() - t0:.0f} s in all"
-          f"{', hostile: one core, no step floor' if hostile else ''}) =====")
+          f"{', hostile: one core' if hostile else ''}) =====")
     for seconds, name in times[:25]:
         print(f"{seconds:8.2f}s  {name}")
     print("\n===== " + "\n".join(starts_summary(starts)))

@@ -87,7 +87,7 @@ def _models(ns: argparse.Namespace) -> int:
           "caching; encoders: embeddings only, no prefix cache, no GGUF")
     print("Bundled models (--model NAME):")
     for b in bundled:
-        print(f"  {b['name']:<13} {b['description']}  [{b['status']}]")
+        print(f"  {b['name']:<16} {b['description']}  [{b['status']}]")
     return 0
 
 

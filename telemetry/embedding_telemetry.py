@@ -1,6 +1,7 @@
 """The end of an embeddings request in the main process (`RequestTelemetry.finish` hands it here).
 
-Its latencies and sizes go to their own families, labelled by kind
+Its latencies and sizes go to their own families, labelled by route (/v1/embeddings, /encode, and the
+rerank and score routes, which embed their texts as one embeddings request) and kind
 (`sightline_embedding_request_latency_seconds{kind=e2e|queue|prefill|tokenize}`,
 `sightline_embedding_request_size{kind=inputs|tokens}`): the generation histograms (TTFT,
 TPOT, e2e...) keep meaning what they say.  It is counted like every request: one
@@ -34,11 +35,11 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
     prefill = (st.finished - st.scheduled) / 1e9 if st.finished is not None and st.scheduled is not None else None
     lat = m and m.embed_latency
     for kind, value in (("e2e", e2e), ("queue", queue), ("prefill", prefill), ("tokenize", rt.tokenize_ns / 1e9)):
-        tel.observe(lat, value, rt, model, kind)
+        tel.observe(lat, value, rt, model, rt.route, kind)
     inputs: int = getattr(rt, "embed_inputs", 0)
     if inputs:
-        tel.observe(m and m.embed_size, inputs, rt, model, "inputs")
-        tel.observe(m and m.embed_size, rt.prompt_tokens, rt, model, "tokens")
+        tel.observe(m and m.embed_size, inputs, rt, model, rt.route, "inputs")
+        tel.observe(m and m.embed_size, rt.prompt_tokens, rt, model, rt.route, "tokens")
     tel.count(m and m.requests, model, finish_reason, str(rt.status), outcome)
     tel.count(m and m.prompt_tokens_total, model, amount=rt.prompt_tokens)
     tel.tenants.request(rt.tenant, outcome)

@@ -92,15 +92,19 @@ SPECS: tuple[Spec, ...] = (
          attr="prompt_tokens"),
     Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens",
          attr="generation_tokens"),
-    # embeddings requests (POST /v1/embeddings, /encode): their own families, one series per kind
-    Spec("sightline_embedding_request_latency_seconds", "histogram", "Embeddings request latency, by kind.",
-         M + ("kind",), "stage", "One observation per embeddings request and kind. kind=e2e: `arrival` → the "
+    # embeddings requests (POST /v1/embeddings, /encode, /v1/rerank, /v1/score...): their own families, one series
+    # per route and kind
+    Spec("sightline_embedding_request_latency_seconds", "histogram", "Embeddings request latency, by route and kind.",
+         M + ("route", "kind"), "stage", "One observation per embeddings request and kind. route: the path it "
+         "came in on (/v1/embeddings, /encode, /v1/rerank, /rerank, /v2/rerank, /v1/score, /score: a rerank or "
+         "score request embeds every text of its body as one embeddings request). kind=e2e: `arrival` → the "
          "TokenizerManager received its vectors (or its error); queue: its longest-waiting input's time in the "
          "Scheduler's queue; prefill: the first input admitted (`scheduled`) → the last input pooled (`finished`); "
          "tokenize: the TokenizerManager's tokenization of every input. Its generation counterparts "
          "(sightline_e2e_request_latency_seconds...) never include embeddings requests.", attr="embed_latency"),
-    Spec("sightline_embedding_request_size", "histogram", "Embeddings request size, by kind.", M + ("kind",),
-         "tokens", "One observation per embeddings request that reached the engine and kind. kind=inputs: its "
+    Spec("sightline_embedding_request_size", "histogram", "Embeddings request size, by route and kind.",
+         M + ("route", "kind"), "tokens", "One observation per embeddings request that reached the engine, route "
+         "(as in sightline_embedding_request_latency_seconds) and kind. kind=inputs: its "
          "inputs; tokens: their tokens (after truncate_prompt_tokens), all counted in "
          "sightline_prompt_tokens_total too.", attr="embed_size"),
     # counters observed in the main process

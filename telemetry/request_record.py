@@ -23,8 +23,8 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     v: int = FORMAT_VERSION
     arrival: float  # wall clock, s since the epoch: the HTTP handler was entered
     rid: str
-    route: str  # /v1/completions | /v1/chat/completions | /generate
-    operation: str  # gen_ai.operation.name: text_completion | chat | generate
+    route: str  # the path it came in on: /v1/chat/completions | /v1/completions | /generate | /v1/embeddings | ...
+    operation: str  # gen_ai.operation.name: text_completion | chat | generate | embeddings (rerank, score too)
     model: str
     stream: bool = False
     tenant: str = "default"  # the tenant its API key named

@@ -20,7 +20,6 @@ TEST_KEY = "sk-sightline-test-0123456789abcdef"  # the API key of tests/conftest
 # token short of its max_tokens and stays running until `ServerProc.release` or a cut.
 HOLD_SEED = 424242
 HOLD = {"seed": HOLD_SEED, "ignore_eos": True}  # merge into a body (OpenAI routes) or sampling_params
-HOSTILE_ENV = "SIGHTLINE_TEST_HOSTILE"  # set by `make test-hostile` (scripts/run_tests.py)
 STARTS_LOG_ENV = "SIGHTLINE_TEST_STARTS_LOG"  # scripts/run_tests.py: one JSON line a server start, for its summary
 
 
@@ -42,8 +41,6 @@ class ServerProc(LocalServer):
         """`step_floor_ms`: every engine step lasts at least this long (the step-floor seam), for tests
         that need tokens flowing during an event however fast the engine is."""
         self.tmpdir = tmpdir
-        if os.environ.get(HOSTILE_ENV):  # `make test-hostile`: no floor, so nothing may lean on one
-            step_floor_ms = 0
         extra_env = {HOLD_SEED_ENV: str(HOLD_SEED), **({STEP_FLOOR_ENV: str(step_floor_ms)} if step_floor_ms else {}),
                      **(env or {})}
         key = extra_env.get("SIGHTLINE_API_KEY")

@@ -52,7 +52,7 @@ def board() -> Board:
     )
     embed, size = "sightline_embedding_request_latency_seconds", "sightline_embedding_request_size"
     b.row(
-        "Embeddings (POST /v1/embeddings, /encode)",
+        "Embeddings (POST /v1/embeddings, /encode, /v1/rerank, /v1/score)",
         latency_panel("Embeddings end to end", "Quantiles of an embeddings request's time from the HTTP handler to "
                       "its vectors in the TokenizerManager (every input of the request pooled).", embed,
                       'kind="e2e"', width=8),

@@ -85,7 +85,7 @@ class ReplayBodyReader:
         except ValueError:
             rec.error = "broken response: invalid JSON"
             return rec
-        if obj.get("object") == "list":  # /v1/embeddings: its usage, nothing generated
+        if obj.get("object") == "list" or "results" in obj:  # embeddings, score, rerank: usage, nothing generated
             self.server = obj.get("sightline")
             rec.prompt_tokens, rec.completion_tokens, rec.finish_reason = (obj.get("usage") or {}).get(
                 "prompt_tokens"), 0, "stop"

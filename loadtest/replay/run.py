@@ -15,6 +15,9 @@ exactly as many tokens as the recorded one did (a synthetic prompt would otherwi
 a different point, and so would a request that was cut short); `recorded` sends the recorded
 max_new_tokens, ignore_eos and (with content) stop strings instead.
 
+Embeddings, rerank and score records (loadtest/replay/pooling.py) are sent to their own route with
+their recorded inputs and options, or as many synthetic inputs of the recorded tokens.
+
 Which records are sent: every request that reached the engine. Requests refused before
 admission (`rejected`, `shed`, `unavailable`) and records with neither a prompt nor a prompt
 token count are skipped and reported as such; `--include-refused` also sends the `shed` and
@@ -51,12 +54,13 @@ from typing import Any, Callable, Iterable
 
 import httpx
 
+from loadtest.replay.pooling import TOKEN_ID_RANGE, pooling_body, synthetic_inputs
 from loadtest.replay.report import analyse
 from loadtest.replay.schedule import (
     CONVERSATIONS,
-    EMBEDDINGS,
     ENDPOINTS,
     GENERATE,
+    POOLING_PATHS,
     RESPONSES,
     SCHEDULE_FILE,
     SENT_FILE,
@@ -69,7 +73,6 @@ REFUSED = ("rejected", "shed", "unavailable")  # outcomes of requests refused be
 SENDABLE_REFUSED = ("shed", "unavailable")  # sent too with --include-refused
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
                  "presence_penalty", "seed")
-TOKEN_ID_RANGE = (1000, 20000)  # synthetic token-id prompts without a tokenizer (as loadtest/workloads.py)
 
 
 # -- prompts --------------------------------------------------------------------------------
@@ -117,16 +120,21 @@ def fit_text(n_tokens: int, count: Callable[[str], int], seed: str) -> tuple[str
     return best
 
 
+def _text(n_tokens: int, counter: PromptCounter | None, seed: str) -> tuple[str, int | None]:
+    """A text the server counts as `n_tokens` (with the tokenizer), else `n_tokens` words (count unknown)."""
+    if counter is None:
+        rng = random.Random(seed)
+        return " ".join(rng.choice(WORDS) for _ in range(max(1, n_tokens))), None
+    return fit_text(n_tokens, counter.text, seed)
+
+
 def synthetic_prompt(rec: RequestRecord, counter: PromptCounter | None) -> tuple[Any, int | None]:
     """(the prompt to send, its token count as the server will count it; None: not known without a
     tokenizer) for a record without content: exactly `rec.prompt_tokens` tokens whenever possible."""
     seed = f"sightline-replay-{rec.rid}"
     n = rec.prompt_tokens
-    if rec.route == EMBEDDINGS:  # the recorded number of token-id inputs, the tokens spread over them (exact)
-        k = max(1, int((rec.params or {}).get("inputs") or 1))
-        rng = random.Random(seed)
-        sizes = [max(1, n // k + (i < n % k)) for i in range(k)]
-        return [[rng.randint(*TOKEN_ID_RANGE) for _ in range(m)] for m in sizes], sum(sizes)
+    if rec.route in POOLING_PATHS:  # the recorded number of inputs, the tokens spread over them
+        return synthetic_inputs(rec.route, rec.params or {}, n, seed, lambda m, s: _text(m, counter, s))
     if rec.route in CONVERSATIONS:
         if counter is None:  # about one token a word, after a chat template's ~30 tokens of its own
             rng = random.Random(seed)
@@ -143,10 +151,8 @@ def synthetic_prompt(rec: RequestRecord, counter: PromptCounter | None) -> tuple
 def build_request(rec: RequestRecord, prompt: Any, model: str, max_tokens_mode: str = "exact") -> tuple[str, dict]:
     """The path and JSON body that replay `rec` with `prompt` (a text, chat messages or token ids)."""
     p = rec.params or {}
-    if rec.route == EMBEDDINGS:  # as recorded: the inputs and the options that shape the vectors
-        opts = {k: p[k] for k in ("normalize", "dimensions", "truncate_prompt_tokens", "encoding_format")
-                if p.get(k) is not None}
-        return EMBEDDINGS, {"model": model, "input": prompt, **opts}
+    if rec.route in POOLING_PATHS:  # as recorded: the inputs and the options of the route's body
+        return rec.route, pooling_body(rec.route, p, prompt, model)
     sampling = {k: p[k] for k in SAMPLING_KEYS if p.get(k) is not None}
     if max_tokens_mode == "exact":
         max_tokens, ignore_eos, stop = max(1, rec.completion_tokens), True, None
@@ -279,7 +285,7 @@ def warm_up(url: str, items: list[ReplayItem], headers: dict[str, str]) -> None:
         body.pop("stream_options", None)
         if it.path == GENERATE:
             body["sampling_params"]["max_new_tokens"] = 2
-        elif it.path == EMBEDDINGS:
+        elif it.path in POOLING_PATHS:
             body.pop("stream")
         elif it.path == RESPONSES:
             body["max_output_tokens"] = 2
@@ -325,8 +331,8 @@ def run_replay(a: Any) -> int:
         users = a.replay_users or users_needed(items)
         (out / SCHEDULE_FILE).write_text("".join(it.to_json() + "\n" for it in items))
         timeout_s = a.request_timeout
-        routes = sorted({it.path for it in items})
-        workloads = [Workload(f"replay-{ENDPOINTS[p]}", ENDPOINTS[p], (1, 1), timeout_s=timeout_s) for p in routes]
+        endpoints = sorted({it.endpoint for it in items})
+        workloads = [Workload(f"replay-{e}", e, (1, 1), timeout_s=timeout_s) for e in endpoints]
         duration = items[-1].due + timeout_s + 5
         plan = Plan(url, served, Scenario("replay", {w.name: 1.0 for w in workloads}, "replay",
                                           Shape((float(users),), duration)),

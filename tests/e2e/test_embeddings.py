@@ -157,4 +157,5 @@ def test_embed_load_at_16_clients_reconciles(st_server, tmp_path):
     assert r["server_embedding_inputs"] == r["client_embedding_inputs"] == sum(x["inputs"] for x in recs)
     assert r["server_prompt_tokens"] == r["client_prompt_tokens"] == sum(x["prompt_tokens"] for x in recs)
     metrics = httpx.get(st_server.url + "/metrics", timeout=10).text
-    assert 'sightline_embedding_request_latency_seconds_count{kind="queue",model_name="st-llama"}' in metrics
+    assert ('sightline_embedding_request_latency_seconds_count{kind="queue",model_name="st-llama",'
+            'route="/v1/embeddings"}') in metrics

@@ -83,7 +83,9 @@ def test_chat_logprobs_streamed_and_whole_agree_with_the_greedy_tokens(client, t
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed += chunk.choices[0].logprobs.content
     assert [e.token for e in streamed] == [e.token for e in content]
-    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-6)
+    # the second request finds the prompt in the prefix cache, so its first position is computed by another
+    # kernel path (a 1-token extend over cached KV instead of the whole prefill): float32 rounding, not drift
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=5e-5)
 
 
 def test_n_choices_stream_with_their_own_index_and_usage_counts_each(client):

@@ -22,6 +22,7 @@ from serving.frontend.http.routes.embeddings import embeddings, encode
 from serving.frontend.http.routes.generation import chat_completions, completions, generate
 from serving.frontend.http.routes.inspector import debug_ui
 from serving.frontend.http.routes.profiling import debug_profile
+from serving.frontend.http.routes.rerank import rerank, score
 from serving.frontend.http.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ ROUTES = [
     Route("/v1/responses/{response_id}/input_items", responses_api.input_items, methods=["GET"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/encode", encode, methods=["POST"]),
+    *(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
+    *(Route(path, score, methods=["POST"]) for path in ("/v1/score", "/score")),
     Route("/v1/models", ops.models, methods=["GET"]),
     Route("/tokenize", tokenize_api.tokenize, methods=["POST"]),
     Route("/v1/tokenize", tokenize_api.tokenize, methods=["POST"]),

@@ -49,6 +49,14 @@ class EmbedReqInput:
     encoding_format: str = "float"
     messages: None = None  # what the flight recorder reads of a generation request
     stop: list[str] = field(default_factory=list)
+    # a route's own fields beside its inputs (rerank's top_n...), kept by the flight recorder so replay
+    # sends that route's body again as it was
+    route_params: dict[str, Any] = field(default_factory=dict)
+    names: list[str] | None = None  # each input's name in the route's body (`query`, `documents[2]`), for errors
+
+    def where(self, i: int) -> tuple[str, str]:
+        """(how an error names input i, its param)."""
+        return (self.names[i], self.names[i]) if self.names else (f"input {i}", self.param)
 
     @property
     def prompt(self) -> list:
@@ -57,7 +65,8 @@ class EmbedReqInput:
     def record_params(self) -> dict[str, Any]:
         """What the flight recorder keeps of it (and replay sends again)."""
         return {"inputs": len(self.inputs), "normalize": self.normalize, "dimensions": self.dimensions,
-                "truncate_prompt_tokens": self.truncate_prompt_tokens, "encoding_format": self.encoding_format}
+                "truncate_prompt_tokens": self.truncate_prompt_tokens, "encoding_format": self.encoding_format,
+                **self.route_params}
 
 
 class _Text:
@@ -104,22 +113,23 @@ async def tokenize(prompts: PromptTokenizer, obj: EmbedReqInput, ready: Ready, m
         raise bad_request(f"truncate_prompt_tokens must be -1 or in [1, {context_len}]", param="truncate_prompt_tokens")
     keep = context_len if k == -1 else k
     for i, item in enumerate(obj.inputs):
+        name, param = obj.where(i)
         if isinstance(item, str):
             if len(item) > max_chars:
-                raise bad_request(f"input {i} has {len(item)} characters; it cannot fit the {context_len}-token "
-                                  "context", param=obj.param, code="context_length_exceeded")
+                raise bad_request(f"{name} has {len(item)} characters; it cannot fit the {context_len}-token "
+                                  "context", param=param, code="context_length_exceeded")
             ids = await prompts.encode(_Text(item), vocab_size)
         else:
             ids = list(item)
             if any(not 0 <= t < vocab_size for t in ids):
                 raise bad_request(f"token ids must be in [0, {vocab_size})", param=obj.param, code="invalid_token_id")
         if not ids:
-            raise bad_request(f"input {i} is empty", param=obj.param, code="empty_prompt")
+            raise bad_request(f"{name} is empty", param=param, code="empty_prompt")
         if keep is not None:
             ids = truncate(ids, keep, ready.encoder)
         if len(ids) > context_len:
-            raise bad_request(f"This model's maximum context length is {context_len} tokens, but input {i} has "
-                              f"{len(ids)} tokens; shorten it or set truncate_prompt_tokens", param=obj.param,
+            raise bad_request(f"This model's maximum context length is {context_len} tokens, but {name} has "
+                              f"{len(ids)} tokens; shorten it or set truncate_prompt_tokens", param=param,
                               code="context_length_exceeded")
         out.append(ids)
     return out

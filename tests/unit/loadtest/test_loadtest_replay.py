@@ -282,3 +282,34 @@ def test_embeddings_records_are_replayed_with_their_inputs():
     out = reader.finish(1.2)
     assert out.ok and (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (4, 0, "stop")
     assert reader.server == {"e2e_ms": 3.0}
+
+
+def test_rerank_and_score_records_are_replayed_as_their_bodies_were(tok):
+    """A rerank record's inputs are its query then its documents, a score record's text_1 then text_2: the
+    replayed body is the recorded one (documents as objects, top_n, a string text_1); without content, as many
+    synthetic texts as recorded inputs, exactly the recorded tokens; the body reader takes a rerank answer."""
+    from loadtest.replay.run import synthetic_prompt
+
+    kw = dict(operation="embeddings", stream=False, completion_tokens=0, outcome="stop", finish_reason="stop")
+    rerank = rec(0, 0.0, "/v2/rerank", prompt=["q", "d0", "d1"], params={
+        "inputs": 3, "top_n": 1, "return_documents": False, "document_objects": True}, **kw)
+    score = rec(1, 0.1, "/v1/score", prompt=["a", "b", "c"], params={"inputs": 3, "text_1": None, "text_2": 2}, **kw)
+    pairs = rec(2, 0.2, "/score", prompt=["a", "b", "c", "d"], params={"inputs": 4, "text_1": 2, "text_2": 2}, **kw)
+    items = make_items(plan_schedule([rerank, score, pairs])[0], "m", None)
+    assert (items[0].path, items[0].endpoint) == ("/v2/rerank", "rerank")
+    assert items[0].body == {"model": "m", "query": "q", "documents": [{"text": "d0"}, {"text": "d1"}], "top_n": 1,
+                             "return_documents": False}
+    assert items[1].body == {"model": "m", "text_1": "a", "text_2": ["b", "c"]} and items[1].endpoint == "score"
+    assert items[2].body == {"model": "m", "text_1": ["a", "b"], "text_2": ["c", "d"]}
+    synthetic = rec(3, 0.0, "/v1/rerank", prompt_tokens=40, params={"inputs": 4, "top_n": None}, **kw)
+    inputs, sent = synthetic_prompt(synthetic, PromptCounter(tok))
+    assert len(inputs) == 4 and all(isinstance(t, str) for t in inputs)
+    assert sent == 40 == sum(PromptCounter(tok).text(t) for t in inputs)
+    (item,) = make_items([(synthetic, 0.0)], "m", None)
+    assert item.prompt_tokens_sent is None and len(item.body["documents"]) == 3  # no tokenizer: about a word a token
+    reader = ReplayBodyReader(ClientRecord("replay", "rerank", 0, 1.0, T0, 0.0), 1.0)
+    reader.feed(json.dumps({"id": "rerank-x", "results": [{"index": 0, "relevance_score": 0.5}],
+                            "usage": {"prompt_tokens": 7, "total_tokens": 7}, "sightline": {"e2e_ms": 2.0}}).encode(),
+                1.1)
+    out = reader.finish(1.2)
+    assert out.ok and (out.prompt_tokens, out.finish_reason) == (7, "stop") and reader.server == {"e2e_ms": 2.0}

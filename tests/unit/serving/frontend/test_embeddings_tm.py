@@ -67,11 +67,12 @@ def test_one_message_for_every_input_and_the_answer_finishes_it():
         assert np.allclose(finish_vectors(out, 1, True)[0], [1.0])
         assert np.allclose(finish_vectors(out, 2, False)[0], [3, 4])
         model = {"model_name": "tiny-random"}
+        route = {"route": "/v1/embeddings", **model}
         for kind in ("e2e", "queue", "prefill", "tokenize"):
-            assert front.sample("sightline_embedding_request_latency_seconds_count", kind=kind, **model) == 1
-        assert front.sample("sightline_embedding_request_latency_seconds_sum", kind="queue", **model) == 1e-6
-        assert front.sample("sightline_embedding_request_size_sum", kind="inputs", **model) == 2
-        assert front.sample("sightline_embedding_request_size_sum", kind="tokens", **model) == st.prompt_tokens
+            assert front.sample("sightline_embedding_request_latency_seconds_count", kind=kind, **route) == 1
+        assert front.sample("sightline_embedding_request_latency_seconds_sum", kind="queue", **route) == 1e-6
+        assert front.sample("sightline_embedding_request_size_sum", kind="inputs", **route) == 2
+        assert front.sample("sightline_embedding_request_size_sum", kind="tokens", **route) == st.prompt_tokens
         assert front.sample("sightline_requests_total", finish_reason="stop", status="200", outcome="stop",
                             **model) == 1
         assert front.sample("sightline_e2e_request_latency_seconds_count", **model) is None  # generation's only
