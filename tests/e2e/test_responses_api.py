@@ -78,7 +78,12 @@ def test_create_answers_with_text_usage_and_the_chat_routes_telemetry(srv):
     check_usage(body["usage"], 16)
     assert (body["instructions"], body["max_output_tokens"], body["store"]) == (SYSTEM, 16, True)
     assert r.headers["server-timing"].startswith("queue;dur=") and body["sightline"]["ttft_ms"] > 0
-    assert value(scrape(srv), "sightline_requests_total", outcome="stop") == before + 1  # the endings table
+    text = scrape(srv)
+    assert value(text, "sightline_requests_total", outcome="stop") == before + 1  # the endings table
+    for histogram in ("sightline_time_to_first_token_seconds", "sightline_e2e_request_latency_seconds",
+                      "sightline_request_generation_tokens"):  # the generation histograms, by route
+        assert value(text, histogram + "_count", route=PATH) == 1, histogram
+    assert value(text, "sightline_request_generation_tokens_sum", route=PATH) == body["usage"]["output_tokens"]
     entry = httpx.get(f"{srv.url}/debug/requests/{r.headers['x-request-id']}").json()
     assert entry["route"] == PATH and entry["prompt_tokens"] == body["usage"]["input_tokens"]
     assert entry["spans"][0]["name"] == f"POST {PATH}"
