@@ -15,7 +15,7 @@ from pathlib import Path
 @dataclass
 class RequestRecord:
     workload: str
-    endpoint: str  # chat | completions | embeddings (a replay's also generate, messages)
+    endpoint: str  # chat | completions | embeddings (a replay's also generate, messages, responses)
     stage: int  # index of the load stage in effect when the request was sent
     level: float  # that stage's offered load: users (closed loop) or requests/s (Poisson)
     start: float  # wall-clock seconds (time.time()) when the request was sent

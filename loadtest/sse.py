@@ -8,6 +8,8 @@ none and comes before any token), one chunk time per text chunk, usage (with
 `prompt_tokens_details.cached_tokens`), finish reason, and why it failed (error event, invalid JSON, no `[DONE]`).
 A Messages stream (`/v1/messages`, replayed) ends with `message_stop` instead of `[DONE]`, its usage and stop
 reason in `message_delta`.
+A /v1/responses stream (typed events, no `[DONE]`: it ends with `response.completed`, `.incomplete` or
+`.failed`) is read into the same record.
 """
 
 from __future__ import annotations
@@ -110,6 +112,9 @@ class StreamReader:
         except json.JSONDecodeError:
             self._fail("broken stream: invalid JSON in an event")
             return
+        if isinstance(obj.get("type"), str):
+            self._response_event(obj, t)
+            return
         if "error" in obj:
             err = obj["error"] or {}
             kind = err.get("type") or "internal_error"
@@ -150,6 +155,26 @@ class StreamReader:
         elif kind == "message_delta":
             anthropic_usage(self.rec, obj.get("usage") or {})
             self.rec.finish_reason = ANTHROPIC_FINISH.get((obj.get("delta") or {}).get("stop_reason"), "abort")
+
+    def _response_event(self, obj: dict, t: float) -> None:
+        """One typed event of a /v1/responses stream."""
+        kind = obj["type"]
+        if kind in ("response.output_text.delta", "response.function_call_arguments.delta"):
+            self.rec.chunk_times.append(t)
+            if self.rec.ttft is None:
+                self.rec.ttft = t
+        elif kind in ("response.completed", "response.incomplete"):
+            usage = (obj.get("response") or {}).get("usage") or {}
+            self.rec.prompt_tokens, self.rec.completion_tokens = usage.get("input_tokens"), usage.get("output_tokens")
+            self.rec.cached_tokens = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+            self.rec.finish_reason = "length" if kind == "response.incomplete" else "stop"
+            if self.rec.ttft is None:
+                self.rec.ttft = t
+            self.done = True
+        elif kind in ("error", "response.failed"):
+            self.rec.status = 500
+            self._fail(f"error event: {obj.get('code') or kind}")
+            self.done = kind == "response.failed"
 
     def finish(self, now: float) -> RequestRecord:
         """The stream ended (connection closed after the last chunk): fill e2e, judge completeness."""

@@ -140,6 +140,10 @@ class ServerArgs:
     max_n: int = _opt(16, "Most choices (`n`) one OpenAI request may ask for.")
     max_choices: int = _opt(64, "Most choices one /v1/completions request may produce in all: `n` x the number of "
                                 "prompts in a batched `prompt`.")
+    responses_store_size: int = _opt(1024, "Responses kept for `previous_response_id` and GET /v1/responses/{id} "
+                                           "(`store: true`), per front-end process, in memory; the least recently "
+                                           "used is evicted beyond it (sightline_responses_store_evictions_total). "
+                                           "0 stores none.")
     allow_unknown_fields: bool = _opt(False, "Accept request bodies with fields this server does not know, ignoring "
                                              "them (counted in sightline_request_fields_ignored_total, named on the "
                                              "request's span). Default: refuse them with a 400 naming the field.")
@@ -341,6 +345,8 @@ class ServerArgs:
             raise ValueError("--tokenizer-worker-num > 1 needs a fixed --port (the workers share it)")
         if not 1 <= self.max_n <= self.max_choices:
             raise ValueError("--max-n must be >= 1 and at most --max-choices")
+        if not 0 <= self.responses_store_size <= 1_000_000:
+            raise ValueError("--responses-store-size must be in [0, 1000000]")
         if self.chat_template and not os.path.isfile(self.chat_template) and "{" not in self.chat_template:
             raise ValueError(f"--chat-template: {self.chat_template!r} is neither a file nor a Jinja template")
         from telemetry.metrics import TOOL_CALL_PARSERS

@@ -47,50 +47,52 @@ class Spec:
 
 M = ("model_name",)
 R = M + ("dp_rank",)  # an engine number: one series per data-parallel Scheduler rank
+MR = M + ("route",)  # a generation request's number: one series per route it came in on
 SPECS: tuple[Spec, ...] = (
-    # per-request latency histograms (observed in the main process, with exemplars)
-    Spec("sightline_time_to_first_token_seconds", "histogram", "Time to first token.", M, "ttft",
+    # per-request latency histograms (observed in the main process, with exemplars), by route: the generation
+    # route the request came in on (/v1/completions, /v1/chat/completions, /generate, /v1/responses)
+    Spec("sightline_time_to_first_token_seconds", "histogram", "Time to first token.", MR, "ttft",
          "HTTP handler entered (`arrival`) → the TokenizerManager received the first output token. Includes "
          "tokenization, queueing, prefill and the pipeline hops: what a client sees minus the network.", attr="ttft"),
     Spec("sightline_inter_token_latency_seconds", "histogram", "Gap between consecutive output tokens of a request.",
-         M, "itl", "Pooled over all requests: the time between the TokenizerManager receiving token k and token k+1 "
+         MR, "itl", "Pooled over all requests: the time between the TokenizerManager receiving token k and token k+1 "
          "of the same request (vLLM's ITL). One observation per token after the first.", attr="itl"),
-    Spec("sightline_time_per_output_token_seconds", "histogram", "Per-request time per output token (TPOT).", M,
+    Spec("sightline_time_per_output_token_seconds", "histogram", "Per-request time per output token (TPOT).", MR,
          "tpot", "One observation per request with n ≥ 2 output tokens: (e2e − TTFT) / (n − 1). TPOT is a per-"
          "request mean; ITL is per gap — a request with one long stall has one large ITL and a modest TPOT.",
          attr="tpot"),
-    Spec("sightline_e2e_request_latency_seconds", "histogram", "End-to-end request latency.", M, "e2e",
+    Spec("sightline_e2e_request_latency_seconds", "histogram", "End-to-end request latency.", MR, "e2e",
          "`arrival` → the TokenizerManager received the request's final output (finished, aborted or failed).",
          attr="e2e"),
-    Spec("sightline_request_queue_time_seconds", "histogram", "Time in the Scheduler's waiting queue.", M, "stage",
+    Spec("sightline_request_queue_time_seconds", "histogram", "Time in the Scheduler's waiting queue.", MR, "stage",
          "Every waiting interval summed: Scheduler received the request (`sched_recv`) → first admitted into a "
          "batch (`scheduled`), plus, for each retraction, retracted → admitted again (`waited`).",
          attr="queue_time"),
     Spec("sightline_request_wait_seconds", "histogram", "Time in the Scheduler's queue, by why the request was not "
-         "admitted.", M + ("reason",), "stage", "Per request, one observation per reason it waited for (summed over "
+         "admitted.", MR + ("reason",), "stage", "Per request, one observation per reason it waited for (summed over "
          "its waiting intervals; the reasons sum to sightline_request_queue_time_seconds). reason: kv_capacity (the "
          "head of the queue did not fit in the KV available) | queue_order (behind a head waiting for KV: admission "
          "is strict FCFS) | running_limit (--max-running-requests run) | step_budget (the step's prefill budget was "
          "spent) | retracted (the step retracted requests: it admits no one) | paused (POST /pause_generation mode "
          "in_place) | next_step (arrived while a step ran, admitted by the next) | grammar (its structured output's "
          "grammar was still compiling; admission passes over it).", attr="wait_time"),
-    Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", M, "stage",
+    Spec("sightline_request_prefill_time_seconds", "histogram", "Prefill time (all chunks).", MR, "stage",
          "`scheduled` → first token sampled (`first_token`), in the Scheduler; spans every prefill chunk.",
          attr="prefill_time"),
-    Spec("sightline_request_decode_time_seconds", "histogram", "Decode time.", M, "stage",
+    Spec("sightline_request_decode_time_seconds", "histogram", "Decode time.", MR, "stage",
          "`first_token` → finished in the Scheduler (`finished`).", attr="decode_time"),
-    Spec("sightline_request_tokenize_time_seconds", "histogram", "Tokenization (chat template + encode) time.", M,
+    Spec("sightline_request_tokenize_time_seconds", "histogram", "Tokenization (chat template + encode) time.", MR,
          "stage", "Start → end of the TokenizerManager's tokenize call for the request.", attr="tokenize_time"),
-    Spec("sightline_request_detokenize_time_seconds", "histogram", "Detokenizer busy time for a request.", M, "stage",
+    Spec("sightline_request_detokenize_time_seconds", "histogram", "Detokenizer busy time for a request.", MR, "stage",
          "Sum over the request's outputs of `detok_done − detok_recv` (the Detokenizer's work on each batch that "
          "carried the request).", attr="detokenize_time"),
     Spec("sightline_ipc_hop_latency_seconds", "histogram", "Latency of one ZMQ hop.", ("hop",), "stage",
          "Receiver's receive stamp − sender's `sent_at`. hop=tm_to_scheduler (per request), "
          "scheduler_to_detokenizer and detokenizer_to_tm (per output message), scheduler_stats (per stats message).",
          attr="ipc_hop"),
-    Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", M, "tokens",
+    Spec("sightline_request_prompt_tokens", "histogram", "Prompt length per request, in tokens.", MR, "tokens",
          attr="prompt_tokens"),
-    Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", M, "tokens",
+    Spec("sightline_request_generation_tokens", "histogram", "Output length per request, in tokens.", MR, "tokens",
          attr="generation_tokens"),
     # embeddings requests (POST /v1/embeddings, /encode, /v1/rerank, /v1/score...): their own families, one series
     # per route and kind
@@ -170,6 +172,12 @@ SPECS: tuple[Spec, ...] = (
          "but is not one (not JSON, no name, arguments not an object, unfinished): the text is returned as "
          "the message's content. parser: --tool-call-parser's choice. With --dump-content the flight "
          "recorder keeps the text (`tool_call_text`).", attr="tool_parse_failures"),
+    Spec("sightline_responses_store_evictions_total", "counter", "Stored /v1/responses responses evicted to keep "
+         "the store within --responses-store-size (least recently used first).", definition="A later request naming "
+         "an evicted response in `previous_response_id` gets a 400, GET /v1/responses/{id} a 404. Per front-end "
+         "process (each tokenizer worker has its own store).", attr="responses_evicted"),
+    Spec("sightline_responses_stored", "gauge", "Responses held in the /v1/responses store (`store: true`).",
+         attr="responses_stored"),
     Spec("sightline_request_aborts_total", "counter", "Requests aborted before the engine finished them, by reason.",
          M + ("reason",), definition="reason: " + " | ".join(ABORT_REASONS) + " (operator: POST "
          "/pause_generation mode abort).", attr="aborts"),
@@ -615,6 +623,8 @@ class Metrics:
     key_reloads: Counter
     fields_ignored: Counter
     tool_parse_failures: Counter
+    responses_evicted: Counter
+    responses_stored: Gauge
     engine_failures: Counter
     engine_restarts: Counter
     http_requests: Counter

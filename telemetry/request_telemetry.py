@@ -148,11 +148,12 @@ class RequestTelemetry:
 
     def observe(self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None,
              *labels: str) -> None:
-        """One observation (labels default to the model), a kept trace's exemplar attached; a no-op without
-        metrics.  Public: the per-operation helpers (telemetry.embedding_telemetry) record through it."""
+        """One observation (labels default to the model and the request's route), a kept trace's exemplar
+        attached; a no-op without metrics.  Public: the per-operation helpers (telemetry.embedding_telemetry)
+        record through it."""
         if metric is None or value is None:
             return
-        labels = labels or (self.model,)
+        labels = labels or (self.model, rt.route)
         metric.labels(*labels).observe(max(value, 0.0), exemplar=rt.exemplar() if rt else None)
         if self.otlp_mirror is not None:
             self.otlp_mirror.observe(metric, labels, max(value, 0.0))
@@ -338,7 +339,7 @@ class RequestTelemetry:
             self.observe(m and m.queue_time, queue, rt)
         waits = st.wait_reasons or {}
         for reason, ns in waits.items():
-            self.observe(m and m.wait_time, ns / 1e9, rt, self.model, reason)
+            self.observe(m and m.wait_time, ns / 1e9, rt, self.model, rt.route, reason)
         for metric, a, b in ((m and m.prefill_time, st.scheduled, st.first_token),
                              (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:

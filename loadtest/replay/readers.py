@@ -32,7 +32,8 @@ class ReplayStreamReader(StreamReader):
             except json.JSONDecodeError:
                 obj = None
             if isinstance(obj, dict):
-                found = obj.get("sightline") or (obj.get("meta_info") or {}).get("sightline")
+                found = obj.get("sightline") or (obj.get("meta_info") or {}).get("sightline") \
+                    or (obj.get("response") or {}).get("sightline")
                 if found:
                     self.server = found
                 if "meta_info" in obj and "error" not in obj:
@@ -96,7 +97,13 @@ class ReplayBodyReader:
             if rec.finish_reason not in SUCCESS:
                 rec.error = f"no stop_reason in the response ({obj.get('stop_reason')})"
             return rec
-        if "meta_info" in obj:  # /generate
+        if obj.get("object") == "response":  # /v1/responses
+            use = obj.get("usage") or {}
+            usage = {"prompt_tokens": use.get("input_tokens"), "completion_tokens": use.get("output_tokens")}
+            cached = (use.get("input_tokens_details") or {}).get("cached_tokens")
+            finish = {"completed": "stop", "incomplete": "length"}.get(obj.get("status"))
+            self.server = obj.get("sightline")
+        elif "meta_info" in obj:  # /generate
             meta = obj["meta_info"]
             usage = {"prompt_tokens": meta.get("prompt_tokens"), "completion_tokens": meta.get("completion_tokens")}
             cached = meta.get("cached_tokens")

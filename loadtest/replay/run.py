@@ -60,11 +60,12 @@ from loadtest.replay.messages import messages_body
 from loadtest.replay.pooling import TOKEN_ID_RANGE, pooling_body, synthetic_inputs
 from loadtest.replay.report import analyse
 from loadtest.replay.schedule import (
-    CHAT,
+    CONVERSATIONS,
     ENDPOINTS,
     GENERATE,
     MESSAGES,
     POOLING_PATHS,
+    RESPONSES,
     SCHEDULE_FILE,
     SENT_FILE,
     ReplayItem,
@@ -138,7 +139,7 @@ def synthetic_prompt(rec: RequestRecord, counter: PromptCounter | None) -> tuple
     n = rec.prompt_tokens
     if rec.route in POOLING_PATHS:  # the recorded number of inputs, the tokens spread over them
         return synthetic_inputs(rec.route, rec.params or {}, n, seed, lambda m, s: _text(m, counter, s))
-    if rec.route in (CHAT, MESSAGES):
+    if rec.route in CONVERSATIONS:
         if counter is None:  # about one token a word, after a chat template's ~30 tokens of its own
             rng = random.Random(seed)
             return [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(max(1, n - 30)))}], None
@@ -174,19 +175,39 @@ def build_request(rec: RequestRecord, prompt: Any, model: str, max_tokens_mode: 
         key = "text" if isinstance(prompt, str) else "input_ids"
         return GENERATE, {key: prompt, "sampling_params": sp, "stream": rec.stream}
     body: dict = {"model": model, **sampling, "stream": rec.stream}
+    if rec.route == RESPONSES:  # the messages as input items, not stored (a replay continues no conversation)
+        body.update(input=input_items(prompt), store=False)
     if max_tokens is not None:
-        body["max_tokens"] = max_tokens
+        body["max_output_tokens" if rec.route == RESPONSES else "max_tokens"] = max_tokens
     if ignore_eos:
         body["ignore_eos"] = True
     if stop:
         body["stop"] = stop
+    if rec.route == RESPONSES:
+        return rec.route, body
     if rec.stream:
         body["stream_options"] = {"include_usage": True}
-    if rec.route == CHAT:
-        body["messages"] = prompt
-    else:
-        body["prompt"] = prompt
+    body["messages" if rec.route in CONVERSATIONS else "prompt"] = prompt
     return rec.route, body
+
+
+def input_items(messages: list[dict]) -> list[dict]:
+    """Chat messages as /v1/responses input items: an assistant's calls as `function_call` items, a tool's
+    answer as a `function_call_output` one."""
+    items: list[dict] = []
+    for m in messages:
+        if m.get("role") == "tool":
+            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id") or "",
+                          "output": m.get("content") or ""})
+            continue
+        if m.get("content") or not m.get("tool_calls"):
+            items.append({"role": m["role"], "content": m.get("content") or ""})
+        for call in m.get("tool_calls") or ():
+            fn = call.get("function") or {}
+            args = fn.get("arguments")
+            items.append({"type": "function_call", "call_id": call.get("id") or "", "name": fn.get("name") or "",
+                          "arguments": args if isinstance(args, str) else json.dumps(args or {})})
+    return items
 
 
 def skip_reason(rec: RequestRecord, include_refused: bool) -> str | None:
@@ -220,7 +241,7 @@ def make_items(planned: list[tuple[RequestRecord, float]], model: str, counter: 
     for i, (rec, due) in enumerate(planned):
         if rec.prompt is not None:
             prompt, source, sent = rec.prompt, "recorded", rec.prompt_tokens
-            if rec.route in (CHAT, MESSAGES) and isinstance(prompt, str):  # a chat record holds messages
+            if rec.route in CONVERSATIONS and isinstance(prompt, str):  # a chat record holds messages; be lenient
                 prompt = [{"role": "user", "content": prompt}]
         else:
             (prompt, sent), source = synthetic_prompt(rec, counter), "synthetic"
@@ -273,6 +294,8 @@ def warm_up(url: str, items: list[ReplayItem], headers: dict[str, str]) -> None:
             body["sampling_params"]["max_new_tokens"] = 2
         elif it.path in POOLING_PATHS:
             body.pop("stream")
+        elif it.path == RESPONSES:
+            body["max_output_tokens"] = 2
         else:
             body["max_tokens"] = 2
         httpx.post(url + it.path, json=body, headers=headers, timeout=120)

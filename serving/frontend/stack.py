@@ -19,6 +19,7 @@ from serving import __version__
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState
 from serving.frontend.http.app import build_app
+from serving.frontend.http.routes.responses_store import ResponseStore
 from serving.frontend.http.server import HTTPServer
 from serving.frontend.http.state import ServerState
 from serving.frontend.tenants.gate import HubGate, LocalGate
@@ -93,7 +94,7 @@ class FrontEnd:
         self.state = ServerState(args=args, tm=self.tm, engine=self.engine, tel=self.tel, timeline=timeline,
                                  metrics=self.metrics, model_name=name, endpoints=endpoints, loop_lag=self.tel.loop_lag,
                                  monitor=self.engine if single else None, hub=None if single else self.engine,
-                                 keys=self.keys)
+                                 keys=self.keys, responses=ResponseStore(args.responses_store_size, self.metrics))
         if self.metrics is not None:  # the engine's numbers are observed where it is supervised (launch, hub)
             self.metrics.watch(None, lambda: len(self.tm.rid_to_state))
 

@@ -1,4 +1,4 @@
-"""Drive a running server with a real client library, as its users would: one scenario per call.
+"""Drive a running server with a real client library, as its users would: one scenario, or several in a row.
 
 Run with the clients' own interpreter (.venv-clients/bin/python, tests/clients/requirements.txt):
     drive.py SCENARIO BASE_URL     one scenario, one JSON line out
@@ -22,6 +22,12 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+
+
+class Color(BaseModel):
+    """The Responses stream helper's `text_format`: the grammar ends the answer, so the response completes."""
+
+    color: Literal["red", "green", "blue"]
 
 
 class City(BaseModel):
@@ -97,13 +103,10 @@ def langchain_function_calling(base_url: str) -> dict:
     return _langchain(base_url, "function_calling")
 
 
-def agents_tool_turn(base_url: str) -> dict:
-    """The Agents SDK on chat completions: one function tool, tool_choice required; the tool runs and its result
-    goes back to the model in the next turn (the SDK resets tool_choice after a call, so that turn may answer)."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
-    from openai import AsyncOpenAI
+def _population_tool():
+    """The agents' function tool, and the list of the calls it got."""
+    from agents import function_tool
 
-    set_tracing_disabled(True)
     calls: list[dict] = []
 
     @function_tool
@@ -111,6 +114,18 @@ def agents_tool_turn(base_url: str) -> dict:
         """The population of a city in a given year."""
         calls.append({"city": city, "year": year})
         return f"{city} had 2.1 million people in {year}."
+
+    return lookup_population, calls
+
+
+def agents_tool_turn(base_url: str) -> dict:
+    """The Agents SDK on chat completions: one function tool, tool_choice required; the tool runs and its result
+    goes back to the model in the next turn (the SDK resets tool_choice after a call, so that turn may answer)."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    lookup_population, calls = _population_tool()
 
     async def run() -> dict:
         client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
@@ -224,10 +239,108 @@ def anthropic_types(base_url: str) -> dict:
     return {"events": names, "types": types}
 
 
+def _usage(usage) -> dict:
+    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+            "total_tokens": usage.total_tokens, "cached_tokens": usage.input_tokens_details.cached_tokens}
+
+
+def responses_turns(base_url: str) -> dict:
+    """`responses.create` twice, the second continuing the first by `previous_response_id`, and the second
+    turn's input alone for comparison; each response retrieved back by id."""
+    client = _openai(base_url)
+    model = _model(client)
+    first = client.responses.create(model=model, input="My name is Ada and I live in Paris.", max_output_tokens=12,
+                                    temperature=0)
+    follow = client.responses.create(model=model, input="Which city do I live in?", max_output_tokens=12,
+                                     temperature=0, previous_response_id=first.id)
+    alone = client.responses.create(model=model, input="Which city do I live in?", max_output_tokens=12,
+                                    temperature=0, store=False)
+    back = client.responses.retrieve(follow.id)
+    return {"turns": [{"id": r.id, "text": r.output_text, "status": r.status, "usage": _usage(r.usage)}
+                      for r in (first, follow, alone)],
+            "retrieved": {"id": back.id, "text": back.output_text, "previous": back.previous_response_id}}
+
+
+def responses_streams(base_url: str) -> dict:
+    """A streamed create two ways: iterating `stream=True`, and the `responses.stream` helper's final response."""
+    client = _openai(base_url)
+    model = _model(client)
+    kinds, deltas, final = [], [], None
+    for event in client.responses.create(model=model, input="Name a color.", max_output_tokens=8, temperature=0,
+                                         stream=True):
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    with client.responses.stream(model=model, input="The sky is blue. What color is the sky?", text_format=Color,
+                                 max_output_tokens=32, temperature=0) as s:
+        helper = s.get_final_response()
+    return {"kinds": kinds, "text": "".join(deltas), "final_text": final.output_text, "usage": _usage(final.usage),
+            "helper": {"text": helper.output_text, "status": helper.status, "usage": _usage(helper.usage),
+                       "parsed": helper.output_parsed.model_dump(), "type": type(helper.output_parsed).__name__}}
+
+
+def _agents_default(base_url: str):
+    """The Agents SDK with its default model class (OpenAIResponsesModel) on this server."""
+    from agents import set_default_openai_api, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
+    set_default_openai_client(client, use_for_tracing=False)
+    set_default_openai_api("responses")
+    return client
+
+
+def _run_result(result) -> dict:
+    usage = result.context_wrapper.usage
+    return {"final_output": str(result.final_output), "items": [type(i).__name__ for i in result.new_items],
+            "response_ids": [r.response_id for r in result.raw_responses],
+            "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens,
+                      "output_tokens": usage.output_tokens}}
+
+
+def agents_responses_turn(base_url: str) -> dict:
+    """One turn of an agent whose model is only named: the SDK's default provider resolves it to
+    OpenAIResponsesModel, whose responses carry `resp_` ids (a chat-completions model's carry none)."""
+    from agents import Agent, ModelSettings, Runner
+    from agents.models.multi_provider import MultiProvider
+
+    async def run() -> dict:
+        client = _agents_default(base_url)
+        model_id = (await client.models.list()).data[0].id
+        agent = Agent(name="assistant", instructions="Answer in one short sentence.", model=model_id,
+                      model_settings=ModelSettings(max_tokens=16, temperature=0))
+        result = await Runner.run(agent, "What is the capital of France?", max_turns=1)
+        return {**_run_result(result), "model_class": type(MultiProvider().get_model(model_id)).__name__}
+
+    return asyncio.run(run())
+
+
+def agents_responses_tool_turn(base_url: str) -> dict:
+    """The default (Responses) model with one function tool: the call, its output sent back, then an answer."""
+    from agents import Agent, ModelSettings, Runner
+
+    lookup_population, calls = _population_tool()
+
+    async def run() -> dict:
+        client = _agents_default(base_url)
+        model_id = (await client.models.list()).data[0].id
+        agent = Agent(name="assistant", instructions="Use the tool to answer.", tools=[lookup_population],
+                      model=model_id, model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False,
+                                                                   max_tokens=48, temperature=0))
+        result = await Runner.run(agent, "How many people lived in Paris in 2020?", max_turns=4)
+        return {**_run_result(result), "calls": calls}
+
+    return asyncio.run(run())
+
+
 SCENARIOS = {f.__name__: f for f in (openai_parse, instructor_tools, instructor_json, instructor_json_schema,
                                       langchain_json_schema, langchain_function_calling, agents_tool_turn,
                                       anthropic_create, anthropic_stream, anthropic_tool_round_trip,
-                                      anthropic_count_tokens, anthropic_types)}
+                                      anthropic_count_tokens, anthropic_types, responses_turns, responses_streams,
+                                      agents_responses_turn, agents_responses_tool_turn)}
 
 
 def run(name: str, base_url: str, env: dict[str, str] | None = None) -> dict:

@@ -1,8 +1,9 @@
 """`python -m loadtest --replay` end to end: a real dump, replayed against a real tiny-random server.
 
 One server with `--dump-requests` records 20 requests sent here in bursts over ~2 s (streamed
-and plain completions, chat, /generate streamed and plain); the dump is copied and replayed
-against the same server at `--speed 4` (~10 s, most of it Locust starting).  The dump has no
+and plain completions, chat, /generate streamed and plain, /v1/responses streamed and plain);
+the dump is copied and replayed against the same server at `--speed 4` (~10 s, most of it
+Locust starting).  The dump has no
 content, so every prompt is synthetic: the server's usage must show exactly the recorded
 prompt tokens, and (max_tokens exact) the recorded completion tokens.  Sends must follow the
 recorded offsets ÷ 4; the report must pair every recorded request with its replay; the plot
@@ -44,6 +45,9 @@ def body(i: int) -> tuple[str, dict]:
                                    "temperature": 0}
     if kind == 3:
         return "/generate", {"text": f"generate {i}", "sampling_params": {"max_new_tokens": 6}, "stream": True}
+    if i % 10 == 9:
+        return "/v1/responses", {"model": "tiny-random", "input": f"respond {i} " * (1 + i % 3), "max_output_tokens": 4,
+                                 "stream": i == 19, "store": False}
     return "/generate", {"text": f"plain {i}", "sampling_params": {"max_new_tokens": 3}}
 
 

@@ -17,7 +17,7 @@ from serving.frontend.http.middleware.auth import AuthMiddleware
 from serving.frontend.http.middleware.guard import GuardMiddleware, allowed_hosts, allowed_origins
 from serving.frontend.http.middleware.http_metrics import HTTPMetricsMiddleware
 from serving.frontend.http.middleware.response_ids import ResponseIdsMiddleware, response_ids
-from serving.frontend.http.routes import control, debug, ops, tokenize_api
+from serving.frontend.http.routes import control, debug, ops, responses_api, tokenize_api
 from serving.frontend.http.routes.embeddings import embeddings, encode
 from serving.frontend.http.routes.generation import chat_completions, completions, generate
 from serving.frontend.http.routes.inspector import debug_ui
@@ -34,6 +34,10 @@ ROUTES = [
     Route("/v1/messages", messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/generate", generate, methods=["POST"]),
+    Route("/v1/responses", responses_api.create, methods=["POST"]),
+    Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
+    Route("/v1/responses/{response_id}", responses_api.delete, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/input_items", responses_api.input_items, methods=["GET"]),
     Route("/v1/embeddings", embeddings, methods=["POST"]),
     Route("/encode", encode, methods=["POST"]),
     *(Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
@@ -92,8 +96,9 @@ def _cors(args) -> list[Middleware]:
     origins = allowed_origins(args.allowed_origins)
     if not origins:
         return []
-    return [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=("GET", "POST"), allow_headers=("*",),
-                       expose_headers=("x-request-id", "traceparent", "retry-after"), allow_private_network=True)]
+    return [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=("GET", "POST", "DELETE"),
+                       allow_headers=("*",), expose_headers=("x-request-id", "traceparent", "retry-after"),
+                       allow_private_network=True)]
 
 
 def build_app(state: ServerState) -> Starlette:

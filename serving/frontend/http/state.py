@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState, Hub
+from serving.frontend.http.routes.responses_store import ResponseStore
 from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.frontend.tenants.store import KeyStore
 from serving.frontend.tokenizer_manager.manager import TokenizerManager
@@ -33,6 +34,7 @@ class ServerState:
     monitor: EngineMonitor | None = None  # where this process supervises the engine (one worker): control, /debug/state
     hub: Hub | None = None  # one of several tokenizer workers: /metrics and /debug/* ask the hub
     keys: KeyStore | None = None  # the API keys in force (the auth middleware's), reloaded in place
+    responses: ResponseStore = field(default_factory=lambda: ResponseStore(0))  # /v1/responses stored
 
     def health(self) -> tuple[bool, str]:
         return self.engine.health(self.tm.oldest_arrival())

@@ -3,6 +3,9 @@
     POST /v1/completions, /v1/chat/completions   OpenAI-compatible, stream or not
     POST /generate                               SGLang-style (text or input_ids)
 
+`admit` (decode, build, submit, with the request's telemetry begun) is shared with /v1/responses
+(routes/responses_api.py), which answers from the same choices in its own shapes.
+
 Every failure is an OpenAI-style JSON error with a 4xx/5xx status (the status a request
 ends with is `errors.http_status`); a client that goes away aborts its request down to
 the Scheduler (streaming: the SSE generator is cancelled; non-streaming: a watcher on
@@ -97,6 +100,7 @@ class Kind:
     operation: str  # gen_ai.operation.name
     route: str
     build: Callable
+    errors: Callable[[APIError], APIError] | None = None  # a refusal as the route's API names it
 
 
 KINDS = {
@@ -161,6 +165,7 @@ async def admit(request: Request, kind: Kind) -> Admitted | Response:
                 req.rid = req.client_rid = uuid.uuid4().hex
             choices = await submit_choices(state, req, obj)
     except APIError as err:
+        err = kind.errors(err) if kind.errors is not None else err
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)
         return error_response(err, tel.response_headers(req), path=kind.route)
     except Exception:

@@ -1,5 +1,7 @@
 """The answer of /v1/completions and /v1/chat/completions once its choices are submitted
 (`choices.submit_choices`): an SSE stream whose chunks name their choice, or one JSON body.
+/v1/responses reads the same chunks (`chunks`) and body (`collect`) and reshapes them
+(routes/responses_shapes.py).
 
 Any choice that ends in an error ends the whole response with that error (its siblings are
 aborted), as vLLM does; a client that goes away aborts every choice.
@@ -77,12 +79,17 @@ def make_shape(state: ServerState, req: ReqState, chat: bool, logprobs: bool, wi
     return ResponseShape(chat, req.rid, state.model_name, with_usage, continuous, tokens)
 
 
-async def respond(request: Request, answer: Answer, headers: dict, stream: bool, timeout: float | None) -> Response:
-    if stream:
-        def on_close() -> None:
-            answer.abort()
-            answer.end(answer.req.status)
-        return SSEResponse(_events(answer), on_close, headers, timeout)
+def stream(answer: Answer, events: AsyncIterator[bytes], headers: dict, timeout: float | None) -> SSEResponse:
+    """`events` as an SSE response that aborts the answer's choices and ends its telemetry however it ends."""
+    def on_close() -> None:
+        answer.abort()
+        answer.end(answer.req.status)
+    return SSEResponse(events, on_close, headers, timeout)
+
+
+async def collect(request: Request, answer: Answer, headers: dict) -> dict | Response:
+    """The whole body (with its `sightline` breakdown and the Server-Timing header), the request ended with
+    200; or the response it ended with instead (499 client gone, an error)."""
     state = answer.state
     results = await await_or_abort(request, asyncio.gather(*(state.tm.collect(c.state) for c in answer.choices)),
                                    answer.abort)
@@ -99,7 +106,15 @@ async def respond(request: Request, answer: Answer, headers: dict, stream: bool,
     if answer.single and answer.req.breakdown:
         headers["server-timing"] = server_timing(answer.req.breakdown)
     answer.end(200)
-    return JSONResponse(body, headers=headers)
+    return body
+
+
+async def respond(request: Request, answer: Answer, headers: dict, streamed: bool, timeout: float | None
+                  ) -> Response:
+    if streamed:
+        return stream(answer, _events(answer), headers, timeout)
+    body = await collect(request, answer, headers)
+    return body if isinstance(body, Response) else JSONResponse(body, headers=headers)
 
 
 def _body(answer: Answer, results: list[Collected]) -> dict:
@@ -155,17 +170,17 @@ async def _outputs(answer: Answer) -> AsyncIterator[tuple[ChoiceView, StrOut]]:
             t.cancel()
 
 
-async def _events(answer: Answer) -> AsyncIterator[bytes]:
+async def chunks(answer: Answer) -> AsyncIterator[dict]:
+    """The stream's chunks as objects, in order; a choice's error ends it with that error's body."""
     shape, req = answer.shape, answer.req
     if shape.chat:
         running = answer.usage(0) if shape.continuous else None
         for v in answer.views:
-            yield sse(shape.role_chunk(running, v.choice.index))
+            yield shape.role_chunk(running, v.choice.index)
     async for view, out in _outputs(answer):
         if (err := result_error(out.finish_reason, out.error, view.choice.state.status)) is not None:
             answer.abort("internal_error")
-            yield sse(err.body())
-            yield SSE_DONE
+            yield err.body()
             return
         if out.prompt_logprobs is not None:
             view.prompt_logprobs = out.prompt_logprobs
@@ -176,11 +191,16 @@ async def _events(answer: Answer) -> AsyncIterator[bytes]:
             if shape.continuous:
                 running = answer.usage() if not answer.single else \
                     usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
-            yield sse(shape.delta_chunk(text, finish, running, view.choice.index, lp, delta))
+            yield shape.delta_chunk(text, finish, running, view.choice.index, lp, delta)
     if shape.with_usage:
         use = answer.usage() if not answer.single or answer.views[0].prompt_only or answer.views[0].choice.obj.echo \
             else usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
         chunk = shape.usage_chunk(use)
         chunk["sightline"] = answer.breakdown()
+        yield chunk
+
+
+async def _events(answer: Answer) -> AsyncIterator[bytes]:
+    async for chunk in chunks(answer):
         yield sse(chunk)
     yield SSE_DONE

@@ -105,8 +105,9 @@ def test_outputs_stream_in_order_and_finishing_releases_everything():
         assert state.breakdown["ttft_ms"] is not None and state.completion_tokens == 3
         assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="length",
                         status="200", outcome="length") == 1
-        assert f.sample("sightline_time_to_first_token_seconds_count", model_name="tiny-random") == 1
-        assert f.sample("sightline_inter_token_latency_seconds_count", model_name="tiny-random") == 1
+        route = {"model_name": "tiny-random", "route": "/v1/completions"}  # the route the request came in on
+        assert f.sample("sightline_time_to_first_token_seconds_count", **route) == 1
+        assert f.sample("sightline_inter_token_latency_seconds_count", **route) == 1
         assert not any(isinstance(m, AbortReq) for m in f.transport.sent)
     run(body())
 
