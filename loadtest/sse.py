@@ -112,7 +112,11 @@ class StreamReader:
         except json.JSONDecodeError:
             self._fail("broken stream: invalid JSON in an event")
             return
-        if isinstance(obj.get("type"), str):
+        kind = obj.get("type")
+        if kind in ("message_start", "content_block_delta", "message_delta", "message_stop"):  # /v1/messages
+            self._anthropic(obj, t)
+            return
+        if isinstance(kind, str) and (kind.startswith("response.") or "error" not in obj):  # /v1/responses
             self._response_event(obj, t)
             return
         if "error" in obj:
@@ -122,9 +126,6 @@ class StreamReader:
             # up on (shutdown, engine restart: 503; its own timeout: 504) is `abort`
             self.rec.status = ERROR_EVENT_STATUS.get(kind, 500)
             self._fail(f"error event: {err.get('code') or kind}", "error" if self.rec.status == 500 else "abort")
-            return
-        if obj.get("type") in ("message_start", "content_block_delta", "message_delta", "message_stop"):
-            self._anthropic(obj, t)
             return
         if obj.get("usage"):
             usage = obj["usage"]

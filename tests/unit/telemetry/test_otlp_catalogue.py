@@ -51,8 +51,8 @@ def test_the_catalogue_and_the_latest_names_reach_a_real_receiver():
                          semconv="latest", catalogue=m, count_export=m.count_otlp_export)
     try:
         for v in (0.003, 0.04, 0.04, 2.0):  # what RequestTelemetry.observe does: both, side by side
-            m.ttft.labels("m").observe(v)
-            genai.mirror.observe(m.ttft, ("m",), v)
+            m.ttft.labels("m", "/v1/chat/completions").observe(v)
+            genai.mirror.observe(m.ttft, ("m", "/v1/chat/completions"), v)
         m.requests.labels("m", "stop", "200", "stop").inc(3)
         genai.record("chat", 1.0, ttft=0.1, input_tokens=7, output_tokens=3, cached_tokens=4)
         genai.record("chat", 0.01, input_tokens=0, error_type="invalid_json")
