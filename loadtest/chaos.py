@@ -148,7 +148,10 @@ async def sample_once(c: httpx.AsyncClient, tally: Tally, t0: float) -> None:
 async def sample_rss(url: str, stop: asyncio.Event, tally: Tally, interval: float, t0: float) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
         while not stop.is_set():
-            await sample_once(c, tally, t0)
+            try:
+                await sample_once(c, tally, t0)
+            except httpx.TransportError:  # its connection was on a tokenizer worker just killed: no sample
+                pass
             try:
                 await asyncio.wait_for(stop.wait(), interval)
             except TimeoutError:
