@@ -23,13 +23,13 @@ from pathlib import Path
 if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-from bench.common import make_prompts, write_json  # noqa: E402
-from protocol.sampling_params import SamplingParams  # noqa: E402
-from serving.args import ServerArgs  # noqa: E402
-from serving.engine.loader import LoadedModel, load_model  # noqa: E402
-from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
+from bench.common import make_prompts, write_json
+from protocol.sampling_params import SamplingParams
+from serving.args import ServerArgs
+from serving.engine.loader import LoadedModel, load_model
+from serving.engine.scheduler_core import SchedulerCore
 
 
 def peak_rss_mib() -> float:

@@ -26,9 +26,9 @@ if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-poli
     # Without it OpenMP's threads spin after the logprobs ops and slow the next forward's kernel team by ~40 %.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bench.common import engine_bench_args, in_process_engine, make_prompts, write_json  # noqa: E402
-from protocol.sampling_params import SamplingParams  # noqa: E402
-from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
+from bench.common import engine_bench_args, in_process_engine, make_prompts, write_json
+from protocol.sampling_params import SamplingParams
+from serving.engine.scheduler_core import SchedulerCore
 
 PHASE: list[float] = []  # the decode steps' share of time in the logprobs phase (StepStats.logprobs_seconds)
 

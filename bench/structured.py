@@ -34,14 +34,14 @@ import time
 if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
+import torch
 
-from bench.common import engine_bench_args, in_process_engine, write_json  # noqa: E402
-from protocol.sampling_params import SamplingParams, StructuredOutput  # noqa: E402
-from serving.engine.grammar import PARALLEL_FILL, Grammars  # noqa: E402
-from serving.engine.request import Req  # noqa: E402
-from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
-from telemetry.buckets import DEFAULT_BUCKETS  # noqa: E402
+from bench.common import engine_bench_args, in_process_engine, write_json
+from protocol.sampling_params import SamplingParams, StructuredOutput
+from serving.engine.grammar import PARALLEL_FILL, Grammars
+from serving.engine.request import Req
+from serving.engine.scheduler_core import SchedulerCore
+from telemetry.buckets import DEFAULT_BUCKETS
 
 ITEM = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24}, "qty": {"type": "integer", "minimum": 0, "maximum": 10000},

@@ -48,7 +48,7 @@ class Sink(BaseHTTPRequestHandler):
 
     received = 0
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         Sink.received += len(self.rfile.read(int(self.headers.get("content-length", 0))))
         self.send_response(200)
         self.send_header("content-length", "0")

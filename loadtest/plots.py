@@ -15,11 +15,11 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from loadtest.records import RequestRecord, token_times  # noqa: E402
-from loadtest.stats import Summary  # noqa: E402
+from loadtest.records import RequestRecord, token_times
+from loadtest.stats import Summary
 
 
 def _save(fig, path: Path, metadata: dict[str, str] | None = None) -> Path:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from serving.bundled_models import (  # noqa: F401 - re-exported: where the bundled models are
+from serving.bundled_models import (
     BUNDLED_DIST,
     BUNDLED_MODEL,
     MINILM,
@@ -157,7 +157,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
                                                          config=weights_config(config), dtype=torch.float32)
     except ModelLoadError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any parse failure is "corrupt" to the user
+    except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF file {gguf}: {one_line(exc)}") from exc
     # The converted weights are plain fp32: no GGUF marker in the saved config, so a reload
     # does not try to de-quantise again (the model's own copy of the config carries one).
@@ -306,7 +306,7 @@ def load_tokenizer(spec: str, cache_dir: Path | None = None) -> tuple[Any, Path]
         if (path / "tokenizer.json").is_file():
             return transformers.PreTrainedTokenizerFast.from_pretrained(path), path
         return transformers.AutoTokenizer.from_pretrained(path), path  # (touching AutoTokenizer imports torch)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ModelLoadError(f"cannot load tokenizer from {path}: {one_line(exc)}") from exc
 
 

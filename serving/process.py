@@ -34,7 +34,7 @@ def set_title(role: str) -> None:
 _stop_requested = False
 
 
-def _on_sigterm(signum, frame):  # noqa: ARG001
+def _on_sigterm(_signum, _frame):
     # Only a flag: raising here could land in any frame (a destructor, a zmq call).
     global _stop_requested
     _stop_requested = True

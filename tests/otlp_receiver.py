@@ -42,7 +42,7 @@ class OTLPReceiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("content-length", 0)))
                 if self.path.rstrip("/").endswith("/v1/metrics"):
                     req, out = ExportMetricsServiceRequest(), ExportMetricsServiceResponse().SerializeToString()

@@ -22,7 +22,7 @@ Sink = Callable[[dict], None]
 
 def _handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             for alert in body.get("alerts", []):
                 labels = alert.get("labels", {})

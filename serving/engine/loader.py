@@ -133,7 +133,7 @@ def _load_weights(path: Path, encoder: bool = False) -> Any:
     auto = AutoModel if encoder else AutoModelForCausalLM
     try:
         model, report = auto.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
     _check_weights(path, report, UNUSED if encoder else ())
     return model.eval()
@@ -154,7 +154,7 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
         encoder = family(config).encoder  # before the weights: an unsupported model or config fails fast
     except ModelLoadError:
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
     gguf = _gguf_source(path)
     # the engine builds from the GGUF file or the safetensors themselves (serving.models.*_weights): the

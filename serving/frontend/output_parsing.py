@@ -126,7 +126,7 @@ class OutputParsing:
         """The request ended with `reason` (the engine's): the finish reason the client is told."""
         try:
             self._update(True, reason == "length")
-        except Exception:  # noqa: BLE001 - a parser bug must not lose the answer: it goes back as text
+        except Exception:
             log.exception("output parsing failed; the answer is returned as text")
             self.result = ParsedAnswer(self.text, None, [])
             return reason

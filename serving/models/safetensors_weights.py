@@ -47,7 +47,7 @@ class SafetensorsWeights:
                 handle = safe_open(str(f), framework="pt")
                 for name in handle.keys():
                     self._where[name] = handle
-        except Exception as exc:  # noqa: BLE001 - a truncated or corrupt file: one line
+        except Exception as exc:
             raise ModelLoadError(f"cannot load model from {path}: {one_line(exc)}") from exc
         self._used: set[str] = set()
         tied = bool(getattr(config, "tie_word_embeddings", False))
@@ -62,7 +62,7 @@ class SafetensorsWeights:
         self._used.add(name)
         try:
             return handle.get_tensor(name).float()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise ModelLoadError(f"cannot load model from {self.path}: {one_line(exc)}") from exc
 
     def _refuse(self, kind: str, names: list[str]) -> None:

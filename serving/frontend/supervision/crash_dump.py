@@ -97,7 +97,7 @@ class CrashDumper:
                 pending.in_flight = asyncio.ensure_future(self.in_flight_async())
                 await asyncio.sleep(0)
             return pending
-        except Exception:  # noqa: BLE001 - a crash dump never stands in the way of the restart
+        except Exception:
             log.exception("crash dump: could not take the engine's state")
             self._count("failed")
             return None
@@ -118,7 +118,7 @@ class CrashDumper:
             t = threading.Thread(target=self._write, args=(pending, records), name="crash-dump", daemon=True)
             t.start()
             self.threads = [x for x in self.threads if x.is_alive()] + [t]
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("crash dump: failed")
             self._count("failed")
 
@@ -184,7 +184,7 @@ class CrashDumper:
             self._prune()
             log.warning("crash dump written to %s", self.dir / name)
             self._count("written")
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("crash dump: could not write it to %s", self.dir)
             self._count("failed")
 

@@ -120,7 +120,7 @@ class EngineSupervisor:
                     failure = self.check()
                 if failure is not None and not await self.recover(*failure):
                     return
-            except Exception:  # noqa: BLE001 - the watchdog itself must never die quietly
+            except Exception:
                 log.exception("supervisor error; watching on")
 
     async def recover(self, role: str, cause: str, detail: str) -> bool:

@@ -152,7 +152,7 @@ class Hub:
                     self.fleet.send(msg.worker, msg)
                 elif msg is not None and not self.monitor.handle(msg):
                     self.codec.undecodable += 1
-            except Exception:  # noqa: BLE001 - one bad message must not stop the hub
+            except Exception:
                 log.exception("failed to handle a %s", type(msg).__name__)
 
     async def relay(self) -> None:
@@ -227,7 +227,7 @@ class Hub:
         try:
             reply = await {"metrics": self._metrics, "debug_state": self._debug_state, "request": self._request,
                            "requests": self._requests, "control": self.controls.answer}[q.kind](q.arg)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("failed to answer a %s query", q.kind)
             reply = _error(500, "internal error in the hub", "internal_error")
         reply.id = q.id
