@@ -88,10 +88,12 @@ test-unit: setup
 	$(PY) -m pytest tests/unit
 
 # ruff: pyflakes, import order, lines up to 120 characters (config in pyproject.toml); no e2e test that races
-# the engine (a long stream or a sleep without a stated reason: scripts/check_test_races.py).
+# the engine (a long stream or a sleep without a stated reason: scripts/check_test_races.py); the layout tables
+# current with the docstrings (scripts/layout_doc.py).
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) scripts/check_test_races.py
+	$(PY) scripts/layout_doc.py --check
 
 # Engine (every precision mode), HTTP pipeline (float32; each GGUF file llama-server serves, on that file), admission (clients with and without max_tokens,
 # per --admission policy), the peer servers (transformers serve in

@@ -1,0 +1,1 @@
+"""Deployment assets generated from code (Kubernetes manifests), checked offline by the tests."""

@@ -1,0 +1,2 @@
+"""Kubernetes manifests generated from code (`python -m deploy.kubernetes.generate`, `make manifests`): the server,
+its Service, probes, autoscaling and monitoring objects."""
