@@ -15,8 +15,8 @@ from typing import Any
 
 from telemetry.clock import now_ns
 from telemetry.logs import log_request
-from telemetry.outcomes import finished_outcome
-from telemetry.tracing import set_error
+from telemetry.outcomes import error_type_of, finished_outcome
+from telemetry.tracing import span_error
 
 
 def _ms(a: int | None, b: int | None) -> float | None:
@@ -55,7 +55,7 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
         rt.breakdown["trace_id"] = rt.trace_id
     if tel.genai is not None:
         tel.genai.record(rt.operation, e2e, input_tokens=rt.prompt_tokens,
-                         error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
+                         error_type=error_type_of(finish_reason, abort_reason))
     _annotate(rt, finish_reason, abort_reason, error, e2e, queue)
     summary: dict[str, Any] = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
                                "status": rt.status, "prompt_tokens": rt.prompt_tokens, "completion_tokens": 0,
@@ -81,7 +81,4 @@ def _annotate(rt: Any, finish_reason: str, abort_reason: str | None, error: str 
     if queue is not None:
         attrs["sightline.queue_seconds"] = attrs["gen_ai.latency.time_in_queue"] = queue
     rt.span.set_attributes(attrs)
-    if finish_reason == "error":
-        set_error(rt.span, abort_reason or "engine_error", error)
-    elif abort_reason:
-        set_error(rt.span, abort_reason)
+    span_error(rt.span, finish_reason, abort_reason, error)

@@ -19,6 +19,7 @@ from opentelemetry.trace import Span, SpanKind, set_span_in_context
 from prometheus_client import Counter, Histogram
 
 from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
+from protocol.reasons import AbortReason
 from telemetry.clock import now_ns
 from telemetry.downstream_gaps import DownstreamGaps
 from telemetry.embedding_telemetry import finish_embedding
@@ -26,7 +27,7 @@ from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
-from telemetry.outcomes import ENGINE_FAILURE, LENGTH, STOP, finished_outcome, refused_outcome
+from telemetry.outcomes import ENGINE_FAILURE, LENGTH, STOP, error_type_of, finished_outcome, refused_outcome
 from telemetry.tail_sampling import TailPolicy, TailSampler
 from telemetry.tenant_usage import TenantUsage
 from telemetry.timeline import Timeline
@@ -35,6 +36,7 @@ from telemetry.tracing import (
     Tracing,
     hop_attributes,
     set_error,
+    span_error,
     tail_trace_id_of,
     trace_id_of,
     traceparent_of,
@@ -214,7 +216,7 @@ class RequestTelemetry:
         self.tenants.request(rt.tenant, outcome)
         self.tail_decide(rt, outcome, None, None)
         if client_gone:
-            self.count(self.m and self.m.aborts, self.model, "client_disconnect")
+            self.count(self.m and self.m.aborts, self.model, AbortReason.CLIENT_DISCONNECT)
         if rt.span is not None:
             set_error(rt.span, error_type, message)
         if self.genai is not None:
@@ -359,7 +361,7 @@ class RequestTelemetry:
         if self.genai is not None:  # error.type as on the span
             self.genai.record(rt.operation, e2e, ttft=ttft, input_tokens=rt.prompt_tokens,
                               output_tokens=completion_tokens,
-                              error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
+                              error_type=error_type_of(finish_reason, abort_reason))
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e)
         summary = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
                    "status": rt.status,
@@ -406,7 +408,4 @@ class RequestTelemetry:
         if stall is not None:  # the event loop stalled longer than the monitor's `slow` while this request ran
             attrs["sightline.event_loop.lag_max_seconds"] = stall
         rt.span.set_attributes(attrs)
-        if finish_reason == "error":
-            set_error(rt.span, abort_reason or "engine_error", error)
-        elif abort_reason:
-            set_error(rt.span, abort_reason)
+        span_error(rt.span, finish_reason, abort_reason, error)

@@ -47,6 +47,7 @@ from protocol.io_struct import (
     TokenOut,
     WorkerGone,
 )
+from protocol.reasons import AbortReason
 from serving.args import ServerArgs
 from serving.detokenizer.incremental import DecodeState
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
@@ -80,7 +81,7 @@ class DetokenizerManager:
     def worker_gone(self, worker: int) -> None:
         self.gone.add(worker)
         for rid in [r for r, w in self.owner.items() if w == worker]:
-            self._end(rid, "worker_gone")
+            self._end(rid, AbortReason.WORKER_GONE)
             self.spans.finished(rid, now_ns(), "abort")
 
     def handle_batch(self, batch: BatchTokenIDOutput) -> BatchStrOutput:

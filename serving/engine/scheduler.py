@@ -51,6 +51,7 @@ from protocol.io_struct import (
     TokenOut,
     WorkerGone,
 )
+from protocol.reasons import ENGINE_ERROR, AbortReason
 from serving.args import ServerArgs
 from serving.engine.cpu_share import CpuLedger
 from serving.engine.decode_gaps import DecodeGaps, GapRules
@@ -199,7 +200,7 @@ class Scheduler:
             return
         log.debug("aborted %s (%s)", msg.rid, msg.reason)
         # a stop string ended it in the Detokenizer: a normal finish, not a failure
-        self._emit(event, None if msg.reason == "stop_string" else msg.reason)
+        self._emit(event, None if msg.reason == AbortReason.STOP_STRING else msg.reason)
 
     def _worker_gone(self, worker: int) -> None:
         """Its client connections died with it: free its requests without a word (no one to hear it)."""
@@ -207,7 +208,8 @@ class Scheduler:
         rids = [rid for rid, w in self.worker_of.items() if w == worker]
         for rid in rids:
             ev = self.core.abort(rid)
-            self._forget(rid, "worker_gone", ev.req if ev is not None else None, "abort", "worker_gone")
+            self._forget(rid, AbortReason.WORKER_GONE, ev.req if ev is not None else None, "abort",
+                         AbortReason.WORKER_GONE)
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
 
     def _barrier(self, msg: BarrierReq) -> None:
@@ -337,7 +339,7 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - a bug outside any one request: fail the batch, not hang it
             self.errors.report("engine step failed; failing the running batch", exc)
             for req in list(self.core.running):
-                self._emit(self.core.abort(req.rid), "engine_error", "internal engine error")
+                self._emit(self.core.abort(req.rid), ENGINE_ERROR, "internal engine error")
             return
         self.steps += 1
         st = self.core.last_step
@@ -357,7 +359,7 @@ class Scheduler:
         for ev in events:
             self.generation_tokens_total += len(ev.new_token_ids)
             if ev.error is not None:  # the engine failed this request alone
-                self._emit(ev, "engine_error", ev.error)
+                self._emit(ev, ENGINE_ERROR, ev.error)
             else:
                 self._emit(ev)
         if events:
@@ -389,7 +391,7 @@ class Scheduler:
             self.outbox.append(TokenOut(rid=ev.rid, new_token_ids=[], finish_reason="error",
                                         error="internal engine error", detok=detok,
                                         worker=self.worker_of.get(ev.rid, 0)))
-            self._forget(ev.rid, "error", ev.req, "error", "engine_error", "internal engine error")
+            self._forget(ev.rid, "error", ev.req, "error", ENGINE_ERROR, "internal engine error")
 
     def expire_queue(self) -> None:
         """Abort requests that waited in the queue longer than --max-queue-time before they first ran (a
@@ -400,7 +402,7 @@ class Scheduler:
         now = now_ns()
         for req in [r for r in self.core.waiting if r.times.scheduled is None and now - r.times.queued > limit * 1e9]:
             ev = self.core.abort(req.rid)
-            self._emit(ev, "timeout", f"the request waited more than {limit:g} s in the queue")
+            self._emit(ev, AbortReason.TIMEOUT, f"the request waited more than {limit:g} s in the queue")
 
     def event_loop(self, parent: int) -> None:
         freeze_heap()

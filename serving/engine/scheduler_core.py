@@ -52,6 +52,7 @@ import random
 import torch
 
 from protocol.io_struct import Logprobs
+from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.admission import AdmissionPolicy
@@ -65,7 +66,7 @@ from serving.engine.loader import LoadedModel
 from serving.engine.logprobs import PromptScore, extend, output_logprobs, score_prompts, score_window
 from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
-from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
+from serving.engine.request import Req, ReqStatus, Retraction
 from serving.engine.sampling import adjust, pick
 from serving.engine.seams import Seams
 from serving.engine.stopping import eos_ids, finish_reason

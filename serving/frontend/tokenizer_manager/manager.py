@@ -43,6 +43,7 @@ from protocol.io_struct import (
     TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
 )
+from protocol.reasons import AbortReason
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState, FrontCounts, check_available
 from serving.frontend.errors import bad_request, http_status
@@ -109,7 +110,7 @@ class TokenizerManager:
 
     def engine_failed(self, message: str) -> None:
         """The engine died: every in-flight request ends with `message`; the new one starts clean."""
-        self.abort_all("engine_failure", message)
+        self.abort_all(AbortReason.ENGINE_FAILURE, message)
         self.reset_engine()
 
     def oldest_arrival(self) -> int | None:
@@ -167,7 +168,7 @@ class TokenizerManager:
                 self._apply_output(state, out, recv)
             except Exception as exc:  # noqa: BLE001 - one rid's bad output ends that rid alone
                 self.handling_errors.report(f"failed to handle an output of {out.rid}; ending it with an error", exc)
-                self.abort(out.rid, "internal_error", "internal error while handling this request's output")
+                self.abort(out.rid, AbortReason.INTERNAL_ERROR, "internal error while handling this request's output")
             state.event.set()
 
     def _apply_output(self, state: ReqState, out: StrOut, recv: int) -> None:
@@ -184,7 +185,8 @@ class TokenizerManager:
         if out.finish_reason is not None:
             self._finish(state, out.finish_reason, out.abort_reason, out.error)
             if out.engine_running:  # the Detokenizer ended it (a stop string, or it failed there)
-                self._send_abort(state, "stop_string" if out.finish_reason == "stop" else "detokenizer_error")
+                self._send_abort(state, AbortReason.STOP_STRING if out.finish_reason == "stop"
+                                  else AbortReason.DETOKENIZER_ERROR)
 
     def _handle_embedding_output(self, batch: BatchEmbeddingOutput) -> None:
         """Each `EmbeddingOut` finishes its request (one message, the whole answer)."""
@@ -305,7 +307,7 @@ class TokenizerManager:
         state.dp_rank = self.dispatcher.pick(first_ids, budget, namespace)
         if timeout:
             state.timer = asyncio.get_running_loop().call_later(
-                timeout, self.abort, rid, "timeout", f"the request timed out after {timeout:g} s")
+                timeout, self.abort, rid, AbortReason.TIMEOUT, f"the request timed out after {timeout:g} s")
         self.transport.send(message(rid, state.meta), state.dp_rank)
         if producer is not None:
             producer.end()
@@ -328,7 +330,7 @@ class TokenizerManager:
                     return
         finally:
             if not state.finished:
-                self.abort(state.rid, "client_disconnect")
+                self.abort(state.rid, AbortReason.CLIENT_DISCONNECT)
 
     async def collect(self, state: ReqState) -> Collected:
         text: list[str] = []

@@ -20,6 +20,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.reasons import AbortReason
 from serving.frontend.errors import CLIENT_GONE, APIError, bad_request, error_response
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
@@ -113,7 +114,7 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build) ->
         raise
     headers = {"x-request-id": req.rid, **tel.response_headers(req)}
     result = await await_or_abort(request, tm_embeddings.collect(state.tm.stream(req), req),
-                                  lambda: state.tm.abort(req.rid, "client_disconnect"))
+                                  lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT))
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)

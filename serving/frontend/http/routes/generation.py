@@ -19,6 +19,7 @@ from typing import AsyncIterator, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.reasons import AbortReason
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
@@ -148,10 +149,11 @@ async def generation(request: Request, kind: Kind) -> Response:
         return await respond(request, Answer(state, req, choices, shape), headers, obj.stream, obj.timeout)
     if obj.stream:
         def on_close() -> None:
-            state.tm.abort(req.rid, "client_disconnect")
+            state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT)
             tel.end(req)
         return SSEResponse(_generate_events(state, req), on_close, headers, obj.timeout)
-    result = await await_or_abort(request, state.tm.collect(req), lambda: state.tm.abort(req.rid, "client_disconnect"))
+    result = await await_or_abort(request, state.tm.collect(req),
+                                  lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT))
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)

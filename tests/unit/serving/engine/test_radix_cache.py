@@ -12,9 +12,9 @@ import random
 import pytest
 import torch
 
+from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.engine.radix_cache import RadixCache
-from serving.engine.request import FinishReason
 from serving.engine.scheduler_core import FAULT_SEED_ENV, SchedulerCore
 from tests.helpers import greedy
 from tests.helpers import make_core as _make_core
