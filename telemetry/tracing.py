@@ -360,7 +360,7 @@ class Tracing:
                 "sightline.component": component, "messaging.message.type": message_type,
                 "sightline.drop.reason": reason})
 
-    def drain(self) -> list[SpanRecord]:
+    def collect_spans(self) -> list[SpanRecord]:
         out = list(self.forwarded)
         self.forwarded.clear()
         return out

@@ -104,7 +104,7 @@ class Scheduler:
         self.prefill_tokens_total = 0
         self.last_token_at: int | None = None
         self._last_stats = 0
-        self.paused = 0  # the epoch of the PauseReq in effect: no step runs while it is set
+        self.pause_epoch = 0  # the epoch of the PauseReq in effect: no step runs while it is set
         self._paused_at = 0
         self.gaps = DecodeGaps(GapRules(args.decode_gap_factor, args.decode_gap_floor)) \
             if args.step_timeline_steps else None
@@ -172,7 +172,7 @@ class Scheduler:
         if self.ring is not None and msg.meta.trace:
             self.trace_of[msg.rid] = trace_id_of(msg.meta.trace)
         req.times.queued = req.times.waiting_since = msg.meta.stamps.sched_recv
-        if self.paused:
+        if self.pause_epoch:
             assign([req], PAUSED, req.times.queued)
         self.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
@@ -214,7 +214,7 @@ class Scheduler:
 
     def _barrier(self, msg: BarrierReq) -> None:
         """Answer on both paths, behind everything this rank has to send so far (see `BarrierReq`)."""
-        self.flush()
+        self.send_outputs()
         self.send_stats(force=True)
         self.to_tm.send(self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
                                                      path="control")))
@@ -226,14 +226,14 @@ class Scheduler:
             logging.getLogger().setLevel(msg.level.upper())
             log.info("log level set to %s", msg.level)
             return
-        was, self.paused = self.paused, msg.epoch if isinstance(msg, PauseReq) else 0
-        if self.paused and not was:  # the queue waits for the pause now; the next step says why it waits after
+        was, self.pause_epoch = self.pause_epoch, msg.epoch if isinstance(msg, PauseReq) else 0
+        if self.pause_epoch and not was:  # the queue waits for the pause now; the next step says why it waits after
             self._paused_at = now_ns()
             assign(self.core.waiting, PAUSED, self._paused_at)
-        elif was and not self.paused and self.gaps is not None:
+        elif was and not self.pause_epoch and self.gaps is not None:
             self.gaps.paused(self._paused_at, now_ns())
-        if bool(was) != bool(self.paused):
-            log.info("%s with %d running and %d waiting requests", "paused" if self.paused else "resumed",
+        if bool(was) != bool(self.pause_epoch):
+            log.info("%s with %d running and %d waiting requests", "paused" if self.pause_epoch else "resumed",
                      self.core.num_running, self.core.num_waiting)
         self.send_stats(force=True)  # the front end waits for this to say the pause is in effect
 
@@ -298,7 +298,7 @@ class Scheduler:
         else:
             self.spans.forget(rid)
 
-    def flush(self) -> None:
+    def send_outputs(self) -> None:
         if self.outbox:
             outputs, self.outbox = self.outbox, []
             self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=outputs)))
@@ -325,8 +325,9 @@ class Scheduler:
             "dp_rank": self.dp_rank, "steps_total": self.steps, "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total, "last_token_at": self.last_token_at,
             "prefill_tokens_total": self.prefill_tokens_total, "stale_drops": self.drops.snapshot(),
-            "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
-            "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
+            "undecodable": self.codec.undecodable, "spans": self.tracing.collect_spans(),
+            "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(),
+            "pause_epoch": self.pause_epoch,
             **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
             **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
         }
@@ -364,7 +365,7 @@ class Scheduler:
                 self._emit(ev)
         if events:
             self.last_token_at = now_ns()
-        self.flush()
+        self.send_outputs()
         if st.batch_size:
             t_end = now_ns()
             for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
@@ -418,15 +419,15 @@ class Scheduler:
         )))
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):
-            busy = self.core.has_work and not self.paused  # paused: wait for messages as when idle
+            busy = self.core.has_work and not self.pause_epoch  # paused: wait for messages as when idle
             # a step that ran nothing (the queue's head blocked by held requests) waits a little for a message
             blocked = busy and self.steps and not self.core.last_step.batch_size and self.core.num_held
             try:
                 self.recv_requests(0 if busy and not blocked else (5 if busy else idle_ms))
                 self.expire_queue()
-                if self.core.has_work and not self.paused:
+                if self.core.has_work and not self.pause_epoch:
                     self.step()
-                self.flush()
+                self.send_outputs()
                 self.send_stats(force=busy)
             except Exception as exc:  # noqa: BLE001 - never fatal; the watchdog sees a loop that stops stepping
                 self.errors.report("scheduler loop iteration failed", exc)

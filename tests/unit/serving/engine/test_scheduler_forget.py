@@ -21,7 +21,7 @@ TRACE = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
 def sched(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_SEED_ENV, "666")
     s = Scheduler(ServerArgs(model="tiny-random", dtype="float32", max_queue_time=5.0), Endpoints.create(str(tmp_path)))
-    monkeypatch.setattr(s, "flush", lambda: None)  # no Detokenizer here: the outputs stay in the outbox to be read
+    monkeypatch.setattr(s, "send_outputs", lambda: None)  # no Detokenizer here: the outputs stay in the outbox
     yield s
     s.close()
 
