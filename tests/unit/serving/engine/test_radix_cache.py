@@ -14,8 +14,9 @@ import torch
 
 from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
+from serving.engine.forward_pass import FAULT_SEED_ENV
 from serving.engine.radix_cache import RadixCache
-from serving.engine.scheduler_core import FAULT_SEED_ENV, SchedulerCore
+from serving.engine.scheduler_core import SchedulerCore
 from tests.helpers import greedy
 from tests.helpers import make_core as _make_core
 
