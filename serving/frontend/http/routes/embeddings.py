@@ -101,10 +101,10 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build) ->
         body = decode_body(await read_body(request, state.args.max_request_bytes), typ)
         obj, many = build(body, state)
         if tel.recorder is not None:
-            req.dump_input = obj
+            req.trace.dump_input = obj
         obj.timeout = request_timeout(request, state.args.request_timeout)
-        if req.span is not None and obj.user is not None:
-            req.span.set_attribute("user.id", obj.user)
+        if req.trace.span is not None and obj.user is not None:
+            req.trace.span.set_attribute("user.id", obj.user)
         await state.tm.submit_embeddings(obj, req)
     except APIError as err:
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)

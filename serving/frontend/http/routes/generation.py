@@ -125,11 +125,11 @@ async def generation(request: Request, kind: Kind) -> Response:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
         if tel.recorder is not None:  # the flight recorder: prompt and sampling as run, read when it ends
-            req.dump_input = obj
+            req.trace.dump_input = obj
         obj.timeout = request_timeout(request, state.args.request_timeout)
         req.stream = obj.stream
-        if req.span is not None:
-            req.span.set_attributes(_request_attributes(obj))
+        if req.trace.span is not None:
+            req.trace.span.set_attributes(_request_attributes(obj))
         if kind.route == "/generate":
             await state.tm.submit(obj, req)
         else:
