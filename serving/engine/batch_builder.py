@@ -1,4 +1,4 @@
-"""Which prompts join this step's batch, and how much of each (steps 3 of `SchedulerCore.step`).
+"""Which prompts join this step's batch, and how much of each (step 3 of `SchedulerCore.step`).
 
 Prompts are prefilled under a per-step budget (`prefill_budget`): first the chunk in progress, then
 waiting requests in arrival order, chunking the one that does not fit.  A request is admitted when the

@@ -7,7 +7,7 @@ Each step:
      next slot, requests are retracted (`serving.engine.retraction`, --admission estimate
      only): they leave the batch, their K/V stays in the prefix cache, pinned, and they go
      back to the head of the queue, to resume after the tokens they already have;
-  3. prompts are prefilled under a per-step budget (`prefill_budget`: all of
+  3. prompts are prefilled under a per-step budget (`serving.engine.batch_builder`: all of
      `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` leaves after
      the decodes, at least `min_prefill_chunk`): first the chunk in progress, then
      waiting requests in arrival order, chunking the one that does not fit; a request
