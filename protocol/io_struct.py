@@ -137,7 +137,7 @@ class PauseReq(_Msg):
     """Stop stepping (POST /pause_generation mode in_place): the running and waiting requests keep
     their place and their KV; the loop goes on receiving messages and sending heartbeats."""
 
-    epoch: int  # the Scheduler's stats echo it in `pause_epoch` once the pause is in effect
+    epoch: int  # the Scheduler's stats echo it in `paused` once the pause is in effect
 
 
 class ContinueReq(_Msg):
@@ -374,7 +374,7 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
     prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
     prefix_evictable_tokens: int = 0  # cached slots no running request locks (free to evict; part of kv_used)
-    pause_epoch: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping
+    paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping (`Scheduler.pause_epoch`)
     retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed

@@ -260,7 +260,7 @@ class Scheduler:
         return {
             "dp_rank": self.dp_rank, **self.observers.stats(), "stale_drops": self.drops.snapshot(),
             "undecodable": self.codec.undecodable, "spans": self.tracing.collect_spans(),
-            "handling_errors": self.errors.count, "pause_epoch": self.pause_epoch,
+            "handling_errors": self.errors.count, "paused": self.pause_epoch,
             **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
         }
 

@@ -90,4 +90,4 @@ async def unconfirmed_ranks(monitor: EngineMonitor, epoch: int) -> list[str]:
         await asyncio.sleep(0.02)
     stats = monitor.scheduler_stats
     return [scheduler_role(r, monitor.dp_size) for r in range(monitor.dp_size)
-            if stats.get(r) is None or stats[r].pause_epoch != epoch]
+            if stats.get(r) is None or stats[r].paused != epoch]

@@ -278,7 +278,7 @@ class EngineMonitor:
 
     def ranks_paused(self, epoch: int) -> bool:
         """Every Scheduler rank's latest stats say pause `epoch` is in effect (no step runs)."""
-        return all(self._scheduler_stats.get(r) is not None and self._scheduler_stats[r].pause_epoch == epoch
+        return all(self._scheduler_stats.get(r) is not None and self._scheduler_stats[r].paused == epoch
                    for r in range(self.dp_size))
 
     def missing(self) -> list[str]:
