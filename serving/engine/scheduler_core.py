@@ -193,16 +193,6 @@ class SchedulerCore:
         return len(marked)
 
     @property
-    def prefix_queries_tokens(self) -> int:
-        """Cumulative: prompt tokens of admitted requests."""
-        return self.batches.prefix_queries_tokens
-
-    @property
-    def prefix_hits_tokens(self) -> int:
-        """Cumulative: of those, reused from the prefix cache."""
-        return self.batches.prefix_hits_tokens
-
-    @property
     def retractions(self) -> int:
         """Cumulative: requests taken out of the batch."""
         return self.retraction.total
@@ -244,8 +234,8 @@ class SchedulerCore:
             "kv_reserved": self.kv_committed, "new_token_ratio": self.policy.ratio,
             **self.last_step.stats(), **self.grammar.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
-            "prefix_queries_tokens_total": self.prefix_queries_tokens,
-            "prefix_hits_tokens_total": self.prefix_hits_tokens,
+            "prefix_queries_tokens_total": self.batches.prefix_queries_tokens,
+            "prefix_hits_tokens_total": self.batches.prefix_hits_tokens,
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
             "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
             "retraction_recomputed_tokens_total": self.batches.recomputed_tokens,
