@@ -71,7 +71,7 @@ def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threa
         "prefill_tok_s": prefill_tokens / prefill_s if prefill_s else float("nan"),
         "step_ms": 1000 * decode_s / decode_steps if decode_steps else float("nan"),
         "wall_s": wall,
-        "prefix_hit_tokens": core.prefix_hits_tokens,  # 0: distinct prompts, nothing reused
+        "prefix_hit_tokens": core.batches.prefix_hits_tokens,  # 0: distinct prompts, nothing reused
     }
 
 

@@ -219,7 +219,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     output_ids: list[int]  # the tokens behind it (those consumed by the Detokenizer)
     finish_reason: str | None = None
     matched_stop: str | int | None = None  # a stop string (Detokenizer) or stop token id
-    engine_running: bool = False  # finished here (stop string) while the Scheduler still runs it
+    abort_in_engine: bool = False  # finished here (stop string) while the Scheduler still runs it
     error: str | None = None
     abort_reason: str | None = None
     prompt_tokens: int = 0
@@ -374,7 +374,7 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_hits_tokens_total: int = 0  # cumulative: of those, reused from the prefix cache
     prefix_evicted_tokens_total: int = 0  # cumulative: cached slots evicted to make room
     prefix_evictable_tokens: int = 0  # cached slots no running request locks (free to evict; part of kv_used)
-    paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping
+    paused: int = 0  # the epoch of the PauseReq in effect (no step runs); 0 while stepping (`Scheduler.pause_epoch`)
     retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed

@@ -54,7 +54,7 @@ class DownstreamGaps:
 
     def output(self, rt, st: Stamps, recv: int) -> str | None:
         """A non-first output of `rt` with tokens arrived at `recv`: a downstream gap's cause, or None."""
-        gap = recv - rt.last_recv
+        gap = recv - rt.trace.last_recv
         self.gaps.append(gap)
         self._n += 1
         if self._n % MEDIAN_EVERY == 0 or self._n < MEDIAN_EVERY:
@@ -71,15 +71,15 @@ class DownstreamGaps:
 
     def cut(self, rt, end: int) -> None:
         """`rt` ended by an engine failure at `end`: an engine_restart gap if it had streamed a token."""
-        if rt.last_recv is not None:
-            self._count(rt, "engine_restart", end - rt.last_recv, end, 0, 0)
+        if rt.trace.last_recv is not None:
+            self._count(rt, "engine_restart", end - rt.trace.last_recv, end, 0, 0)
 
     def _count(self, rt, cause: str, gap: int, at: int, detok: int, loop: int) -> None:
         key = (rt.dp_rank, cause)
         self.counts[key] = self.counts.get(key, 0) + 1
-        span: Span | None = rt.span
-        if span is not None and rt.gap_events < MAX_EVENTS:
-            rt.gap_events += 1
+        span: Span | None = rt.trace.span
+        if span is not None and rt.trace.gap_events < MAX_EVENTS:
+            rt.trace.gap_events += 1
             span.add_event("decode_gap", {
                 "sightline.decode_gap.seconds": gap / 1e9, "sightline.decode_gap.cause": cause,
                 "sightline.decode_gap.detokenizer_seconds": max(0, detok) / 1e9,

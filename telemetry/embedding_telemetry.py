@@ -16,8 +16,8 @@ from typing import Any
 
 from telemetry.clock import now_ns
 from telemetry.logs import log_request
-from telemetry.outcomes import finished_outcome
-from telemetry.tracing import set_error
+from telemetry.outcomes import error_type_of, finished_outcome
+from telemetry.tracing import span_error
 
 
 def _ms(a: int | None, b: int | None) -> float | None:
@@ -34,7 +34,7 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
     tel.tail_decide(rt, outcome, None, None)
     prefill = (st.finished - st.scheduled) / 1e9 if st.finished is not None and st.scheduled is not None else None
     lat = m and m.embed_latency
-    for kind, value in (("e2e", e2e), ("queue", queue), ("prefill", prefill), ("tokenize", rt.tokenize_ns / 1e9)):
+    for kind, value in (("e2e", e2e), ("queue", queue), ("prefill", prefill), ("tokenize", rt.trace.tokenize_ns / 1e9)):
         tel.observe(lat, value, rt, model, rt.route, kind)
     inputs: int = getattr(rt, "embed_inputs", 0)
     if inputs:
@@ -49,24 +49,24 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
     rt.breakdown = {
         "queue_ms": round(queue * 1e3, 3) if queue is not None else None,
         "wait_ms": {reason: round(ns / 1e6, 3) for reason, ns in (st.wait_reasons or {}).items()},
-        "prefill_ms": _ms(st.scheduled, st.finished), "tokenize_ms": round(rt.tokenize_ns / 1e6, 3),
+        "prefill_ms": _ms(st.scheduled, st.finished), "tokenize_ms": round(rt.trace.tokenize_ns / 1e6, 3),
         "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens, "inputs": inputs,
     }
-    if rt.trace_id:
-        rt.breakdown["trace_id"] = rt.trace_id
+    if rt.trace.trace_id:
+        rt.breakdown["trace_id"] = rt.trace.trace_id
     if tel.genai is not None:
         tel.genai.record(rt.operation, e2e, input_tokens=rt.prompt_tokens,
-                         error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
+                         error_type=error_type_of(finish_reason, abort_reason))
     _annotate(rt, finish_reason, abort_reason, error, e2e, queue)
     summary: dict[str, Any] = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
                                "status": rt.status, "prompt_tokens": rt.prompt_tokens, "completion_tokens": 0,
                                **rt.breakdown}
     if abort_reason:
         summary["abort_reason"] = abort_reason
-    tel.timeline.finish(rt.trace_id or rt.tail_id or f"rid:{rt.rid}", summary)
+    tel.timeline.finish(rt.trace.trace_id or rt.trace.tail_id or f"rid:{rt.rid}", summary)
     if tel.log_requests:
-        log_request({**summary, "trace_id": rt.trace_id,
-                     "span_id": f"{rt.span.get_span_context().span_id:016x}" if rt.trace_id else None})
+        log_request({**summary, "trace_id": rt.trace.trace_id,
+                     "span_id": f"{rt.trace.span.get_span_context().span_id:016x}" if rt.trace.trace_id else None})
     if tel.recorder is not None:
         tel.recorder.record(rt, outcome, finish_reason, rt.status)
     return rt.breakdown
@@ -74,15 +74,12 @@ def finish_embedding(tel: Any, rt: Any, finish_reason: str, abort_reason: str | 
 
 def _annotate(rt: Any, finish_reason: str, abort_reason: str | None, error: str | None, e2e: float,
               queue: float | None) -> None:
-    if rt.span is None or not (rt.trace_id or rt.tail_id):
+    if rt.trace.span is None or not (rt.trace.trace_id or rt.trace.tail_id):
         return
     attrs = {"gen_ai.response.finish_reasons": [finish_reason], "gen_ai.usage.input_tokens": rt.prompt_tokens,
              "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens, "gen_ai.latency.e2e": e2e,
              "sightline.embedding.inputs": getattr(rt, "embed_inputs", 0)}
     if queue is not None:
         attrs["sightline.queue_seconds"] = attrs["gen_ai.latency.time_in_queue"] = queue
-    rt.span.set_attributes(attrs)
-    if finish_reason == "error":
-        set_error(rt.span, abort_reason or "engine_error", error)
-    elif abort_reason:
-        set_error(rt.span, abort_reason)
+    rt.trace.span.set_attributes(attrs)
+    span_error(rt.trace.span, finish_reason, abort_reason, error)

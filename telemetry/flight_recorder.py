@@ -114,9 +114,9 @@ class FlightRecorder:
     # -- the event loop's side ------------------------------------------------------
     def on_output(self, rt: Any, text: str) -> None:
         if text:
-            if rt.dump_output is None:
-                rt.dump_output = OutputDigest(self.content)
-            rt.dump_output.add(text)
+            if rt.trace.dump_output is None:
+                rt.trace.dump_output = OutputDigest(self.content)
+            rt.trace.dump_output.add(text)
 
     def record(self, rt: Any, outcome: str, finish_reason: str | None, status: int) -> None:
         """The request ended (its breakdown and trace id final): keep it in the ring and queue it."""
@@ -135,14 +135,14 @@ class FlightRecorder:
         n, ttft = rt.completion_tokens, breakdown.get("ttft_ms")
         if n >= 2 and ttft is not None:
             breakdown["tpot_ms"] = round((breakdown["e2e_ms"] - ttft) / (n - 1), 3)
-        obj, out = rt.dump_input, rt.dump_output or OutputDigest(self.content)
+        obj, out = rt.trace.dump_input, rt.trace.dump_output or OutputDigest(self.content)
         rec = RequestRecord(
             arrival=round(time.time() - (now_ns() - rt.arrival) / 1e9, 6), rid=rt.rid, route=rt.route,
             operation=rt.operation, model=self.model, stream=rt.stream, tenant=getattr(rt, "tenant", "default"),
             user=getattr(obj, "user", None), params=_params(obj, bool(rt.rid)),
             prompt_tokens=rt.prompt_tokens,
             completion_tokens=n, cached_tokens=rt.cached_tokens, retractions=rt.retractions, outcome=outcome,
-            finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace_id,
+            finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace.trace_id,
             output_chars=out.chars, output_sha256=out.sha.hexdigest())
         prompt = None if obj is None else obj.messages if obj.messages is not None else obj.prompt
         failure = getattr(rt, "tool_call_failure", None)

@@ -14,18 +14,9 @@ any traffic (telemetry.metrics) are all read from it. A new abort reason is one 
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
-
-class FinishReason(str, enum.Enum):
-    """Why a request stopped generating (the `finish_reason` the engine, the API and the metrics use)."""
-
-    STOP = "stop"  # EOS or a stop token id (stop strings are the Detokenizer's)
-    LENGTH = "length"  # max_new_tokens or the context window
-    ABORT = "abort"
-    ERROR = "error"  # the engine failed on this request alone (its batch mates carry on)
-
+from protocol.reasons import ENGINE_ERROR, AbortReason, FinishReason
 
 FINISH_REASONS = tuple(r.value for r in FinishReason)
 # the API's, never the engine's: a request the model stopped whose answer the front end parsed as tool calls
@@ -71,12 +62,12 @@ FINISHED = (
 )
 # an admitted request aborted, by its abort reason (client_disconnect also: a client gone before its body was read)
 ABORTS = (
-    Ending("abort", 499, CLIENT_DISCONNECT, "client_disconnect"),
-    Ending("abort", 503, SHUTDOWN, "shutdown", error_type="server_unavailable"),
-    Ending("abort", 504, TIMEOUT, "timeout", error_type="timeout"),
-    Ending("abort", 503, ENGINE_FAILURE, "engine_failure", error_type="server_unavailable"),
-    Ending("abort", 500, ERROR, "internal_error", error_type="internal_error"),
-    Ending("abort", 503, ABORTED_BY_OPERATOR, "operator", error_type="server_unavailable"),
+    Ending("abort", 499, CLIENT_DISCONNECT, AbortReason.CLIENT_DISCONNECT),
+    Ending("abort", 503, SHUTDOWN, AbortReason.SHUTDOWN, error_type="server_unavailable"),
+    Ending("abort", 504, TIMEOUT, AbortReason.TIMEOUT, error_type="timeout"),
+    Ending("abort", 503, ENGINE_FAILURE, AbortReason.ENGINE_FAILURE, error_type="server_unavailable"),
+    Ending("abort", 500, ERROR, AbortReason.INTERNAL_ERROR, error_type="internal_error"),
+    Ending("abort", 503, ABORTED_BY_OPERATOR, AbortReason.OPERATOR, error_type="server_unavailable"),
 )
 # a request refused before admission, by its status (any other 4xx is rejected too, any other 5xx an error)
 REFUSALS = (
@@ -91,11 +82,23 @@ ENDINGS = FINISHED + ABORTS + REFUSALS
 
 ABORT_REASONS = tuple(e.abort_reason for e in ABORTS if e.abort_reason)
 ABORT_STATUS = {e.abort_reason: e.status for e in ABORTS}
-CLIENT_GONE = ABORT_STATUS["client_disconnect"]  # the status of a request whose client left
+CLIENT_GONE = ABORT_STATUS[AbortReason.CLIENT_DISCONNECT]  # the status of a request whose client left
 ERROR_TYPES = {e.status: e.error_type for e in ENDINGS if e.error_type}  # by status: one type each
 _BY_ABORT = {e.abort_reason: e for e in ABORTS}
 _BY_FINISH = {e.finish_reason: e for e in FINISHED}
 _BY_REFUSAL = {(e.status, e.code): e for e in REFUSALS}
+
+
+def ending_for(error_type: str | None) -> Ending:
+    """How a request the engine ended with a cause the client must hear is answered: an abort reason (a
+    timeout in the queue) stays that abort, anything else (`ENGINE_ERROR`) finishes it with `error`."""
+    return _BY_ABORT.get(error_type or "") or _BY_FINISH[FinishReason.ERROR]
+
+
+def error_type_of(finish_reason: str, abort_reason: str | None) -> str | None:
+    """The error type a span and a request record carry: the abort reason, or `ENGINE_ERROR` for a request
+    the engine failed without one."""
+    return (abort_reason or ENGINE_ERROR) if finish_reason == FinishReason.ERROR else abort_reason
 
 
 def requests_series() -> tuple[dict[str, str], ...]:

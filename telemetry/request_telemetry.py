@@ -3,9 +3,9 @@ children, every per-request histogram (with trace-id exemplars), the request cou
 the latency breakdown returned to the client, the request log line and the timeline.
 
 The TokenizerManager calls `tokenized`, `producer`, `on_output` and `finish`; the HTTP
-layer calls `begin`, `rejected` and `end`.  They read and write the request's own state
-(`TracedRequest`: the front end's `ReqState`); which HTTP status a request ends with is
-decided by the front end, not here.  All intervals come from the monotonic stamps the
+layer calls `begin`, `rejected` and `end`.  They read the request's own state (`TracedRequest`:
+the front end's `ReqState`) and write its `RequestTrace` and latency breakdown; which HTTP status it ends
+with is decided by the front end, not here.  All intervals come from the monotonic stamps the
 messages carry (`protocol.io_struct.Stamps`); their exact definitions are in
 docs/metrics.md.
 """
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
 from prometheus_client import Counter, Histogram
 
 from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
+from protocol.reasons import AbortReason
 from telemetry.clock import now_ns
 from telemetry.downstream_gaps import DownstreamGaps
 from telemetry.embedding_telemetry import finish_embedding
@@ -26,8 +26,9 @@ from telemetry.flight_recorder import FlightRecorder
 from telemetry.logs import log_request
 from telemetry.loop_lag import LoopLagMonitor
 from telemetry.metrics import Metrics
-from telemetry.outcomes import ENGINE_FAILURE, LENGTH, STOP, finished_outcome, refused_outcome
+from telemetry.outcomes import ENGINE_FAILURE, LENGTH, STOP, error_type_of, finished_outcome, refused_outcome
 from telemetry.request_slo import ALL, Objectives, judge
+from telemetry.request_trace import RequestTrace
 from telemetry.tail_sampling import TailPolicy, TailSampler
 from telemetry.tenant_usage import TenantUsage
 from telemetry.timeline import Timeline
@@ -36,6 +37,7 @@ from telemetry.tracing import (
     Tracing,
     hop_attributes,
     set_error,
+    span_error,
     tail_trace_id_of,
     trace_id_of,
     traceparent_of,
@@ -80,23 +82,11 @@ class TracedRequest(Protocol):
     slo: Objectives | None  # its latency objectives (telemetry.request_slo), judged at its end
     cpu_ns: int  # its share of the engine steps' CPU time
     meta: ReqMeta
-    first_recv: int | None
-    last_recv: int | None
-    tokenize_ns: int
-    detok_busy_ns: int
     status: int
     breakdown: dict | None
-    span: Span | None
-    ctx: Context | None
-    trace_id: str | None
-    tail_id: str | None
-    ended: bool
     completion_tokens: int
-    choice_of: str | None  # one choice of a request with several: that request's id (it decides tail sampling)
-    outcome: str | None  # how it ended (telemetry.outcomes), once finished
     tool_call_failure: tuple[str, str] | None  # (parser, text) of an answer whose tool calls did not parse
-
-    def exemplar(self) -> dict[str, str] | None: ...
+    trace: RequestTrace  # what telemetry keeps of it: span, trace ids, receive stamps, outcome, recorder input
 
 
 def vllm_latencies(st: Stamps) -> dict[str, float]:
@@ -154,7 +144,7 @@ class RequestTelemetry:
         if metric is None or value is None:
             return
         labels = labels or (self.model, rt.route)
-        metric.labels(*labels).observe(max(value, 0.0), exemplar=rt.exemplar() if rt else None)
+        metric.labels(*labels).observe(max(value, 0.0), exemplar=rt.trace.exemplar() if rt else None)
         if self.otlp_mirror is not None:
             self.otlp_mirror.observe(metric, labels, max(value, 0.0))
 
@@ -172,44 +162,45 @@ class RequestTelemetry:
                                               "url.path": rt.route, "gen_ai.operation.name": rt.operation,
                                               "gen_ai.provider.name": PROVIDER, "gen_ai.request.model": self.model,
                                               **attributes})
-        rt.span, rt.trace_id, rt.tail_id = span, trace_id_of(span), tail_trace_id_of(span)
-        rt.ctx = set_span_in_context(span) if span.is_recording() else None
+        rt.trace.span, rt.trace.trace_id, rt.trace.tail_id = span, trace_id_of(span), tail_trace_id_of(span)
+        rt.trace.ctx = set_span_in_context(span) if span.is_recording() else None
 
     def begin_choice(self, parent: TracedRequest, child: TracedRequest, index: int) -> None:
         """One choice of a request with several (`n`, a list of prompts): its own span under the HTTP span, in
         the same trace; the parent decides tail sampling for the whole trace (`end_choices`)."""
-        child.choice_of = parent.rid or "http"
+        child.trace.choice_of = parent.rid or "http"
         child.slo = parent.slo  # each choice is judged against the request's objectives
-        if parent.span is None or parent.ctx is None:
+        if parent.trace.span is None or parent.trace.ctx is None:
             return
-        span = self.tracing.start("choice", parent.ctx, start_mono=child.arrival,
+        span = self.tracing.start("choice", parent.trace.ctx, start_mono=child.arrival,
                                   attributes={"sightline.choice.index": index})
-        child.span, child.trace_id, child.tail_id = span, parent.trace_id, parent.tail_id
-        child.ctx = set_span_in_context(span)
+        child.trace.span, child.trace.trace_id, child.trace.tail_id = span, parent.trace.trace_id, parent.trace.tail_id
+        child.trace.ctx = set_span_in_context(span)
 
     def close_choices(self, children: list[TracedRequest]) -> None:
         for c in children:
-            if c.span is not None and not c.ended:
-                c.ended = True
-                c.span.end(end_time=self.tracing.wall(now_ns()))
+            if c.trace.span is not None and not c.trace.ended:
+                c.trace.ended = True
+                c.trace.span.end(end_time=self.tracing.wall(now_ns()))
 
     def end_choices(self, parent: TracedRequest, children: list[TracedRequest], status: int) -> None:
         """A request with several choices has answered: its children's rids on its span, the tail-sampling
         decision from the worst of them (an error or abort in any one keeps the trace), the HTTP span closed."""
         self.close_choices(children)
-        if parent.span is not None:
-            parent.span.set_attribute("sightline.choice_rids", [c.rid for c in children if c.rid])
-        worst = next((c for c in children if c.outcome not in (None, STOP, LENGTH)), children[0] if children else None)
-        if worst is not None and self.tail is not None and parent.tail_id is not None:
-            ttft = min(((c.first_recv - c.arrival) / 1e9 for c in children if c.first_recv), default=None)
+        if parent.trace.span is not None:
+            parent.trace.span.set_attribute("sightline.choice_rids", [c.rid for c in children if c.rid])
+        worst = next((c for c in children if c.trace.outcome not in (None, STOP, LENGTH)),
+                     children[0] if children else None)
+        if worst is not None and self.tail is not None and parent.trace.tail_id is not None:
+            ttft = min(((c.trace.first_recv - c.arrival) / 1e9 for c in children if c.trace.first_recv), default=None)
             missed = any((c.breakdown or {}).get("slo", {}).get(ALL) is False for c in children)
-            self.tail_decide(parent, worst.outcome or STOP, ttft, None, missed)
+            self.tail_decide(parent, worst.trace.outcome or STOP, ttft, None, missed)
             for c in children:
-                c.trace_id = parent.trace_id
+                c.trace.trace_id = parent.trace.trace_id
         self.end(parent, status)
 
     def response_headers(self, rt: TracedRequest) -> dict[str, str]:
-        tp = traceparent_of(rt.span) if rt.trace_id or rt.tail_id else None
+        tp = traceparent_of(rt.trace.span) if rt.trace.trace_id or rt.trace.tail_id else None
         return {"traceparent": tp} if tp else {}
 
     def shed(self, reason: str) -> None:
@@ -224,9 +215,9 @@ class RequestTelemetry:
         met = self.judge_slo(rt, outcome, None, None, (now_ns() - rt.arrival) / 1e9)
         self.tail_decide(rt, outcome, None, None, met.get(ALL) is False)
         if client_gone:
-            self.count(self.m and self.m.aborts, self.model, "client_disconnect")
-        if rt.span is not None:
-            set_error(rt.span, error_type, message)
+            self.count(self.m and self.m.aborts, self.model, AbortReason.CLIENT_DISCONNECT)
+        if rt.trace.span is not None:
+            set_error(rt.trace.span, error_type, message)
         if self.genai is not None:
             self.genai.record(rt.operation, (now_ns() - rt.arrival) / 1e9, input_tokens=rt.prompt_tokens,
                               error_type=error_type)
@@ -236,15 +227,15 @@ class RequestTelemetry:
 
     def end(self, rt: TracedRequest, status: int | None = None) -> None:
         """The HTTP response is complete (or the client is gone): close the server span."""
-        if rt.ended or rt.span is None:
+        if rt.trace.ended or rt.trace.span is None:
             return
-        rt.ended = True
+        rt.trace.ended = True
         end = now_ns()
-        if rt.stream and rt.first_recv is not None:
-            self.tracing.record("stream", rt.ctx, rt.first_recv, end, attributes={
+        if rt.stream and rt.trace.first_recv is not None:
+            self.tracing.record("stream", rt.trace.ctx, rt.trace.first_recv, end, attributes={
                 "sightline.rid": rt.rid, "gen_ai.usage.output_tokens": rt.completion_tokens})
-        rt.span.set_attribute("http.response.status_code", status or rt.status)
-        rt.span.end(end_time=self.tracing.wall(end))
+        rt.trace.span.set_attribute("http.response.status_code", status or rt.status)
+        rt.trace.span.end(end_time=self.tracing.wall(end))
 
     # -- TokenizerManager side ---------------------------------------------------------
     def tool_call_parse_failed(self, rt: TracedRequest, parser: str, text: str) -> None:
@@ -252,23 +243,23 @@ class RequestTelemetry:
         the span, and kept for the flight recorder (which writes the text only with --dump-content)."""
         self.count(self.m and self.m.tool_parse_failures, parser)
         rt.tool_call_failure = (parser, text)
-        if rt.span is not None:
-            rt.span.set_attribute("sightline.tool_call_parse_failed", parser)
+        if rt.trace.span is not None:
+            rt.trace.span.set_attribute("sightline.tool_call_parse_failed", parser)
 
     def tokenized(self, rt: TracedRequest, start: int, end: int) -> None:
-        rt.tokenize_ns = end - start
-        if rt.span is not None:
-            rt.span.set_attributes({"sightline.rid": rt.rid, "gen_ai.response.id": rt.rid,
+        rt.trace.tokenize_ns = end - start
+        if rt.trace.span is not None:
+            rt.trace.span.set_attributes({"sightline.rid": rt.rid, "gen_ai.response.id": rt.rid,
                                     "gen_ai.usage.input_tokens": rt.prompt_tokens})
-        self.tracing.record("tokenize", rt.ctx, start, end, attributes={
+        self.tracing.record("tokenize", rt.trace.ctx, start, end, attributes={
             "sightline.rid": rt.rid, "gen_ai.usage.input_tokens": rt.prompt_tokens})
 
     def producer(self, rt: TracedRequest) -> tuple[dict[str, str], Span | None]:
         """The carrier for the request message, and the PRODUCER span around its send."""
-        carrier = self.tracing.carrier(rt.span) if rt.trace_id or rt.tail_id else {}
+        carrier = self.tracing.carrier(rt.trace.span) if rt.trace.trace_id or rt.trace.tail_id else {}
         if not carrier:
             return carrier, None
-        span = self.tracing.start("send scheduler", rt.ctx, kind=SpanKind.PRODUCER, attributes={
+        span = self.tracing.start("send scheduler", rt.trace.ctx, kind=SpanKind.PRODUCER, attributes={
             "sightline.rid": rt.rid, **hop_attributes("scheduler", "TokenizedGenerateReqInput", "send")})
         carrier[PRODUCER_KEY] = traceparent_of(span) or ""
         return carrier, span
@@ -296,27 +287,27 @@ class RequestTelemetry:
             self.recorder.on_output(rt, out.text)
         st = out.meta.stamps
         if st.detok_recv and st.detok_done:
-            rt.detok_busy_ns += st.detok_done - st.detok_recv
+            rt.trace.detok_busy_ns += st.detok_done - st.detok_recv
         n = len(out.output_ids)
         if n == 0:
             return
         m = self.m
-        if rt.first_recv is None:
-            rt.first_recv = recv
+        if rt.trace.first_recv is None:
+            rt.trace.first_recv = recv
             self.observe(m and m.ttft, (recv - rt.arrival) / 1e9, rt)
             if st.sched_recv and st.tokenized:
                 self.observe(m and m.ipc_hop, (st.sched_recv - st.tokenized) / 1e9, None, "tm_to_scheduler")
-            self.tracing.record("receive tokenizer_manager", rt.ctx, recv, now_ns(), kind=SpanKind.CONSUMER,
+            self.tracing.record("receive tokenizer_manager", rt.trace.ctx, recv, now_ns(), kind=SpanKind.CONSUMER,
                                 links=self.tracing.link_of(out.meta.trace), attributes={
                                     "sightline.rid": rt.rid, **hop_attributes("tokenizer_manager", "BatchStrOutput",
                                                                                "process")})
-        elif rt.last_recv is not None:
-            gap = (recv - rt.last_recv) / 1e9 / n
+        elif rt.trace.last_recv is not None:
+            gap = (recv - rt.trace.last_recv) / 1e9 / n
             for _ in range(n):
                 self.observe(m and m.itl, gap, rt)
             if self.gaps is not None:
                 self.gaps.output(rt, st, recv)
-        rt.last_recv = recv
+        rt.trace.last_recv = recv
 
     def finish(self, rt: TracedRequest, finish_reason: str, abort_reason: str | None, error: str | None) -> dict:
         """The request ended in the TM (its `status` already decided): observe everything once;
@@ -326,10 +317,10 @@ class RequestTelemetry:
         end, m = now_ns(), self.m
         st = rt.meta.stamps
         completion_tokens = rt.completion_tokens
-        ttft = (rt.first_recv - rt.arrival) / 1e9 if rt.first_recv else None
+        ttft = (rt.trace.first_recv - rt.arrival) / 1e9 if rt.trace.first_recv else None
         e2e = (end - rt.arrival) / 1e9
         tpot = (e2e - ttft) / (completion_tokens - 1) if ttft is not None and completion_tokens >= 2 else None
-        outcome = rt.outcome = finished_outcome(finish_reason, abort_reason)
+        outcome = rt.trace.outcome = finished_outcome(finish_reason, abort_reason)
         met = self.judge_slo(rt, outcome, ttft, tpot, e2e)
         self.tail_decide(rt, outcome, ttft, tpot, met.get(ALL) is False)  # first: a kept trace is the exemplar
         self.observe(m and m.e2e, e2e, rt)
@@ -344,9 +335,9 @@ class RequestTelemetry:
                              (m and m.decode_time, st.first_token, st.finished)):
             if a is not None and b is not None:
                 self.observe(metric, (b - a) / 1e9, rt)
-        self.observe(m and m.tokenize_time, rt.tokenize_ns / 1e9, rt)
-        if rt.detok_busy_ns:
-            self.observe(m and m.detokenize_time, rt.detok_busy_ns / 1e9, rt)
+        self.observe(m and m.tokenize_time, rt.trace.tokenize_ns / 1e9, rt)
+        if rt.trace.detok_busy_ns:
+            self.observe(m and m.detokenize_time, rt.trace.detok_busy_ns / 1e9, rt)
         self.observe(m and m.prompt_tokens, rt.prompt_tokens, rt)
         self.observe(m and m.generation_tokens, completion_tokens, rt)
         self.count(m and m.requests, self.model, finish_reason, str(rt.status), outcome)
@@ -359,21 +350,22 @@ class RequestTelemetry:
             if abort_reason == ENGINE_FAILURE and self.gaps is not None:
                 self.gaps.cut(rt, end)
         rt.breakdown = {
-            "ttft_ms": _ms(rt.arrival, rt.first_recv),
+            "ttft_ms": _ms(rt.arrival, rt.trace.first_recv),
             "queue_ms": round(queue * 1e3, 3) if queue is not None else None, "retractions": rt.retractions,
             "wait_ms": {reason: round(ns / 1e6, 3) for reason, ns in waits.items()},
             "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
-            "tokenize_ms": round(rt.tokenize_ns / 1e6, 3), "detokenize_ms": round(rt.detok_busy_ns / 1e6, 3),
+            "tokenize_ms": round(rt.trace.tokenize_ns / 1e6, 3),
+            "detokenize_ms": round(rt.trace.detok_busy_ns / 1e6, 3),
             "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,
         }
         if met:
             rt.breakdown["slo"] = met
-        if rt.trace_id:
-            rt.breakdown["trace_id"] = rt.trace_id
+        if rt.trace.trace_id:
+            rt.breakdown["trace_id"] = rt.trace.trace_id
         if self.genai is not None:  # error.type as on the span
             self.genai.record(rt.operation, e2e, ttft=ttft, input_tokens=rt.prompt_tokens,
                               output_tokens=completion_tokens, cached_tokens=rt.cached_tokens,
-                              error_type=(abort_reason or "engine_error") if finish_reason == "error" else abort_reason)
+                              error_type=error_type_of(finish_reason, abort_reason))
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e)
         summary = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
                    "status": rt.status,
@@ -381,11 +373,11 @@ class RequestTelemetry:
         if abort_reason:
             summary["abort_reason"] = abort_reason
         sources = getattr(rt, "param_sources", None)  # request | generation_config | default, per sampling field
-        self.timeline.finish(rt.trace_id or rt.tail_id or f"rid:{rt.rid}",
+        self.timeline.finish(rt.trace.trace_id or rt.trace.tail_id or f"rid:{rt.rid}",
                              {**summary, "param_sources": sources} if sources else summary)
         if self.log_requests:
-            log_request({**summary, "trace_id": rt.trace_id,
-                         "span_id": f"{rt.span.get_span_context().span_id:016x}" if rt.trace_id else None})
+            log_request({**summary, "trace_id": rt.trace.trace_id,
+                         "span_id": f"{rt.trace.span.get_span_context().span_id:016x}" if rt.trace.trace_id else None})
         if self.recorder is not None:
             self.recorder.record(rt, outcome, finish_reason, rt.status)
         return rt.breakdown
@@ -397,24 +389,24 @@ class RequestTelemetry:
         if met:
             self.tenants.slo(rt.tenant, met)
             missed = [k for k, ok in met.items() if not ok and k != ALL]
-            if missed and rt.span is not None:
-                rt.span.set_attribute("sightline.slo.missed", missed)
+            if missed and rt.trace.span is not None:
+                rt.trace.span.set_attribute("sightline.slo.missed", missed)
         return met
 
     def tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None,
                     missed_slo: bool = False) -> None:
         """Tail sampling: the request ended; export its whole trace if it went wrong, else drop it."""
-        if self.tail is None or rt.tail_id is None or rt.choice_of:
+        if self.tail is None or rt.trace.tail_id is None or rt.trace.choice_of:
             return
         reason = self.tail_policy.keep_reason(outcome, ttft, tpot, missed_slo)
-        self.tail.decide(rt.tail_id, reason)
+        self.tail.decide(rt.trace.tail_id, reason)
         if reason is not None:
-            rt.trace_id = rt.tail_id  # exported: exemplars, the breakdown and the log line name it
-            if rt.span is not None:
-                rt.span.set_attribute("sightline.tail_sampling.reason", reason)
+            rt.trace.trace_id = rt.trace.tail_id  # exported: exemplars, the breakdown and the log line name it
+            if rt.trace.span is not None:
+                rt.trace.span.set_attribute("sightline.tail_sampling.reason", reason)
 
     def _annotate_span(self, rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e) -> None:
-        if rt.span is None or not (rt.trace_id or rt.tail_id):
+        if rt.trace.span is None or not (rt.trace.trace_id or rt.trace.tail_id):
             return
         attrs = {"gen_ai.response.finish_reasons": [finish_reason], "gen_ai.usage.output_tokens": completion_tokens,
                  "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens, "gen_ai.latency.e2e": e2e}
@@ -433,8 +425,5 @@ class RequestTelemetry:
         stall = self.loop_lag.worst_between(rt.arrival, now_ns()) if self.loop_lag is not None else None
         if stall is not None:  # the event loop stalled longer than the monitor's `slow` while this request ran
             attrs["sightline.event_loop.lag_max_seconds"] = stall
-        rt.span.set_attributes(attrs)
-        if finish_reason == "error":
-            set_error(rt.span, abort_reason or "engine_error", error)
-        elif abort_reason:
-            set_error(rt.span, abort_reason)
+        rt.trace.span.set_attributes(attrs)
+        span_error(rt.trace.span, finish_reason, abort_reason, error)

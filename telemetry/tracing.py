@@ -41,8 +41,10 @@ from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanKind, Status, 
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from protocol.io_struct import SpanEventRecord, SpanRecord
+from protocol.reasons import FinishReason
 from telemetry.clock import WallAnchor, now_ns
 from telemetry.genai_instruments import SCHEMA_URL
+from telemetry.outcomes import error_type_of
 from telemetry.tail_sampling import TailSampler
 
 log = logging.getLogger("sightline.tracing")
@@ -359,7 +361,7 @@ class Tracing:
                 "sightline.component": component, "messaging.message.type": message_type,
                 "sightline.drop.reason": reason})
 
-    def drain(self) -> list[SpanRecord]:
+    def collect_spans(self) -> list[SpanRecord]:
         out = list(self.forwarded)
         self.forwarded.clear()
         return out
@@ -377,6 +379,13 @@ class Tracing:
 def set_error(span: Span, error_type: str, message: str | None = None) -> None:
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR, message or error_type))
+
+
+def span_error(span: Span, finish_reason: str, abort_reason: str | None, error: str | None) -> None:
+    """A request's server span marked as it ended: failed with its error, or aborted for its reason."""
+    error_type = error_type_of(finish_reason, abort_reason)
+    if error_type is not None:
+        set_error(span, error_type, error if finish_reason == FinishReason.ERROR else None)
 
 
 def trace_id_of(span: Span | None) -> str | None:

@@ -1,14 +1,14 @@
-"""The Detokenizer process: token ids in, text deltas out, one `DecodeState` per rid.
+"""The Detokenizer process: token ids in, text deltas out, one `DetokReq` per rid.
 
-A rid's state is created by its first output (which carries its `DetokParams`) and
-dropped when the Scheduler finishes or aborts it.  A stop string ends the request
-here first: the TokenizerManager is told (`engine_running=True`) and aborts it in the
-Scheduler; tokens the Scheduler produced past the stop are discarded on purpose until
-its final output arrives.  Any other output for a rid with no state is stale: dropped
-and counted.
+A rid's record is created by its first output (which carries its `DetokParams`) and
+dropped (`forget`, the one place) when its final output from the Scheduler arrives.  A stop
+string ends the request here first: the TokenizerManager is told (`abort_in_engine=True`)
+and aborts it in the Scheduler; tokens the Scheduler produced past the stop are discarded
+on purpose until its final output arrives.  Any other output for a rid with no record is
+stale: dropped and counted.
 
 One rid's output that cannot be decoded (token ids outside the vocabulary, say) ends
-that rid alone: its client gets finish_reason "error" (with `engine_running=True` when
+that rid alone: its client gets finish_reason "error" (with `abort_in_engine=True` when
 the Scheduler still runs it, so the TokenizerManager aborts it there) and the rest of
 its outputs are discarded quietly.  A message whose handling fails as a whole is
 dropped.  Both are counted (`DetokenizerStats.handling_errors`) and logged at most once
@@ -16,7 +16,7 @@ a second; neither stops the process.
 
 Outputs go to the tokenizer worker that holds the rid (`TokenOut.worker`), one PUSH
 socket per worker, opened on first use; stats and Ready go to the control socket.  When
-the hub says a worker is gone (`WorkerGone`), its rids' states are dropped and its socket
+the hub says a worker is gone (`WorkerGone`), its rids' records are dropped and its socket
 closed: nothing queues for a process that will never read it.
 
 A TokenOut's log-probabilities go out cut to the tokens the StrOut carries (`output_ids`: a stop
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
+from dataclasses import dataclass
 
 import zmq
 
@@ -47,6 +47,7 @@ from protocol.io_struct import (
     TokenOut,
     WorkerGone,
 )
+from protocol.reasons import AbortReason, FinishReason
 from serving.args import ServerArgs
 from serving.detokenizer.incremental import DecodeState
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
@@ -58,7 +59,16 @@ from telemetry.engine_spans import DetokSpans
 from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
-MAX_FAILED_REMEMBERED = 4096
+
+
+@dataclass
+class DetokReq:
+    """One rid in the Detokenizer, from its first output to its final one: everything this process keeps of it."""
+
+    worker: int  # the tokenizer worker its outputs go to
+    decoder: DecodeState | None  # None once decoding it failed
+    ended: str | None = None  # it ended here (a stop string, a decoding failure) while the Scheduler still runs
+    # it: its later outputs are discarded quietly until the final one
 
 
 class DetokenizerManager:
@@ -67,25 +77,27 @@ class DetokenizerManager:
         self.tokenizer = tokenizer
         self.tracing = tracing or Tracing("detokenizer", enabled=False)
         self.spans = DetokSpans(self.tracing)
-        self.states: dict[str, DecodeState] = {}
+        self.reqs: dict[str, DetokReq] = {}
         self.codec = Codec("detokenizer")
         self.drops = DropCounter("detokenizer", on_drop=self.tracing.stale_drop)
         self.errors = RateLimitedLog(log)  # its count is DetokenizerStats.handling_errors
-        # rids ended here with an error that the Scheduler still runs (bounded: a forgotten one's
-        # later outputs are merely counted as stale)
-        self.failed: OrderedDict[str, None] = OrderedDict()
-        self.owner: dict[str, int] = {}  # rid -> its tokenizer worker, while it has a state
         self.gone: set[int] = set()  # workers that died: their outputs are dropped
 
     def worker_gone(self, worker: int) -> None:
         self.gone.add(worker)
-        for rid in [r for r, w in self.owner.items() if w == worker]:
-            self._end(rid, "worker_gone")
+        for rid in [r for r, req in self.reqs.items() if req.worker == worker]:
+            self.forget(rid, AbortReason.WORKER_GONE)
             self.spans.finished(rid, now_ns(), "abort")
+
+    def forget(self, rid: str, reason: str) -> None:
+        """The rid ended here (`reason`, what a late output for it is attributed to): its record goes, in this one
+        place, whichever way it ended.  Its span ends with its final StrOut (`handle_batch`)."""
+        self.reqs.pop(rid, None)
+        self.drops.forget(rid, reason)
 
     def handle_batch(self, batch: BatchTokenIDOutput) -> BatchStrOutput:
         recv = now_ns()
-        firsts = {o.rid for o in batch.outputs if o.rid not in self.states}
+        firsts = {o.rid for o in batch.outputs if o.rid not in self.reqs}
         outs = [o for o in (self._guarded(out, recv, batch.sent_at) for out in batch.outputs) if o is not None]
         done = now_ns()
         for o in outs:
@@ -116,67 +128,53 @@ class DetokenizerManager:
         if out.worker in self.gone:
             self.drops.drop("BatchTokenIDOutput", out.rid, out.meta.trace)
             return None
-        if out.rid in self.failed:  # already ended here: wait quietly for the engine's final output
+        req = self.reqs.get(out.rid)
+        if req is not None and req.ended is not None:  # ended here: wait quietly for the engine's final output
             if final:
-                del self.failed[out.rid]
+                self.forget(out.rid, req.ended)
             return None
         try:
-            return self._one(out, recv, sent_at)
+            return self._one(out, req, recv, sent_at)
         except Exception as exc:  # noqa: BLE001
             self.errors.report(f"could not detokenize the output of request {out.rid[:64]!r}; ending it", exc)
-        self.states.pop(out.rid, None)
-        self.owner.pop(out.rid, None)
-        self.drops.forget(out.rid, "error")
-        if not final:
-            self.failed[out.rid] = None
-            if len(self.failed) > MAX_FAILED_REMEMBERED:
-                self.failed.popitem(last=False)
-        return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", engine_running=not final,
+        if final:
+            self.forget(out.rid, FinishReason.ERROR)
+        else:
+            self.reqs[out.rid] = DetokReq(out.worker, None, FinishReason.ERROR)
+        return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", abort_in_engine=not final,
                       error="the output of this request could not be detokenized",
                       prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
                       cpu_ns=out.cpu_ns, completion_tokens=out.completion_tokens, meta=out.meta, worker=out.worker)
 
-    def _one(self, out: TokenOut, recv: int, sent_at: int) -> StrOut | None:
-        state = self.states.get(out.rid)
-        if state is None:
+    def _one(self, out: TokenOut, req: DetokReq | None, recv: int, sent_at: int) -> StrOut | None:
+        if req is None:
             if out.detok is None:
                 self.drops.drop("BatchTokenIDOutput", out.rid, out.meta.trace)
                 return None
-            state = self.states[out.rid] = DecodeState(self.tokenizer, out.detok)
-            self.owner[out.rid] = out.worker
+            req = self.reqs[out.rid] = DetokReq(out.worker, DecodeState(self.tokenizer, out.detok))
         final = out.finish_reason is not None
-        if state.stopped:  # tokens past a stop string: wait quietly for the engine's final output
-            if final:
-                self._end(out.rid, "stop")
-            return None
-        emitted = state.feed(out.new_token_ids, final)
+        emitted = req.decoder.feed(out.new_token_ids, final)
         out.meta.stamps.detok_recv, out.meta.stamps.sched_sent = recv, sent_at
         res = StrOut(
             rid=out.rid, text=emitted.text, output_ids=out.new_token_ids[:emitted.consumed],
             finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
             abort_reason=out.abort_reason,
             prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
-            cpu_ns=out.cpu_ns, completion_tokens=state.consumed,
+            cpu_ns=out.cpu_ns, completion_tokens=req.decoder.consumed,
             logprobs=_sliced(out.logprobs, emitted.consumed, len(out.new_token_ids)),
             prompt_logprobs=out.prompt_logprobs, meta=out.meta, worker=out.worker,
         )
         if emitted.matched_stop is not None:
-            res.finish_reason, res.matched_stop = "stop", emitted.matched_stop
-            res.engine_running = not final
-            if final:
-                self._end(out.rid, "stop")
-        elif final:
-            self._end(out.rid, out.finish_reason)
+            res.finish_reason, res.matched_stop = FinishReason.STOP, emitted.matched_stop
+            res.abort_in_engine = not final
+            req.ended = FinishReason.STOP
+        if final:
+            self.forget(out.rid, req.ended or out.finish_reason)
         return res
 
-    def _end(self, rid: str, reason: str) -> None:
-        del self.states[rid]
-        self.owner.pop(rid, None)
-        self.drops.forget(rid, reason)
-
     def stats(self) -> DetokenizerStats:
-        return DetokenizerStats(active_rids=len(self.states), stale_drops=self.drops.snapshot(),
-                                undecodable=self.codec.undecodable, spans=self.tracing.drain(),
+        return DetokenizerStats(active_rids=len(self.reqs), stale_drops=self.drops.snapshot(),
+                                undecodable=self.codec.undecodable, spans=self.tracing.collect_spans(),
                                 handling_errors=self.errors.count)
 
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.io_struct import DetokParams, EmbeddingOut, TokenizedEmbeddingReqInput, TokenOut
+from protocol.reasons import AbortReason, FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.engine.cpu_share import CpuLedger
 from serving.engine.events import TokenEvent, end_with_error
-from serving.engine.request import FinishReason
 from serving.engine.scheduler_core import SchedulerCore
 from serving.ratelog import RateLimitedLog
 from telemetry.engine_spans import SchedulerSpans
@@ -171,6 +171,6 @@ class EmbedGroups:
                 if self.parent.pop(sub, None) is not None:
                     ev = self.core.abort(sub)
                     if ev is not None:
-                        self.spans.finished(ev.req, "abort", "worker_gone", None)
+                        self.spans.finished(ev.req, "abort", AbortReason.WORKER_GONE, None)
                     self.cpu.of(sub, True)
             self.spans.ctx.pop(rid, None)

@@ -4,7 +4,7 @@ An embedding request is a prefill-only request (`Req.pooling` set): it is admitt
 chunked and batched with generation like any prompt (the same step budget, so it never
 starves decoding requests), generates no token, and finishes as soon as its last prompt
 chunk has run, with its pooled hidden state (the final norm's output, float32) as result.
-An encoder's (BERT's) input is one chunk, run whole in one step (`SchedulerCore._admit`).
+An encoder's (BERT's) input is one chunk, run whole in one step (`BatchBuilder.admit`).
 
 Pooling (`--pooling`, or the model's sentence-transformers `1_Pooling/config.json`):
   last  the hidden state of the last token (Qwen3-Embedding, e5-mistral): a prefix the

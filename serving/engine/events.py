@@ -6,7 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.io_struct import Logprobs, TokenOut
-from serving.engine.request import FinishReason, Req
+from protocol.reasons import FinishReason
+from serving.engine.request import Req
+from telemetry.outcomes import ending_for
 
 
 @dataclass
@@ -26,13 +28,14 @@ class TokenEvent:
 
 
 def end_with_error(out: TokenOut, error_type: str | None, error: str) -> None:
-    """How a request the engine ended with a cause the client must hear is answered: a timeout stays an
-    abort (its `abort_reason`), anything else (an engine error) finishes it with `error`."""
+    """How a request the engine ended with a cause the client must hear is answered (`ending_for`): a timeout
+    stays an abort (its `abort_reason`), anything else (an engine error) finishes it with `error`."""
+    ending = ending_for(error_type)
     out.error = error
-    if error_type == "timeout":
-        out.abort_reason = error_type
+    if ending.abort_reason is not None:
+        out.abort_reason = ending.abort_reason
     else:
-        out.finish_reason = "error"
+        out.finish_reason = ending.finish_reason
 
 
 @dataclass

@@ -25,7 +25,7 @@ One `Grammars` per SchedulerCore owns it all (the requests' `GrammarState`s are 
 
 A retracted request keeps its output tokens, and its matcher has consumed exactly those: it resumes
 where it was.  Tokens are consumed only once the step that sampled them succeeded, so a failed step
-rerun for its other requests (SchedulerCore._isolate) consumes nothing twice.
+rerun for its other requests (ForwardPass.isolate) consumes nothing twice.
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from protocol.io_struct import Logprobs
+from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.engine.wait_reasons import WaitLedger
 from telemetry.clock import now_ns
-from telemetry.outcomes import FinishReason  # one table of how requests end, the engine's finish reasons included
 
 if TYPE_CHECKING:
     from serving.engine.embedding import PoolState

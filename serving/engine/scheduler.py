@@ -7,6 +7,11 @@
 An embeddings request (`TokenizedEmbeddingReqInput`) is one prefill-only engine request per
 input, answered once with a `BatchEmbeddingOutput` (`serving.engine.embed_groups`).
 
+Each step reads schedule → run → emit: the engine schedules and runs one batch
+(`SchedulerCore.step`), its events become outputs (`serving.engine.outputs`: one `Envelope`
+per rid, one `forget` for every ending) and its plain record (`StepStats`) goes to the
+observers (`serving.engine.step_observers`: counters, spans, gaps, phases, the timeline).
+
 It never awaits: the forward pass owns the CPU.  Per-rid `ReqMeta` (trace carrier and
 timestamps) arrives with the request and leaves, updated, with every output.
 
@@ -35,41 +40,36 @@ from protocol.io_struct import (
     BatchEmbeddingOutput,
     BatchTokenIDOutput,
     ContinueReq,
-    DetokParams,
     FlushCacheReq,
     FlushCacheReqOutput,
+    Message,
     PauseReq,
     Ready,
     ReleaseHeldReq,
-    ReqMeta,
     SchedulerStats,
     SetLogLevelReq,
     StepTimelineOutput,
     StepTimelineReq,
     TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
-    TokenOut,
     WorkerGone,
 )
+from protocol.reasons import ENGINE_ERROR, AbortReason, FinishReason
 from serving.args import ServerArgs
 from serving.engine.cpu_share import CpuLedger
-from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.embed_groups import EmbedGroups
 from serving.engine.embedding import pooling_config
-from serving.engine.events import TokenEvent, end_with_error
 from serving.engine.loader import load_model
-from serving.engine.request import Req
+from serving.engine.outputs import Outputs
 from serving.engine.scheduler_core import SchedulerCore
+from serving.engine.step_observers import StepObservers
 from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
-from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
-from telemetry.stats import PhaseTimes
-from telemetry.step_timeline import PHASES, StepRing, trace_id_of
 from telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
@@ -93,27 +93,15 @@ class Scheduler:
         self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
         self.codec = Codec("scheduler")
         self.drops = DropCounter("scheduler", on_drop=self.tracing.stale_drop)
-        self.meta: dict[str, ReqMeta] = {}
-        self.pending_detok: dict[str, DetokParams] = {}  # sent with the rid's first output
-        self.worker_of: dict[str, int] = {}  # the tokenizer worker each rid's outputs go back to
-        self.outbox: list[TokenOut] = []
-        self.steps = 0
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.prefill_tokens_total = 0
-        self.last_token_at: int | None = None
         self._last_stats = 0
-        self.paused = 0  # the epoch of the PauseReq in effect: no step runs while it is set
+        self.pause_epoch = 0  # the epoch of the PauseReq in effect: no step runs while it is set
         self._paused_at = 0
-        self.gaps = DecodeGaps(GapRules(args.decode_gap_factor, args.decode_gap_floor)) \
-            if args.step_timeline_steps else None
-        self.ring = StepRing(args.step_timeline_steps) if args.step_timeline_steps else None
-        self.trace_of: dict[str, str] = {}  # rid → its trace id, for the step timeline's flows
-        stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
-        self.phases = PhaseTimes(PHASES, stage)
+        self.observers = StepObservers(args, self.spans)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
         self.cpu = CpuLedger()  # each rid's share of the steps' CPU time (per-tenant usage)
         self.embeds = EmbedGroups(self.core, self.spans, self.cpu, self.errors)
+        self.outputs = Outputs(self.core, self.spans, self.cpu, self.drops, self.embeds, self.errors,
+                               timeline=self.observers.ring is not None)
 
     # -- intake -------------------------------------------------------------------
     def recv_requests(self, timeout_ms: int) -> None:
@@ -127,31 +115,36 @@ class Scheduler:
                 return
             msg = self.codec.decode(data)
             try:
-                if isinstance(msg, TokenizedGenerateReqInput):
-                    self._add(msg)
-                elif isinstance(msg, TokenizedEmbeddingReqInput):
-                    self._add_embedding(msg)
-                elif isinstance(msg, AbortReq):
-                    self._abort(msg)
-                elif isinstance(msg, FlushCacheReq):
-                    self._flush_cache(msg)
-                elif isinstance(msg, StepTimelineReq):
-                    steps = self.ring.since(msg.seconds) if self.ring is not None else []
-                    self.to_tm.send(self.codec.encode(StepTimelineOutput(id=msg.id, worker=msg.worker,
-                                                                         dp_rank=self.dp_rank, steps=steps)))
-                elif isinstance(msg, WorkerGone):
-                    self._worker_gone(msg.worker)
-                elif isinstance(msg, BarrierReq):
-                    self._barrier(msg)
-                elif isinstance(msg, ReleaseHeldReq):
-                    log.info("released %d held requests", self.core.release(msg.rids))
-                elif isinstance(msg, (PauseReq, ContinueReq, SetLogLevelReq)):
-                    self._control(msg)
-                elif msg is not None:
-                    self.codec.undecodable += 1
-                    log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
+                self.on_message(msg)
             except Exception as exc:  # noqa: BLE001 - one bad message must not stop the engine
                 self.errors.report(f"dropped a {type(msg).__name__} whose handling failed", exc)
+
+    def on_message(self, msg: Message | None) -> None:
+        """One decoded message from a TokenizerManager (None: it could not be decoded, already counted)."""
+        if isinstance(msg, TokenizedGenerateReqInput):
+            self._add(msg)
+        elif isinstance(msg, TokenizedEmbeddingReqInput):
+            self._add_embedding(msg)
+        elif isinstance(msg, AbortReq):
+            self._abort(msg)
+        elif isinstance(msg, FlushCacheReq):
+            self._flush_cache(msg)
+        elif isinstance(msg, StepTimelineReq):
+            ring = self.observers.ring
+            self.to_tm.send(self.codec.encode(StepTimelineOutput(
+                id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
+                steps=ring.since(msg.seconds) if ring is not None else [])))
+        elif isinstance(msg, WorkerGone):
+            self._worker_gone(msg.worker)
+        elif isinstance(msg, BarrierReq):
+            self._barrier(msg)
+        elif isinstance(msg, ReleaseHeldReq):
+            log.info("released %d held requests", self.core.release(msg.rids))
+        elif isinstance(msg, (PauseReq, ContinueReq, SetLogLevelReq)):
+            self._control(msg)
+        elif msg is not None:
+            self.codec.undecodable += 1
+            log.warning("unexpected %s on the scheduler socket", type(msg).__name__)
 
     def _add(self, msg: TokenizedGenerateReqInput) -> None:
         msg.meta.stamps.sched_recv = now_ns()
@@ -160,38 +153,26 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - the TM validates first; this is the last line of defence
             if not isinstance(exc, ValueError):  # ValueError: a client error, said to the client
                 self.errors.report(f"could not queue request {msg.rid[:64]!r}", exc)
-            error = str(exc) if isinstance(exc, ValueError) else "the engine could not queue this request"
-            self.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=error,
-                                        prompt_tokens=len(msg.input_ids), detok=msg.detok, meta=msg.meta,
-                                        worker=msg.worker))
+            self.outputs.refused(msg, str(exc) if isinstance(exc, ValueError)
+                                 else "the engine could not queue this request")
             return
-        self.meta[msg.rid] = msg.meta
-        self.worker_of[msg.rid] = msg.worker
-        self.pending_detok[msg.rid] = msg.detok
-        if self.ring is not None and msg.meta.trace:
-            self.trace_of[msg.rid] = trace_id_of(msg.meta.trace)
+        self.outputs.opened(msg)
         req.times.queued = req.times.waiting_since = msg.meta.stamps.sched_recv
-        if self.paused:
+        if self.pause_epoch:
             assign([req], PAUSED, req.times.queued)
-        self.prompt_tokens_total += req.prompt_len
+        self.observers.prompt_tokens_total += req.prompt_len
         self.spans.received(msg.rid, msg.meta, req.times.queued, now_ns())
 
     def _add_embedding(self, msg: TokenizedEmbeddingReqInput) -> None:
         refused = self.embeds.add(msg, now_ns())
         if refused is not None:
-            self.outbox.append(refused)
+            self.outputs.outbox.append(refused)
         else:
-            self.prompt_tokens_total += sum(map(len, msg.inputs))
-
-    def _embedding_ended(self, out: TokenOut | None) -> None:
-        """An embeddings request ended without its vectors (`out`, its answer): sent, and its rid forgotten."""
-        if out is not None:
-            self.outbox.append(out)
-            self.drops.forget(out.rid, out.finish_reason)
+            self.observers.prompt_tokens_total += sum(map(len, msg.inputs))
 
     def _abort(self, msg: AbortReq) -> None:
         if msg.rid in self.embeds.groups:
-            self._embedding_ended(self.embeds.abort(msg.rid, msg.reason))
+            self.outputs.embedding_ended(self.embeds.abort(msg.rid, msg.reason))
             return
         event = self.core.abort(msg.rid)
         if event is None:
@@ -199,20 +180,21 @@ class Scheduler:
             return
         log.debug("aborted %s (%s)", msg.rid, msg.reason)
         # a stop string ended it in the Detokenizer: a normal finish, not a failure
-        self._emit(event, None if msg.reason == "stop_string" else msg.reason)
+        self.outputs.emit(event, None if msg.reason == AbortReason.STOP_STRING else msg.reason)
 
     def _worker_gone(self, worker: int) -> None:
         """Its client connections died with it: free its requests without a word (no one to hear it)."""
         self.embeds.worker_gone(worker)
-        rids = [rid for rid, w in self.worker_of.items() if w == worker]
+        rids = self.outputs.rids_of(worker)
         for rid in rids:
             ev = self.core.abort(rid)
-            self._forget(rid, "worker_gone", ev.req if ev is not None else None, "abort", "worker_gone")
+            self.outputs.forget(rid, AbortReason.WORKER_GONE, ev.req if ev is not None else None,
+                                FinishReason.ABORT, AbortReason.WORKER_GONE)
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
 
     def _barrier(self, msg: BarrierReq) -> None:
         """Answer on both paths, behind everything this rank has to send so far (see `BarrierReq`)."""
-        self.flush()
+        self.send_outputs()
         self.send_stats(force=True)
         self.to_tm.send(self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
                                                      path="control")))
@@ -224,14 +206,14 @@ class Scheduler:
             logging.getLogger().setLevel(msg.level.upper())
             log.info("log level set to %s", msg.level)
             return
-        was, self.paused = self.paused, msg.epoch if isinstance(msg, PauseReq) else 0
-        if self.paused and not was:  # the queue waits for the pause now; the next step says why it waits after
+        was, self.pause_epoch = self.pause_epoch, msg.epoch if isinstance(msg, PauseReq) else 0
+        if self.pause_epoch and not was:  # the queue waits for the pause now; the next step says why it waits after
             self._paused_at = now_ns()
             assign(self.core.waiting, PAUSED, self._paused_at)
-        elif was and not self.paused and self.gaps is not None:
-            self.gaps.paused(self._paused_at, now_ns())
-        if bool(was) != bool(self.paused):
-            log.info("%s with %d running and %d waiting requests", "paused" if self.paused else "resumed",
+        elif was and not self.pause_epoch:
+            self.observers.resumed(self._paused_at)
+        if bool(was) != bool(self.pause_epoch):
+            log.info("%s with %d running and %d waiting requests", "paused" if self.pause_epoch else "resumed",
                      self.core.num_running, self.core.num_waiting)
         self.send_stats(force=True)  # the front end waits for this to say the pause is in effect
 
@@ -251,54 +233,10 @@ class Scheduler:
         self.send_stats(force=True)  # the KV gauges show the flush at once
 
     # -- outputs --------------------------------------------------------------------
-    def _token_out(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> TokenOut:
-        req: Req = ev.req
-        meta = self.meta[ev.rid]
-        st, t = meta.stamps, req.times
-        st.scheduled, st.first_token, st.finished = t.scheduled, t.first_token, t.finished
-        if t.scheduled is not None:
-            st.waited = t.waited_ns(t.finished)
-            if ev.finished:
-                st.wait_reasons = dict(t.wait.ns)
-        if t.token_times:
-            st.last_token = t.token_times[-1]
-        out = TokenOut(
-            rid=ev.rid, new_token_ids=ev.new_token_ids,
-            finish_reason=ev.finish_reason.value if ev.finish_reason else None,
-            matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
-            completion_tokens=len(req.output_ids), retractions=req.num_retractions,
-            cpu_ns=self.cpu.of(ev.rid, ev.finished), detok=self.pending_detok.pop(ev.rid, None), meta=meta,
-            worker=self.worker_of.get(ev.rid, 0), logprobs=ev.logprobs,
-        )
-        if out.detok is not None:
-            self.spans.first_output(ev.rid, meta)
-            if req.prompt_logprobs is not None and req.score_from is None:  # every prompt token scored
-                out.prompt_logprobs = req.prompt_logprobs
-        if error is not None:  # an engine error, or an abort with a cause the client must hear (timeout)
-            end_with_error(out, error_type, error)
-        if ev.finished:
-            self._forget(ev.rid, out.finish_reason, req, out.finish_reason, error_type, error)
-        return out
-
-    def _forget(self, rid: str, ending: str, req: Req | None, outcome: str | None = None,
-                error_type: str | None = None, error: str | None = None) -> None:
-        """The rid ended here (`ending`, what a late message for it is then attributed to): every per-request
-        table of this process emptied in this one place, whichever way it ended; its stage spans recorded
-        (`outcome`, failed with `error_type`) when the engine's record of it is at hand."""
-        self.meta.pop(rid, None)
-        self.pending_detok.pop(rid, None)
-        self.worker_of.pop(rid, None)
-        self.trace_of.pop(rid, None)
-        self.cpu.of(rid, done=True)
-        self.drops.forget(rid, ending)
-        if req is not None:
-            self.spans.finished(req, outcome or ending, error_type, error)
-        else:
-            self.spans.forget(rid)
-
-    def flush(self) -> None:
-        if self.outbox:
-            outputs, self.outbox = self.outbox, []
+    def send_outputs(self) -> None:
+        """The outbox, as one batch to the Detokenizer (and the embeddings answered, as another)."""
+        if self.outputs.outbox:
+            outputs, self.outputs.outbox = self.outputs.outbox, []
             self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=outputs)))
             self.spans.producers.sent()
         if self.embeds.outbox:
@@ -318,78 +256,38 @@ class Scheduler:
         return SchedulerStats(**self.core.stats(), **self.stats())
 
     def stats(self) -> dict[str, object]:
-        """This process's part of `SchedulerStats`, by field name: its counters, drops, spans and phases."""
+        """This process's part of `SchedulerStats`, by field name: its observers', drops, spans and pause."""
         return {
-            "dp_rank": self.dp_rank, "steps_total": self.steps, "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total, "last_token_at": self.last_token_at,
-            "prefill_tokens_total": self.prefill_tokens_total, "stale_drops": self.drops.snapshot(),
-            "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
-            "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
-            **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
+            "dp_rank": self.dp_rank, **self.observers.stats(), "stale_drops": self.drops.snapshot(),
+            "undecodable": self.codec.undecodable, "spans": self.tracing.collect_spans(),
+            "handling_errors": self.errors.count, "paused": self.pause_epoch,
             **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
         }
 
     # -- the loop ---------------------------------------------------------------------
     def step(self) -> None:
+        """Schedule and run one batch (`SchedulerCore.step`), then emit: its outputs built and sent, its record
+        (`StepStats`) and events given to the observers."""
         cpu0, t0 = time.process_time_ns(), time.monotonic()
         try:
             events = self.core.step()
         except Exception as exc:  # noqa: BLE001 - a bug outside any one request: fail the batch, not hang it
             self.errors.report("engine step failed; failing the running batch", exc)
             for req in list(self.core.running):
-                self._emit(self.core.abort(req.rid), "engine_error", "internal engine error")
+                self.outputs.emit(self.core.abort(req.rid), ENGINE_ERROR, "internal engine error")
             return
-        self.steps += 1
         st = self.core.last_step
         floor = self.core.seams.step_floor_s  # test seam: a step lasts at least this long
         if floor and st.batch_size and time.monotonic() - t0 < floor:
             time.sleep(floor - (time.monotonic() - t0))
         self.cpu.charge(st.rids, st.tokens, time.process_time_ns() - cpu0)
         t_out = now_ns()
-        traces = tuple(self.trace_of.get(r, "") for r in st.rids) if self.ring is not None else ()  # before finishes
-        self.prefill_tokens_total += st.num_prefill_tokens
-        if self.gaps is not None:
-            self.gaps.stepped(st, events)
-        if st.rids:
-            self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
-                "sightline.batch.size": st.batch_size, "sightline.batch.decode": st.num_decode,
-                "sightline.batch.prefill_tokens": st.num_prefill_tokens, "sightline.batch.retracted": st.num_retracted})
-        for ev in events:
-            self.generation_tokens_total += len(ev.new_token_ids)
-            if ev.error is not None:  # the engine failed this request alone
-                self._emit(ev, "engine_error", ev.error)
-            else:
-                self._emit(ev)
-        if events:
-            self.last_token_at = now_ns()
-        self.flush()
-        if st.batch_size:
-            t_end = now_ns()
-            for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
-                                   ("sample", st.sample_seconds), ("grammar", st.grammar_seconds),
-                                   ("logprobs", st.logprobs_seconds),
-                                   ("output", (t_end - t_out) / 1e9)):
-                self.phases.observe(phase, seconds)
-            if self.ring is not None:
-                self.ring.add(st, traces, t_end - t_out)
-
-    def _emit(self, ev: TokenEvent, error_type: str | None = None, error: str | None = None) -> None:
-        """Queue the rid's output; if building it fails, end that rid alone with an explicit error."""
-        if ev is None:
-            return
-        if self.embeds.owns(ev.rid):  # an embeddings request's input
-            self._embedding_ended(self.embeds.take(ev, error_type, error))
-            return
-        try:
-            self.outbox.append(self._token_out(ev, error_type, error))
-        except Exception as exc:  # noqa: BLE001
-            self.errors.report(f"could not build the output of request {ev.rid[:64]!r}; ending it", exc)
-            self.core.abort(ev.rid)  # None when it had already finished
-            detok = self.pending_detok.get(ev.rid) or DetokParams()
-            self.outbox.append(TokenOut(rid=ev.rid, new_token_ids=[], finish_reason="error",
-                                        error="internal engine error", detok=detok,
-                                        worker=self.worker_of.get(ev.rid, 0)))
-            self._forget(ev.rid, "error", ev.req, "error", "engine_error", "internal engine error")
+        traces = self.outputs.trace_ids(st.rids) if self.observers.ring is not None else ()  # before finishes
+        self.observers.ran(st, events)
+        for ev in events:  # an event with an error: the engine failed that request alone
+            self.outputs.emit(ev, ENGINE_ERROR if ev.error is not None else None, ev.error)
+        self.send_outputs()
+        self.observers.sent(st, traces, now_ns() - t_out)
 
     def expire_queue(self) -> None:
         """Abort requests that waited in the queue longer than --max-queue-time before they first ran (a
@@ -400,7 +298,7 @@ class Scheduler:
         now = now_ns()
         for req in [r for r in self.core.waiting if r.times.scheduled is None and now - r.times.queued > limit * 1e9]:
             ev = self.core.abort(req.rid)
-            self._emit(ev, "timeout", f"the request waited more than {limit:g} s in the queue")
+            self.outputs.emit(ev, AbortReason.TIMEOUT, f"the request waited more than {limit:g} s in the queue")
 
     def event_loop(self, parent: int) -> None:
         freeze_heap()
@@ -416,15 +314,15 @@ class Scheduler:
         )))
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):
-            busy = self.core.has_work and not self.paused  # paused: wait for messages as when idle
+            busy = self.core.has_work and not self.pause_epoch  # paused: wait for messages as when idle
             # a step that ran nothing (the queue's head blocked by held requests) waits a little for a message
-            blocked = busy and self.steps and not self.core.last_step.batch_size and self.core.num_held
+            blocked = busy and self.observers.steps and not self.core.last_step.batch_size and self.core.num_held
             try:
                 self.recv_requests(0 if busy and not blocked else (5 if busy else idle_ms))
                 self.expire_queue()
-                if self.core.has_work and not self.paused:
+                if self.core.has_work and not self.pause_epoch:
                     self.step()
-                self.flush()
+                self.send_outputs()
                 self.send_stats(force=busy)
             except Exception as exc:  # noqa: BLE001 - never fatal; the watchdog sees a loop that stops stepping
                 self.errors.report("scheduler loop iteration failed", exc)

@@ -4,17 +4,17 @@ Usable in-process (tests, benchmarks): `add_request`, then `step()` until idle.
 Each step:
   1. every running request whose prompt is done decodes one token;
   2. if the KV available (free or evictable) would not give every decoding request its
-     next slot, requests are retracted (`_make_room`, --admission estimate only): they
-     leave the batch, their K/V stays in the prefix cache, pinned, and they go back to
-     the head of the queue, to resume after the tokens they already have;
-  3. prompts are prefilled under a per-step budget (`prefill_budget`: all of
+     next slot, requests are retracted (`serving.engine.retraction`, --admission estimate
+     only): they leave the batch, their K/V stays in the prefix cache, pinned, and they go
+     back to the head of the queue, to resume after the tokens they already have;
+  3. prompts are prefilled under a per-step budget (`serving.engine.batch_builder`: all of
      `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` leaves after
      the decodes, at least `min_prefill_chunk`): first the chunk in progress, then
      waiting requests in arrival order, chunking the one that does not fit; a request
      is admitted when the admission policy (`serving.engine.admission`) finds its
      expected KV need and the running requests' fit, and fewer than
      `max_running_requests` run.  A step that retracted admits no one;
-  4. one ragged forward runs decodes and prefill chunks side by side;
+  4. one ragged forward runs decodes and prefill chunks side by side (`serving.engine.forward_pass`);
   5. requests whose prompt is complete sample a token (through their grammar's mask, if they
      have one: `serving.engine.grammar`); finished ones free KV at once.
 
@@ -37,8 +37,10 @@ recursively, until each failing request stands alone; those end with finish_reas
 `error`, every other request gets its token as if nothing happened.  A healthy step pays
 nothing for this.
 
-Fault injection (tests): with SIGHTLINE_FAULT_SEED=N in the environment, a step that
-includes a request seeded N raises after its forward pass, as a torch error would.  The
+`step` reads schedule → run → emit: `_schedule` (steps 1–3), `ForwardPass.run_isolated` (4),
+`_emit` (5, and the step's plain record, `last_step`).
+
+Fault injection (tests): SIGHTLINE_FAULT_SEED (`serving.engine.forward_pass`).  The
 hold seam (`serving.engine.seams`) keeps a request marked by its seed running one token
 short of its limit: it is left out of the decodes and of retraction until released or cut.
 """
@@ -46,38 +48,52 @@ short of its limit: it is left out of the decodes and of retraction until releas
 from __future__ import annotations
 
 import logging
-import os
 import random
+from dataclasses import dataclass, field
 
 import torch
 
 from protocol.io_struct import Logprobs
+from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.admission import AdmissionPolicy
-from serving.engine.batch import Work
+from serving.engine.batch_builder import BatchBuilder
 from serving.engine.cache_manager import CacheManager
-from serving.engine.embedding import PoolState, pool_rows
+from serving.engine.embedding import PoolState
 from serving.engine.events import StepStats, TokenEvent
+from serving.engine.forward_pass import ForwardPass, Produced
 from serving.engine.grammar import Grammars
 from serving.engine.kv_invariants import check_kv_invariants
 from serving.engine.loader import LoadedModel
-from serving.engine.logprobs import PromptScore, extend, output_logprobs, score_prompts, score_window
 from serving.engine.model_runner import ModelRunner
 from serving.engine.radix_cache import RadixCache
-from serving.engine.request import FinishReason, Req, ReqStatus, Retraction
-from serving.engine.sampling import adjust, pick
+from serving.engine.request import Req, ReqStatus
+from serving.engine.retraction import Retractions
 from serving.engine.seams import Seams
 from serving.engine.stopping import eos_ids, finish_reason
 from serving.engine.wait_queue import WaitQueue
-from serving.engine.wait_reasons import KV_CAPACITY, RETRACTED, RUNNING_LIMIT, STEP_BUDGET, assign
 from serving.ratelog import RateLimitedLog
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 
 log = logging.getLogger(__name__)
-FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
 COMPILE_POLL_S = 0.005  # an idle step waits this long at most for a grammar compile
+
+
+@dataclass
+class StepPlan:
+    """What a step will run (`SchedulerCore._schedule`): its decodes and prefill chunks, the requests retracted
+    to make room for them, and those that ended before it ran (a grammar that failed to compile)."""
+
+    decoding: list[Req]
+    chunks: list[tuple[Req, int]]
+    retracted: list[Req]
+    ended: list[TokenEvent]
+    group: list[tuple[Req, int]] = field(init=False)  # (request, tokens to feed): the decodes, then the chunks
+
+    def __post_init__(self) -> None:
+        self.group = [(r, 1) for r in self.decoding] + self.chunks
 
 
 class SchedulerCore:
@@ -93,12 +109,9 @@ class SchedulerCore:
         self.reqs: dict[str, Req] = {}
         self._seed_rng = random.Random(args.random_seed)
         self.last_step = StepStats()
-        fault = os.environ.get(FAULT_SEED_ENV)
-        self.fault_seed = int(fault) if fault else None
         self.seams = Seams.from_env()
         self.failed_requests = 0  # cumulative: requests the engine failed alone
         self.fail_log = RateLimitedLog(log)
-        self._forward_ns = self._sample_ns = self._logprobs_ns = self._grammar_ns = 0  # this step's, every run of it
         self.encoder = self.runner.encoder
         # an encoder's hidden states depend on the whole input: no prefix of it can be reused
         self.tree: RadixCache | None = None if args.disable_prefix_cache or self.encoder else RadixCache()
@@ -106,13 +119,10 @@ class SchedulerCore:
         self.policy = AdmissionPolicy.from_args(args)
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.grammar = Grammars(loaded.path, self.eos_ids, self.vocab_size, stage)  # no thread until a grammar
-        # cumulative counters (telemetry)
-        self.prefix_queries_tokens = 0  # prompt tokens of admitted requests
-        self.prefix_hits_tokens = 0  # of those, reused from the cache
-        self.cache_flushes = 0
-        self.retractions = 0  # requests taken out of the batch
-        self.retracted_tokens = 0  # the K/V positions they had
-        self.recomputed_tokens = 0  # of those, computed again when they resumed (the cache no longer held them)
+        self.forward = ForwardPass(self.runner, self.grammar, args, self.eos_ids)
+        self.retraction = Retractions(args, self.cache, self.policy)
+        self.batches = BatchBuilder(args, self.cache, self.policy, self.encoder)
+        self.cache_flushes = 0  # cumulative (telemetry)
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, priority: int = 0,
@@ -183,6 +193,16 @@ class SchedulerCore:
         return len(marked)
 
     @property
+    def retractions(self) -> int:
+        """Cumulative: requests taken out of the batch."""
+        return self.retraction.total
+
+    @property
+    def retracted_tokens(self) -> int:
+        """Cumulative: the K/V positions the retracted requests had."""
+        return self.retraction.tokens
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting)
 
@@ -214,11 +234,11 @@ class SchedulerCore:
             "kv_reserved": self.kv_committed, "new_token_ratio": self.policy.ratio,
             **self.last_step.stats(), **self.grammar.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
-            "prefix_queries_tokens_total": self.prefix_queries_tokens,
-            "prefix_hits_tokens_total": self.prefix_hits_tokens,
+            "prefix_queries_tokens_total": self.batches.prefix_queries_tokens,
+            "prefix_hits_tokens_total": self.batches.prefix_hits_tokens,
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
             "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
-            "retraction_recomputed_tokens_total": self.recomputed_tokens,
+            "retraction_recomputed_tokens_total": self.batches.recomputed_tokens,
             "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
         }
 
@@ -237,229 +257,57 @@ class SchedulerCore:
         return True
 
     # -- the step -----------------------------------------------------------------
-    def prefill_budget(self, num_decoding: int) -> int:
-        """Prompt tokens this step may prefill.
-
-        Idle decoders: all of --max-prefill-tokens (time to first token is all that counts).
-        With requests decoding, the step's tokens are capped at --max-step-tokens, decodes
-        first, so a step's time — every decoding request's inter-token gap — stays bounded
-        whatever prompts arrive; at least --min-prefill-chunk so waiting prompts progress.
-        """
-        a = self.args
-        if not num_decoding:
-            return a.max_prefill_tokens
-        return min(a.max_prefill_tokens, max(a.min_prefill_chunk, a.max_step_tokens - num_decoding))
-
-    def _admit(self, budget: int, num_decoding: int, admit_new: bool) -> list[tuple[Req, int]]:
-        chunks: list[tuple[Req, int]] = []
-        room = self.cache.available - num_decoding  # slots this step's prefill may still allocate
-        for req in self.running:  # a chunked prefill in progress goes first
-            if not req.prefill_done and budget > 0 and room > 0:
-                n = min(budget, room, req.prefill_len - req.num_computed)
-                chunks.append((req, n))
-                budget, room = budget - n, room - n
-        committed = self.policy.committed(self.running) if admit_new else 0.0
-        blocked = None if admit_new else RETRACTED  # why the head of the queue stays there (wait_reasons)
-        i = 0  # the queue's head: the first request whose grammar (if any) is compiled
-        while admit_new and i < len(self.waiting):
-            if self.waiting[i].grammar_pending:  # it waits for its grammar, holding back no one
-                i += 1
-                continue
-            if budget <= 0 or len(self.running) >= self.args.max_running_requests:
-                blocked = STEP_BUDGET if budget <= 0 else RUNNING_LIMIT
-                break
-            req = self.waiting[i]
-            match = self.cache.match(req)
-            need = self.policy.need(req) - match.length  # it allocates only what the cache does not hold
-            if committed + match.gain + need > self.cache.available:
-                blocked = KV_CAPACITY
-                break  # strict arrival order: no overtaking by smaller requests
-            if self.encoder and req.prefill_len > min(budget, room):  # whole in one step, or not yet
-                blocked = STEP_BUDGET if req.prefill_len > budget else KV_CAPACITY
-                break
-            del self.waiting[i]
-            self.cache.attach(req, match)
-            committed += need
-            room -= match.gain
-            self._admitted(req, match.length)
-            self.running.append(req)
-            n = min(budget, room, req.prefill_len - match.length)
-            chunks.append((req, n))
-            budget, room = budget - n, room - n
-        assign(self.waiting, blocked, now_ns())
-        return chunks
-
-    def _admitted(self, req: Req, m: int) -> None:
-        t, now = req.times, now_ns()
-        t.waits.append((t.waiting_since or now, now))
-        t.wait.close(now, t.waiting_since or now)
-        t.waiting_since = None
-        if t.scheduled is None:
-            t.scheduled = now
-            req.cached_tokens = m
-            self.prefix_queries_tokens += req.prompt_len
-            self.prefix_hits_tokens += m
-        else:  # resumed after a retraction: what it had and the cache lost is computed again
-            self.recomputed_tokens += max(0, req.retracted_computed - m)
-        req.status = ReqStatus.RUNNING
-
-    # -- retraction -----------------------------------------------------------------
-    def _step_need(self, headroom: int) -> int:
-        """Slots the running requests need this step: one per decode (plus `headroom` more), some prefill."""
-        chunk = self.args.min_prefill_chunk if headroom else 1
-        return sum(1 + headroom if r.prefill_done else min(chunk, r.prefill_len - r.num_computed)
-                   for r in self.running)
-
-    def _make_room(self) -> list[Req]:
-        """Retract requests, in the policy's order, until this step fits and every decoding request that stays
-        has room for `headroom_steps` more tokens; never the last one (alone, it always fits)."""
-        if self.policy.reserve or self.cache.available >= self._step_need(0):
-            return []
-        order = [r for r in self.policy.victims(self.running) if not r.held]  # a held request keeps its KV
-        victims: list[Req] = []
-        while order and len(self.running) > 1 and self.cache.available < self._step_need(self.policy.headroom_steps):
-            victims.append(self._retract(order.pop(0)))
-        for req in sorted(victims, key=lambda r: r.times.queued, reverse=True):
-            self.waiting.appendleft(req)  # at the head, in arrival order
-        self.policy.retracted(self.running)
-        return victims
-
-    def _retract(self, req: Req) -> Req:
-        computed = req.num_computed
-        kept = self.cache.retract(req)
-        self.running.remove(req)
-        req.times.waiting_since = t = now_ns()
-        req.times.retractions.append(Retraction(t, computed, kept, len(req.output_ids)))
-        req.times.wait.set(RETRACTED, t, t)
-        req.retracted_computed = computed
-        req.prefill_len = req.total_len  # it resumes by computing its prompt and output, then samples
-        req.status = ReqStatus.WAITING
-        self.retractions += 1
-        self.retracted_tokens += computed
-        return req
-
     def step(self) -> list[TokenEvent]:
-        """Run one batch; returns the new tokens and finishes it produced."""
+        """Run one batch: schedule it, run it, emit what it produced (the new tokens and finishes, and the
+        step's record in `last_step`)."""
         t0 = now_ns()
-        failed_grammars = self._grammars_compiled() if self.grammar.live else []
-        retracted = self._make_room()
+        plan = self._schedule()
+        if not plan.group:
+            self.last_step = StepStats(num_retracted=len(plan.retracted))
+            return plan.ended
+        t_sched = now_ns()
+        self.forward.reset()
+        produced, failed = self.forward.run_isolated(plan.group)
+        return self._emit(plan, produced, failed, t0, t_sched)
+
+    def _schedule(self) -> StepPlan:
+        """Steps 1–3: grammars compiled (or failed), room made by retraction, prompts admitted and chunked."""
+        ended = self._grammars_compiled() if self.grammar.live else []
+        retracted = self.retraction.make_room(self.running, self.waiting)
         decoding = [r for r in self.running if r.prefill_done and not r.held]
-        chunks = self._admit(self.prefill_budget(len(decoding)), len(decoding), admit_new=not retracted)
+        chunks = self.batches.admit(self.running, self.waiting, len(decoding), admit_new=not retracted)
         if not retracted:
             self.policy.stepped(decoded=bool(decoding))
-        if not decoding and not chunks:
-            self.last_step = StepStats(num_retracted=len(retracted))
-            return failed_grammars
-        group = [(r, 1) for r in decoding] + chunks
-        t_sched = now_ns()
-        self._forward_ns = self._sample_ns = self._logprobs_ns = self._grammar_ns = 0
-        try:
-            produced, failed = self._run(group), []
-        except Exception as exc:  # noqa: BLE001 - find the requests responsible, keep the rest
-            produced, failed = self._isolate(group, exc)
+        return StepPlan(decoding, chunks, retracted, ended)
+
+    def _emit(self, plan: StepPlan, produced: list[Produced], failed: list[tuple[Req, Exception]], t0: int,
+              t_sched: int) -> list[TokenEvent]:
+        """Step 5: the prefill chunks that ran given to the prefix cache, every produced token appended (finishes
+        freeing KV at once), every failed request ended alone; the step's record in `last_step`."""
         t1 = now_ns()
         failed_ids = {id(r) for r, _ in failed}
-        for req, n in chunks:
+        for req, n in plan.chunks:
             if id(req) not in failed_ids:
                 req.times.prefill_chunks.append((t0, t1, n))
                 if self.tree is not None:  # a request arriving now reuses what this one computed
                     self.cache.give_to_tree(req, keep_lock=True)
-        events = failed_grammars + [self._fail(req, exc) for req, exc in failed]
-        run_grammar_ns = self._grammar_ns
+        events = plan.ended + [self._fail(req, exc) for req, exc in failed]
+        fp = self.forward
+        run_grammar_ns = fp.grammar_ns
         events += [self._append_token(req, tok, t1, lp) for req, tok, lp in produced]
         t2 = now_ns()
-        consume_ns = self._grammar_ns - run_grammar_ns  # inside t1..t2: not the sample phase's
+        consume_ns = fp.grammar_ns - run_grammar_ns  # inside t1..t2: not the sample phase's
+        group, chunks = plan.group, plan.chunks
         self.last_step = StepStats(
-            batch_size=len(group), num_decode=len(decoding),
+            batch_size=len(group), num_decode=len(plan.decoding),
             num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
-            step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=self._forward_ns / 1e9,
-            sample_seconds=(self._sample_ns + t2 - t1 - consume_ns) / 1e9, logprobs_seconds=self._logprobs_ns / 1e9,
-            grammar_seconds=self._grammar_ns / 1e9,
+            step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=fp.forward_ns / 1e9,
+            sample_seconds=(fp.sample_ns + t2 - t1 - consume_ns) / 1e9, logprobs_seconds=fp.logprobs_ns / 1e9,
+            grammar_seconds=fp.grammar_ns / 1e9,
             started_ns=t0, ended_ns=t1,
-            rids=tuple(r.rid for r, _ in group), num_retracted=len(retracted),
+            rids=tuple(r.rid for r, _ in group), num_retracted=len(plan.retracted),
             prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group))
         return events
-
-    def _run(self, group: list[tuple[Req, int]]) -> list[tuple[Req, int, Logprobs | None]]:
-        """Forward + sample one group of (request, tokens to feed); returns (request, token, its logprobs) per
-        sampled request.
-
-        Positions (and their prompt logprobs) count only on success; on failure nothing of it remains.
-        """
-        decode_work, extend_work, sampled_d, sampled_e, scoring = [], [], [], [], []
-        pooled, embedded, hidden_rows, offset = [], [], [], sum(r.prefill_done for r, _ in group)
-        for req, n in group:
-            if req.prefill_done:
-                decode_work.append(Work(req.row, req.total_len - 1, [req.output_ids[-1]], True))
-                sampled_d.append(req)
-            else:
-                start = req.num_computed
-                completes = start + n >= req.prefill_len
-                score = score_window(req, start, n)
-                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes and not req.pooling, score))
-                if score is not None:
-                    scoring.append(PromptScore(req, start, score))
-                if req.pooling is not None:  # an embedding request: its pooled rows, no logits
-                    rows = pool_rows(req.pooling.mode, offset, start, n, completes)
-                    hidden_rows.extend(rows)
-                    pooled.append((req, start, len(rows)))
-                    embedded += [req] if completes else []
-                elif completes:
-                    sampled_e.append(req)
-                offset += n
-        sampled = sampled_d + sampled_e  # the order of the logits rows
-        t0 = now_ns()
-        with self.runner.step(decode_work, extend_work, hidden_rows) as logits:
-            t1 = now_ns()
-            self._forward_ns += t1 - t0
-            if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
-                raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
-            adjusted = adjust(logits, sampled, self.eos_ids)
-            t_mask = t_masked = 0
-            masked = None
-            if self.grammar.live:
-                t_mask = now_ns()
-                raw = self.args.logprobs_mode == "raw"  # a masked row's raw logprobs need the model's logits kept
-                adjusted, masked = self.grammar.mask(logits, adjusted, sampled, keep_raw=raw and any(
-                    r.grammar is not None and r.params.logprobs is not None for r in sampled))
-                t_masked = now_ns()
-                self._grammar_ns += t_masked - t_mask
-            picked = pick(adjusted, sampled, masked)
-            tokens = picked.tolist()
-            t2 = now_ns()
-            self._sample_ns += t2 - t1 - (t_masked - t_mask)
-            lps = output_logprobs(logits, adjusted, sampled, picked, self.args.logprobs_mode)  # None: none asked
-            prompt_lps = score_prompts(self.runner.model.head, self.runner.scored, scoring) if scoring else []
-            if lps is not None or scoring:
-                self._logprobs_ns += now_ns() - t2
-        for req, n in group:
-            req.num_computed += n
-        for sc, lp in zip(scoring, prompt_lps):
-            extend(sc.req.prompt_logprobs, lp)
-        i = 0
-        for req, start, k in pooled:
-            if k:
-                req.pooling.add(self.runner.hidden[i:i + k], start)
-            i += k
-        return (list(zip(sampled, tokens, lps or [None] * len(sampled)))
-                + [(req, -1, None) for req in embedded])  # -1: pooled, no token
-
-    def _isolate(self, group: list[tuple[Req, int]], exc: Exception
-                 ) -> tuple[list[tuple[Req, int, Logprobs | None]], list[tuple[Req, Exception]]]:
-        """`group` failed with `exc`: rerun its halves until every failing request stands alone."""
-        if len(group) == 1:
-            return [], [(group[0][0], exc)]
-        produced: list[tuple[Req, int, Logprobs | None]] = []
-        failed: list[tuple[Req, Exception]] = []
-        mid = len(group) // 2
-        for half in (group[:mid], group[mid:]):
-            try:
-                produced += self._run(half)
-            except Exception as sub:  # noqa: BLE001
-                p, f = self._isolate(half, sub)
-                produced += p
-                failed += f
-        return produced, failed
 
     def _fail(self, req: Req, exc: Exception) -> TokenEvent:
         """End one request the engine could not serve; its batch mates are unaffected."""
@@ -499,7 +347,7 @@ class SchedulerCore:
         if req.grammar is not None:
             t0 = now_ns()
             error = self.grammar.advance(req, tok)
-            self._grammar_ns += now_ns() - t0
+            self.forward.grammar_ns += now_ns() - t0
             if error is not None:
                 return self._end_with_error(req, error)
         req.output_ids.append(tok)

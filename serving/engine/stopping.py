@@ -6,8 +6,9 @@ Stop *strings* are the Detokenizer's (they need text); the context window is fol
 
 from __future__ import annotations
 
+from protocol.reasons import FinishReason
 from serving.engine.loader import LoadedModel
-from serving.engine.request import FinishReason, Req
+from serving.engine.request import Req
 
 
 def eos_ids(loaded: LoadedModel) -> frozenset[int]:

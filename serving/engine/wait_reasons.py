@@ -1,6 +1,6 @@
 """Why a waiting request was not admitted: one reason per request per step, time per reason.
 
-Every step, `SchedulerCore._admit` gives each request left in the queue the reason it was
+Every step, `BatchBuilder.admit` gives each request left in the queue the reason it was
 not admitted (`WaitReasons.assign`):
 
 - `kv_capacity`: the head of the queue did not fit in the KV available (its expected need,

@@ -15,6 +15,7 @@ import logging
 import signal
 from typing import Any, Callable
 
+from protocol.reasons import AbortReason
 from serving import __version__
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState
@@ -137,4 +138,4 @@ class FrontEnd:
             await asyncio.sleep(0.05)
         if tm.rid_to_state:
             log.warning("shutdown grace over: aborting %d requests", len(tm.rid_to_state))
-            tm.abort_all("shutdown", "the server is shutting down")
+            tm.abort_all(AbortReason.SHUTDOWN, "the server is shutting down")

@@ -277,7 +277,7 @@ def test_a_rank_that_does_not_confirm_is_named(fleet):
 
 def test_the_step_timeline_merges_every_rank_whichever_worker_answers(fleet):
     """Each answer comes from whichever worker accepted the connection; the replies of both ranks reach it."""
-    async def load():  # concurrent: the dispatcher spreads them over both ranks
+    async def load():  # concurrent: the rank picker spreads them over both ranks
         async with httpx.AsyncClient(base_url=fleet.url, timeout=60) as client:
             rs = await asyncio.gather(*[client.post("/v1/completions", json={"prompt": f"timeline {i}",
                                                                              "max_tokens": 32}) for i in range(8)])

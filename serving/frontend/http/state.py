@@ -48,7 +48,7 @@ class ServerState:
                  "age_ms": round((now - s.arrival) / 1e6, 3), "stream": s.stream, "prompt_tokens": s.prompt_tokens,
                  "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens, "dp_rank": s.dp_rank,
                  "tenant": s.tenant,
-                 "trace_id": s.trace_id, **worker} for s in states]
+                 "trace_id": s.trace.trace_id, **worker} for s in states]
 
     def debug_state(self) -> dict:
         """/debug/state of a single-process server (with workers the hub answers it)."""

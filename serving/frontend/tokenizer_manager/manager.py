@@ -2,9 +2,9 @@
 
 As in SGLang's TokenizerManager: `submit` tokenizes and validates a request, puts its
 `ReqState` in `rid_to_state` and sends it to the Scheduler; every message from the
-children arrives in `dispatch` (outputs here, everything else to its `EngineState`: the
+children arrives in `on_message` (outputs here, everything else to its `EngineState`: the
 `EngineMonitor`, or a tokenizer worker's `HubLink`); the HTTP handler reads a state's
-outputs with `stream` (or `collect`).  With `--dp-size` ranks, a `DataParallelDispatcher`
+outputs with `stream` (or `collect`).  With `--dp-size` ranks, a `RankPicker`
 picks each request's rank; its abort goes to that rank.
 As one of several tokenizer workers it stamps its `worker` id on what it sends, so its
 rids' outputs come back to it.  A rid leaves
@@ -43,6 +43,7 @@ from protocol.io_struct import (
     TokenizedEmbeddingReqInput,
     TokenizedGenerateReqInput,
 )
+from protocol.reasons import AbortReason
 from serving.args import ServerArgs
 from serving.frontend.engine_state import EngineState, FrontCounts, check_available
 from serving.frontend.errors import bad_request, http_status
@@ -52,7 +53,7 @@ from serving.frontend.tenants.namespace import cache_namespace, check_salt
 from serving.frontend.tenants.priority import engine_priority
 from serving.frontend.tokenizer_manager import embeddings
 from serving.frontend.tokenizer_manager.admission import Admission
-from serving.frontend.tokenizer_manager.dispatch import DataParallelDispatcher
+from serving.frontend.tokenizer_manager.rank_picker import RankPicker
 from serving.frontend.tokenizer_manager.replies import RankReplies, combine_flushes
 from serving.frontend.tokenizer_manager.req_state import Collected, GenerateReqInput, ReqState, join_logprobs
 from serving.frontend.tokenizer_manager.tokenization import InputLimits, PromptTokenizer, check_size, check_tokens
@@ -75,7 +76,7 @@ class TokenizerManager:
         self.worker = worker
         self.tenants = tenants  # per-tenant limits (None: none), decided for the whole server
         self.policy = policy or (lambda tenant: TenantPolicy())  # a tenant's priority and limits (the keys)
-        self.dispatcher = DataParallelDispatcher(args.dp_size)
+        self.rank_picker = RankPicker(args.dp_size)
         self.tel = telemetry
         self.tokenizer = tokenizer
         self.prompts = PromptTokenizer(tokenizer, args)
@@ -93,7 +94,7 @@ class TokenizerManager:
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
-        self.transport.start(self.dispatch)
+        self.transport.start(self.on_message)
 
     async def close(self) -> None:
         await self.transport.close()
@@ -109,7 +110,7 @@ class TokenizerManager:
 
     def engine_failed(self, message: str) -> None:
         """The engine died: every in-flight request ends with `message`; the new one starts clean."""
-        self.abort_all("engine_failure", message)
+        self.abort_all(AbortReason.ENGINE_FAILURE, message)
         self.reset_engine()
 
     def oldest_arrival(self) -> int | None:
@@ -120,7 +121,7 @@ class TokenizerManager:
                            self.oldest_arrival(), self.tel.gaps.snapshot() if self.tel.gaps is not None else [])
 
     # -- receiving ------------------------------------------------------------------
-    def dispatch(self, msg: Message) -> None:
+    def on_message(self, msg: Message) -> None:
         """One message from a child (or the hub): outputs are handled here, the rest by the EngineState."""
         try:
             if isinstance(msg, BatchStrOutput):
@@ -167,7 +168,7 @@ class TokenizerManager:
                 self._apply_output(state, out, recv)
             except Exception as exc:  # noqa: BLE001 - one rid's bad output ends that rid alone
                 self.handling_errors.report(f"failed to handle an output of {out.rid}; ending it with an error", exc)
-                self.abort(out.rid, "internal_error", "internal error while handling this request's output")
+                self.abort(out.rid, AbortReason.INTERNAL_ERROR, "internal error while handling this request's output")
             state.event.set()
 
     def _apply_output(self, state: ReqState, out: StrOut, recv: int) -> None:
@@ -183,8 +184,9 @@ class TokenizerManager:
             state.parsing.feed(out.text, len(out.output_ids))
         if out.finish_reason is not None:
             self._finish(state, out.finish_reason, out.abort_reason, out.error)
-            if out.engine_running:  # the Detokenizer ended it (a stop string, or it failed there)
-                self._send_abort(state, "stop_string" if out.finish_reason == "stop" else "detokenizer_error")
+            if out.abort_in_engine:  # the Detokenizer ended it (a stop string, or it failed there)
+                self._send_abort(state, AbortReason.STOP_STRING if out.finish_reason == "stop"
+                                  else AbortReason.DETOKENIZER_ERROR)
 
     def _handle_embedding_output(self, batch: BatchEmbeddingOutput) -> None:
         """Each `EmbeddingOut` finishes its request (one message, the whole answer)."""
@@ -216,7 +218,7 @@ class TokenizerManager:
         self.admission.release(state.budget_tokens, state.started)
         if self.tenants is not None:
             self.tenants.release(state.tenant, state.rid, state.completion_tokens)
-        self.dispatcher.release(state.dp_rank, state.budget_tokens)
+        self.rank_picker.release(state.dp_rank, state.budget_tokens)
         if state.timer is not None:
             state.timer.cancel()
         self.drops.forget(state.rid, abort_reason or reason)
@@ -302,10 +304,10 @@ class TokenizerManager:
         state.meta = ReqMeta(trace=carrier, stamps=Stamps(arrival=state.arrival, tokenized=now_ns()))
         self.rid_to_state[rid] = state
         self.admission.admit(budget)
-        state.dp_rank = self.dispatcher.pick(first_ids, budget, namespace)
+        state.dp_rank = self.rank_picker.pick(first_ids, budget, namespace)
         if timeout:
             state.timer = asyncio.get_running_loop().call_later(
-                timeout, self.abort, rid, "timeout", f"the request timed out after {timeout:g} s")
+                timeout, self.abort, rid, AbortReason.TIMEOUT, f"the request timed out after {timeout:g} s")
         self.transport.send(message(rid, state.meta), state.dp_rank)
         if producer is not None:
             producer.end()
@@ -328,7 +330,7 @@ class TokenizerManager:
                     return
         finally:
             if not state.finished:
-                self.abort(state.rid, "client_disconnect")
+                self.abort(state.rid, AbortReason.CLIENT_DISCONNECT)
 
     async def collect(self, state: ReqState) -> Collected:
         text: list[str] = []

@@ -8,15 +8,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from opentelemetry.context import Context
-from opentelemetry.trace import Span
-
 from protocol.io_struct import Logprobs, ReqMeta, Stamps, StrOut
 from protocol.sampling_params import SamplingParams
 from serving.frontend.output_parsing import ParsingSpec
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
 from telemetry.request_slo import Objectives
+from telemetry.request_trace import RequestTrace
 
 
 class OutputParser(Protocol):
@@ -64,7 +62,8 @@ class ReqState:
     """Everything about one request, from the HTTP handler's first line to the end of its
     response (SGLang's ReqState, with its telemetry): one object, each fact once.
 
-    The HTTP layer creates it (`route`, `arrival`), telemetry opens its span,
+    The HTTP layer creates it (`route`, `arrival`), telemetry opens its span (in `trace`, which only
+    telemetry reads and writes),
     `TokenizerManager.submit` gives it its rid and puts it in `rid_to_state`, outputs
     accumulate in `out_list`, and the TM's `_finish` sets the outcome exactly once.
     """
@@ -93,27 +92,13 @@ class ReqState:
     started: bool = False  # the engine produced its first output (it no longer counts as queued)
     completion_tokens: int = 0
     cpu_ns: int = 0  # its share of the engine steps' CPU time so far (per-tenant usage)
-    first_recv: int | None = None  # monotonic ns: first output token received
-    last_recv: int | None = None
-    tokenize_ns: int = 0
-    detok_busy_ns: int = 0
-    gap_events: int = 0  # decode_gap events put on its span (telemetry.downstream_gaps)
+    # -- its telemetry: span and trace ids, receive stamps, outcome, the flight recorder's input and output --
+    trace: RequestTrace = field(default_factory=RequestTrace)
     # -- outcome (set once, by TokenizerManager._finish) --
     finished: bool = False
     finish_reason: str | None = None
-    outcome: str | None = None  # telemetry.outcomes' name for how it ended
     status: int = 200  # the HTTP status it ends with (serving.frontend.errors.http_status)
     breakdown: dict | None = None  # the latency breakdown returned to the client
-    # -- tracing --
-    span: Span | None = None
-    ctx: Context | None = None
-    trace_id: str | None = None  # of a sampled trace (head-sampled, or kept by tail sampling at the end)
-    tail_id: str | None = None  # of a trace recorded for tail sampling, until its end decides
-    choice_of: str | None = None  # one choice of a request with several (`n`, prompts): that request decides
-    ended: bool = False  # the server span is closed
-    # -- flight recorder (--dump-requests / --crash-dump-dir; None when it is off) --
-    dump_input: GenerateReqInput | None = None  # the request as built: prompt or messages, sampling as run
-    dump_output: Any = None  # telemetry.flight_recorder.OutputDigest: the output's length, SHA-256 (text)
     # -- embeddings (serving.frontend.tokenizer_manager.embeddings) --
     embed_inputs: int = 0  # inputs of an embeddings request
     embedding: Any = None  # its protocol.io_struct.EmbeddingOut, once it arrived
@@ -122,9 +107,6 @@ class ReqState:
     # -- chat answers read for reasoning and tool calls (serving.frontend.output_parsing) --
     parsing: OutputParser | None = None
     tool_call_failure: tuple[str, str] | None = None  # (parser, text): its tool calls did not parse
-
-    def exemplar(self) -> dict[str, str] | None:
-        return {"trace_id": self.trace_id} if self.trace_id else None
 
 
 @dataclass

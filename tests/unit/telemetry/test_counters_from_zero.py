@@ -74,7 +74,7 @@ def test_every_labelled_counter_lists_its_series_or_says_why_not():
 
 def test_the_known_values_are_the_codes():
     """Finish and abort reasons come from the table of endings (tests/unit/test_endings.py checks it)."""
-    from serving.engine.request import FinishReason
+    from protocol.reasons import FinishReason
 
     assert set(FINISH_REASONS) == {r.value for r in FinishReason}
     monitor = EngineMonitor(60.0, 60.0, on_stats=lambda *a: None, dp_size=1)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 from protocol.io_struct import Stamps
 from telemetry.downstream_gaps import DownstreamGaps, merge
+from telemetry.request_trace import RequestTrace
 
 MS = 1_000_000
 
@@ -20,12 +21,12 @@ class Span:
 
 
 def request(rank: int = 0):
-    return SimpleNamespace(dp_rank=rank, last_recv=None, gap_events=0, span=Span())
+    return SimpleNamespace(dp_rank=rank, trace=RequestTrace(span=Span()))
 
 
 def feed(gaps: DownstreamGaps, rt, sent: int, done: int, recv: int) -> str | None:
-    cause = gaps.output(rt, Stamps(sched_sent=sent, detok_done=done), recv) if rt.last_recv is not None else None
-    rt.last_recv = recv
+    cause = gaps.output(rt, Stamps(sched_sent=sent, detok_done=done), recv) if rt.trace.last_recv is not None else None
+    rt.trace.last_recv = recv
     return cause
 
 
@@ -48,9 +49,9 @@ def test_a_stopped_detokenizer_and_a_held_loop_are_told_apart():
     t += 300 * MS  # the Scheduler's own gap: the stamps downstream did not grow
     assert feed(gaps, rt, t, t + MS, t + 2 * MS) is None
     assert {(g.dp_rank, g.cause, g.count) for g in gaps.snapshot()} == {(1, "detokenizer", 1), (1, "main_loop", 1)}
-    causes = [e[1]["sightline.decode_gap.cause"] for e in rt.span.events]
+    causes = [e[1]["sightline.decode_gap.cause"] for e in rt.trace.span.events]
     assert causes == ["detokenizer", "main_loop"]
-    assert rt.span.events[0][1]["sightline.decode_gap.detokenizer_seconds"] > 0.45
+    assert rt.trace.span.events[0][1]["sightline.decode_gap.detokenizer_seconds"] > 0.45
 
 
 def test_a_stream_cut_by_an_engine_failure_counts_one_restart_gap():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 
+from protocol.reasons import ENGINE_ERROR, AbortReason
 from serving.frontend.errors import ABORT_STATUS, CLIENT_GONE, http_status, result_error
 from telemetry import outcomes
 from telemetry.metrics import ZERO_SERIES
@@ -17,6 +18,7 @@ from telemetry.outcomes import (
     OUTCOMES,
     REFUSALS,
     REQUEST_FINISH_REASONS,
+    ending_for,
 )
 from tests.helpers import REPO
 
@@ -63,20 +65,32 @@ def test_every_ending_exists_at_zero():
     assert [s["reason"] for s in ZERO_SERIES["sightline_request_aborts_total"]] == [e.abort_reason for e in ABORTS]
 
 
-def _abort_reasons_in_code() -> set[str]:
-    """The literal reasons the front end aborts requests with (`tm.abort(rid, r)`, `tm.abort_all(r, ...)`)."""
-    found = set()
+def _abort_reasons_in_code() -> tuple[set[str], list[str]]:
+    """The reasons the front end aborts requests with (`tm.abort(rid, r)`, `tm.abort_all(r, ...)`), and the
+    calls that give one as a bare string instead of an `AbortReason` member."""
+    found, bare = set(), []
     for path in (ROOT / "serving").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             i = {"abort": 1, "abort_all": 0}.get(node.func.attr)
-            if i is not None and len(node.args) > i and isinstance(node.args[i], ast.Constant):
-                found.add(node.args[i].value)
-    return found
+            if i is None or len(node.args) <= i:
+                continue
+            arg = node.args[i]
+            if isinstance(arg, ast.Constant):
+                bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            elif isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "AbortReason":
+                found.add(AbortReason[arg.attr].value)
+    return found, bare
 
 
 def test_every_abort_reason_the_code_uses_has_a_row():
-    used = _abort_reasons_in_code()
+    used, bare = _abort_reasons_in_code()
     assert used, "the scan found no abort call: update it"
+    assert not bare, f"abort reasons as bare strings (take them from AbortReason): {bare}"
     assert used <= {e.abort_reason for e in ABORTS}, used - {e.abort_reason for e in ABORTS}
+
+
+def test_ending_for_an_engine_error_type():
+    assert ending_for(AbortReason.TIMEOUT).abort_reason == "timeout"  # a queue timeout stays an abort (504)
+    assert ending_for(ENGINE_ERROR).finish_reason == "error" and ending_for(None).status == 500

@@ -39,7 +39,7 @@ def finished(i: int = 0, outputs=("Hello", " world"), stream: bool = False) -> R
     rt = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns() - 50_000_000, stream=stream)
     rt.rid, rt.prompt_tokens, rt.completion_tokens, rt.cached_tokens = f"rid{i}", 5, len(outputs), 2
     rt.retractions = 1
-    rt.dump_input = obj
+    rt.trace.dump_input = obj
     rt.breakdown = {"ttft_ms": 10.0, "queue_ms": 1.0, "e2e_ms": 40.0, "cached_tokens": 2, "retractions": 1,
                     "trace_id": "x"}
     return rt
@@ -55,12 +55,12 @@ def test_a_record_has_the_request_without_its_text(tmp_path):
     metrics = Metrics("m")
     rec = FlightRecorder(str(tmp_path), "m", metrics=metrics)
     rt = finished()
-    rt.trace_id = "ab" * 16
+    rt.trace.trace_id = "ab" * 16
     run(rec, rt)
     refused = ReqState(route="/v1/chat/completions", operation="chat", arrival=now_ns())
     rec.record(refused, "rejected", "error", 400)
     shed = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns())
-    shed.dump_input = GenerateReqInput(sampling=SamplingParams(), prompt="p")  # no max_tokens, never admitted
+    shed.trace.dump_input = GenerateReqInput(sampling=SamplingParams(), prompt="p")  # no max_tokens, never admitted
     rec.record(shed, "shed", "error", 429)
     rec.close()
     r, bad, full = read_records(tmp_path)
@@ -85,7 +85,7 @@ def test_dump_content_records_the_texts(tmp_path):
     rec = FlightRecorder(str(tmp_path), "m", content=True)
     run(rec, finished())
     chat = finished(1, outputs=("ok",))
-    chat.dump_input.prompt, chat.dump_input.messages = None, [{"role": "user", "content": "hi there"}]
+    chat.trace.dump_input.prompt, chat.trace.dump_input.messages = None, [{"role": "user", "content": "hi there"}]
     run(rec, chat, outputs=("ok",))
     rec.close()
     a, b = read_records(tmp_path)

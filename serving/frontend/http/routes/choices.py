@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from protocol.reasons import AbortReason
 from serving.frontend.http.state import ServerState
 from serving.frontend.tokenizer_manager.req_state import GenerateReqInput, ReqState
 
@@ -95,7 +96,7 @@ async def submit_choices(state: ServerState, parent: ReqState, obj: GenerateReqI
             sent.append(c)
     except BaseException:
         for c in sent:
-            state.tm.abort(c.state.rid, "client_disconnect")
+            state.tm.abort(c.state.rid, AbortReason.CLIENT_DISCONNECT)
         state.tel.close_choices([c.state for c in choices])
         raise
     return choices

@@ -50,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.io_struct import ContinueReq, PauseReq, SetLogLevelReq
+from protocol.reasons import AbortReason
 from serving.frontend.errors import APIError, bad_request, error_response
 from serving.frontend.http.state import ServerState
 from serving.frontend.pause import CONFIRM_TIMEOUT, PauseController, PauseOrder, unconfirmed_ranks
@@ -178,7 +179,7 @@ class LocalPause:
         tm, aborted = self.state.tm, 0
         if order.abort:
             aborted = len(tm.rid_to_state)
-            tm.abort_all("operator", ABORT_MESSAGE)
+            tm.abort_all(AbortReason.OPERATOR, ABORT_MESSAGE)
         if order.engine is not None:
             tm.broadcast(PauseReq(epoch=order.epoch) if order.engine == "pause" else ContinueReq())
             if await unconfirmed_ranks(self.state.monitor, order.epoch):
@@ -212,7 +213,7 @@ def apply_order(state: ServerState, order: dict) -> dict:
     _show(state)
     if order.get("abort"):
         out["aborted"] = len(tm.rid_to_state)
-        tm.abort_all("operator", ABORT_MESSAGE)
+        tm.abort_all(AbortReason.OPERATOR, ABORT_MESSAGE)
     if order.get("engine") == "pause":
         tm.broadcast(PauseReq(epoch=order["epoch"]))
     elif order.get("engine") == "continue":

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.io_struct import EmbeddingOut
+from protocol.reasons import AbortReason
 from serving.frontend.errors import CLIENT_GONE, APIError, bad_request, error_response
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
@@ -118,10 +119,10 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build: Bu
         body = decode_body(await read_body(request, state.args.max_request_bytes), typ)
         obj, extra = build(body, state)
         if tel.recorder is not None:
-            req.dump_input = obj
+            req.trace.dump_input = obj
         obj.timeout = request_timeout(request, state.args.request_timeout)
-        if req.span is not None and obj.user is not None:
-            req.span.set_attribute("user.id", obj.user)
+        if req.trace.span is not None and obj.user is not None:
+            req.trace.span.set_attribute("user.id", obj.user)
         await state.tm.submit_embeddings(obj, req)
     except APIError as err:
         tel.rejected(req, err.status, err.code or err.type, err.message, client_gone=err.status == CLIENT_GONE)
@@ -131,7 +132,7 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build: Bu
         raise
     headers = {"x-request-id": req.rid, **tel.response_headers(req)}
     result = await await_or_abort(request, tm_embeddings.collect(state.tm.stream(req), req),
-                                  lambda: state.tm.abort(req.rid, "client_disconnect"))
+                                  lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT))
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)

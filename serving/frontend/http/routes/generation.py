@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Callable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.reasons import AbortReason
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.middleware.auth import principal_of
@@ -153,11 +154,11 @@ async def admit(request: Request, kind: Kind) -> Admitted | Response:
         body = decode_body(await read_body(request, state.args.max_request_bytes), kind.body)
         obj = kind.build(body, state)
         if tel.recorder is not None:  # the flight recorder: prompt and sampling as run, read when it ends
-            req.dump_input = obj
+            req.trace.dump_input = obj
         obj.timeout = request_timeout(request, state.args.request_timeout)
         req.stream = obj.stream
-        if req.span is not None:
-            req.span.set_attributes(_request_attributes(obj))
+        if req.trace.span is not None:
+            req.trace.span.set_attributes(_request_attributes(obj))
         if kind.route == "/generate":
             await state.tm.submit(obj, req)
         else:
@@ -188,10 +189,11 @@ async def generation(request: Request, kind: Kind) -> Response:
         return await respond(request, Answer(state, req, choices, shape), headers, obj.stream, obj.timeout)
     if obj.stream:
         def on_close() -> None:
-            state.tm.abort(req.rid, "client_disconnect")
+            state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT)
             tel.end(req)
         return SSEResponse(_generate_events(state, req), on_close, headers, obj.timeout)
-    result = await await_or_abort(request, state.tm.collect(req), lambda: state.tm.abort(req.rid, "client_disconnect"))
+    result = await await_or_abort(request, state.tm.collect(req),
+                                  lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT))
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from protocol.io_struct import StrOut
+from protocol.reasons import AbortReason
 from serving.frontend.errors import CLIENT_GONE, error_response, result_error
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.routes.choice_view import ChoiceView
@@ -48,7 +49,7 @@ class Answer:
         else:
             self.state.tel.end_choices(self.req, [c.state for c in self.choices], status)
 
-    def abort(self, reason: str = "client_disconnect") -> None:
+    def abort(self, reason: str = AbortReason.CLIENT_DISCONNECT) -> None:
         abort_choices(self.state, self.choices, reason)
 
     def usage(self, completion: int | None = None) -> dict:
@@ -98,7 +99,7 @@ async def collect(request: Request, answer: Answer, headers: dict) -> dict | Res
         return Response(status_code=CLIENT_GONE)
     for c, result in zip(answer.choices, results):
         if (err := result_error(result.finish_reason, result.error, c.state.status)) is not None:
-            answer.abort("internal_error")
+            answer.abort(AbortReason.INTERNAL_ERROR)
             answer.end(err.status)
             return error_response(err, headers)
     body = _body(answer, results)
@@ -179,7 +180,7 @@ async def chunks(answer: Answer) -> AsyncIterator[dict]:
             yield shape.role_chunk(running, v.choice.index)
     async for view, out in _outputs(answer):
         if (err := result_error(out.finish_reason, out.error, view.choice.state.status)) is not None:
-            answer.abort("internal_error")
+            answer.abort(AbortReason.INTERNAL_ERROR)
             yield err.body()
             return
         if out.prompt_logprobs is not None:

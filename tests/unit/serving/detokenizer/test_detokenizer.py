@@ -92,7 +92,7 @@ def test_manager_drops_unknown_rids_and_forgets_finished(tiny):
     assert [o.rid for o in out.outputs] == ["a"] and out.outputs[0].text == "Hi"
     end = TokenOut(rid="a", new_token_ids=[], finish_reason="abort")
     assert mgr.handle_batch(BatchTokenIDOutput(outputs=[end])).outputs[0].finish_reason == "abort"
-    assert mgr.states == {}
+    assert mgr.reqs == {}
     mgr.handle_batch(BatchTokenIDOutput(outputs=[TokenOut(rid="a", new_token_ids=[7])]))
     drops = {(d.message_type, d.reason): d.count for d in mgr.stats().stale_drops}
     assert drops == {("BatchTokenIDOutput", "unknown_rid"): 1, ("BatchTokenIDOutput", "abort"): 1}
@@ -105,12 +105,12 @@ def test_outputs_carry_their_worker_and_a_gone_worker_leaves_no_state(tiny):
     out = mgr.handle_batch(BatchTokenIDOutput(outputs=first))
     assert [(o.rid, o.worker) for o in out.outputs] == [("r1", 1), ("r2", 2)]
     mgr.worker_gone(1)
-    assert set(mgr.states) == {"r2"} and set(mgr.owner) == {"r2"}
+    assert set(mgr.reqs) == {"r2"} and mgr.reqs["r2"].worker == 2
     late = mgr.handle_batch(BatchTokenIDOutput(outputs=[
         TokenOut(rid="r1", new_token_ids=ids[1:2], worker=1),  # still in flight when the worker died
         TokenOut(rid="r3", new_token_ids=ids[:1], detok=DetokParams(), worker=1),  # a first output: no new state
         TokenOut(rid="r2", new_token_ids=ids[1:2], finish_reason="length", worker=2)]))
-    assert [o.rid for o in late.outputs] == ["r2"] and not mgr.states and not mgr.owner
+    assert [o.rid for o in late.outputs] == ["r2"] and not mgr.reqs
     assert mgr.drops.counts[("BatchTokenIDOutput", "worker_gone")] == 1
     assert mgr.drops.counts[("BatchTokenIDOutput", "unknown_rid")] == 1
 

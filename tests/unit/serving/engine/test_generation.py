@@ -51,15 +51,15 @@ def test_batch_with_joins_mid_flight_equals_transformers(any_model, references):
 
 
 def test_chunked_prefill_equals_unchunked(smollm):
-    """One engine, its prefill budget (read at every step) set for each run and its cache flushed between them:
-    the whole prompt in one step, in chunks of 64, in chunks of 17."""
+    """One engine, its prefill budget (read at every step by its batch builder) set for each run and its cache
+    flushed between them: the whole prompt in one step, in chunks of 64, in chunks of 17."""
     long_prompt = " ".join(PROMPTS * 6)  # ~150 tokens
     ids = encode(smollm, long_prompt)
     assert len(ids) > 100
     outs = []
     core = make_core(smollm, max_total_tokens=512)
     for chunk in (512, 64, 17):
-        core.args = dataclasses.replace(core.args, max_prefill_tokens=chunk)
+        core.args = core.batches.args = dataclasses.replace(core.args, max_prefill_tokens=chunk)
         req = core.add_request(f"x{chunk}", ids, greedy(16))
         outs.append(collect(core)[f"x{chunk}"])
         assert len(req.times.prefill_chunks) == -(-len(ids) // chunk)

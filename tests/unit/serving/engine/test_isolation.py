@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
-from serving.engine.request import FinishReason
-from serving.engine.scheduler_core import FAULT_SEED_ENV
+from serving.engine.forward_pass import FAULT_SEED_ENV
 from tests.helpers import PROMPTS, encode, greedy, make_core
 
 N = 24

@@ -12,10 +12,11 @@ import random
 import pytest
 import torch
 
+from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
+from serving.engine.forward_pass import FAULT_SEED_ENV
 from serving.engine.radix_cache import RadixCache
-from serving.engine.request import FinishReason
-from serving.engine.scheduler_core import FAULT_SEED_ENV, SchedulerCore
+from serving.engine.scheduler_core import SchedulerCore
 from tests.helpers import greedy
 from tests.helpers import make_core as _make_core
 
@@ -130,7 +131,7 @@ def test_disabled_cache_keeps_the_plain_accounting(tiny):
     core.run_to_completion()
     core.add_request("b", ids, greedy(8, ignore_eos=True))
     core.run_to_completion()
-    assert core.pool.is_empty() and core.prefix_hits_tokens == 0 and core.prefix_queries_tokens == 60
+    assert core.pool.is_empty() and core.batches.prefix_hits_tokens == 0 and core.batches.prefix_queries_tokens == 60
 
 
 def test_sharing_none_half_all_and_a_second_turn(tiny):
@@ -143,9 +144,9 @@ def test_sharing_none_half_all_and_a_second_turn(tiny):
                             36: [("same", base, p)]})
     turn2 = base + out["base"] + rand_ids(rng, 5)  # a chat's next turn: the last reply token was never fed
     core2, out2 = both(tiny, {0: [("base", base, p)], 12: [("turn2", turn2, p)]})
-    hits = [core.prefix_hits_tokens, core2.prefix_hits_tokens]
+    hits = [core.batches.prefix_hits_tokens, core2.batches.prefix_hits_tokens]
     assert hits == [0 + 0 + 20 + 39, 40 + 7]  # 'other' shares nothing; an identical prompt reuses all but one
-    assert core.prefix_queries_tokens == 160
+    assert core.batches.prefix_queries_tokens == 160
     assert core.prefix_cached_tokens == 47 + 47 + 27 + 0  # prompt + fed outputs, shared parts once
     assert core.flush_cache() and core.pool.is_empty() and core.cache_flushes == 1
 
@@ -173,14 +174,14 @@ def test_two_requests_share_a_prefix_in_flight(tiny):
     # with 8-token chunks b joins as a prefills its last chunk, and c while b prefills:
     # each reuses the prefix as the running requests cached it
     core, _ = both(tiny, {0: [("a", a, p)], 2: [("b", b, p)], 3: [("c", c, p)]}, max_prefill_tokens=8)
-    assert core.prefix_hits_tokens == 32 + 32
+    assert core.batches.prefix_hits_tokens == 32 + 32
     # admitted in the same step: each computes the prefix, the cache keeps one copy
     core = make_core(tiny)
     core.add_request("a", a, p)
     core.add_request("b", b, p)
     core.step()
     core.check_kv_invariants()
-    assert core.prefix_hits_tokens == 0 and core.prefix_cached_tokens == 32 + 12 + 8
+    assert core.batches.prefix_hits_tokens == 0 and core.prefix_cached_tokens == 32 + 12 + 8
     assert core.pool.used_slots == core.prefix_cached_tokens
     both(tiny, {0: [("a", a, p), ("b", b, p)], 1: [("c", c, p)]})
 
@@ -199,7 +200,7 @@ def test_abort_while_prefilling_a_shared_prefix(tiny, victim, at, hits):
     core, out = both(tiny, {0: [("a", a, p)], 2: [("b", b, p)]}, aborts={at: [victim]}, max_prefill_tokens=8)
     survivor = "b" if victim == "a" else "a"
     assert len(out[survivor]) == 10 and out[victim] == []
-    assert core.prefix_hits_tokens == hits
+    assert core.batches.prefix_hits_tokens == hits
     assert core.flush_cache() and core.pool.is_empty()
 
 
@@ -212,7 +213,7 @@ def test_eviction_under_pressure_spares_locked_prefixes(tiny):
             12: [("y", y, greedy(8, ignore_eos=True)), ("z", z, greedy(20, ignore_eos=True))]}
     core, _ = both(tiny, plan, max_total_tokens=128)
     # x left 47 slots cached; y locks 30 of them while z needs more than the free stack holds
-    assert core.prefix_hits_tokens == 30
+    assert core.batches.prefix_hits_tokens == 30
     assert core.prefix_evicted_tokens > 0
     core.check_kv_invariants()
     # a waiting request is admitted only when its lock and reservation fit beside the others
@@ -330,7 +331,7 @@ def test_200_mixed_requests_with_aborts_match_the_uncached_engine(tiny):
     assert len(compared) > 60
     for rid in compared:
         assert out[rid] == ref[rid], rid
-    assert core.prefix_hits_tokens > 0 and core.prefix_evicted_tokens > 0
+    assert core.batches.prefix_hits_tokens > 0 and core.prefix_evicted_tokens > 0
     assert core.pool.is_idle() and core.pool.used_slots == core.prefix_cached_tokens
     assert core.flush_cache() and core.pool.is_empty()
     assert ref_core.pool.is_empty()

@@ -74,7 +74,7 @@ def test_requests_of_two_namespaces_never_share_in_the_engine(tiny):
         core.step()
         core.check_kv_invariants()
     assert (b.cached_tokens, a.cached_tokens, shared.cached_tokens) == (0, 39, 0)
-    assert core.prefix_hits_tokens == 39
+    assert core.batches.prefix_hits_tokens == 39
     assert b.output_ids == a.output_ids == shared.output_ids  # the same tokens, computed again
     assert core.flush_cache() and core.pool.is_empty()
 

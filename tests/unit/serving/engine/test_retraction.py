@@ -86,9 +86,9 @@ def test_retracted_requests_resume_with_their_own_tokens(tiny, cache):
         assert outs[f"r{i}"] == alone(tiny, p, params[i]), f"r{i}"
     assert_counters(core, reqs)
     if cache:  # pinned in the cache, a retracted request mostly resumes as a hit
-        assert core.recomputed_tokens < core.retracted_tokens
+        assert core.batches.recomputed_tokens < core.retracted_tokens
     else:  # without it, everything it had is computed again
-        assert core.recomputed_tokens == core.retracted_tokens
+        assert core.batches.recomputed_tokens == core.retracted_tokens
     assert core.pool.is_idle() and core.flush_cache() and core.pool.is_empty()
 
 

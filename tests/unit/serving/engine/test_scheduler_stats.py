@@ -2,7 +2,7 @@
 (`SchedulerCore.stats`, the KV pool's included) and the Scheduler process's own
 (`Scheduler.stats`), by field name.  Every `SchedulerStats` field must be filled by
 exactly one of them, so a new engine number cannot silently stay at its default.  And the outputs the
-process builds from the engine's events (`Scheduler._token_out`): logprobs per token, prompt logprobs once."""
+process builds from the engine's events (`Outputs.emit`): logprobs per token, prompt logprobs once."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def test_outputs_carry_logprobs_and_the_prompt_logprobs_once(tiny, tmp_path):
                                              detok=DetokParams(), meta=ReqMeta()))
         while sched.core.has_work:
             for ev in sched.core.step():
-                sched._emit(ev)
-        outs = sched.outbox
+                sched.outputs.emit(ev)
+        outs = sched.outputs.outbox
         assert [len(o.new_token_ids) for o in outs] == [1, 1, 1]
         assert [len(o.logprobs.token_logprobs) for o in outs] == [1, 1, 1]
         assert all(o.logprobs.top_ids[0][0] == o.new_token_ids[0] for o in outs)  # greedy: its token on top

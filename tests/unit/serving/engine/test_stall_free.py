@@ -27,6 +27,6 @@ def test_a_long_prompt_is_chunked_under_the_step_budget_while_others_decode(tiny
 
 def test_prefill_always_progresses_under_a_full_batch(tiny):
     core = make_core(tiny, max_step_tokens=8, min_prefill_chunk=16)
-    assert core.prefill_budget(0) == core.args.max_prefill_tokens
-    assert core.prefill_budget(4) == 16  # 8 - 4 would starve prompts: the floor wins
-    assert make_core(tiny, max_prefill_tokens=10).prefill_budget(3) == 10  # never above --max-prefill-tokens
+    assert core.batches.prefill_budget(0) == core.args.max_prefill_tokens
+    assert core.batches.prefill_budget(4) == 16  # 8 - 4 would starve prompts: the floor wins
+    assert make_core(tiny, max_prefill_tokens=10).batches.prefill_budget(3) == 10  # never above --max-prefill-tokens

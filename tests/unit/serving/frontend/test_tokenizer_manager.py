@@ -146,7 +146,7 @@ def test_a_stop_string_while_the_engine_still_runs_frees_its_kv():
     async def body():
         f = ready_front()
         state = await f.submit()
-        f.output(state, "done", [9], finish_reason="stop", matched_stop="\n", engine_running=True)
+        f.output(state, "done", [9], finish_reason="stop", matched_stop="\n", abort_in_engine=True)
         abort = f.transport.sent[-1]
         assert isinstance(abort, AbortReq) and abort.reason == "stop_string" and state.status == 200
     run(body())

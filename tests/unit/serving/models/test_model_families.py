@@ -132,7 +132,7 @@ def test_prefix_cache_reuses_kv_and_keeps_outputs(fam):
     collect(cached)
     cached.add_request("b", second, greedy(12, ignore_eos=True))
     assert collect(cached)["b"] == want
-    assert cached.prefix_hits_tokens >= len(base) - 1
+    assert cached.batches.prefix_hits_tokens >= len(base) - 1
 
 
 # -- refusals: one line, at load, before anything is served wrong ------------------------------

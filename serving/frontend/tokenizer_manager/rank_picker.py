@@ -18,7 +18,7 @@ from array import array
 AFFINITY_TOKENS = 32  # prompt tokens the affinity hash reads (a shorter prompt goes by load alone)
 
 
-class DataParallelDispatcher:
+class RankPicker:
     def __init__(self, dp_size: int) -> None:
         self.dp_size = dp_size
         self.load = [0] * dp_size  # in-flight tokens per rank

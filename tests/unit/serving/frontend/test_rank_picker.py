@@ -1,4 +1,4 @@
-"""Data-parallel dispatch and the front end's view of several engine ranks and of the hub."""
+"""Data-parallel rank picking and the front end's view of several engine ranks and of the hub."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 from protocol.io_struct import DropCount, EngineStatus, Ready, SnapshotReq
 from serving.frontend.engine_state import check_available
 from serving.frontend.errors import APIError
-from serving.frontend.tokenizer_manager.dispatch import AFFINITY_TOKENS, DataParallelDispatcher
+from serving.frontend.tokenizer_manager.rank_picker import AFFINITY_TOKENS, RankPicker
 from serving.frontend.workers.hub_link import HubLink
 from telemetry.metrics import Metrics
 from telemetry.timeline import Timeline
@@ -15,7 +15,7 @@ from tests.unit.serving.frontend.front import Proc, make_front
 
 
 def test_least_loaded_rank_takes_the_request_and_release_gives_it_back():
-    d = DataParallelDispatcher(2)
+    d = RankPicker(2)
     assert [d.pick([1, 2], 100), d.pick([3], 10), d.pick([4], 10)] == [0, 1, 1]
     assert d.load == [100, 20]
     d.release(0, 100)
@@ -23,7 +23,7 @@ def test_least_loaded_rank_takes_the_request_and_release_gives_it_back():
 
 
 def test_a_shared_prefix_sticks_to_one_rank_while_it_is_nearly_as_idle():
-    d = DataParallelDispatcher(2)
+    d = RankPicker(2)
     prefix = list(range(AFFINITY_TOKENS))
     home = d.affinity(prefix + [7])
     assert d.affinity(prefix + [8, 9]) == home  # only the opening tokens count
@@ -68,7 +68,7 @@ def test_requests_spread_over_ranks_and_aborts_follow_them():
         assert {a.dp_rank, b.dp_rank} == {0, 1} and f.transport.ranks == [a.dp_rank, b.dp_rank]
         f.tm.abort(b.rid, "client_disconnect")
         assert f.transport.sent[-1].rid == b.rid and f.transport.ranks[-1] == b.dp_rank
-        assert f.tm.dispatcher.load[b.dp_rank] == 0
+        assert f.tm.rank_picker.load[b.dp_rank] == 0
 
     asyncio.run(main())
 

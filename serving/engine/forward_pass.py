@@ -1,0 +1,128 @@
+"""One engine step's forward and sampling over a group of (request, tokens to feed), and the isolation of
+the requests that make it fail.
+
+`run` feeds decodes and prefill chunks side by side through the model (`ModelRunner.step`), samples a
+token for every request whose prompt is complete (through its grammar's mask, if it has one), scores
+prompt logprobs and pools embedding inputs.  Positions (and their prompt logprobs) count only on success;
+on failure nothing of it remains, so `isolate` can rerun halves of the group until each failing request
+stands alone.  The phase times it measured (forward, sample, grammar, logprobs) are read into the step's
+record by `SchedulerCore.step`.
+
+Fault injection (tests): with SIGHTLINE_FAULT_SEED=N in the environment, a run that includes a request
+seeded N raises after its forward pass, as a torch error would.
+"""
+
+from __future__ import annotations
+
+import os
+
+from protocol.io_struct import Logprobs
+from serving.args import ServerArgs
+from serving.engine.batch import Work
+from serving.engine.embedding import pool_rows
+from serving.engine.grammar import Grammars
+from serving.engine.logprobs import PromptScore, extend, output_logprobs, score_prompts, score_window
+from serving.engine.model_runner import ModelRunner
+from serving.engine.request import Req
+from serving.engine.sampling import adjust, pick
+from telemetry.clock import now_ns
+
+FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
+Produced = tuple[Req, int, Logprobs | None]  # a request, its sampled token (-1: pooled, no token), its logprobs
+
+
+class ForwardPass:
+    def __init__(self, runner: ModelRunner, grammar: Grammars, args: ServerArgs, eos_ids: frozenset[int]) -> None:
+        self.runner, self.grammar, self.args, self.eos_ids = runner, grammar, args, eos_ids
+        fault = os.environ.get(FAULT_SEED_ENV)
+        self.fault_seed = int(fault) if fault else None
+        self.forward_ns = self.sample_ns = self.logprobs_ns = self.grammar_ns = 0  # this step's, every run of it
+
+    def reset(self) -> None:
+        """A new step: its phase times start at 0."""
+        self.forward_ns = self.sample_ns = self.logprobs_ns = self.grammar_ns = 0
+
+    def run_isolated(self, group: list[tuple[Req, int]]) -> tuple[list[Produced], list[tuple[Req, Exception]]]:
+        """`run`, and on failure `isolate`: what the group produced, and the requests that failed alone."""
+        try:
+            return self.run(group), []
+        except Exception as exc:  # noqa: BLE001 - find the requests responsible, keep the rest
+            return self.isolate(group, exc)
+
+    def run(self, group: list[tuple[Req, int]]) -> list[Produced]:
+        """Forward + sample one group of (request, tokens to feed); returns (request, token, its logprobs) per
+        sampled request."""
+        decode_work, extend_work, sampled_d, sampled_e, scoring = [], [], [], [], []
+        pooled, embedded, hidden_rows, offset = [], [], [], sum(r.prefill_done for r, _ in group)
+        for req, n in group:
+            if req.prefill_done:
+                decode_work.append(Work(req.row, req.total_len - 1, [req.output_ids[-1]], True))
+                sampled_d.append(req)
+            else:
+                start = req.num_computed
+                completes = start + n >= req.prefill_len
+                score = score_window(req, start, n)
+                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes and not req.pooling, score))
+                if score is not None:
+                    scoring.append(PromptScore(req, start, score))
+                if req.pooling is not None:  # an embedding request: its pooled rows, no logits
+                    rows = pool_rows(req.pooling.mode, offset, start, n, completes)
+                    hidden_rows.extend(rows)
+                    pooled.append((req, start, len(rows)))
+                    embedded += [req] if completes else []
+                elif completes:
+                    sampled_e.append(req)
+                offset += n
+        sampled = sampled_d + sampled_e  # the order of the logits rows
+        t0 = now_ns()
+        with self.runner.step(decode_work, extend_work, hidden_rows) as logits:
+            t1 = now_ns()
+            self.forward_ns += t1 - t0
+            if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
+                raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
+            adjusted = adjust(logits, sampled, self.eos_ids)
+            t_mask = t_masked = 0
+            masked = None
+            if self.grammar.live:
+                t_mask = now_ns()
+                raw = self.args.logprobs_mode == "raw"  # a masked row's raw logprobs need the model's logits kept
+                adjusted, masked = self.grammar.mask(logits, adjusted, sampled, keep_raw=raw and any(
+                    r.grammar is not None and r.params.logprobs is not None for r in sampled))
+                t_masked = now_ns()
+                self.grammar_ns += t_masked - t_mask
+            picked = pick(adjusted, sampled, masked)
+            tokens = picked.tolist()
+            t2 = now_ns()
+            self.sample_ns += t2 - t1 - (t_masked - t_mask)
+            lps = output_logprobs(logits, adjusted, sampled, picked, self.args.logprobs_mode)  # None: none asked
+            prompt_lps = score_prompts(self.runner.model.head, self.runner.scored, scoring) if scoring else []
+            if lps is not None or scoring:
+                self.logprobs_ns += now_ns() - t2
+        for req, n in group:
+            req.num_computed += n
+        for sc, lp in zip(scoring, prompt_lps):
+            extend(sc.req.prompt_logprobs, lp)
+        i = 0
+        for req, start, k in pooled:
+            if k:
+                req.pooling.add(self.runner.hidden[i:i + k], start)
+            i += k
+        return (list(zip(sampled, tokens, lps or [None] * len(sampled)))
+                + [(req, -1, None) for req in embedded])  # -1: pooled, no token
+
+    def isolate(self, group: list[tuple[Req, int]], exc: Exception
+                ) -> tuple[list[Produced], list[tuple[Req, Exception]]]:
+        """`group` failed with `exc`: rerun its halves until every failing request stands alone."""
+        if len(group) == 1:
+            return [], [(group[0][0], exc)]
+        produced: list[Produced] = []
+        failed: list[tuple[Req, Exception]] = []
+        mid = len(group) // 2
+        for half in (group[:mid], group[mid:]):
+            try:
+                produced += self.run(half)
+            except Exception as sub:  # noqa: BLE001
+                p, f = self.isolate(half, sub)
+                produced += p
+                failed += f
+        return produced, failed
