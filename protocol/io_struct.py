@@ -412,7 +412,7 @@ class StartupPhase(msgspec.Struct, array_like=True):
     """How long one phase of a process's latest start took (`serving.startup_phases`)."""
 
     role: str  # main | scheduler (scheduler_dp<N> with several ranks) | detokenizer
-    phase: str  # imports | model_resolve | native_kernels | weight_load | kv_pool | peak_probe | tokenizer_load...
+    phase: str  # imports | model_resolve | native_kernels | weight_load | kv_pool | tokenizer_load...
     seconds: float
 
 

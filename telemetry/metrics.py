@@ -208,8 +208,8 @@ SPECS: tuple[Spec, ...] = (
          "GGUF conversion, the front end built), spawn (children spawned → every one ready); scheduler: "
          "model_resolve (model directory, "
          "conversion cache, config), native_kernels (the C++ kernels built or loaded, the thread team started), "
-         "weight_load (the weights read and packed for the kernels), kv_pool (the KV cache allocated), peak_probe "
-         "(the machine's peak measured); detokenizer: tokenizer_load. A restarted child's phases replace its "
+         "weight_load (the weights read and packed for the kernels), kv_pool (the KV cache allocated); "
+         "detokenizer: tokenizer_load. A restarted child's phases replace its "
          "previous start's. The phases are also spans: a `startup` root with a `startup.<phase>` child each.",
          source="all", read="startup_phases"),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",

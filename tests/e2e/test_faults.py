@@ -129,7 +129,7 @@ def test_kill_9_a_child_under_load(server, role):
     recovery = value(text, "sightline_engine_recovery_seconds_sum") - value(
         before, "sightline_engine_recovery_seconds_sum")
     assert 0.5 <= recovery <= restart_s, (recovery, restart_s)  # at least the first restart's backoff
-    assert any(re.search(r"starting: .*\((imports|model_resolve|native_kernels|weight_load|kv_pool|peak_probe|"
+    assert any(re.search(r"starting: .*\((imports|model_resolve|native_kernels|weight_load|kv_pool|"
                          r"tokenizer_load)\)", why) for why in reasons), reasons[-5:]
     check_startup_phases(text)
     for name, labels, n in (("sightline_engine_failures_total", {"role": role, "cause": "exited"}, 1),
