@@ -154,6 +154,13 @@ def _lag(per_minute: dict[str, float], minutes: int = 30, **labels: str) -> list
     return out + [_s(f"{name}_count", f"0+{per_minute['+Inf']:g}x{minutes}", **labels)]
 
 
+def _recoveries(sym: dict, count: str, within: str) -> list[dict]:
+    """The recovery histogram: `count` recoveries, `within` of them no longer than the alert's budget."""
+    name, budget = "sightline_engine_recovery_seconds", float(sym["SightlineEngineRecoverySlow"]["threshold"])
+    return [_s(f"{name}_count", count), _s(f"{name}_bucket", within, le=repr(budget)),
+            _s(f"{name}_bucket", count, le="+Inf")]
+
+
 def symptom_tests(spec: Spec) -> dict:
     """(alert, scenario, input series, minutes, expected labels of the firing alerts or [])."""
     sym = spec.symptoms
@@ -244,6 +251,12 @@ def symptom_tests(spec: Spec) -> dict:
          [_s(fails, "0x30", role="scheduler", cause="stalled")], 20, []),
         ("SightlineEngineRestarting", "failures long ago, none since",
          [_s(fails, "2x40", role="scheduler", cause="stalled")], 30, []),
+        ("SightlineEngineRecoverySlow", "one recovery over the budget",
+         _recoveries(sym, "0x5 1x30", "0x30"), 10, [inst]),
+        ("SightlineEngineRecoverySlow", "recoveries within the budget",
+         _recoveries(sym, "0x5 2x30", "0x5 2x30"), 10, []),
+        ("SightlineEngineRecoverySlow", "the slow recovery is older than the window",
+         _recoveries(sym, "0x5 1x60", "0x60"), 50, []),
         ("SightlineLoadShedding", "shedding for 20 minutes",
          [_s(shed, "0+30x40", reason="queue_full")], 30, [{**service, "reason": "queue_full"}]),
         # a service-level alert: two replicas shedding make one alert, without an instance label

@@ -124,6 +124,7 @@ SCOPE = {
     "SightlineStaleDropSpike": "instance",
     "SightlineUndecodableMessages": "instance",
     "SightlineEngineRestarting": "instance",
+    "SightlineEngineRecoverySlow": "instance",
     "SightlineEventLoopBlocked": "instance",
 }
 
@@ -148,6 +149,8 @@ def symptom_alerts(spec: Spec) -> list[dict]:
     kv, drops = float(spec.symptoms["SightlineKVCacheSaturated"]["threshold"]), p("SightlineStaleDropSpike")
     retract, retract_w, retract_for = (p("SightlineRetractionsSustained", f) for f in ("threshold", "window", "for"))
     restart_w = p("SightlineEngineRestarting", "window")
+    recovery, recovery_w = float(spec.symptoms["SightlineEngineRecoverySlow"]["threshold"]), \
+        p("SightlineEngineRecoverySlow", "window")
     shed, shed_w, shed_for = (p("SightlineLoadShedding", f) for f in ("threshold", "window", "for"))
     slow, slow_w, slow_for = (p("SightlineRequestTimeouts", f) for f in ("threshold", "window", "for"))
     lag, lag_w, lag_for = (p("SightlineEventLoopBlocked", f) for f in ("threshold", "window", "for"))
@@ -200,6 +203,16 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          "requests in flight). Every request in flight ended with 503 and both engine processes were replaced "
          "while HTTP stayed up; sightline_engine_restarts_total counts the restarts that succeeded (a failed "
          "restart stops the server: SightlineDown)."),
+        ("SightlineEngineRecoverySlow", "ticket",
+         f"sum by (job, instance) (increase(sightline_engine_recovery_seconds_count{{{job}}}[{recovery_w}]))\n> "
+         f"sum by (job, instance) (increase(sightline_engine_recovery_seconds_bucket{{{job}, "
+         f"le=\"{recovery!r}\"}}[{recovery_w}]))",
+         "{{ $labels.instance }}: the engine took longer than its budget to recover",
+         f"In the last {recovery_w} a recovery from an engine failure (failure seen → every replacement child "
+         f"ready) took more than {num(recovery)} s, while requests got 503. sightline_startup_phase_seconds says "
+         "which phase of the new children's start was slow (weight_load: the disk or the model cache; imports: a "
+         "cold page cache; model_resolve: a GGUF conversion redone); the log's `engine restarted in` line "
+         "gives the backoff and the failed attempts in between."),
         ("SightlineLoadShedding", "ticket",
          f"sum by ({service}, reason) (\n  rate(sightline_requests_shed_total{{{job}}}[{shed_w}])\n)"
          f" > {shed}",

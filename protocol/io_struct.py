@@ -19,7 +19,7 @@ have their own receiving socket):
   Detokenizer → the rid's worker        BatchStrOutput (routed by `TokenOut.worker`), BatchEmbeddingOutput (passed
                                         through, routed by `EmbeddingOut.worker`), BarrierReq (to its `worker`)
   Scheduler, Detokenizer → control      SchedulerStats, DetokenizerStats (heartbeat + gauges),
-                                        Ready, FlushCacheReqOutput, StepTimelineOutput, BarrierReq
+                                        StartupProgress, Ready, FlushCacheReqOutput, StepTimelineOutput, BarrierReq
 With one worker the TokenizerManager owns the control socket.  With several, the main
 process (the hub: supervisor and telemetry owner) does, and speaks to each worker:
   hub → worker       EngineStatus, FlushCacheReqOutput, StepTimelineOutput, BarrierReq, SnapshotReq, HubReply
@@ -408,6 +408,22 @@ class FlushCacheReqOutput(_Msg):
     dp_rank: int = 0
 
 
+class StartupPhase(msgspec.Struct, array_like=True):
+    """How long one phase of a process's latest start took (`serving.startup_phases`)."""
+
+    role: str  # main | scheduler (scheduler_dp<N> with several ranks) | detokenizer
+    phase: str  # imports | model_resolve | native_kernels | weight_load | kv_pool | tokenizer_load...
+    seconds: float
+
+
+class StartupProgress(_Msg, kw_only=True):
+    """A child still starting → the supervisor: it has begun `phase` (what /health says while not ready)."""
+
+    role: str
+    pid: int
+    phase: str
+
+
 class Ready(_Msg, kw_only=True):
     """A child process is up; the Scheduler also says what the TM must validate against."""
 
@@ -427,6 +443,7 @@ class Ready(_Msg, kw_only=True):
     normalize: bool = True  # the model's default L2 normalisation of embeddings
     hidden_size: int = 0  # the embeddings' dimension
     encoder: bool = False  # an encoder (BERT): truncation keeps an input's head and its last ([SEP]) token
+    startup_phases: list[StartupPhase] = []  # how its start went, phase by phase
 
 
 # -- the hub and its tokenizer workers ----------------------------------------------------
@@ -549,4 +566,5 @@ Message = Union[
     BatchStrOutput, TokenizedEmbeddingReqInput, BatchEmbeddingOutput,
     DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
     SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput, BarrierReq, ReleaseHeldReq,
+    StartupProgress,
 ]

@@ -196,6 +196,22 @@ SPECS: tuple[Spec, ...] = (
          "1 once --max-engine-restarts restarts within --engine-restart-window were spent: the engine stays down and "
          "every request gets 503 until the server is restarted from outside; else 0.",
          attr="restart_budget_exhausted", hub=True),
+    Spec("sightline_engine_recovery_seconds", "histogram", "Time from an engine failure to the engine ready again.",
+         (), "startup", "One observation per recovery that succeeded: the supervisor saw the failure (exit, stall "
+         "or start timeout) → every replacement child reported Ready; it includes stopping the failed children, "
+         "the restart backoff, any failed attempts in between and the new children's whole start "
+         "(sightline_startup_phase_seconds says where that went).", attr="engine_recovery", hub=True),
+    Spec("sightline_startup_phase_seconds", "gauge", "How long each phase of each process's latest start took.",
+         ("role", "phase"), definition="role: main (the supervising process, the hub with several workers) | "
+         "scheduler (scheduler_dp0... with several ranks) | detokenizer. phase: imports (the process's creation "
+         "→ its own code: interpreter, spawn bootstrap, modules) for every role; main: args (keys file, tokenizer, "
+         "GGUF conversion, the front end built), spawn (children spawned → every one ready); scheduler: "
+         "model_resolve (model directory, "
+         "conversion cache, config), native_kernels (the C++ kernels built or loaded, the thread team started), "
+         "weight_load (the weights read and packed for the kernels), kv_pool (the KV cache allocated); "
+         "detokenizer: tokenizer_load. A restarted child's phases replace its "
+         "previous start's. The phases are also spans: a `startup` root with a `startup.<phase>` child each.",
+         source="all", read="startup_phases"),
     Spec("sightline_http_requests_total", "counter", "HTTP requests handled, by route and status.",
          ("route", "method", "status"), definition="route: a route template or `unmatched`; method: GET, HEAD, POST, "
          "PUT, PATCH, DELETE, OPTIONS or `other` (every label value comes from a bounded set).", attr="http_requests"),
@@ -529,7 +545,7 @@ class EngineCollector(Collector):
     (`dp_rank`); no series before a rank's first stats.  A number is one sample (labelled
     with the model name); a dict is one sample per key (its one label); a list is one
     sample per item, its labels read from the item's fields (the model name from the
-    server) and its value from `count` (1 without one), or, for a histogram, one series per
+    server) and its value from `count`, else `seconds` (1 without either), or, for a histogram, one series per
     `PhaseHistogram`.
     """
 
@@ -580,7 +596,7 @@ class EngineCollector(Collector):
                 fam.add_metric(self._labels(spec, h, rank), buckets, h.sum)
         elif isinstance(value, (list, tuple)):
             for item in value:
-                fam.add_metric(self._labels(spec, item, rank), getattr(item, "count", 1))
+                fam.add_metric(self._labels(spec, item, rank), getattr(item, "count", getattr(item, "seconds", 1)))
         else:
             fam.add_metric(self._labels(spec, None, rank), value or 0)
 
@@ -635,6 +651,7 @@ class Metrics:
     control_actions: Counter
     paused: Gauge
     restart_budget_exhausted: Gauge
+    engine_recovery: Histogram
     connections_open: Gauge
     in_flight: Gauge
     build_info: Gauge

@@ -11,7 +11,15 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from protocol.io_struct import DetokenizerStats, DropCount, GapCount, PhaseHistogram, Ready, SchedulerStats
+from protocol.io_struct import (
+    DetokenizerStats,
+    DropCount,
+    GapCount,
+    PhaseHistogram,
+    Ready,
+    SchedulerStats,
+    StartupPhase,
+)
 
 
 @dataclass
@@ -28,6 +36,7 @@ class EngineView:
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds, by process role
     engine_info: list[Ready] = field(default_factory=list)  # the Scheduler's Ready: model, dtype, quantization
     decode_gaps: list[GapCount] = field(default_factory=list)  # every rank's and the front's, dp_rank set
+    startup_phases: list[StartupPhase] = field(default_factory=list)  # each process's latest start, by phase
 
     # -- the whole server's numbers, one per pod whatever --dp-size (an inference router reads these) --
     @property

@@ -127,6 +127,22 @@ def board() -> Board:
                           (q.rate("sightline_tool_call_parse_failures_total", by=("parser",)),
                            "tool call parse {{parser}}")], width=8),
     )
+    b.row(
+        "Startup and recovery",
+        timeseries_panel("Startup phases", "How long each phase of each process's latest start took (main: imports, "
+                         "args, spawn; scheduler: imports, model_resolve, native_kernels, weight_load, kv_pool; "
+                         "detokenizer: imports, tokenizer_load), stacked per process; a restarted child's "
+                         "phases replace its previous start's. The same phases are `startup.*` spans, and /health "
+                         "names the phase under way while a child starts.", "s",
+                         [(q.gauge("sightline_startup_phase_seconds", by=("role", "phase"), agg="max"),
+                           "{{role}} {{phase}}")], stack=True),
+        timeseries_panel("Engine recovery", "Mean time from an engine failure to the engine ready again (left; "
+                         "backoff, failed attempts and the new children's start included; alert "
+                         "SightlineEngineRecoverySlow past its budget) and recoveries per rate interval (right).",
+                         "s", [(q.mean("sightline_engine_recovery_seconds"), "recovery"),
+                               (q.rate("sightline_engine_recovery_seconds_count", fn="increase"), "recoveries")],
+                         right={"B": "short"}),
+    )
     b.row("Request sizes", *(
         timeseries_panel(title, f"{what} per request, p50 and p99.", "short",
                          [(q.quantile(x, metric), f"p{round(x * 100)}") for x in (0.5, 0.99)])

@@ -130,7 +130,8 @@ def board() -> Board:
             "Engine failures the watchdog saw, by process (role) and cause — exited: the process died (look for "
             "an OOM kill); stalled: no heartbeat for --watchdog-timeout with requests in flight — and the "
             "restarts that followed, counted per rate interval. Each failure ends every request in flight with 503 "
-            "(alert SightlineEngineRestarting).", "short",
+            "(alert SightlineEngineRestarting); how long each recovery took, and which phase of the new "
+            "children's start, is on Engine → Startup and recovery (alert SightlineEngineRecoverySlow).", "short",
             [(q.rate("sightline_engine_failures_total", by=("role", "cause"), fn="increase"),
               "failure: {{role}} {{cause}}"),
              (q.rate("sightline_engine_restarts_total", fn="increase"), "restarts")]),

@@ -48,6 +48,7 @@ from protocol.io_struct import (
     WorkerGone,
 )
 from protocol.reasons import AbortReason, FinishReason
+from serving import startup_phases
 from serving.args import ServerArgs
 from serving.detokenizer.incremental import DecodeState
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket
@@ -197,14 +198,18 @@ def _by_worker(outs: list[StrOut]) -> dict[int, list[StrOut]]:
 def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "") -> None:
     """Entry point of the spawned Detokenizer process."""
     parent = setup_child("detokenizer", args)
+    clock = startup_phases.start("detokenizer")
     enable_stack_dumps(endpoints.runtime_dir)  # crash dumps: SIGUSR2 writes this process's Python stacks
     ctx = zmq.Context()
     mgr = None
     try:
+        control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)
+        codec = Codec("detokenizer")
+        startup_phases.report_phases("detokenizer", lambda msg: control.send(codec.encode(msg)))
+        clock.begin("tokenizer_load")
         tokenizer = load_decoder(args.model, args.cache_dir_path)
         mgr = DetokenizerManager(tokenizer, Tracing.from_args("detokenizer", args, instance_id))
         recv = make_socket(ctx, zmq.PULL, endpoints.detokenizer_in, do_bind=True)
-        control = make_socket(ctx, zmq.PUSH, endpoints.control, do_bind=False)
         to_worker: dict[int, zmq.Socket] = {}
 
         def send_to(worker: int, msg) -> None:
@@ -214,7 +219,9 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
             sock.send(mgr.codec.encode(msg))
 
         freeze_heap()
-        control.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid())))
+        phases = clock.finish()
+        clock.record_spans(mgr.tracing)
+        control.send(mgr.codec.encode(Ready(role="detokenizer", pid=os.getpid(), startup_phases=phases)))
         interval_ms = max(1, int(args.heartbeat_interval * 1000))
         last_stats = 0
         while keep_running(parent):

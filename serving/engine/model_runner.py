@@ -16,6 +16,7 @@ from typing import Iterator
 
 import torch
 
+from serving import startup_phases
 from serving.args import TEAM_SPIN_US, ServerArgs
 from serving.engine.batch import Work, build_batch
 from serving.engine.embedding import max_seq_length
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, args: ServerArgs) -> None:
         torch.set_num_threads(args.threads)
+        startup_phases.begin("native_kernels")
         lib = native.load(args.cache_dir_path)
         if lib is not None:  # before any kernel runs: the team's size and spin are fixed at its start
             spin = TEAM_SPIN_US[args.thread_wait_policy]
@@ -47,6 +49,7 @@ class ModelRunner:
         wait = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
         log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s", self.precision.dtype,
                  self.precision.quantization, why, torch.get_num_threads(), wait or "default")
+        startup_phases.begin("weight_load")
         self.model: CausalLM = self._build(fam.impl, loaded)
         if args.enforce_eager and getattr(self.model, "stack", None) is not None:
             self.model.stack = None
@@ -69,6 +72,7 @@ class ModelRunner:
         self.vocab_size = dims.vocab_size
         self.hidden: torch.Tensor | None = None  # the latest step's pooled rows (embedding requests)
         self.scored: torch.Tensor | None = None  # the latest step's prompt-logprobs rows (`Work.score`), final-normed
+        startup_phases.begin("kv_pool")
         self.pool = KVPool(0 if self.encoder else dims.num_layers, dims.num_kv_heads, dims.head_dim,
                            args.max_total_tokens, args.max_running_requests, self.context_len,
                            dtype=self.precision.torch_dtype)  # the KV cache follows --dtype

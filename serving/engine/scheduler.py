@@ -55,6 +55,7 @@ from protocol.io_struct import (
     WorkerGone,
 )
 from protocol.reasons import ENGINE_ERROR, AbortReason, FinishReason
+from serving import startup_phases
 from serving.args import ServerArgs
 from serving.engine.cpu_share import CpuLedger
 from serving.engine.embed_groups import EmbedGroups
@@ -68,6 +69,7 @@ from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_ro
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
+from serving.startup_phases import report_phases
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
 from telemetry.tracing import Tracing
@@ -82,16 +84,19 @@ class Scheduler:
         self.tracing = Tracing.from_args("scheduler", args, instance_id,
                                          where={"sightline.dp_rank": dp_rank} if args.dp_size > 1 else None)
         self.spans = SchedulerSpans(self.tracing)
+        self.ctx = zmq.Context()
+        self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
+        self.codec = Codec("scheduler")
+        self.startup = report_phases(scheduler_role(dp_rank, args.dp_size),
+                                     lambda msg: self.to_tm.send(self.codec.encode(msg)))
+        startup_phases.begin("model_resolve")
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
         self.architecture = loaded.architecture
         self.pooling = pooling_config(loaded.path, args.pooling, loaded.encoder)  # None: generation only
         self.core = SchedulerCore(loaded, args)
-        self.ctx = zmq.Context()
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
-        self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
-        self.codec = Codec("scheduler")
         self.drops = DropCounter("scheduler", on_drop=self.tracing.stale_drop)
         self._last_stats = 0
         self.pause_epoch = 0  # the epoch of the PauseReq in effect: no step runs while it is set
@@ -302,7 +307,10 @@ class Scheduler:
 
     def event_loop(self, parent: int) -> None:
         freeze_heap()
+        phases = self.startup.finish()
+        self.startup.record_spans(self.tracing)
         self.to_tm.send(self.codec.encode(Ready(
+            startup_phases=phases,
             role=scheduler_role(self.dp_rank, self.args.dp_size), pid=os.getpid(), dp_rank=self.dp_rank,
             model_name=self.model_name, architecture=self.architecture,
             sliding_window=self.core.runner.window or 0,
@@ -336,6 +344,7 @@ class Scheduler:
 def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: str = "", dp_rank: int = 0) -> None:
     """Entry point of the spawned Scheduler process (rank `dp_rank` of `--dp-size`)."""
     parent = setup_child(scheduler_role(dp_rank, args.dp_size), args)
+    startup_phases.start(scheduler_role(dp_rank, args.dp_size))
     enable_stack_dumps(endpoints.runtime_dir)  # crash dumps: SIGUSR2 writes this process's Python stacks
     sched = None
     try:

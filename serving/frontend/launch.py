@@ -19,6 +19,7 @@ import signal
 import sys
 import uuid
 
+from serving import startup_phases
 from serving.args import ServerArgs
 from serving.frontend.stack import FrontEnd
 from serving.frontend.supervision.children import stop_children
@@ -67,6 +68,7 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
 
 
 def run_server(args: ServerArgs) -> int:
+    startup_phases.start("main").begin("args")  # imports: the process's creation → here
     set_title("hub" if args.tokenizer_worker_num > 1 else "main")
     setup_logging("main", args.log_level, args.log_format)
     try:

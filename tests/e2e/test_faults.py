@@ -10,6 +10,7 @@ tokens it had, and the server must be healthy and serving again within the resta
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -17,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_util import HOLD, ServerProc, Stream, scrape, sse_events, value, wait_until
+from tests.server_util import HOLD, ServerProc, Stream, samples, scrape, sse_events, value, wait_until
 
 RESTART_BUDGET_S = 30.0
 STREAMS = 16
@@ -60,12 +61,16 @@ class Streams:
             t.join(timeout)
 
 
-def wait_healthy(srv: ServerProc, since: float) -> float:
+def wait_healthy(srv: ServerProc, since: float, reasons: list[str] | None = None) -> float:
+    """Seconds from `since` to /health 200; `reasons` gathers what each 503 said meanwhile."""
     def healthy() -> bool:
         try:
-            return httpx.get(srv.url + "/health", timeout=2).status_code == 200
+            r = httpx.get(srv.url + "/health", timeout=2)
         except httpx.HTTPError:
             return False
+        if r.status_code != 200 and reasons is not None:
+            reasons.append(r.json()["reason"])
+        return r.status_code == 200
 
     try:
         wait_until(healthy, RESTART_BUDGET_S - (time.monotonic() - since), "/health 200", interval=0.1)
@@ -81,6 +86,20 @@ def inject(srv: ServerProc, role: str, sig: int) -> tuple[Streams, float]:
     os.kill(pid, sig)
     streams.join(30)
     return streams, t0
+
+
+def check_startup_phases(text: str) -> None:
+    """Every process's latest start, phase by phase, each a real duration; the phases of a start sum to about
+    the process's whole start (the imports of a process that imports torch take a while)."""
+    phases = {"main": ("imports", "args", "spawn"), "detokenizer": ("imports", "tokenizer_load"),
+              "scheduler": ("imports", "model_resolve", "native_kernels", "weight_load", "kv_pool")}
+    got = {(x.labels["role"], x.labels["phase"]): x.value for x in samples(text)
+           if x.name == "sightline_startup_phase_seconds"}
+    for role, names in phases.items():
+        for phase in names:
+            assert got.get((role, phase), -1) >= 0, (role, phase, got)
+    assert value(text, "sightline_startup_phase_seconds", role="scheduler", phase="imports") > 0.1
+    assert 0 < value(text, "sightline_startup_phase_seconds", role="main", phase="spawn") < RESTART_BUDGET_S
 
 
 def check_explicit_errors(streams: Streams, t0: float, within: float) -> None:
@@ -99,10 +118,20 @@ def test_kill_9_a_child_under_load(server, role):
     before = scrape(server)
     streams, t0 = inject(server, role, signal.SIGKILL)
     check_explicit_errors(streams, t0, within=2.0)
-    restart_s = wait_healthy(server, t0)
+    reasons: list[str] = []
+    restart_s = wait_healthy(server, t0, reasons)
     r = server.post("/v1/completions", {"prompt": "after the crash", "max_tokens": 4})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     text = scrape(server)
+    # the restart, timed: one recovery, no longer than the client saw; /health said which phase it was in
+    assert value(text, "sightline_engine_recovery_seconds_count") - value(
+        before, "sightline_engine_recovery_seconds_count") == 1
+    recovery = value(text, "sightline_engine_recovery_seconds_sum") - value(
+        before, "sightline_engine_recovery_seconds_sum")
+    assert 0.5 <= recovery <= restart_s, (recovery, restart_s)  # at least the first restart's backoff
+    assert any(re.search(r"starting: .*\((imports|model_resolve|native_kernels|weight_load|kv_pool|"
+                         r"tokenizer_load)\)", why) for why in reasons), reasons[-5:]
+    check_startup_phases(text)
     for name, labels, n in (("sightline_engine_failures_total", {"role": role, "cause": "exited"}, 1),
                             ("sightline_requests_total", {"finish_reason": "abort", "status": "503"}, STREAMS)):
         assert value(text, name, **labels) - value(before, name, **labels) == n, (name, labels)

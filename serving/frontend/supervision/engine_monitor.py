@@ -22,7 +22,16 @@ from typing import Any, Callable
 import msgspec
 import psutil
 
-from protocol.io_struct import DetokenizerStats, DropCount, GapCount, Ready, SchedulerStats
+from protocol.io_struct import (
+    DetokenizerStats,
+    DropCount,
+    GapCount,
+    Ready,
+    SchedulerStats,
+    StartupPhase,
+    StartupProgress,
+)
+from serving import startup_phases
 from serving.frontend.engine_state import PAUSED, FrontCounts
 from serving.ipc import engine_roles, scheduler_role
 from serving.ratelog import RateLimitedLog
@@ -104,7 +113,9 @@ class EngineMonitor:
         self._ps: dict[int, psutil.Process] = {}
         self._dispatch: dict[type, Callable[[Any], bool]] = {
             SchedulerStats: self._on_scheduler_stats, DetokenizerStats: self._on_detok_stats, Ready: self._on_ready,
+            StartupProgress: self._on_progress,
         }
+        self._starting: dict[str, str] = {}  # role -> the phase of its start under way (until its Ready)
 
     # -- messages -------------------------------------------------------------------
     def handle(self, msg: Any) -> bool | None:
@@ -129,6 +140,13 @@ class EngineMonitor:
         self.on_stats(msg, None)
         return True
 
+    def _on_progress(self, msg: StartupProgress) -> bool:
+        """A child just spawned began a phase of its start (from anyone else: refused, as a stray Ready is)."""
+        if self._awaiting_ready.get(msg.role) != msg.pid:
+            return False
+        self._starting[msg.role] = msg.phase
+        return True
+
     def _on_ready(self, msg: Ready) -> bool:
         """Apply a Ready only from the child just spawned for its role, once; count and drop any other.
 
@@ -144,6 +162,7 @@ class EngineMonitor:
             self.ready_log.report(f"ignored a Ready(role={msg.role[:32]!r}, pid={msg.pid}): {why}")
             return False
         del self._awaiting_ready[msg.role]  # once per start
+        self._starting.pop(msg.role, None)
         log.info("%s ready (pid %d)", msg.role, msg.pid)
         self._ready[msg.role] = msg
         self._last_heartbeat[msg.role] = now_ns()
@@ -156,6 +175,7 @@ class EngineMonitor:
         """These children were just spawned: only they may report Ready."""
         self._procs = procs
         self._awaiting_ready = {role: p.pid for role, p in procs.items()}
+        self._starting = {}
 
     def watch_workers(self, procs: dict[str, BaseProcess]) -> None:
         """The hub's tokenizer workers now (for their CPU, memory and pids)."""
@@ -315,18 +335,24 @@ class EngineMonitor:
         if self.down:
             return False, self.down
         if self.failure:
-            return False, f"engine failure ({self.failure}); {self.restart_status or 'restarting'}"
+            starting = f"; starting: {self._waiting_for()}" if self._starting and self._awaiting_ready else ""
+            return False, f"engine failure ({self.failure}); {self.restart_status or 'restarting'}{starting}"
         for role, proc in self.procs.items():
             if not proc.is_alive():
                 return False, f"{role} process exited (code {proc.exitcode})"
         if not self._all_ready.is_set():
-            return False, "starting: waiting for " + ", ".join(self.missing())
+            return False, "starting: waiting for " + self._waiting_for()
         if self.paused:
             return False, PAUSED
         stuck = self.seconds_without_token(oldest_arrival)
         if stuck > self.stall_timeout:
             return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
         return True, "ok"
+
+    def _waiting_for(self) -> str:
+        """The children not ready yet, each with the phase of its start under way when it said."""
+        return ", ".join(f"{role} ({self._starting[role]})" if role in self._starting else role
+                         for role in self.missing())
 
     def seconds_without_token(self, oldest_arrival: int | None) -> float:
         """With requests in flight: seconds since the later of the last token, the oldest arrival and the
@@ -351,10 +377,16 @@ class EngineMonitor:
             stale_drops=self.stale_drops(front), undecodable=self._per_component(front.undecodable, "undecodable"),
             handling_errors=self._per_component(front.handling_errors, "handling_errors"),
             heartbeat_age={role: (now - t) / 1e9 for role, t in self._last_heartbeat.items()},
-            rss=rss, cpu=cpu, engine_info=[r for r in self._ready.values() if r.role != "detokenizer"],
+            rss=rss, cpu=cpu, startup_phases=self.startup_phases(),
+            engine_info=[r for r in self._ready.values() if r.role != "detokenizer"],
             decode_gaps=[GapCount(g.cause, g.count, s.dp_rank) for s in ranks for g in s.decode_gaps]
             + merge_gaps(front.decode_gaps, tuple(s.dp_rank for s in ranks)),
         )
+
+    def startup_phases(self) -> list[StartupPhase]:
+        """How the latest start of each process went, phase by phase: this one's, then each child's Ready."""
+        own = startup_phases.clock()
+        return (own.phases() if own is not None else []) + [p for r in self._ready.values() for p in r.startup_phases]
 
     def ranks(self) -> list[SchedulerStats]:
         return [self._scheduler_stats[r] for r in sorted(self._scheduler_stats)]

@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from serving import startup_phases
 from serving.args import ServerArgs
 from serving.frontend.supervision.children import spawn, stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
@@ -78,6 +79,7 @@ class EngineSupervisor:
     async def start(self) -> Failure | None:
         """Spawn both children and wait for their Ready: None once ready or when the server stops, else the failure."""
         st, mon, loop = self.state, self.monitor, asyncio.get_running_loop()
+        startup_phases.begin("spawn")  # the main process's last phase, on its first start only
         mon.expect(spawn(self.args, st.endpoints, self.instance_id))  # only these may report Ready
         deadline = loop.time() + self.args.startup_timeout
         while not mon.all_ready.is_set():
@@ -92,6 +94,9 @@ class EngineSupervisor:
             if loop.time() > deadline:
                 return mon.missing()[0], "startup_timeout", f"was not ready within {self.args.startup_timeout:g} s"
             await asyncio.sleep(0.05)
+        clock = startup_phases.clock()
+        if clock is not None:
+            clock.finish()
         log.info("ready: serving %s on http://%s:%d", st.model_name, self.args.host, self.args.port)
         return None
 
@@ -166,6 +171,7 @@ class EngineSupervisor:
         mon.recovered()
         if self.state.metrics is not None:
             self.state.metrics.engine_restarts.inc()
+            self.state.metrics.engine_recovery.observe(time.monotonic() - t0)
         log.warning("engine restarted in %.1f s after %s %s", time.monotonic() - t0, role, cause,
                     extra={"role": role, "cause": cause, "restart_seconds": round(time.monotonic() - t0, 2)})
         return True
