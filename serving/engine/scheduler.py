@@ -57,11 +57,14 @@ from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.embed_groups import EmbedGroups
 from serving.engine.embedding import pooling_config
 from serving.engine.events import TokenEvent, end_with_error
+from serving.engine.kv_event_publisher import KVEvents, KVEventsError
 from serving.engine.loader import load_model
+from serving.engine.queue_head import queue_head
 from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore
 from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
+from serving.model_errors import EXIT_KV_EVENTS
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
@@ -82,11 +85,14 @@ class Scheduler:
         self.tracing = Tracing.from_args("scheduler", args, instance_id,
                                          where={"sightline.dp_rank": dp_rank} if args.dp_size > 1 else None)
         self.spans = SchedulerSpans(self.tracing)
+        self.kv_events = KVEvents.open(args, dp_rank)  # before the model: a taken endpoint fails the start at once
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
         self.architecture = loaded.architecture
         self.pooling = pooling_config(loaded.path, args.pooling, loaded.encoder)  # None: generation only
         self.core = SchedulerCore(loaded, args)
+        if self.kv_events is not None:
+            self.kv_events.watch(self.core.tree)
         self.ctx = zmq.Context()
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
@@ -297,6 +303,8 @@ class Scheduler:
             self.spans.forget(rid)
 
     def flush(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.send()
         if self.outbox:
             outputs, self.outbox = self.outbox, []
             self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=outputs)))
@@ -325,6 +333,8 @@ class Scheduler:
             "prefill_tokens_total": self.prefill_tokens_total, "stale_drops": self.drops.snapshot(),
             "undecodable": self.codec.undecodable, "spans": self.tracing.drain(),
             "handling_errors": self.errors.count, "step_phases": self.phases.snapshot(), "paused": self.paused,
+            **queue_head(self.core, now_ns(), bool(self.paused)),
+            **KVEvents.stats_of(self.kv_events),
             **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
             **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
         }
@@ -430,6 +440,8 @@ class Scheduler:
                 self.errors.report("scheduler loop iteration failed", exc)
 
     def close(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.core.grammar.close()
         self.ctx.destroy(linger=0)
         self.tracing.shutdown()
@@ -446,6 +458,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: s
     except ModelLoadError as exc:  # one line for the operator, not a traceback; the supervisor reports the exit
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_MODEL_LOAD) from None
+    except KVEventsError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_KV_EVENTS) from None
     except KeyboardInterrupt:
         pass
     finally:

@@ -40,7 +40,8 @@ nothing for this.
 Fault injection (tests): with SIGHTLINE_FAULT_SEED=N in the environment, a step that
 includes a request seeded N raises after its forward pass, as a torch error would.  The
 hold seam (`serving.engine.seams`) keeps a request marked by its seed running one token
-short of its limit: it is left out of the decodes and of retraction until released or cut.
+short of its limit: it is left out of the decodes and of retraction until released or cut.  The
+admission-stop seam admits no new request while the request marked by its seed runs.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class SchedulerCore:
         self.retractions = 0  # requests taken out of the batch
         self.retracted_tokens = 0  # the K/V positions they had
         self.recomputed_tokens = 0  # of those, computed again when they resumed (the cache no longer held them)
+        self.admissions = 0  # requests admitted into the batch, resumptions after a retraction included
 
     # -- intake ---------------------------------------------------------------
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, priority: int = 0,
@@ -218,7 +220,7 @@ class SchedulerCore:
             "prefix_hits_tokens_total": self.prefix_hits_tokens,
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
             "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
-            "retraction_recomputed_tokens_total": self.recomputed_tokens,
+            "retraction_recomputed_tokens_total": self.recomputed_tokens, "admissions_total": self.admissions,
             "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
         }
 
@@ -290,6 +292,7 @@ class SchedulerCore:
         return chunks
 
     def _admitted(self, req: Req, m: int) -> None:
+        self.admissions += 1
         t, now = req.times, now_ns()
         t.waits.append((t.waiting_since or now, now))
         t.wait.close(now, t.waiting_since or now)
@@ -344,7 +347,8 @@ class SchedulerCore:
         failed_grammars = self._grammars_compiled() if self.grammar.live else []
         retracted = self._make_room()
         decoding = [r for r in self.running if r.prefill_done and not r.held]
-        chunks = self._admit(self.prefill_budget(len(decoding)), len(decoding), admit_new=not retracted)
+        admit_new = not retracted and not self.seams.stops_admission(self.running)
+        chunks = self._admit(self.prefill_budget(len(decoding)), len(decoding), admit_new=admit_new)
         if not retracted:
             self.policy.stepped(decoded=bool(decoding))
         if not decoding and not chunks:
