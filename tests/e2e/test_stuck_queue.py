@@ -19,8 +19,9 @@ BOUND = 1.0  # --queue-stuck-timeout
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     # the held request carries the admission-stop seed: it runs (tokens flow until it is held) and blocks admission
-    s = ServerProc("--queue-stuck-timeout", str(BOUND), "--stall-timeout", "1", env={STOP_ADMISSION_ENV: str(HOLD_SEED)},
-                   tmpdir=tmp_path_factory.mktemp("stuck_queue"), step_floor_ms=20)
+    s = ServerProc("--queue-stuck-timeout", str(BOUND), "--stall-timeout", "1",
+                   env={STOP_ADMISSION_ENV: str(HOLD_SEED)}, tmpdir=tmp_path_factory.mktemp("stuck_queue"),
+                   step_floor_ms=20)
     yield s
     s.stop()
 
