@@ -123,6 +123,11 @@ class KVEventPublisher:
         except queue.Full:
             self.dropped += len(events)
 
+    @property
+    def backlog(self) -> int:
+        """Batches queued for the thread, not yet sent or dropped."""
+        return self._queue.qsize()
+
     def stats(self) -> dict[str, int]:
         """Its part of `SchedulerStats`, by field name."""
         return {"kv_events_published_total": self.published, "kv_events_dropped_total": self.dropped}

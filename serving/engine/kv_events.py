@@ -23,6 +23,7 @@ tokens hashes only its new blocks.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import Sequence
 
 from protocol.kv_events import MEDIUM, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
@@ -59,6 +60,18 @@ def sha256_64(value: object) -> int:
     return int.from_bytes(hashlib.sha256(cbor(value)).digest()[24:], "big")
 
 
+@lru_cache(maxsize=1 << 18)
+def _uint(n: int) -> bytes:
+    return _cbor_head(0, n)
+
+
+def block_hash(parent: int, tokens: Sequence[int], ns: str = "") -> int:
+    """`sha256_64([parent, tokens, [ns] or None])`, encoded without the general walk (each block costs this)."""
+    extra = cbor([ns]) if ns else b"\xf6"
+    body = b"".join([b"\x83", _cbor_head(0, parent), _cbor_head(4, len(tokens)), *map(_uint, tokens), extra])
+    return int.from_bytes(hashlib.sha256(body).digest()[24:], "big")
+
+
 class BlockHasher:
     """The chain of block hashes of a sequence, by block, in one namespace."""
 
@@ -77,7 +90,7 @@ class BlockHasher:
             if h is None:
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
-                h = self._memo[key] = sha256_64([parent, tokens, [ns] if k == 0 and ns else None])
+                h = self._memo[key] = block_hash(parent, tokens, ns if k == 0 else "")
             out.append(h)
             parent = h
         return out
