@@ -61,7 +61,8 @@ class BlockRemoved(KVCacheEvent):
 
 
 class AllBlocksCleared(KVCacheEvent):
-    """The rank's whole prefix cache was dropped (POST /flush_cache with nothing running)."""
+    """The rank's whole prefix cache was dropped (POST /flush_cache with nothing running); also the first batch of
+    every Scheduler, which starts with an empty cache."""
 
 
 KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]

@@ -182,6 +182,9 @@ class ServerArgs:
                                          "overloaded CPU).")
     stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this "
                                       "many seconds.")
+    queue_stuck_timeout: float = _opt(30.0, "/health fails when the oldest waiting request of a Scheduler rank has "
+                                            "waited this many seconds while the KV and batch room to admit it exist "
+                                            "(a queue that admits nothing while tokens still flow).")
     on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays "
                                              "up) or 'exit'.")
     max_engine_restarts: int = _opt(5, "Most engine restart attempts within --engine-restart-window; when spent, the "
@@ -286,9 +289,6 @@ class ServerArgs:
     log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the "
                                     "prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
-    queue_stuck_timeout: float = _opt(30.0, "/health fails when the oldest waiting request of a Scheduler rank has "
-                                            "waited this many seconds while the KV and batch room to admit it exist "
-                                            "(a queue that admits nothing while tokens still flow).")
     # -- KV-cache events for cache-aware routers (serving/engine/kv_event_publisher.py, docs/kv_events.md) --
     kv_events_endpoint: str | None = _opt(None, "Publish the prefix cache's block stores and evictions as vLLM's "
                                                 "KV-cache events on this ZMQ endpoint (PUB; e.g. tcp://*:5557 binds, "

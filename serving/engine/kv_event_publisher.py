@@ -204,8 +204,11 @@ class KVEvents:
         return cls(recorder, publisher)
 
     def watch(self, tree: RadixCache | None) -> None:
+        """Report `tree`'s changes from now on, starting with a clear: a Scheduler that starts (or restarts after
+        a failure) holds no block, whatever a router remembers of this endpoint."""
         if tree is not None:
             tree.events = self.recorder
+        self.recorder.cleared()
 
     def send(self) -> None:
         if self.recorder.pending:

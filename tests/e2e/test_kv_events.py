@@ -103,19 +103,24 @@ class Subscriber:
         self.warm()
 
     def warm(self) -> None:
+        """Call into the socket for half a second (so its subscription goes out), keeping what arrives."""
         deadline = time.monotonic() + 0.5
         while time.monotonic() < deadline:
-            assert not self.sock.poll(50), "a KV event arrived while none was due"
+            if self.sock.poll(50):
+                self.receive()
 
     def until(self, predicate, timeout: float = 10.0) -> list[Any]:
         """Receive until `predicate(events so far)`; returns every event received by then."""
         deadline = time.monotonic() + timeout
         while not predicate(self.events()):
             assert self.sock.poll(max(1, int((deadline - time.monotonic()) * 1000))), f"no KV event: {self.events()}"
-            topic, seq, payload = self.sock.recv_multipart()
-            assert topic == TOPIC
-            self.got.append((int.from_bytes(seq, "big", signed=True), payload))
+            self.receive()
         return self.events()
+
+    def receive(self) -> None:
+        topic, seq, payload = self.sock.recv_multipart()
+        assert topic == TOPIC
+        self.got.append((int.from_bytes(seq, "big", signed=True), payload))
 
     def events(self) -> list[Any]:
         return [ev for _, payload in self.got for ev in DECODE.decode(payload).events]
@@ -150,6 +155,20 @@ def srv(tmp_path_factory, sub, replay_ep):
     s.stop()
 
 
+def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
+    """Ask the replay socket for every batch from `start` on, as vLLM's subscribers do: (seq, payload) each."""
+    with zmq.Context() as c, c.socket(zmq.DEALER) as sock:
+        sock.connect(endpoint)
+        sock.send_multipart((b"", start.to_bytes(8, "big")))
+        frames = []
+        while not frames or frames[-1][1] != (-1).to_bytes(8, "big", signed=True):
+            assert sock.poll(10_000), "the replay ended without its end marker"
+            frames.append(sock.recv_multipart())
+        sock.setsockopt(zmq.LINGER, 0)
+    assert frames[-1][2] == b""
+    return [(int.from_bytes(s, "big", signed=True), p) for _, s, p in frames[:-1]]
+
+
 def generate(srv: ServerProc, ids: list[int]) -> dict:
     r = srv.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0,
                                                                        "ignore_eos": True}})
@@ -161,20 +180,24 @@ def stored(events: list[Any]) -> list[BlockStored]:
     return [e for e in events if isinstance(e, BlockStored)]
 
 
-def test_a_prompt_s_blocks_are_stored_with_the_hashes_a_router_computes_from_its_tokens(srv, sub):
+def test_a_prompt_s_blocks_are_stored_with_the_hashes_a_router_computes_from_its_tokens(srv, sub, replay_ep):
     ids = list(range(1000, 1040))  # 40 tokens: blocks [0, 16) and [16, 32); the rest is a partial block
     generate(srv, ids)
     events = sub.until(lambda evs: stored(evs))
     (ev,) = stored(events)
     assert ev.block_hashes == block_hashes(ids) and ev.parent_block_hash is None and ev.token_ids == ids[:32]
     assert (ev.block_size, ev.medium, ev.lora_id, ev.lora_name, ev.group_idx) == (16, "CPU", None, None, 0)
-    assert DECODE.decode(sub.got[0][1]).data_parallel_rank == 0 and sub.got[0][0] == 0
+    assert all(DECODE.decode(payload).data_parallel_rank == 0 for _, payload in sub.got)
     longer = ids + list(range(2000, 2010))  # 50 tokens: one more whole block, continuing the cached ones
     generate(srv, longer)
     ev = stored(sub.until(lambda evs: len(stored(evs)) == 2))[1]
     assert ev.block_hashes == block_hashes(longer)[2:] and ev.parent_block_hash == block_hashes(ids)[1]
+    replayed = replay(replay_ep, 0)  # from the start: the clear every Scheduler begins with, then the stores
+    assert isinstance(DECODE.decode(replayed[0][1]).events[0], AllBlocksCleared) and replayed[0][0] == 0
+    assert replayed[-len(sub.got):] == sub.got  # what the subscriber got: the very batches, in order
     text = scrape(srv)
-    assert value(text, "sightline_kv_events_published_total") == len(sub.events())
+    assert value(text, "sightline_kv_events_published_total") == sum(len(DECODE.decode(p).events)
+                                                                        for _, p in replayed)
     assert value(text, "sightline_kv_events_dropped_total") == 0
 
 
@@ -189,7 +212,7 @@ def test_evictions_and_a_flush_are_removed_and_cleared_blocks(srv, sub):
     assert isinstance(sub.until(lambda evs: isinstance(evs[-1], AllBlocksCleared))[-1], AllBlocksCleared)
 
 
-def test_a_gap_in_the_sequence_numbers_is_filled_from_the_replay_socket(srv, sub, ctx, replay_ep):
+def test_a_gap_in_the_sequence_numbers_is_filled_from_the_replay_socket(srv, sub, replay_ep):
     """The subscriber stops listening while one prompt's blocks are published: the next batch it gets skips a
     sequence number, and the replay socket gives back the missed batch, byte for byte as published."""
     def published() -> float:
@@ -205,17 +228,9 @@ def test_a_gap_in_the_sequence_numbers_is_filled_from_the_replay_socket(srv, sub
     generate(srv, list(range(6000, 6040)))
     sub.until(lambda evs: sub.got[-1][0] > last)
     assert sub.got[-1][0] == last + 2  # one batch missed
-    replay = ctx.socket(zmq.DEALER)
-    replay.connect(replay_ep)
-    replay.send_multipart((b"", (last + 1).to_bytes(8, "big")))
-    frames = []
-    while not frames or frames[-1][1] != (-1).to_bytes(8, "big", signed=True):
-        assert replay.poll(10_000), "the replay ended without its end marker"
-        frames.append(replay.recv_multipart())
-    replay.close(linger=0)
-    seqs = [int.from_bytes(f[1], "big", signed=True) for f in frames]
-    assert seqs == [last + 1, last + 2, -1] and frames[1][2] == sub.got[-1][1] and frames[-1][2] == b""
-    (gap,) = DECODE.decode(frames[0][2]).events
+    replayed = replay(replay_ep, last + 1)
+    assert [seq for seq, _ in replayed] == [last + 1, last + 2] and replayed[1][1] == sub.got[-1][1]
+    (gap,) = DECODE.decode(replayed[0][1]).events
     assert isinstance(gap, BlockStored) and gap.block_hashes == block_hashes(missed)
 
 
