@@ -448,6 +448,11 @@ class ServerArgs:
         if self.kv_events_endpoint is not None:
             if self.disable_prefix_cache:
                 raise ValueError("--kv-events-endpoint needs the prefix cache (drop --disable-prefix-cache)")
+            for flag, value in (("endpoint", self.kv_events_endpoint), ("replay-endpoint",
+                                                                         self.kv_events_replay_endpoint)):
+                if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                    raise ValueError(f"--kv-events-{flag} must be a ZMQ endpoint: tcp://host:port, ipc:// or "
+                                     "inproc://")
             if self.kv_events_block_size < 1 or self.kv_events_hwm < 1 or self.kv_events_connect_timeout < 0:
                 raise ValueError("--kv-events-block-size and --kv-events-hwm must be >= 1, "
                                  "--kv-events-connect-timeout >= 0")

@@ -105,9 +105,7 @@ def test_publisher_frames_topic_seq_payload_and_replays_from_a_sequence_number()
     assert (pub.endpoint, pub.replay_endpoint) == ("inproc://kv_dp3", "inproc://kv-replay_dp3")  # rank 3's
     s = sub(ctx, pub.endpoint)
     try:
-        wait_until(lambda: _subscribed(pub, s), 5, "the subscription in place")  # probes: AllBlocksCleared
-        wait_until(lambda: not pub._queue.qsize(), 5, "the probes sent")
-        probes = pub.published + pub.dropped
+        probes = subscribed(pub, s)
         stored = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
                              medium="CPU", lora_name=None)
         removed = BlockRemoved(block_hashes=[1], medium="CPU")
@@ -134,9 +132,7 @@ def test_a_subscriber_that_does_not_read_never_blocks_the_publisher_and_its_drop
     pub = KVEventPublisher("inproc://slow", hwm=1, ctx=ctx)
     s = sub(ctx, "inproc://slow", hwm=1)
     try:
-        wait_until(lambda: _subscribed(pub, s), 5, "the subscription in place")
-        wait_until(lambda: not pub._queue.qsize(), 5, "the probes sent")
-        before = pub.published + pub.dropped
+        before = subscribed(pub, s)
         done = threading.Event()
 
         def flood() -> None:
@@ -154,13 +150,22 @@ def test_a_subscriber_that_does_not_read_never_blocks_the_publisher_and_its_drop
         ctx.destroy(linger=0)
 
 
-def _subscribed(pub: KVEventPublisher, s: zmq.Socket) -> bool:
-    """One batch reached the subscriber (its subscription is in place)."""
-    pub.publish([AllBlocksCleared()])
-    if s.poll(50):
-        s.recv_multipart()
-        return True
-    return False
+def subscribed(pub: KVEventPublisher, s: zmq.Socket) -> int:
+    """Publish probes (AllBlocksCleared) until one reaches the subscriber (its subscription is in place) and the
+    publisher has sent or dropped every one; returns how many."""
+    probes = [0]
+
+    def probe() -> bool:
+        pub.publish([AllBlocksCleared()])
+        probes[0] += 1
+        if s.poll(50):
+            s.recv_multipart()
+            return True
+        return False
+
+    wait_until(probe, 5, "the subscription in place")
+    wait_until(lambda: pub.published + pub.dropped == probes[0], 5, "the probes sent")
+    return probes[0]
 
 
 def test_a_taken_or_foreign_address_and_no_subscriber_to_connect_to_fail_at_once():
@@ -185,3 +190,14 @@ def test_each_rank_offsets_the_port_as_vllm_does():
     assert offset_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
     with pytest.raises(KVEventsError):
         offset_endpoint("tcp://router", 1)
+
+
+def test_flags_that_cannot_work_are_refused_before_any_process_starts():
+    from serving.args import ServerArgs
+
+    with pytest.raises(ValueError, match="--kv-events-endpoint must be a ZMQ endpoint"):
+        ServerArgs(kv_events_endpoint="router:5557")
+    with pytest.raises(ValueError, match="needs the prefix cache"):
+        ServerArgs(kv_events_endpoint="tcp://*:5557", disable_prefix_cache=True)
+    with pytest.raises(ValueError, match="--kv-events-block-size"):
+        ServerArgs(kv_events_endpoint="tcp://*:5557", kv_events_block_size=0)
