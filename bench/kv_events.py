@@ -9,38 +9,44 @@ own, replaces each that finishes, so blocks are stored all the time, and evicted
 is full) for `--steps` steps; output tok/s = tokens sampled ÷ wall time.  On and off run back to
 back in each round (alternating which goes first); the result is the median of the rounds'
 on ÷ off ratios, which a busy machine's drift between rounds does not move.  The goal is ≥ 0.98.
-CPU seconds per output token (the whole process: the Scheduler's thread, the publisher's and the
-bench's subscriber) are printed beside it: on a shared machine they move less than wall time.
-The publisher binds an inproc PUB socket; a thread drains it, so what is measured is
-the Scheduler's side and the publisher thread's share of the CPU (a run with events ends when
-its last batch is sent), not a network.
+CPU seconds per output token of the engine's process (the Scheduler's thread and the
+publisher's) are printed beside it: on a shared machine they move less than wall time.  The
+publisher binds an ipc:// PUB socket and a subscriber in a process of its own reads every batch;
+a run with events ends when its last batch is sent.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import random
 import statistics
-import threading
+import tempfile
 import time
 
-import zmq
+if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads.
+    # Without it OpenMP's threads spin while the publisher's thread has the core, and the engine pays for it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bench.common import engine_bench_args, in_process_engine, write_json
-from protocol.sampling_params import SamplingParams
-from serving.engine.kv_event_publisher import KVEventPublisher, KVEvents
-from serving.engine.kv_events import KVEventRecorder
-from serving.engine.scheduler_core import SchedulerCore
+import zmq  # noqa: E402
+
+from bench.common import engine_bench_args, in_process_engine, write_json  # noqa: E402
+from protocol.sampling_params import SamplingParams  # noqa: E402
+from serving.engine.kv_event_publisher import KVEventPublisher, KVEvents  # noqa: E402
+from serving.engine.kv_events import KVEventRecorder  # noqa: E402
+from serving.engine.scheduler_core import SchedulerCore  # noqa: E402
 
 
-def drain(ctx: zmq.Context, endpoint: str, stop: threading.Event, got: list[int]) -> None:
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
-    while not stop.is_set():
-        if sub.poll(50):
-            sub.recv_multipart()
-            got[0] += 1
-    sub.close(linger=0)
+def drain(endpoint: str, stop, got) -> None:
+    """The subscriber, in a process of its own (as a router is): reads every batch until `stop` is set."""
+    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        while not stop.is_set():
+            if sub.poll(50):
+                sub.recv_multipart()
+                got.value += 1
+        sub.setsockopt(zmq.LINGER, 0)
 
 
 def run(core: SchedulerCore, events: KVEvents | None, steps: int, concurrency: int, prompt_len: int,
@@ -73,10 +79,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     a = ap.parse_args()
     _, core, levels, _ = in_process_engine(a)
-    ctx, stop, got = zmq.Context(), threading.Event(), [0]
-    publisher = KVEventPublisher("inproc://kv-bench", ctx=ctx)
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='kv-bench-')}/events"
+    publisher = KVEventPublisher(endpoint)
     events = KVEvents(KVEventRecorder(), publisher)
-    reader = threading.Thread(target=drain, args=(ctx, "inproc://kv-bench", stop, got), daemon=True)
+    spawn = multiprocessing.get_context("spawn")
+    stop, got = spawn.Event(), spawn.Value("i", 0)
+    reader = spawn.Process(target=drain, args=(endpoint, stop, got), daemon=True)
     reader.start()
     doc: dict = {"model": a.model, "steps": a.steps, "rounds": a.rounds, "levels": {}}
     try:
@@ -97,13 +105,12 @@ def main() -> None:
                   f"{[round(x[0]) for x in results[False]]})")
             doc["levels"][str(c)] = {"on_tok_s": on, "off_tok_s": off, "tok_s_ratio": tok, "cpu_per_token_ratio": cpu,
                                      "on": results[True], "off": results[False]}
-        print(f"events published {publisher.published}, dropped {publisher.dropped}, batches read {got[0]}")
+        print(f"events published {publisher.published}, dropped {publisher.dropped}, batches read {got.value}")
         doc.update(published=publisher.published, dropped=publisher.dropped)
     finally:
         stop.set()
-        reader.join(2)
+        reader.join(5)
         publisher.close()
-        ctx.destroy(linger=0)
     if a.json:
         write_json(a.json, doc)
 
