@@ -119,6 +119,7 @@ SCOPE = {
     "SightlineDown": "instance",
     "SightlineEngineStalled": "instance",
     "SightlineQueueBacklogGrowing": "instance",
+    "SightlineQueueStuck": "instance",
     "SightlineKVCacheSaturated": "instance",
     "SightlineRetractionsSustained": "instance",
     "SightlineStaleDropSpike": "instance",
@@ -171,6 +172,14 @@ def symptom_alerts(spec: Spec) -> list[dict]:
          "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the waiting queue keeps growing",
          f"Requests wait in the queue of Scheduler rank {{{{ $labels.dp_rank }}}} and the queue has grown over the "
          f"last {backlog}: arrivals outpace the engine (per rank: with --dp-size > 1 each rank has its queue)."),
+        ("SightlineQueueStuck", "page",
+         f"sightline_queue_head_age_seconds{{{job}}} > {p('SightlineQueueStuck')}\nand\n"
+         f"sightline_queue_head_fits{{{job}}} == 1",
+         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the queue admits nothing though requests would fit",
+         f"The oldest request waiting on Scheduler rank {{{{ $labels.dp_rank }}}} has waited more than "
+         f"{p('SightlineQueueStuck')} s while the KV and batch room to admit it exist "
+         "(sightline_queue_head_fits): admission is stuck, not saturated. Tokens of the running requests may "
+         "still flow, so SightlineEngineStalled stays quiet; /health fails after --queue-stuck-timeout."),
         ("SightlineKVCacheSaturated", "ticket", f"sightline_kv_in_use_ratio{{{job}}} > {num(kv)}",
          "{{ $labels.instance }} rank {{ $labels.dp_rank }}: KV cache nearly full",
          f"Running requests hold more than {num(kv * 100)} % of the KV slots of Scheduler rank "

@@ -378,6 +378,11 @@ class SchedulerStats(_Msg, kw_only=True):
     retractions_total: int = 0  # cumulative: requests taken out of the batch because KV ran out
     retracted_tokens_total: int = 0  # cumulative: the K/V positions they had
     retraction_recomputed_tokens_total: int = 0  # cumulative: of those, computed again when they resumed
+    admissions_total: int = 0  # cumulative: requests admitted into the batch (resumptions included)
+    queue_head_age_seconds: float = 0.0  # how long the oldest waiting request has waited (0: none waits)
+    queue_head_fits: bool = False  # the next request to admit has KV and batch room now (False while paused)
+    kv_events_published_total: int = 0  # cumulative: KV-cache events sent (--kv-events-endpoint)
+    kv_events_dropped_total: int = 0  # cumulative: KV-cache events of batches a full queue or subscriber refused
     decode_gaps: list[GapCount] = msgspec.field(default_factory=_no_gaps)  # cumulative, every cause
     prefix_misses: list[MissCount] = msgspec.field(default_factory=lambda: [MissCount(r, 0) for r in MISS_REASONS])
     grammar_compile_seconds: list[PhaseHistogram] = []  # cumulative: cold grammar compiles (phase "compile")

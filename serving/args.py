@@ -186,6 +186,9 @@ class ServerArgs:
                                          "overloaded CPU).")
     stall_timeout: float = _opt(60.0, "/health fails when requests are in flight and no token was produced for this "
                                       "many seconds.")
+    queue_stuck_timeout: float = _opt(30.0, "/health fails when the oldest waiting request of a Scheduler rank has "
+                                            "waited this many seconds while the KV and batch room to admit it exist "
+                                            "(a queue that admits nothing while tokens still flow).")
     on_engine_failure: str = _opt("restart", "When a child dies or stalls: 'restart' the engine processes (HTTP stays "
                                              "up) or 'exit'.")
     max_engine_restarts: int = _opt(5, "Most engine restart attempts within --engine-restart-window; when spent, the "
@@ -299,6 +302,27 @@ class ServerArgs:
     log_requests: bool = _opt(True, "Log one INFO line per finished request with its latency breakdown (never the "
                                     "prompt or output).")
     request_timeline_size: int = _opt(500, "Finished requests whose spans /debug/requests keeps in memory.")
+    # -- KV-cache events for cache-aware routers (serving/engine/kv_event_publisher.py, docs/kv_events.md) --
+    kv_events_endpoint: str | None = _opt(None, "Publish the prefix cache's block stores and evictions as vLLM's "
+                                                "KV-cache events on this ZMQ endpoint (PUB; e.g. tcp://*:5557 binds, "
+                                                "tcp://router:5557 connects); rank r of --dp-size adds r to the port. "
+                                                "Off by default.")
+    kv_events_replay_endpoint: str | None = _opt(None, "With --kv-events-endpoint: a ZMQ ROUTER endpoint (bound) where "
+                                                       "a subscriber asks for the batches it missed from a sequence "
+                                                       "number on.")
+    kv_events_topic: str = _opt("", "With --kv-events-endpoint: the topic frame of every message (llm-d's indexer "
+                                    "reads kv@<pod-ip>@<model>).")
+    kv_events_block_size: int = _opt(16, "With --kv-events-endpoint: tokens per hashed block (the router's block "
+                                         "size).")
+    kv_events_hash_seed: str = _opt("", "With --kv-events-endpoint: the seed of the block-hash chain (the router's "
+                                        "hashSeed, vLLM's PYTHONHASHSEED).")
+    kv_events_token_ids: bool = _opt(False, "With --kv-events-endpoint: put each stored block's token ids in its "
+                                            "event (off: only hashes leave the server).")
+    kv_events_hwm: int = _opt(100_000, "With --kv-events-endpoint: messages queued per subscriber before further "
+                                       "batches are dropped (counted; the subscriber can replay them).")
+    kv_events_connect_timeout: float = _opt(10.0, "With a --kv-events-endpoint to connect to: seconds the Scheduler "
+                                                  "waits for the connection before the start fails (0: do not "
+                                                  "wait).")
     # -- flight recorder and crash dumps (telemetry/flight_recorder.py, serving/frontend/supervision/crash_dump.py) --
     dump_requests: str | None = _opt(None, "Directory to record every generation or embeddings request in, one "
                                            "JSON line each (telemetry/request_record.py: arrival, route, sampling "
@@ -437,6 +461,19 @@ class ServerArgs:
             raise ValueError("--otel-metric-export-interval must be >= 1 (milliseconds)")
         if self.heartbeat_interval <= 0 or self.startup_timeout <= 0:
             raise ValueError("--heartbeat-interval and --startup-timeout must be > 0")
+        if self.queue_stuck_timeout <= 0:
+            raise ValueError("--queue-stuck-timeout must be > 0")
+        if self.kv_events_endpoint is not None:
+            if self.disable_prefix_cache:
+                raise ValueError("--kv-events-endpoint needs the prefix cache (drop --disable-prefix-cache)")
+            for flag, value in (("endpoint", self.kv_events_endpoint), ("replay-endpoint",
+                                                                         self.kv_events_replay_endpoint)):
+                if value is not None and not value.startswith(("tcp://", "ipc://", "inproc://")):
+                    raise ValueError(f"--kv-events-{flag} must be a ZMQ endpoint: tcp://host:port, ipc:// or "
+                                     "inproc://")
+            if self.kv_events_block_size < 1 or self.kv_events_hwm < 1 or self.kv_events_connect_timeout < 0:
+                raise ValueError("--kv-events-block-size and --kv-events-hwm must be >= 1, "
+                                 "--kv-events-connect-timeout >= 0")
 
     @property
     def cache_dir_path(self) -> Path | None:

@@ -324,6 +324,32 @@ SPECS: tuple[Spec, ...] = (
          definition="1 − recomputed ÷ retracted is the cache hit rate of resumptions (0 with "
          "--disable-prefix-cache: everything is recomputed).", source="scheduler",
          read="scheduler.retraction_recomputed_tokens_total"),
+    Spec("sightline_scheduler_admissions_total", "counter",
+         "Requests admitted from the waiting queue into the running batch.", R,
+         definition="Counted in the step that admits them; a request resumed after a retraction counts again. Its "
+         "rate is the admission rate: 0 while requests wait is a stuck queue when sightline_queue_head_fits is 1.",
+         source="scheduler", read="scheduler.admissions_total"),
+    Spec("sightline_queue_head_age_seconds", "gauge",
+         "How long the oldest waiting request of the rank has waited in its queue; 0 when none waits.", R,
+         definition="Since it entered the queue (or re-entered it after a retraction), as of the rank's latest stats "
+         "message (after every step, every --heartbeat-interval when idle). A request whose structured-output "
+         "grammar still compiles is not counted (admission passes over it).", source="scheduler",
+         read="scheduler.queue_head_age_seconds"),
+    Spec("sightline_queue_head_fits", "gauge",
+         "1 when the next request to admit has the KV and the batch room it needs now, else 0.", R,
+         definition="Fewer than --max-running-requests run and the admission policy's committed KV plus the "
+         "request's expected need fit the slots available (free or evictable), its cached prefix not counted; 0 "
+         "while paused. A queue head that fits and ages is an engine admitting nothing (alert SightlineQueueStuck, "
+         "/health after --queue-stuck-timeout).", source="scheduler", read="scheduler.queue_head_fits"),
+    Spec("sightline_kv_events_published_total", "counter",
+         "KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) sent to the subscribers of "
+         "--kv-events-endpoint.", R, definition="Counted when their batch left on the PUB socket; 0 with the flag "
+         "off.", source="scheduler", read="scheduler.kv_events_published_total"),
+    Spec("sightline_kv_events_dropped_total", "counter",
+         "KV-cache events of batches not sent: the publisher's queue was full, or a subscriber reached "
+         "--kv-events-hwm.", R, definition="The Scheduler never waits for a subscriber: a batch a slow subscriber "
+         "cannot take is not sent to any, and stays in the replay buffer (the last 10,000 batches) under its "
+         "sequence number.", source="scheduler", read="scheduler.kv_events_dropped_total"),
     Spec("sightline_decode_gaps_total", "counter",
          "Inter-token gaps far above the rank's typical step, by cause.", R + ("cause",),
          definition="A gap is longer than --decode-gap-factor × the median of the rank's last 64 step intervals and "

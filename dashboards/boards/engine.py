@@ -72,6 +72,25 @@ def board() -> Board:
                          [(q.gauge("sightline_new_token_ratio", agg="max"), "ratio")], max_value=1, width=8),
     )
     b.row(
+        "Queue head and KV events",
+        timeseries_panel("Queue head and admissions", "How long the oldest waiting request of the most delayed "
+                         "rank has waited (left), requests admitted per second (right) and whether the next request "
+                         "to admit would fit now (right, 1 = KV and batch room exist). The head aging while it fits "
+                         "and nothing is admitted is a stuck queue (alert SightlineQueueStuck, /health after "
+                         "--queue-stuck-timeout), even while running requests still produce tokens; aging without "
+                         "fitting is saturation (KV or --max-running-requests).", "s",
+                         [(q.gauge("sightline_queue_head_age_seconds", agg="max"), "oldest waiting"),
+                          (q.rate("sightline_scheduler_admissions_total"), "admitted/s"),
+                          (q.gauge("sightline_queue_head_fits", agg="max"), "head fits")],
+                         right={"B": "ops", "C": "short"}),
+        timeseries_panel("KV-cache events", "Block events (stored, removed, cleared) published per second to "
+                         "cache-aware routers on --kv-events-endpoint, and those dropped because the publisher's "
+                         "queue was full or a subscriber reached --kv-events-hwm (the subscriber can replay them by "
+                         "sequence number). 0 with the flag off.", "suffix: events/s",
+                         [(q.rate("sightline_kv_events_published_total"), "published"),
+                          (q.rate("sightline_kv_events_dropped_total"), "dropped")]),
+    )
+    b.row(
         "Prefix cache",
         timeseries_panel("Prefix cache hit ratio", "Prompt tokens reused from the prefix cache ÷ prompt tokens of "
                          "the requests admitted (vLLM's hits ÷ queries): the share of prefill the cache saved. No "

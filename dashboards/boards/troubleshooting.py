@@ -116,12 +116,17 @@ def board() -> Board:
             "Why does /health sometimes answer 503?",
             "/health answers and engine restarts per second (left), the age of each child's last stats "
             "message per instance (right). Unhealthy answers with a growing heartbeat age: a child is stuck or "
-            "dead (the watchdog restarts it); with fresh heartbeats: the queue is too long — see the Overview.", "cps",
+            "dead (the watchdog restarts it); with fresh heartbeats and a queue head that fits and ages (right, "
+            "only while it fits): the queue admits nothing though tokens may still flow (alert SightlineQueueStuck, "
+            "runbook); otherwise the queue is too long — see the Overview.", "cps",
             [(q.rate("sightline_health_checks_total", by=("healthy",)), "healthy={{healthy}}"),
              (q.gauge("sightline_heartbeat_age_seconds", by=("instance", "role"), agg="max"),
               "heartbeat age {{instance}} {{role}}"),
-             (q.rate("sightline_engine_restarts_total"), "engine restarts")],
-            right={"B": "s"}),
+             (q.rate("sightline_engine_restarts_total"), "engine restarts"),
+             (f"{q.gauge('sightline_queue_head_age_seconds', by=('instance', 'dp_rank'), agg='max')}\n* on "
+              f"(instance, dp_rank)\n{q.gauge('sightline_queue_head_fits', by=('instance', 'dp_rank'), agg='max')}",
+              "stuck queue head {{instance}} rank {{dp_rank}}")],
+            right={"B": "s", "D": "s"}),
     )
     b.row(
         "Failures, overload and deadlines",

@@ -26,6 +26,7 @@ class BatchBuilder:
         self.prefix_queries_tokens = 0  # prompt tokens of admitted requests
         self.prefix_hits_tokens = 0  # of those, reused from the cache
         self.recomputed_tokens = 0  # retracted positions computed again when they resumed (the cache lost them)
+        self.admissions = 0  # requests admitted into the batch, resumptions after a retraction included
 
     def prefill_budget(self, num_decoding: int) -> int:
         """Prompt tokens this step may prefill.
@@ -84,6 +85,7 @@ class BatchBuilder:
         return chunks
 
     def _admitted(self, req: Req, m: int) -> None:
+        self.admissions += 1
         t, now = req.times, now_ns()
         t.waits.append((t.waiting_since or now, now))
         t.wait.close(now, t.waiting_since or now)

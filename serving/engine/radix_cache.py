@@ -27,6 +27,11 @@ evicted too.
 Evicted prefixes: with an `evicted` log (`serving.engine.prefix_misses.EvictedLog`), every leaf
 that eviction or a reset removes is handed to it first (its whole prefix and namespace), so a
 later miss can say the prefix had been cached.
+
+KV events: with an `events` recorder (`serving.engine.kv_events.KVEventRecorder`,
+`--kv-events-endpoint`), every insertion that adds positions and every evicted leaf is told
+to it (the sequence from its namespace's start, where the change starts, the namespace), and
+a reset as one clear.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class RadixCache:
     def __init__(self) -> None:
         self.root = TreeNode((), _EMPTY, None)  # kept for good: requests with no cached prefix hold it
         self.evicted = None  # an EvictedLog told of every leaf removed (None: nothing told)
+        self.events = None  # a KVEventRecorder told of every insertion, eviction and reset (None: nothing told)
         self.total_slots = 0  # slots owned by the tree
         self.locked_slots = 0  # of those, in nodes with lock_ref > 0
         self._clock = 0
@@ -83,6 +89,8 @@ class RadixCache:
             for n in self.nodes():
                 if not n.children:
                     self._log_evicted(n)
+        if self.events is not None:
+            self.events.cleared()
         self.root.children.clear()
         self.total_slots = 0
         return freed
@@ -148,6 +156,8 @@ class RadixCache:
                 leaf.last_access = now
                 node.children[ids[i]] = leaf
                 self.total_slots += len(leaf.key)
+                if self.events is not None:
+                    self.events.stored(ids, i, ns)
                 return i
             k = _common_len(child.key, ids, i)
             if k < len(child.key):
@@ -218,8 +228,8 @@ class RadixCache:
             leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
-            if self.evicted is not None:
-                self._log_evicted(leaf)
+            if self.evicted is not None or self.events is not None:
+                self._log_evicted(leaf, self.events)
             del parent.children[leaf.key[0] if leaf.ns is None else leaf.ns]  # type: ignore[arg-type]
             freed.append(leaf.value)
             count += len(leaf.value)
@@ -230,8 +240,9 @@ class RadixCache:
                 heapq.heappush(heap, parent)
         return torch.cat(freed) if freed else _EMPTY
 
-    def _log_evicted(self, leaf: TreeNode) -> None:
-        """Tell the log that `leaf`'s positions leave the tree: its prefix from its namespace's start."""
+    def _log_evicted(self, leaf: TreeNode, events=None) -> None:
+        """Tell the log (and `events`) that `leaf`'s positions leave the tree: its prefix from its namespace's
+        start."""
         if not leaf.key:
             return  # a namespace node: no positions
         keys, ns = [], ""
@@ -241,7 +252,10 @@ class RadixCache:
             else:
                 keys.append(n.key)
         ids = [t for key in reversed(keys) for t in key]
-        self.evicted.evicted(ids, len(ids) - len(leaf.key), ns)  # type: ignore[union-attr]
+        if self.evicted is not None:
+            self.evicted.evicted(ids, len(ids) - len(leaf.key), ns)
+        if events is not None:
+            events.removed(ids, len(ids) - len(leaf.key), ns)
 
     def nodes(self) -> Iterator[TreeNode]:
         """Every node but the root."""

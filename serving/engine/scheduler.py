@@ -60,12 +60,15 @@ from serving.args import ServerArgs
 from serving.engine.cpu_share import CpuLedger
 from serving.engine.embed_groups import EmbedGroups
 from serving.engine.embedding import pooling_config
+from serving.engine.kv_event_publisher import KVEvents, KVEventsError
 from serving.engine.loader import load_model
 from serving.engine.outputs import Outputs
+from serving.engine.queue_head import queue_head
 from serving.engine.scheduler_core import SchedulerCore
 from serving.engine.step_observers import StepObservers
 from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
+from serving.model_errors import EXIT_KV_EVENTS
 from serving.model_files import EXIT_MODEL_LOAD, ModelLoadError
 from serving.process import enable_stack_dumps, freeze_heap, keep_running, setup_child
 from serving.ratelog import RateLimitedLog
@@ -84,6 +87,7 @@ class Scheduler:
         self.tracing = Tracing.from_args("scheduler", args, instance_id,
                                          where={"sightline.dp_rank": dp_rank} if args.dp_size > 1 else None)
         self.spans = SchedulerSpans(self.tracing)
+        self.kv_events = KVEvents.open(args, dp_rank)  # before the model: a taken endpoint fails the start at once
         self.ctx = zmq.Context()
         self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
         self.codec = Codec("scheduler")
@@ -95,6 +99,8 @@ class Scheduler:
         self.architecture = loaded.architecture
         self.pooling = pooling_config(loaded.path, args.pooling, loaded.encoder)  # None: generation only
         self.core = SchedulerCore(loaded, args)
+        if self.kv_events is not None:
+            self.kv_events.watch(self.core.tree)
         self.recv_sock = make_socket(self.ctx, zmq.PULL, endpoints.scheduler_in(dp_rank), do_bind=True)
         self.to_detok = make_socket(self.ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)
         self.drops = DropCounter("scheduler", on_drop=self.tracing.stale_drop)
@@ -239,7 +245,10 @@ class Scheduler:
 
     # -- outputs --------------------------------------------------------------------
     def send_outputs(self) -> None:
-        """The outbox, as one batch to the Detokenizer (and the embeddings answered, as another)."""
+        """The KV events of the step, then the outbox as one batch to the Detokenizer (and the embeddings
+        answered, as another)."""
+        if self.kv_events is not None:
+            self.kv_events.send()
         if self.outputs.outbox:
             outputs, self.outputs.outbox = self.outputs.outbox, []
             self.to_detok.send(self.codec.encode(BatchTokenIDOutput(outputs=outputs)))
@@ -266,6 +275,8 @@ class Scheduler:
             "dp_rank": self.dp_rank, **self.observers.stats(), "stale_drops": self.drops.snapshot(),
             "undecodable": self.codec.undecodable, "spans": self.tracing.collect_spans(),
             "handling_errors": self.errors.count, "paused": self.pause_epoch,
+            **queue_head(self.core, now_ns(), bool(self.pause_epoch)),
+            **KVEvents.stats_of(self.kv_events),
             **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
         }
 
@@ -336,6 +347,8 @@ class Scheduler:
                 self.errors.report("scheduler loop iteration failed", exc)
 
     def close(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         self.core.grammar.close()
         self.ctx.destroy(linger=0)
         self.tracing.shutdown()
@@ -353,6 +366,9 @@ def run_scheduler_process(args: ServerArgs, endpoints: Endpoints, instance_id: s
     except ModelLoadError as exc:  # one line for the operator, not a traceback; the supervisor reports the exit
         print(f"error: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_MODEL_LOAD) from None
+    except KVEventsError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_KV_EVENTS) from None
     except KeyboardInterrupt:
         pass
     finally:

@@ -42,7 +42,8 @@ nothing for this.
 
 Fault injection (tests): SIGHTLINE_FAULT_SEED (`serving.engine.forward_pass`).  The
 hold seam (`serving.engine.seams`) keeps a request marked by its seed running one token
-short of its limit: it is left out of the decodes and of retraction until released or cut.
+short of its limit: it is left out of the decodes and of retraction until released or cut.  The
+admission-stop seam admits no new request while the request marked by its seed runs.
 """
 
 from __future__ import annotations
@@ -239,6 +240,7 @@ class SchedulerCore:
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
             "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
             "retraction_recomputed_tokens_total": self.batches.recomputed_tokens,
+            "admissions_total": self.batches.admissions,
             "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
         }
 
@@ -275,7 +277,8 @@ class SchedulerCore:
         ended = self._grammars_compiled() if self.grammar.live else []
         retracted = self.retraction.make_room(self.running, self.waiting)
         decoding = [r for r in self.running if r.prefill_done and not r.held]
-        chunks = self.batches.admit(self.running, self.waiting, len(decoding), admit_new=not retracted)
+        admit_new = not retracted and not self.seams.stops_admission(self.running)
+        chunks = self.batches.admit(self.running, self.waiting, len(decoding), admit_new=admit_new)
         if not retracted:
             self.policy.stepped(decoded=bool(decoding))
         return StepPlan(decoding, chunks, retracted, ended)

@@ -40,7 +40,8 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
     instance_id = uuid.uuid4().hex
 
     def monitor_for(tel, timeline, metrics) -> EngineMonitor:
-        return EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats, dp_size=args.dp_size)
+        return EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats, dp_size=args.dp_size,
+                             queue_stuck_timeout=args.queue_stuck_timeout)
 
     front = FrontEnd(args, endpoints, name, instance_id, tokenizer, ZmqTransport(endpoints, args.dp_size), monitor_for)
     monitor, tm, metrics = front.engine, front.tm, front.metrics

@@ -85,10 +85,12 @@ def sum_stats(stats: list[SchedulerStats]) -> dict:
 
 class EngineMonitor:
     def __init__(self, stall_timeout: float, watchdog_timeout: float,
-                 on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None, dp_size: int = 1) -> None:
+                 on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None, dp_size: int = 1,
+                 queue_stuck_timeout: float = 30.0) -> None:
         self.dp_size = dp_size
         self.roles = engine_roles(dp_size)
         self.stall_timeout = stall_timeout
+        self.queue_stuck_timeout = queue_stuck_timeout
         self.watchdog_timeout = watchdog_timeout
         self.on_stats = on_stats  # telemetry: the stats' hop latency and finished spans
         self._procs: dict[str, BaseProcess] = {}
@@ -347,6 +349,10 @@ class EngineMonitor:
         stuck = self.seconds_without_token(oldest_arrival)
         if stuck > self.stall_timeout:
             return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
+        for s in self._scheduler_stats.values():
+            if s.queue_head_fits and s.queue_head_age_seconds > self.queue_stuck_timeout:
+                return False, (f"queue stuck on rank {s.dp_rank}: its oldest request has waited "
+                               f"{s.queue_head_age_seconds:.0f} s with KV and batch room to admit it")
         return True, "ok"
 
     def _waiting_for(self) -> str:

@@ -36,6 +36,7 @@ from serving.frontend.supervision.children import spawn, stop_children
 from serving.frontend.supervision.crash_dump import CrashDumper
 from serving.frontend.supervision.engine_monitor import EngineMonitor
 from serving.ipc import Endpoints
+from serving.model_errors import EXIT_KV_EVENTS
 from serving.model_files import EXIT_MODEL_LOAD
 from telemetry.metrics import Metrics
 
@@ -90,6 +91,8 @@ class EngineSupervisor:
                 if not p.is_alive():
                     if p.exitcode == EXIT_MODEL_LOAD:
                         return role, "exited", "could not load the model (see the error line above)"
+                    if p.exitcode == EXIT_KV_EVENTS:
+                        return role, "exited", "could not open its KV-events endpoint (see the error line above)"
                     return role, "exited", f"exited with code {p.exitcode} before it was ready"
             if loop.time() > deadline:
                 return mon.missing()[0], "startup_timeout", f"was not ready within {self.args.startup_timeout:g} s"

@@ -84,7 +84,7 @@ class Hub:
         self.tail = self.tracing.tail_sampler(args.tail_sampling_buffer_traces,
                                               self.metrics.count_tail if self.metrics else None)
         self.monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=self._on_stats,
-                                     dp_size=args.dp_size)
+                                     dp_size=args.dp_size, queue_stuck_timeout=args.queue_stuck_timeout)
         self.ctx = zmq.asyncio.Context()
         self.codec = Codec("tokenizer_manager")  # the control socket's: as the single TM's, counted as the front's
         self.control = make_socket(self.ctx, zmq.PULL, endpoints.control, do_bind=True)

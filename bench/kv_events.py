@@ -1,0 +1,119 @@
+"""What KV-cache events cost the engine: the same decode workload with `--kv-events-endpoint` on
+(the prefix cache tells a recorder of every store and eviction, the Scheduler hands each step's
+events to the publisher, a subscriber reads them all) and off, alternating, in-process.
+
+    .venv/bin/python -m bench.kv_events [--model smollm2-135m] [--concurrency 16] [--rounds 3] [--json PATH]
+
+Each round keeps `--concurrency` requests decoding together (a new one, with a prompt of its
+own, replaces each that finishes, so blocks are stored all the time, and evicted once the pool
+is full) for `--steps` steps; output tok/s = tokens sampled ÷ wall time.  On and off run back to
+back in each round (alternating which goes first); the result is the median of the rounds'
+on ÷ off ratios, which a busy machine's drift between rounds does not move.  The goal is ≥ 0.98.
+CPU seconds per output token of the engine's process (the Scheduler's thread and the
+publisher's) are printed beside it: on a shared machine they move less than wall time.  The
+publisher binds an ipc:// PUB socket and a subscriber in a process of its own reads every batch;
+a run with events ends when its last batch is sent.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import statistics
+import tempfile
+import time
+
+if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-policy passive); read when torch loads.
+    # Without it OpenMP's threads spin while the publisher's thread has the core, and the engine pays for it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import zmq
+
+from bench.common import engine_bench_args, in_process_engine, write_json
+from protocol.sampling_params import SamplingParams
+from serving.engine.kv_event_publisher import KVEventPublisher, KVEvents
+from serving.engine.kv_events import KVEventRecorder
+from serving.engine.scheduler_core import SchedulerCore
+
+
+def drain(endpoint: str, stop, got) -> None:
+    """The subscriber, in a process of its own (as a router is): reads every batch until `stop` is set."""
+    with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        while not stop.is_set():
+            if sub.poll(50):
+                sub.recv_multipart()
+                got.value += 1
+        sub.setsockopt(zmq.LINGER, 0)
+
+
+def run(core: SchedulerCore, events: KVEvents | None, steps: int, concurrency: int, prompt_len: int,
+        start: int) -> tuple[float, float]:
+    """(output tok/s, CPU µs per output token) over `steps` steps with the batch kept full; `events` None: the
+    flag off."""
+    core.tree.events = events.recorder if events is not None else None
+    params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
+    n, tokens = start, 0
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        while core.num_running + core.num_waiting < concurrency:
+            rng = random.Random(n)  # a prompt of its own: no run reuses another's cached blocks
+            core.add_request(f"r{n}", [rng.randrange(3, 4000) for _ in range(prompt_len)], params)
+            n += 1
+        tokens += sum(len(ev.new_token_ids) for ev in core.step())
+        if events is not None:
+            events.send()
+    while events is not None and events.publisher.backlog:  # the publisher's work counts, however late it runs
+        time.sleep(0.001)
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    for rid in list(core.reqs):
+        core.abort(rid)
+    return tokens / elapsed, cpu / tokens * 1e6
+
+
+def main() -> None:
+    ap = engine_bench_args(__doc__, gen_len=64)
+    ap.set_defaults(concurrency="16")
+    ap.add_argument("--steps", type=int, default=200)
+    a = ap.parse_args()
+    _, core, levels, _ = in_process_engine(a)
+    endpoint = f"ipc://{tempfile.mkdtemp(prefix='kv-bench-')}/events"
+    publisher = KVEventPublisher(endpoint)
+    events = KVEvents(KVEventRecorder(), publisher)
+    spawn = multiprocessing.get_context("spawn")
+    stop, got = spawn.Event(), spawn.Value("i", 0)
+    reader = spawn.Process(target=drain, args=(endpoint, stop, got), daemon=True)
+    reader.start()
+    doc: dict = {"model": a.model, "steps": a.steps, "rounds": a.rounds, "levels": {}}
+    try:
+        for c in levels:
+            run(core, events, 20, c, a.prompt_len, 0)  # warm up
+            results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+            for r in range(a.rounds):
+                for on in ((True, False) if r % 2 else (False, True)):
+                    start = 1_000_000 * (2 * r + on + 1) + 100_000 * c
+                    results[on].append(run(core, events if on else None, a.steps, c, a.prompt_len, start))
+            pairs = list(zip(results[True], results[False]))
+            tok = statistics.median(x[0] / y[0] for x, y in pairs)
+            cpu = statistics.median(x[1] / y[1] for x, y in pairs)
+            on, off = (statistics.median(x[0] for x in results[k]) for k in (True, False))
+            print(f"{a.model}, c={c}: {on:.1f} tok/s with KV events, {off:.1f} without; tok/s on/off {tok:.3f}, CPU "
+                  f"per output token on/off {cpu:.3f} (medians of the {a.rounds} rounds' ratios, each pair run back "
+                  f"to back, {a.steps} steps a run; tok/s per round on {[round(x[0]) for x in results[True]]}, off "
+                  f"{[round(x[0]) for x in results[False]]})")
+            doc["levels"][str(c)] = {"on_tok_s": on, "off_tok_s": off, "tok_s_ratio": tok, "cpu_per_token_ratio": cpu,
+                                     "on": results[True], "off": results[False]}
+        print(f"events published {publisher.published}, dropped {publisher.dropped}, batches read {got.value}")
+        doc.update(published=publisher.published, dropped=publisher.dropped)
+    finally:
+        stop.set()
+        reader.join(5)
+        publisher.close()
+    if a.json:
+        write_json(a.json, doc)
+
+
+if __name__ == "__main__":
+    main()
