@@ -16,6 +16,7 @@ from typing import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from protocol.reasons import AbortReason
 from serving.frontend.errors import CLIENT_GONE, APIError, error_response, result_error
 from serving.frontend.http.disconnect import await_or_abort
 from serving.frontend.http.routes.anthropic_api import COUNT_ROUTE, ROUTE, count_input, messages_input
@@ -47,7 +48,7 @@ async def messages(request: Request) -> Response:
 
     def abort() -> None:
         if not req.finished:
-            state.tm.abort(req.rid, "client_disconnect")
+            state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT)
 
     if obj.stream:
         def on_close() -> None:
