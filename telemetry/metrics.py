@@ -23,7 +23,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.io_struct import GAP_CAUSES, GRAMMAR_CACHE_RESULTS, GRAMMAR_ERROR_KINDS, MISS_REASONS, SchedulerStats
+from protocol.io_struct import (
+    GAP_CAUSES,
+    GRAMMAR_CACHE_RESULTS,
+    GRAMMAR_ERROR_KINDS,
+    MISS_REASONS,
+    STEP_PHASES,
+    SchedulerStats,
+)
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, REQUEST_FINISH_REASONS, requests_series
 from telemetry.stats import EngineView
@@ -524,6 +531,8 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_prefix_cache_misses_total": _each(reason=MISS_REASONS),
     "sightline_grammar_cache_total": _each(result=GRAMMAR_CACHE_RESULTS),
     "sightline_grammar_errors_total": _each(kind=GRAMMAR_ERROR_KINDS),
+    "sightline_engine_flops_total": _each(phase=STEP_PHASES),
+    "sightline_engine_bytes_total": _each(phase=STEP_PHASES),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 _TENANT_LAZY = ("the tenant values come from the keys file: each tenant's series are made at 0 when the keys load "

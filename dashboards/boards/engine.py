@@ -143,8 +143,8 @@ def board() -> Board:
     b.row(
         "Startup and recovery",
         timeseries_panel("Startup phases", "How long each phase of each process's latest start took (main: imports, "
-                         "args, spawn; scheduler: imports, model_resolve, native_kernels, weight_load, kv_pool; "
-                         "detokenizer: imports, tokenizer_load), stacked per process; a restarted child's "
+                         "args, spawn; scheduler: imports, model_resolve, native_kernels, weight_load, kv_pool, "
+                         "peak_probe; detokenizer: imports, tokenizer_load), stacked per process; a restarted child's "
                          "phases replace its previous start's. The same phases are `startup.*` spans, and /health "
                          "names the phase under way while a child starts.", "s",
                          [(q.gauge("sightline_startup_phase_seconds", by=("role", "phase"), agg="max"),
