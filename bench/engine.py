@@ -6,7 +6,9 @@ For each concurrency N, N requests (`--prompt-len`-token prompts, each beginning
 different token so the prefix cache reuses nothing; exactly `--gen-len` greedy tokens
 each, EOS ignored) are submitted at once and the engine is stepped until idle.  Printed
 per row: output tokens/s, prefill tokens/s (prefill-only steps), mean decode step time,
-peak RSS.  The baseline runs the same prompts through `model.generate` one request at a
+the achieved FLOP/s and bytes/s (the steps' analytic work, as the Scheduler counts it) as
+fractions of the machine's peak (measured once, as the Scheduler does at start), what counting
+that work costs per step, and peak RSS.  The baseline runs the same prompts through `model.generate` one request at a
 time; its rate does not depend on N, so it is measured once on `--baseline-requests`
 prompts and every row shows our ratio to it.
 A benchmark prints numbers; it asserts nothing (goals are checked by reading them).
@@ -28,8 +30,10 @@ import torch
 from bench.common import make_prompts, write_json
 from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
+from serving.engine import peak_probe
 from serving.engine.loader import LoadedModel, load_model
 from serving.engine.scheduler_core import SchedulerCore
+from serving.engine.utilisation import ModelShape, phase_work
 
 
 def peak_rss_mib() -> float:
@@ -42,22 +46,31 @@ MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8
 
 
 def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None,
-               mode: str = "float32", attention: str = "auto", linear: str = "auto") -> dict:
+               mode: str = "float32", attention: str = "auto", linear: str = "auto",
+               peak: peak_probe.Peak | None = None) -> dict:
     n = len(prompts)
     dtype, quant = MODES[mode]
     args = ServerArgs(model=model.name, max_running_requests=max(n, 1), max_prefill_tokens=512,
                       max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads,
                       dtype=dtype, quantization=quant, attention_backend=attention, linear_backend=linear)
     core = SchedulerCore(model, args)
+    shape = ModelShape.served(model.hf_model.config, core.runner.precision.dtype, core.runner.precision.quantization)
+    flops = moved = count_s = 0.0
     params = SamplingParams(max_new_tokens=gen_len, temperature=0.0, ignore_eos=True)
     for i, ids in enumerate(prompts):
         core.add_request(f"r{i}", ids, params)
     prefill_s = decode_s = 0.0
-    prefill_tokens = decode_steps = out_tokens = 0
+    prefill_tokens = decode_steps = out_tokens = steps = 0
     t0 = time.perf_counter()
     while core.has_work:
         out_tokens += sum(len(ev.new_token_ids) for ev in core.step())
         st = core.last_step
+        steps += 1
+        c0 = time.perf_counter()  # what the Scheduler's step observer adds: the step's work counted
+        work = phase_work(shape, st.num_decode, st.tokens, st.starts, st.num_sampled).values() if st.tokens else ()
+        count_s += time.perf_counter() - c0
+        flops += sum(w.flops for w in work)
+        moved += sum(w.bytes for w in work)
         if st.num_prefill_tokens and not st.num_decode:
             prefill_s += st.step_seconds
             prefill_tokens += st.num_prefill_tokens
@@ -71,6 +84,9 @@ def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threa
         "prefill_tok_s": prefill_tokens / prefill_s if prefill_s else float("nan"),
         "step_ms": 1000 * decode_s / decode_steps if decode_steps else float("nan"),
         "wall_s": wall,
+        "flops_of_peak": flops / wall / peak.flops if peak else float("nan"),
+        "bytes_of_peak": moved / wall / peak.bytes_per_second if peak else float("nan"),
+        "count_us_per_step": 1e6 * count_s / max(1, steps),
         "prefix_hit_tokens": core.batches.prefix_hits_tokens,  # 0: distinct prompts, nothing reused
     }
 
@@ -112,12 +128,15 @@ def main() -> None:
           f"({'cold: converted' if model.converted else 'warm: from cache'}), threads={torch.get_num_threads()}")
     levels = [int(x) for x in a.concurrency.split(",")]
     run_engine(model, make_prompts(model, 2, a.prompt_len), 8, a.threads)  # warm-up
+    peak = peak_probe.measure()
+    print(f"machine peak on {torch.get_num_threads()} threads: {peak.flops / 1e9:.1f} GFLOP/s (float32 GEMM), "
+          f"{peak.bytes_per_second / 1e9:.1f} GB/s (memory copy)")
     base = run_baseline(model, make_prompts(model, a.baseline_requests, a.prompt_len), a.gen_len)
     print(f"baseline: transformers generate, sequential, {a.baseline_requests} requests: {base:.1f} output tok/s")
     print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
     print("| mode | linear | attention | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms "
-          "| wall s | peak RSS MiB |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| FLOP/s of peak | bytes/s of peak | count µs/step | wall s | peak RSS MiB |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for mode in a.modes.split(","):
         for n in levels:
@@ -125,15 +144,19 @@ def main() -> None:
                 if mode != "float32" and lin == "native":
                     continue  # the native linear kernel is float32 only
                 # innermost: backends compared back to back
-                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn, lin)
+                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn, lin,
+                               peak)
                 rows.append({"mode": mode, "linear": lin, "attention": attn, "concurrency": n, **r,
                              "baseline_tok_s": base, "peak_rss_mib": peak_rss_mib()})
                 print(f"| {mode} | {lin} | {attn} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | "
-                      f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['wall_s']:.1f} | {peak_rss_mib():.0f} |",
+                      f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['flops_of_peak']:.1%} | "
+                      f"{r['bytes_of_peak']:.1%} | {r['count_us_per_step']:.0f} | {r['wall_s']:.1f} | "
+                      f"{peak_rss_mib():.0f} |",
                       flush=True)
     if a.json:
         write_json(a.json, {"model": model.name, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
-                            "cpu": torch.backends.cpu.get_cpu_capability(), "rows": rows})
+                            "cpu": torch.backends.cpu.get_cpu_capability(), "rows": rows,
+                            "peak_flops": peak.flops, "peak_bytes_per_second": peak.bytes_per_second})
 
 
 if __name__ == "__main__":

@@ -61,3 +61,9 @@ def ratio(counter: str, bad: str, by: tuple[str, ...] = ()) -> str:
     """Share of a counter's increase that matches `bad`; 0 (not "no data") when none do."""
     total = rate(counter, by=by)
     return f"(\n  {rate(counter, bad, by=by)}\n  or 0 * {total}\n)\n/\n{total}"
+
+
+def per_peak(counter: str, peak: str, by: tuple[str, ...] = ("instance", "dp_rank")) -> str:
+    """Rate of a counter ÷ a measured peak gauge of the same series (`by`); no data where the peak is 0."""
+    on = ", ".join(by)
+    return f"{rate(counter, by=by)}\n/ on ({on})\n({gauge(peak, by=by, agg='max')} > 0)"

@@ -14,6 +14,7 @@ from dashboards.rules import (
     BUDGET_REMAINING,
     CPU_PER_TOKEN_BY_ROLE,
     CPU_PER_TOKEN_TOTAL,
+    PEAK_FRACTION,
     burn_alerts,
     render,
     symptom_alerts,
@@ -339,6 +340,29 @@ def cost_tests(spec: Spec) -> dict:
     return {"rule_files": ["../rules/cost.yml"], "evaluation_interval": "1m", "tests": tests}
 
 
+def utilisation_tests(spec: Spec) -> dict:
+    """A rank doing 25 GFLOP/s and moving 3 GB/s against a measured 100 GFLOP/s and 12 GB/s: a quarter of each;
+    a rank with no measured peak (--no-peak-probe) has no series."""
+    rank = {"instance": BASE["instance"], "dp_rank": "0"}
+    series = [_s("sightline_engine_flops_total", "0+1500000000000x30", phase="decode", **rank),
+              _s("sightline_engine_bytes_total", "0+180000000000x30", phase="decode", **rank),
+              _s("sightline_machine_peak_flops", "100000000000x30", **rank),
+              _s("sightline_machine_peak_bytes_per_second", "12000000000x30", **rank)]
+    labels = {"job": BASE["job"], **rank}
+
+    def check(kind: str, value: float | None) -> dict:
+        record = PEAK_FRACTION[kind]
+        return {"expr": record, "eval_time": "20m",
+                "exp_samples": [] if value is None else [{"labels": record + _series_labels(labels), "value": value}]}
+
+    unmeasured = [s if "peak" not in s["series"] else {**s, "values": "0x30"} for s in series]
+    tests = [{"name": "utilisation: a quarter of peak compute and bandwidth", "interval": "1m",
+              "input_series": series, "promql_expr_test": [check("flops", 0.25), check("bytes", 0.25)]},
+             {"name": "utilisation: no measured peak, no series", "interval": "1m", "input_series": unmeasured,
+              "promql_expr_test": [check("flops", None), check("bytes", None)]}]
+    return {"rule_files": ["../rules/utilisation.yml"], "evaluation_interval": "1m", "tests": tests}
+
+
 def test_files(spec: Spec) -> dict[str, dict]:
     return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec),
-            "cost_test.yml": cost_tests(spec)}
+            "cost_test.yml": cost_tests(spec), "utilisation_test.yml": utilisation_tests(spec)}

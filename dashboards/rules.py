@@ -1,5 +1,6 @@
 """Prometheus rules from the SLO spec: SLI recording rules, burn-rate alerts, symptom alerts,
-and the CPU-cost recording rules (CPU seconds per output token).
+the CPU-cost recording rules (CPU seconds per output token) and the utilisation ones (the achieved fraction of
+the machine's measured peak compute and bandwidth).
 
 Recording rules follow `level:metric:operations` (level `job_model_name`: what `sum by`
 keeps).  Each SLI aggregates numerator and denominator separately, then divides; an
@@ -282,6 +283,24 @@ def cost_rules(spec: Spec) -> list[dict]:
     ]
 
 
+PEAK_FRACTION = {kind: f"job_instance_rank:sightline_engine_peak_{kind}_fraction:rate{COST_WINDOW}"
+                 for kind in ("flops", "bytes")}
+# what each fraction divides: the steps' counted work, the machine's measured peak
+PEAK_PAIRS = {"flops": ("sightline_engine_flops_total", "sightline_machine_peak_flops"),
+              "bytes": ("sightline_engine_bytes_total", "sightline_machine_peak_bytes_per_second")}
+
+
+def utilisation_rules(spec: Spec) -> list[dict]:
+    """The achieved fraction of the machine's peak compute and bandwidth, per Scheduler rank of each instance:
+    the steps' analytic FLOPs and bytes per second ÷ what the rank measured at its start. No series without
+    a measured peak (--no-peak-probe), rather than +Inf."""
+    job, w, by = f'job="{spec.job}"', COST_WINDOW, "job, instance, dp_rank"
+    return [{"record": PEAK_FRACTION[kind],
+             "expr": f"sum by ({by}) (rate({work}{{{job}}}[{w}]))\n/ on ({by})\n"
+                     f"(max by ({by}) ({peak}{{{job}}}) > 0)"}
+            for kind, (work, peak) in PEAK_PAIRS.items()]
+
+
 def rule_files(spec: Spec) -> dict[str, dict]:
     """File name (under prometheus/rules/) → rule file content."""
     return {
@@ -289,6 +308,7 @@ def rule_files(spec: Spec) -> dict[str, dict]:
         "slo.yml": {"groups": [{"name": "sightline-slo", "rules": recording_rules(spec) + burn_alerts(spec)}]},
         "symptoms.yml": {"groups": [{"name": "sightline-symptoms", "rules": symptom_alerts(spec)}]},
         "cost.yml": {"groups": [{"name": "sightline-cost", "rules": cost_rules(spec)}]},
+        "utilisation.yml": {"groups": [{"name": "sightline-utilisation", "rules": utilisation_rules(spec)}]},
     }
 
 

@@ -336,6 +336,20 @@ class GrammarErrorCount(msgspec.Struct, array_like=True):
     count: int
 
 
+STEP_PHASES = ("prefill", "decode")  # what a step's work is counted under (serving.engine.utilisation)
+
+
+class PhaseWork(msgspec.Struct, array_like=True):
+    """FLOPs or bytes one Scheduler rank's steps asked of the machine in one phase, cumulative (analytic)."""
+
+    phase: str
+    count: float
+
+
+def _no_work() -> list[PhaseWork]:
+    return [PhaseWork(p, 0.0) for p in STEP_PHASES]
+
+
 def _no_gaps() -> list[GapCount]:
     return [GapCount(c, 0) for c in ENGINE_GAP_CAUSES]
 
@@ -391,6 +405,10 @@ class SchedulerStats(_Msg, kw_only=True):
     grammar_forced_tokens_total: int = 0  # cumulative: tokens sampled from a grammar mask that allowed only them
     grammar_errors: list[GrammarErrorCount] = msgspec.field(
         default_factory=lambda: [GrammarErrorCount(k, 0) for k in GRAMMAR_ERROR_KINDS])
+    work_flops: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: the steps' FLOPs by phase
+    work_bytes: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: bytes they moved, by phase
+    peak_flops: float = 0.0  # FLOP/s the startup probe measured (0: not measured, --no-peak-probe)
+    peak_bytes_per_second: float = 0.0  # memory-copy bandwidth the startup probe measured (0: not measured)
 
     @property
     def kv_usage_ratio(self) -> float:

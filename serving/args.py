@@ -135,6 +135,10 @@ class ServerArgs:
     step_timeline_steps: int = _opt(4096, "Recent engine steps each Scheduler rank keeps for GET /debug/timeline and "
                                           "for finding decode gaps' causes; 0 turns the step timeline and decode-gap "
                                           "detection off.")
+    peak_probe: bool = _opt(True, "Measure the machine's peak FLOP/s (a float32 GEMM) and memory bandwidth (a "
+                                  "64 MiB copy) on the engine's threads once at start (~0.1-0.3 s, startup phase "
+                                  "peak_probe): the gauges the steps' FLOPs and bytes are held against. "
+                                  "--no-peak-probe skips it on very small machines (the gauges stay 0).")
     startup_timeout: float = _opt(600.0, "Seconds to wait for the Scheduler and Detokenizer to report ready.")
     max_stop_strings: int = _opt(16, "Most stop strings one request may give.")
     max_n: int = _opt(16, "Most choices (`n`) one OpenAI request may ask for.")

@@ -23,7 +23,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.io_struct import GAP_CAUSES, GRAMMAR_CACHE_RESULTS, GRAMMAR_ERROR_KINDS, MISS_REASONS, SchedulerStats
+from protocol.io_struct import (
+    GAP_CAUSES,
+    GRAMMAR_CACHE_RESULTS,
+    GRAMMAR_ERROR_KINDS,
+    MISS_REASONS,
+    STEP_PHASES,
+    SchedulerStats,
+)
 from telemetry.buckets import DEFAULT_BUCKETS
 from telemetry.outcomes import ABORT_REASONS, FINISH_REASONS, OUTCOMES, REQUEST_FINISH_REASONS, requests_series
 from telemetry.stats import EngineView
@@ -208,7 +215,8 @@ SPECS: tuple[Spec, ...] = (
          "GGUF conversion, the front end built), spawn (children spawned → every one ready); scheduler: "
          "model_resolve (model directory, "
          "conversion cache, config), native_kernels (the C++ kernels built or loaded, the thread team started), "
-         "weight_load (the weights read and packed for the kernels), kv_pool (the KV cache allocated); "
+         "weight_load (the weights read and packed for the kernels), kv_pool (the KV cache allocated), peak_probe "
+         "(the machine's peak measured, unless --no-peak-probe); "
          "detokenizer: tokenizer_load. A restarted child's phases replace its "
          "previous start's. The phases are also spans: a `startup` root with a `startup.<phase>` child each.",
          source="all", read="startup_phases"),
@@ -368,6 +376,27 @@ SPECS: tuple[Spec, ...] = (
          read="scheduler.batch_size"),
     Spec("sightline_step_time_seconds", "gauge", "Duration of the latest engine step.", R, source="scheduler",
          read="scheduler.step_seconds"),
+    Spec("sightline_engine_flops_total", "counter", "Floating-point operations the engine's steps asked for, by "
+         "phase (counted from the model's shape, not measured).", R + ("phase",),
+         definition="Per step, from the model's config and the batch's shape (serving/engine/utilisation.py): 2 per "
+         "weight per token in every linear layer, the LM head per sampled token, attention's two products over each "
+         "token's attended positions. phase: decode | prefill (a mixed step is counted in both). rate() ÷ "
+         "sightline_machine_peak_flops is the achieved fraction of peak compute.", source="scheduler",
+         read="scheduler.work_flops"),
+    Spec("sightline_engine_bytes_total", "counter", "Bytes the engine's steps moved to and from memory, by phase "
+         "(counted from the model's shape, not measured).", R + ("phase",),
+         definition="Per step: every weight read once at its stored width (shared between the phases of a mixed "
+         "step by their tokens), each request's K/V read over its context and the new tokens' K/V written, each "
+         "linear layer's activations read and written. rate() ÷ sightline_machine_peak_bytes_per_second is the "
+         "achieved fraction of peak bandwidth.", source="scheduler", read="scheduler.work_bytes"),
+    Spec("sightline_machine_peak_flops", "gauge", "Peak FLOP/s the engine's threads reached at start (a float32 "
+         "GEMM).", R, definition="Measured once after the model loads (startup phase peak_probe): the best of "
+         "repeated 512×512 float32 GEMMs on the engine's threads over ~50 ms. 0 with --no-peak-probe.",
+         source="scheduler", read="scheduler.peak_flops"),
+    Spec("sightline_machine_peak_bytes_per_second", "gauge", "Peak memory bandwidth the engine's threads reached at "
+         "start (a memory copy).", R, definition="Measured once after the model loads: the best of repeated copies "
+         "of a 64 MiB buffer over ~50 ms, counting each byte read and written. 0 with --no-peak-probe.",
+         source="scheduler", read="scheduler.peak_bytes_per_second"),
     Spec("sightline_generation_throughput_tokens_per_second", "gauge",
          "Tokens sampled per second over the last few seconds.", M, source="scheduler", read="throughput"),
     Spec("sightline_scheduler_steps_total", "counter", "Engine steps run.", R, source="scheduler",
@@ -528,6 +557,8 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_prefix_cache_misses_total": _each(reason=MISS_REASONS),
     "sightline_grammar_cache_total": _each(result=GRAMMAR_CACHE_RESULTS),
     "sightline_grammar_errors_total": _each(kind=GRAMMAR_ERROR_KINDS),
+    "sightline_engine_flops_total": _each(phase=STEP_PHASES),
+    "sightline_engine_bytes_total": _each(phase=STEP_PHASES),
     "sightline_control_actions_total": _each(action=CONTROL_ACTIONS, result=("ok", "rejected", "error")),
 }
 _TENANT_LAZY = ("the tenant values come from the keys file: each tenant's series are made at 0 when the keys load "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dashboards import promql as q
 from dashboards.panels import Board, stat_panel, timeseries_panel
+from dashboards.rules import PEAK_PAIRS
 
 KV = ("used", "in_use", "reserved", "capacity")
 PREFIX_HIT_RATIO = q.counter_ratio("sightline_prefix_cache_hits_tokens_total",
@@ -26,6 +27,18 @@ def board() -> Board:
         timeseries_panel("Steps per second", "Engine steps run per second, all ranks and instances together; 0 "
                          "with requests waiting = stalled.", "ops",
                          [(q.rate("sightline_scheduler_steps_total"), "steps/s")], width=8),
+    )
+    b.row(
+        "Utilisation",
+        timeseries_panel("Achieved fraction of the machine's peak", "The steps' FLOPs and bytes per second (counted "
+                         "from the model's shape: sightline_engine_flops_total, _bytes_total) ÷ the peak compute "
+                         "(a float32 GEMM) and bandwidth (a memory copy) each rank measured on its own threads at "
+                         "start, of the busiest rank of any instance. Slow steps near 1 on either: the box is the "
+                         "limit (more cores, a smaller dtype); far below both: the code is (runbook → Slow steps, "
+                         "far from the machine's peak). No data with --no-peak-probe.", "percentunit",
+                         [(f"max({q.per_peak(work, peak)})", kind)
+                          for kind, (work, peak) in (("compute", PEAK_PAIRS["flops"]),
+                                                     ("bandwidth", PEAK_PAIRS["bytes"]))], width=24),
     )
     b.row(
         "Step phases",
@@ -149,8 +162,8 @@ def board() -> Board:
     b.row(
         "Startup and recovery",
         timeseries_panel("Startup phases", "How long each phase of each process's latest start took (main: imports, "
-                         "args, spawn; scheduler: imports, model_resolve, native_kernels, weight_load, kv_pool; "
-                         "detokenizer: imports, tokenizer_load), stacked per process; a restarted child's "
+                         "args, spawn; scheduler: imports, model_resolve, native_kernels, weight_load, kv_pool, "
+                         "peak_probe; detokenizer: imports, tokenizer_load), stacked per process; a restarted child's "
                          "phases replace its previous start's. The same phases are `startup.*` spans, and /health "
                          "names the phase under way while a child starts.", "s",
                          [(q.gauge("sightline_startup_phase_seconds", by=("role", "phase"), agg="max"),

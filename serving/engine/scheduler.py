@@ -57,6 +57,7 @@ from protocol.io_struct import (
 from protocol.reasons import ENGINE_ERROR, AbortReason, FinishReason
 from serving import startup_phases
 from serving.args import ServerArgs
+from serving.engine import peak_probe
 from serving.engine.cpu_share import CpuLedger
 from serving.engine.embed_groups import EmbedGroups
 from serving.engine.embedding import pooling_config
@@ -66,6 +67,7 @@ from serving.engine.outputs import Outputs
 from serving.engine.queue_head import queue_head
 from serving.engine.scheduler_core import SchedulerCore
 from serving.engine.step_observers import StepObservers
+from serving.engine.utilisation import ModelShape
 from serving.engine.wait_reasons import PAUSED, assign
 from serving.ipc import Codec, DropCounter, Endpoints, make_socket, scheduler_role
 from serving.model_errors import EXIT_KV_EVENTS
@@ -107,7 +109,14 @@ class Scheduler:
         self._last_stats = 0
         self.pause_epoch = 0  # the epoch of the PauseReq in effect: no step runs while it is set
         self._paused_at = 0
-        self.observers = StepObservers(args, self.spans)
+        runner = self.core.runner
+        shape = None if runner.encoder else ModelShape.served(loaded.hf_model.config, runner.precision.dtype,
+                                                              runner.precision.quantization)
+        peak = None
+        if args.peak_probe:
+            startup_phases.begin("peak_probe")
+            peak = peak_probe.measure()
+        self.observers = StepObservers(args, self.spans, shape, peak)
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
         self.cpu = CpuLedger()  # each rid's share of the steps' CPU time (per-tenant usage)
         self.embeds = EmbedGroups(self.core, self.spans, self.cpu, self.errors)

@@ -269,8 +269,9 @@ class SchedulerCore:
             return plan.ended
         t_sched = now_ns()
         self.forward.reset()
+        starts = tuple(r.num_computed for r, _ in plan.group)
         produced, failed = self.forward.run_isolated(plan.group)
-        return self._emit(plan, produced, failed, t0, t_sched)
+        return self._emit(plan, produced, failed, t0, t_sched, starts)
 
     def _schedule(self) -> StepPlan:
         """Steps 1–3: grammars compiled (or failed), room made by retraction, prompts admitted and chunked."""
@@ -284,7 +285,7 @@ class SchedulerCore:
         return StepPlan(decoding, chunks, retracted, ended)
 
     def _emit(self, plan: StepPlan, produced: list[Produced], failed: list[tuple[Req, Exception]], t0: int,
-              t_sched: int) -> list[TokenEvent]:
+              t_sched: int, starts: tuple[int, ...]) -> list[TokenEvent]:
         """Step 5: the prefill chunks that ran given to the prefix cache, every produced token appended (finishes
         freeing KV at once), every failed request ended alone; the step's record in `last_step`."""
         t1 = now_ns()
@@ -309,7 +310,8 @@ class SchedulerCore:
             grammar_seconds=fp.grammar_ns / 1e9,
             started_ns=t0, ended_ns=t1,
             rids=tuple(r.rid for r, _ in group), num_retracted=len(plan.retracted),
-            prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group))
+            prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group), starts=starts,
+            num_sampled=len(produced))
         return events
 
     def _fail(self, req: Req, exc: Exception) -> TokenEvent:

@@ -5,6 +5,8 @@ events go to these observers, which keep every number the step feeds and nothing
     the forward span   one per step, linked to every request in its batch (`telemetry.engine_spans`)
     decode gaps        long inter-token gaps and their causes (`serving.engine.decode_gaps`)
     step phases        schedule, forward, sample, grammar, logprobs, output (`sightline_step_phase_seconds`)
+    the step's work    FLOPs and bytes by phase, counted from the model's shape (`serving.engine.utilisation`),
+                       beside the machine's peak measured at start (`serving.engine.peak_probe`)
     the step timeline  the last steps, for GET /debug/timeline (`telemetry.step_timeline`)
 
 `ran` is told before the step's outputs are built (a finished request's spans read its gaps, and the
@@ -14,9 +16,12 @@ output phase is the time that took).
 
 from __future__ import annotations
 
+from protocol.io_struct import STEP_PHASES, PhaseWork
 from serving.args import ServerArgs
 from serving.engine.decode_gaps import DecodeGaps, GapRules
 from serving.engine.events import StepStats, TokenEvent
+from serving.engine.peak_probe import Peak
+from serving.engine.utilisation import ModelShape, phase_work
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
 from telemetry.engine_spans import SchedulerSpans
@@ -25,8 +30,13 @@ from telemetry.step_timeline import PHASES, StepRing
 
 
 class StepObservers:
-    def __init__(self, args: ServerArgs, spans: SchedulerSpans) -> None:
+    def __init__(self, args: ServerArgs, spans: SchedulerSpans, shape: ModelShape | None = None,
+                 peak: Peak | None = None) -> None:
         self.spans = spans
+        self.shape = shape  # None: no work counted (an encoder's steps are not the decoder's count)
+        self.peak = peak
+        self.flops = dict.fromkeys(STEP_PHASES, 0.0)
+        self.bytes = dict.fromkeys(STEP_PHASES, 0.0)
         self.steps = 0
         self.prompt_tokens_total = 0
         self.prefill_tokens_total = 0
@@ -42,6 +52,10 @@ class StepObservers:
         """A step ran (`st`) and produced `events`; their outputs are not built yet."""
         self.steps += 1
         self.prefill_tokens_total += st.num_prefill_tokens
+        if self.shape is not None and st.tokens:
+            for phase, work in phase_work(self.shape, st.num_decode, st.tokens, st.starts, st.num_sampled).items():
+                self.flops[phase] += work.flops
+                self.bytes[phase] += work.bytes
         if self.gaps is not None:
             self.gaps.stepped(st, events)
         if st.rids:
@@ -75,4 +89,8 @@ class StepObservers:
             "generation_tokens_total": self.generation_tokens_total, "last_token_at": self.last_token_at,
             "prefill_tokens_total": self.prefill_tokens_total, "step_phases": self.phases.snapshot(),
             **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
+            "work_flops": [PhaseWork(p, v) for p, v in self.flops.items()],
+            "work_bytes": [PhaseWork(p, v) for p, v in self.bytes.items()],
+            "peak_flops": self.peak.flops if self.peak is not None else 0.0,
+            "peak_bytes_per_second": self.peak.bytes_per_second if self.peak is not None else 0.0,
         }

@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# bytes per weight of each quantization as stored (blocks' scales included); `gguf` serves a file's own mix of
+# types, counted as Q4_K's (the usual Q4_K_M file is mostly Q4_K)
+WEIGHT_BYTES = {"int8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32,
+                "q4_k": 144 / 256, "gguf": 144 / 256}
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -44,6 +50,13 @@ class ModelShape:
         """(in, out) of each linear layer of one decoder layer."""
         h, q, kv, i = self.hidden, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.intermediate
         return (h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)
+
+    @classmethod
+    def served(cls, cfg, dtype: str, quantization: str) -> "ModelShape":
+        """The shape of a model as the engine serves it: weights at their stored width (`WEIGHT_BYTES`), the KV
+        cache and activations at the compute dtype."""
+        width = DTYPE_BYTES.get(dtype, 4)
+        return cls.from_hf_config(cfg, WEIGHT_BYTES.get(quantization, width), width, width)
 
     @property
     def layer_params(self) -> int:
@@ -78,3 +91,21 @@ def step_work(shape: ModelShape, tokens: int, sampled: int, attended: int, conte
 def chunk_pairs(start: int, length: int) -> int:
     """(token, position) pairs of a causal chunk of `length` tokens after `start` cached positions."""
     return length * start + length * (length + 1) // 2
+
+
+def phase_work(shape: ModelShape, num_decode: int, tokens: tuple[int, ...], starts: tuple[int, ...],
+               sampled: int) -> dict[str, StepWork]:
+    """One step's work by phase: its first `num_decode` requests decode (one token each), the rest run prefill
+    chunks of `tokens[i]` tokens after `starts[i]` cached positions; `sampled` tokens came out of the step (the
+    decodes' and those of prefills that completed). The weights, read once a step, are shared between the two
+    phases by their tokens, so the phases add up to the whole step."""
+    dec_ctx = sum(s + 1 for s in starts[:num_decode])
+    pre_tokens = sum(tokens[num_decode:])
+    pre_pairs = sum(chunk_pairs(s, n) for s, n in zip(starts[num_decode:], tokens[num_decode:]))
+    parts = {"decode": step_work(shape, num_decode, num_decode, dec_ctx, dec_ctx - num_decode),
+             "prefill": step_work(shape, pre_tokens, max(0, sampled - num_decode), pre_pairs,
+                                  sum(starts[num_decode:]))}
+    total = num_decode + pre_tokens
+    weights = (shape.layer_params * shape.num_layers + shape.head_params) * shape.weight_bytes
+    return {phase: StepWork(w.flops, w.bytes - weights + weights * n / total) if n else w
+            for (phase, w), n in zip(parts.items(), (num_decode, pre_tokens))}

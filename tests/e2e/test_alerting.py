@@ -50,15 +50,16 @@ def alert_rules() -> list[dict]:
 def test_promtool_check_config_and_rules():
     r = promtool("check", "config", "prometheus.yml", cwd=PROM_DIR)  # also checks the rule files it names
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 3 rule files found" in r.stdout
+    assert f"SUCCESS: {len(rule_files())} rule files found" in r.stdout
     r = promtool("check", "rules", *map(str, sorted((PROM_DIR / "rules").glob("*.yml"))))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_promtool_unit_tests_pass():
-    r = promtool("test", "rules", *map(str, sorted((PROM_DIR / "tests").glob("*.yml"))))
+    files = sorted((PROM_DIR / "tests").glob("*.yml"))
+    r = promtool("test", "rules", *map(str, files))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert r.stdout.count("SUCCESS") == 3, r.stdout
+    assert r.stdout.count("SUCCESS") == len(files) == len(rule_files()), r.stdout
 
 
 def test_every_alert_has_a_firing_and_a_silent_unit_test():

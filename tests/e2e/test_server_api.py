@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 
 import httpx
 import pytest
 
+from serving.engine.utilisation import ModelShape, step_work
 from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 from tests.server_util import (
     HOLD,
@@ -139,11 +141,12 @@ def test_models_and_health(tiny_server):
     assert live.status_code == 200 and live.json() == {"status": "alive"}
 
 
-def test_engine_info_and_step_phases_reach_metrics(tiny_server):
+def test_engine_info_and_step_phases_reach_metrics(tiny_server, tiny):
     tiny_server.barrier()
     before = scrape(tiny_server)
     r = tiny_server.post("/v1/completions", {"prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200, r.text
+    p = r.json()["usage"]["prompt_tokens"]
     tiny_server.barrier()  # the Scheduler's stats of those steps are in
     text = scrape(tiny_server)
     assert value(text, "sightline_engine_info", dtype="float32", quantization="none", model_name="tiny-random",
@@ -156,6 +159,15 @@ def test_engine_info_and_step_phases_reach_metrics(tiny_server):
         assert steps == 4 and inf == count and total > 0, (phase, steps)  # a prefill and three decodes
     forward = value(text, "sightline_engine_step_phase_seconds_sum", phase="forward")
     assert forward > value(text, "sightline_engine_step_phase_seconds_sum", phase="schedule")
+    # the steps' work: three decodes after the prompt, counted exactly as the model's shape says; the machine's peak
+    shape = ModelShape.from_hf_config(tiny.hf_model.config)
+    decodes = sum(step_work(shape, 1, 1, p + k + 1, p + k).flops for k in range(3))
+    for name, want in (("sightline_engine_flops_total", decodes), ("sightline_engine_bytes_total", None)):
+        grew = value(text, name, phase="decode") - value(before, name, phase="decode")
+        assert grew > 0 and (want is None or math.isclose(grew, want, rel_tol=1e-9)), (name, grew, want)
+        assert value(text, name, phase="prefill") >= value(before, name, phase="prefill")
+    for peak in ("sightline_machine_peak_flops", "sightline_machine_peak_bytes_per_second"):
+        assert value(text, peak) > 1e8, peak
 
 
 def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from torch.utils.flop_counter import FlopCounterMode
 
-from serving.engine.utilisation import ModelShape, chunk_pairs, step_work
+from serving.engine.utilisation import ModelShape, chunk_pairs, phase_work, step_work
 
 
 def _shape(loaded) -> ModelShape:
@@ -51,3 +51,13 @@ def test_bytes_weights_once_kv_by_context_and_prefill_pairs(tiny):
     assert chunk_pairs(0, 4) == 1 + 2 + 3 + 4 and chunk_pairs(3, 2) == 4 + 5  # causal: each token sees itself
     half = ModelShape(**{**s.__dict__, "weight_bytes": 2.0})
     assert step_work(s, 1, 1, 10, 10).bytes - step_work(half, 1, 1, 10, 10).bytes == weights / 2
+
+
+def test_a_mixed_steps_phases_add_up_to_the_whole_step(tiny):
+    """Two decodes (at 5 and 9 positions) beside a 4-token chunk after 3 cached positions that completes."""
+    s = _shape(tiny)
+    parts = phase_work(s, 2, (1, 1, 4), (5, 9, 3), 3)
+    whole = step_work(s, 6, 3, 6 + 10 + chunk_pairs(3, 4), 5 + 9 + 3)
+    assert parts["decode"].flops + parts["prefill"].flops == whole.flops
+    assert abs(parts["decode"].bytes + parts["prefill"].bytes - whole.bytes) < 1e-6 * whole.bytes
+    assert phase_work(s, 1, (1,), (5,), 1)["prefill"] == step_work(s, 0, 0, 0, 0)
