@@ -50,8 +50,10 @@ class PhaseClock:
             self.on_phase(phase)
 
     def finish(self) -> list[StartupPhase]:
-        """End the phase under way; every phase's length (a second call changes nothing)."""
+        """End the phase under way and stop reporting (the start is over: its channel may close); every
+        phase's length (a second call changes nothing)."""
         self._end(now_ns())
+        self.on_phase = None
         return self.phases()
 
     def phases(self) -> list[StartupPhase]:

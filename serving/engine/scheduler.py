@@ -356,6 +356,7 @@ class Scheduler:
                 self.errors.report("scheduler loop iteration failed", exc)
 
     def close(self) -> None:
+        self.startup.finish()  # a Scheduler closed before its Ready: nothing more goes to its closed socket
         if self.kv_events is not None:
             self.kv_events.close()
         self.core.grammar.close()
