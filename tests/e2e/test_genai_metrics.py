@@ -11,6 +11,7 @@ import json
 from collections import Counter
 
 import httpx
+import pytest
 
 from telemetry.genai_instruments import SCHEMA_URL
 from tests.otlp_receiver import OTLPReceiver
@@ -133,10 +134,13 @@ def test_genai_metrics_over_otlp(tmp_path):
             assert p["count"] == len(us) and p["sum"] == sum(u[field] for u in us), (name, op)
 
     # the catalogue: TTFT as an exponential histogram (4 requests produced a token), counters as on /metrics
-    (ttft_exp,) = receiver.latest_points("sightline_time_to_first_token_seconds")
-    assert ttft_exp["kind"] == "exponential_histogram" and ttft_exp["unit"] == "s" and ttft_exp["count"] == 4
-    assert ttft_exp["zero_count"] + sum(ttft_exp["positive_counts"]) == 4 and ttft_exp["scale"] > 0
-    assert ttft_exp["sum"] == value(prometheus, "sightline_time_to_first_token_seconds_sum")
+    ttft_exp = receiver.latest_points("sightline_time_to_first_token_seconds")  # one point per route
+    assert {p["attributes"]["route"] for p in ttft_exp} == {"/v1/completions", "/v1/chat/completions"}
+    assert all(p["kind"] == "exponential_histogram" and p["unit"] == "s" and p["scale"] > 0 for p in ttft_exp)
+    assert sum(p["count"] for p in ttft_exp) == 4
+    assert sum(p["zero_count"] + sum(p["positive_counts"]) for p in ttft_exp) == 4
+    ttft_sum = value(prometheus, "sightline_time_to_first_token_seconds_sum")
+    assert sum(p["sum"] for p in ttft_exp) == pytest.approx(ttft_sum)
     requests = receiver.latest_points("sightline_requests")
     assert requests and all(p["kind"] == "sum" and p["monotonic"] for p in requests)
     assert sum(p["value"] for p in requests) == value(prometheus, "sightline_requests_total") == 5

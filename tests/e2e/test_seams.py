@@ -73,7 +73,9 @@ def test_the_barrier_is_behind_every_output_and_stats_message(srv):
 
 
 def test_the_step_floor_spaces_tokens(srv):
-    s = Stream(srv, "floor", {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+    s = Stream(srv, "floor", {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
     s.join(30)
     gaps = [b - a for a, b in zip(s.times, s.times[1:-1])]  # token to token (the last event is [DONE])
-    assert len(gaps) >= 4 and min(gaps[1:]) >= 0.015  # 20 ms a step, less the clock's jitter between processes
+    # 20 ms a step: their mean, less the delivery jitter between processes (one token that reaches the client
+    # late shortens the gap after it by as much, so no single gap is bounded; the sum of eight is)
+    assert len(gaps) >= 8 and sum(gaps[1:]) / len(gaps[1:]) >= 0.015

@@ -64,6 +64,7 @@ EXTENSION = "sightline.transport"  # scope["extensions"][EXTENSION] is the reque
 FD_RESERVE = 64  # at least this many descriptors stay for the server itself (ZMQ, logs, model files)
 DEADLINE_GRACE = 1.0  # past its request's deadline a send may still deliver the timeout error for this long
 SHUTDOWN_CLOSE = 3.0  # once shutdown starts (after the request drain), seconds connections get to finish
+LINGER_S = 2.0  # a connection the server closes: how long it waits, half-closed, for the client to close too
 # asyncio's messages when accept() fails for want of fds: one per queued connection (up to the
 # backlog) each second, and as many retry timers that fail once the listener is closed
 ACCEPT_ERRORS = ("socket.accept() out of system resource", "Exception in callback BaseSelectorEventLoop._start_serving")
@@ -196,15 +197,32 @@ class _Connection(TCPServer):
         self.server = server
         self.stall = server.args.send_stall_timeout
         self.read_closed = False  # the peer closed (or the read failed): no idle timer may run from now on
+        self._read_over = asyncio.Event()
+        self._reader: asyncio.Task | None = None
 
     async def _read_data(self) -> None:
         """Hypercorn's read loop, then the idle timer stopped: the task group `run` waits on
         would otherwise keep the closed connection (and its count) until the timer fires."""
+        self._reader = asyncio.current_task()
         try:
             await super()._read_data()
         finally:
             self.read_closed = True
+            self._read_over.set()
             await self.idle_task.stop()
+
+    async def _close(self) -> None:
+        """A close the server decides (a request body the route never read, an idle timeout): half-close,
+        then close once the client has closed too, or after LINGER_S.  Closing at once with the client's
+        bytes still arriving (a body sent after its response was written) makes the kernel answer RST,
+        and a client still reading the response loses its tail (`Connection reset by peer`)."""
+        if not self.read_closed and asyncio.current_task() is not self._reader:
+            with contextlib.suppress(NotImplementedError, OSError, RuntimeError):
+                self.writer.write_eof()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(LINGER_S):
+                    await self._read_over.wait()  # the read loop drains what arrives until the client's EOF
+        await super()._close()
 
     async def protocol_send(self, event) -> None:
         if isinstance(event, Updated) and self.read_closed:
