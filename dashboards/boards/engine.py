@@ -168,10 +168,11 @@ def board() -> Board:
                          "names the phase under way while a child starts.", "s",
                          [(q.gauge("sightline_startup_phase_seconds", by=("role", "phase"), agg="max"),
                            "{{role}} {{phase}}")], stack=True),
-        timeseries_panel("Engine recovery", "Mean time from an engine failure to the engine ready again (left; "
-                         "backoff, failed attempts and the new children's start included; alert "
-                         "SightlineEngineRecoverySlow past its budget) and recoveries per rate interval (right).",
-                         "s", [(q.mean("sightline_engine_recovery_seconds"), "recovery"),
+        timeseries_panel("Engine recovery", "Seconds spent recovering per rate interval: from each engine failure "
+                         "to the engine ready again, backoff, failed attempts and the new children's start included "
+                         "(left; 0 while nothing failed; alert SightlineEngineRecoverySlow when one recovery passes "
+                         "its budget), and recoveries per rate interval (right): their ratio is the mean recovery.",
+                         "s", [(q.rate("sightline_engine_recovery_seconds_sum", fn="increase"), "seconds recovering"),
                                (q.rate("sightline_engine_recovery_seconds_count", fn="increase"), "recoveries")],
                          right={"B": "short"}),
     )

@@ -222,12 +222,13 @@ def slo_yaml_goodput() -> tuple[dict[str, float], float]:
             max(slos[n]["objective"] for n in ("ttft", "tpot")))
 
 
-def _judged(server) -> dict[str, float]:
-    """Requests the server judged against their objectives so far, by whether they met all of them."""
+def _judged(server) -> dict[tuple[str, str], float]:
+    """Requests the server judged against their objectives so far, by (objective, met) (`all`: every one)."""
     text = httpx.get(server.url + "/metrics", timeout=10).text
-    return {met: sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                     if s.name == "sightline_request_slo_total" and s.labels == {**s.labels, "slo": "all", "met": met})
-            for met in ("true", "false")}
+    return {(slo, met): sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+                            if s.name == "sightline_request_slo_total" and s.labels == {**s.labels, "slo": slo,
+                                                                                          "met": met})
+            for slo in ("all", "ttft") for met in ("true", "false")}
 
 
 def test_goodput_search_finds_the_knee_with_slo_yaml_thresholds(server, tmp_path):
@@ -237,7 +238,7 @@ def test_goodput_search_finds_the_knee_with_slo_yaml_thresholds(server, tmp_path
     proc = loadtest("--url", server.url, "--config", str(tmp_path / "cfg.yaml"), "--scenario", "knee",
                     "--out", str(out), "--require-reconcile", timeout=150)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    judged = {met: n - judged_before[met] for met, n in _judged(server).items()}
+    judged = {key: n - judged_before[key] for key, n in _judged(server).items()}
     s = json.loads((out / "summary.json").read_text())
     g = s["goodput_search"]
     thresholds, objective = slo_yaml_goodput()
@@ -259,9 +260,13 @@ def test_goodput_search_finds_the_knee_with_slo_yaml_thresholds(server, tmp_path
     passing = [st["level"] for st in steps if st["passed"] and st["level"] < min(failing, default=float("inf"))]
     assert passing, "2 requests/s of 8-token completions should meet slo.yaml's SLO on tiny-random"
     assert g["knee"] == max(passing) and steps[g["knee_step"]]["level"] == g["knee"]
-    # every request carried the thresholds as objective headers: the server judged each one, and met at
-    # least the client's good ones (its clock starts after the client's and stops before)
-    assert judged["true"] + judged["false"] == len(recs) and judged["true"] >= sum(st["good"] for st in steps)
+    # every request carried the thresholds as objective headers: the server judged each one, and its TTFT met
+    # at least where the client's did (its clock starts after the client's and stops before). Not so for TPOT:
+    # a first token that reaches the client late shortens the client's decode time, so no such bound holds
+    for slo in ("all", "ttft"):
+        assert judged[slo, "true"] + judged[slo, "false"] == len(recs)
+    client_ttft_good = sum(r["error"] is None and r["ttft"] * 1000 <= thresholds["ttft_ms"] for r in recs)
+    assert judged["ttft", "true"] >= client_ttft_good
     assert g["capped"] == (not failing and g["knee"] == 512)
     assert f"knee: {g['knee']:g} requests/s" in proc.stdout
     assert {c["name"] for c in s["slo_gate"]["checks"]} == {"goodput_knee_min", "reconciliation"}
