@@ -27,7 +27,7 @@ STACK_MODULES = frozenset({
 })
 BALANCE_MODULES = frozenset({
     "test_fuzz", "test_faults", "test_transport_limits", "test_front_hardening", "test_restart_budget",
-    "test_workers_dp", "test_shutdown_workers", "test_process_titles",
+    "test_workers_dp", "test_shutdown_workers", "test_process_titles", "test_messages_api", "test_request_slo",
 })
 
 
