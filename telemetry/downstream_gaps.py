@@ -5,7 +5,7 @@ The Scheduler finds the gaps between the tokens it samples (`serving.engine.deco
 client sees the gaps between the outputs the TokenizerManager receives, and those also
 grow when the Detokenizer falls behind or the TokenizerManager's event loop is held.  Every
 output carries the stamps to tell them apart: the Scheduler sent it (`sched_sent`), the
-Detokenizer finished it (`detok_done`), the TokenizerManager received it (`recv`).
+Detokenizer sent it on (`detok_done`, stamped just before the send), the TokenizerManager received it (`recv`).
 
 A gap between two outputs of a request is long when it exceeds `max(factor × median, floor)`
 (the median of this process's last `window` gaps, updated every `MEDIAN_EVERY` outputs; the

@@ -92,7 +92,7 @@ SPECS: tuple[Spec, ...] = (
          "stage", "Start → end of the TokenizerManager's tokenize call for the request.", attr="tokenize_time"),
     Spec("sightline_request_detokenize_time_seconds", "histogram", "Detokenizer busy time for a request.", MR, "stage",
          "Sum over the request's outputs of `detok_done − detok_recv` (the Detokenizer's work on each batch that "
-         "carried the request).", attr="detokenize_time"),
+         "carried the request, from its receipt to just before its send).", attr="detokenize_time"),
     Spec("sightline_ipc_hop_latency_seconds", "histogram", "Latency of one ZMQ hop.", ("hop",), "stage",
          "Receiver's receive stamp − sender's `sent_at`. hop=tm_to_scheduler (per request), "
          "scheduler_to_detokenizer and detokenizer_to_tm (per output message), scheduler_stats (per stats message).",

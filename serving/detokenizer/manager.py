@@ -216,6 +216,10 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
             sock = to_worker.get(worker)
             if sock is None:
                 sock = to_worker[worker] = make_socket(ctx, zmq.PUSH, endpoints.worker_in(worker), do_bind=False)
+            if isinstance(msg, (BatchStrOutput, BatchEmbeddingOutput)):
+                sent = now_ns()  # as late as the stamp can be: this process stopped before here is its own gap
+                for out in msg.outputs:
+                    out.meta.stamps.detok_done = sent
             sock.send(mgr.codec.encode(msg))
 
         freeze_heap()
