@@ -87,11 +87,12 @@ bytecode: $(STAMP)
 test-unit: setup
 	$(PY) -m pytest tests/unit
 
-# ruff: pyflakes, import order, lines up to 120 characters (config in pyproject.toml); no e2e test that races
+# ruff: pyflakes, import order, lines up to 120 characters, `ruff format` (config in pyproject.toml); no e2e test that races
 # the engine (a long stream or a sleep without a stated reason: scripts/check_test_races.py); the layout tables
 # current with the docstrings (scripts/layout_doc.py).
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) scripts/check_test_races.py
 	$(PY) scripts/layout_doc.py --check
 

@@ -21,11 +21,27 @@ from serving.engine.batch import Work, build_batch
 from serving.engine.loader import LoadedModel, load_model
 from serving.engine.model_runner import ModelRunner
 
-SUBJECTS = ["the ocean", "a small town", "the history of printing", "volcanoes", "a chess game", "bread baking",
-            "the moon landing", "honeybees", "a rainy afternoon", "railway timetables", "the human heart",
-            "ancient Rome"]
-FORMS = ["Write a short paragraph about {}.", "Explain {} to a child.", "List three facts about {}:",
-         "Q: What is interesting about {}?\nA:", "Once upon a time, {} was"]
+SUBJECTS = [
+    "the ocean",
+    "a small town",
+    "the history of printing",
+    "volcanoes",
+    "a chess game",
+    "bread baking",
+    "the moon landing",
+    "honeybees",
+    "a rainy afternoon",
+    "railway timetables",
+    "the human heart",
+    "ancient Rome",
+]
+FORMS = [
+    "Write a short paragraph about {}.",
+    "Explain {} to a child.",
+    "List three facts about {}:",
+    "Q: What is interesting about {}?\nA:",
+    "Once upon a time, {} was",
+]
 PROMPTS = [form.format(s) for s in SUBJECTS for form in FORMS]  # 60 prompts
 TEXT = (
     "The lighthouse stood at the end of a narrow spit of rock, and for most of the year nobody visited it but the "
@@ -54,8 +70,12 @@ class Report:
 
 
 def runner_for(model: LoadedModel, dtype: str, quantization: str = "none") -> ModelRunner:
-    return ModelRunner(model, ServerArgs(model=model.name, dtype=dtype, quantization=quantization,
-                                         max_total_tokens=2048, max_running_requests=4))
+    return ModelRunner(
+        model,
+        ServerArgs(
+            model=model.name, dtype=dtype, quantization=quantization, max_total_tokens=2048, max_running_requests=4
+        ),
+    )
 
 
 def all_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
@@ -98,8 +118,12 @@ def compare(model: LoadedModel, modes: list[tuple[str, str]], prompts: list[str]
     return reports
 
 
-MODES = {"bfloat16": ("bfloat16", "none"), "int8": ("auto", "int8"), "gguf": ("auto", "gguf"),
-         **{q: ("auto", q) for q in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k")}}
+MODES = {
+    "bfloat16": ("bfloat16", "none"),
+    "int8": ("auto", "int8"),
+    "gguf": ("auto", "gguf"),
+    **{q: ("auto", q) for q in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k")},
+}
 
 
 def main() -> None:
@@ -109,13 +133,17 @@ def main() -> None:
     a = ap.parse_args()
     model = load_model(a.model)
     reports = compare(model, [MODES[m] for m in a.modes.split(",")])
-    print(f"model {a.model}; {len(PROMPTS)} prompts (teacher-forced positions); perplexity on a "
-          f"{len(model.tokenizer(TEXT)['input_ids'])}-token passage")
+    print(
+        f"model {a.model}; {len(PROMPTS)} prompts (teacher-forced positions); perplexity on a "
+        f"{len(model.tokenizer(TEXT)['input_ids'])}-token passage"
+    )
     print("| mode | top-1 agreement with float32 | max abs Δlogit | perplexity | float32 perplexity | change |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in reports:
-        print(f"| {r.mode} | {100 * r.top1_agreement:.2f} % | {r.max_abs_logit_diff:.3f} | {r.perplexity:.3f} | "
-              f"{r.perplexity_fp32:.3f} | {100 * r.perplexity_change:+.2f} % |")
+        print(
+            f"| {r.mode} | {100 * r.top1_agreement:.2f} % | {r.max_abs_logit_diff:.3f} | {r.perplexity:.3f} | "
+            f"{r.perplexity_fp32:.3f} | {100 * r.perplexity_change:+.2f} % |"
+        )
 
 
 if __name__ == "__main__":

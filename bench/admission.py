@@ -30,8 +30,12 @@ from bench.common import start_server, write_json
 
 PHASES = {"without": 1.0, "with": 0.0, "mixed": 0.5}  # the share of clients that set no max_tokens
 MAX_TOKENS = 128
-QUESTIONS = ["Explain how a lighthouse works.", "Write a story about a cat who learns to sail.",
-             "Describe the water cycle to a child.", "What makes bread rise?"]
+QUESTIONS = [
+    "Explain how a lighthouse works.",
+    "Write a story about a cat who learns to sail.",
+    "Describe the water cycle to a child.",
+    "What makes bread rise?",
+]
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -45,9 +49,12 @@ def scrape(url: str) -> dict[str, float]:
 async def client_loop(client: httpx.AsyncClient, i: int, max_tokens: int | None, stop: float, tally: dict) -> None:
     n = 0
     while time.monotonic() < stop:
-        body: dict = {"messages": [{"role": "user", "content": f"[{i}.{n}] {QUESTIONS[(i + n) % len(QUESTIONS)]}"}],
-                      "stream": True, "temperature": 0.7,
-                      "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body: dict = {
+            "messages": [{"role": "user", "content": f"[{i}.{n}] {QUESTIONS[(i + n) % len(QUESTIONS)]}"}],
+            "stream": True,
+            "temperature": 0.7,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         n += 1
@@ -69,15 +76,22 @@ async def client_loop(client: httpx.AsyncClient, i: int, max_tokens: int | None,
 
 async def phase(url: str, clients: int, share_without: float, seconds: float) -> dict:
     without = round(clients * share_without)
-    groups = {"without": {"tokens": 0, "requests": 0, "429": 0, "clients": without},
-              "with": {"tokens": 0, "requests": 0, "429": 0, "clients": clients - without}}
+    groups = {
+        "without": {"tokens": 0, "requests": 0, "429": 0, "clients": without},
+        "with": {"tokens": 0, "requests": 0, "429": 0, "clients": clients - without},
+    }
     before = scrape(url)
     running: list[float] = []
     stop = time.monotonic() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=None, limits=httpx.Limits(max_connections=clients + 8)) as c:
-        tasks = [asyncio.create_task(client_loop(c, i, None if i < without else MAX_TOKENS, stop,
-                                                 groups["without" if i < without else "with"]))
-                 for i in range(clients)]
+        tasks = [
+            asyncio.create_task(
+                client_loop(
+                    c, i, None if i < without else MAX_TOKENS, stop, groups["without" if i < without else "with"]
+                )
+            )
+            for i in range(clients)
+        ]
         t0 = time.monotonic()
         while time.monotonic() < stop:
             running.append((await asyncio.to_thread(scrape, url)).get("sightline_num_requests_running", 0.0))
@@ -92,10 +106,14 @@ async def phase(url: str, clients: int, share_without: float, seconds: float) ->
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    out = {"peak_running": max(running, default=0.0), "mean_running": statistics.fmean(running) if running else 0.0,
-           "retractions": delta("sightline_retractions_total"),
-           "retracted_tokens": delta("sightline_retracted_tokens_total"),
-           "recomputed_tokens": delta("sightline_retraction_recomputed_tokens_total"), "seconds": wall}
+    out = {
+        "peak_running": max(running, default=0.0),
+        "mean_running": statistics.fmean(running) if running else 0.0,
+        "retractions": delta("sightline_retractions_total"),
+        "retracted_tokens": delta("sightline_retracted_tokens_total"),
+        "recomputed_tokens": delta("sightline_retraction_recomputed_tokens_total"),
+        "seconds": wall,
+    }
     for name, g in groups.items():
         if g["clients"]:
             out[name] = {**g, "tok_s": g["tokens"] / wall, "tok_s_per_client": g["tokens"] / wall / g["clients"]}
@@ -103,16 +121,22 @@ async def phase(url: str, clients: int, share_without: float, seconds: float) ->
 
 
 def rows(results: dict) -> list[str]:
-    lines = ["| policy | phase | peak running | mean running | tok/s without max_tokens (per client) | "
-             "tok/s with max_tokens (per client) | 429 | retractions (recomputed tokens) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| policy | phase | peak running | mean running | tok/s without max_tokens (per client) | "
+        "tok/s with max_tokens (per client) | 429 | retractions (recomputed tokens) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for policy, phases in results.items():
         for name, r in phases.items():
+
             def tok(g: str) -> str:
                 return f"{r[g]['tok_s']:.1f} ({r[g]['tok_s_per_client']:.2f})" if g in r else "–"
+
             shed = sum(r[g]["429"] for g in ("without", "with") if g in r)
-            lines.append(f"| {policy} | {name} | {r['peak_running']:.0f} | {r['mean_running']:.1f} | {tok('without')} "
-                         f"| {tok('with')} | {shed} | {r['retractions']:.0f} ({r['recomputed_tokens']:.0f}) |")
+            lines.append(
+                f"| {policy} | {name} | {r['peak_running']:.0f} | {r['mean_running']:.1f} | {tok('without')} "
+                f"| {tok('with')} | {shed} | {r['retractions']:.0f} ({r['recomputed_tokens']:.0f}) |"
+            )
     return lines
 
 
@@ -140,8 +164,10 @@ def main() -> None:
             srv.stop()
     print("\n".join(rows(results)))
     if a.json:
-        write_json(a.json, {"model": a.model, "clients": a.clients, "seconds": seconds, "max_tokens": MAX_TOKENS,
-                            "results": results})
+        write_json(
+            a.json,
+            {"model": a.model, "clients": a.clients, "seconds": seconds, "max_tokens": MAX_TOKENS, "results": results},
+        )
 
 
 if __name__ == "__main__":

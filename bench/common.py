@@ -62,11 +62,15 @@ def make_prompts(model: HasTokenizer, n: int, length: int, start: int = 0) -> li
 SIGHTLINE_IGNORE_EOS = {"ignore_eos": True}
 
 
-def completion_body(prompt: list[int] | str, gen_len: int, model: str | None = None,
-                    extra: dict | None = None) -> dict:
+def completion_body(prompt: list[int] | str, gen_len: int, model: str | None = None, extra: dict | None = None) -> dict:
     """A streaming greedy `/v1/completions` request for exactly `gen_len` tokens."""
-    body = {"prompt": prompt, "max_tokens": gen_len, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": prompt,
+        "max_tokens": gen_len,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if model is not None:
         body["model"] = model
     return {**body, **(SIGHTLINE_IGNORE_EOS if extra is None else extra)}
@@ -76,8 +80,9 @@ def _chunk_text(chunk: dict) -> str:
     return "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in chunk.get("choices") or [])
 
 
-async def http_one(client: httpx.AsyncClient, ids: list[int] | str, gen_len: int, model: str | None = None,
-                   extra: dict | None = None) -> tuple[float, int, list[float], bool]:
+async def http_one(
+    client: httpx.AsyncClient, ids: list[int] | str, gen_len: int, model: str | None = None, extra: dict | None = None
+) -> tuple[float, int, list[float], bool]:
     """(TTFT ms, output tokens, inter-token gaps ms, whether the server reported usage).
 
     A token arrives with each SSE chunk that carries text; TTFT is request sent to the first
@@ -107,16 +112,22 @@ async def http_one(client: httpx.AsyncClient, ids: list[int] | str, gen_len: int
     return ttft, len(arrivals) if tokens is None else tokens, itl, tokens is not None
 
 
-async def http_run(url: str, prompts: list[list[int]] | list[str], gen_len: int, model: str | None = None,
-                   extra: dict | None = None) -> dict:
+async def http_run(
+    url: str, prompts: list[list[int]] | list[str], gen_len: int, model: str | None = None, extra: dict | None = None
+) -> dict:
     """All `prompts` at once; output tok/s = all output tokens ÷ wall time."""
     async with httpx.AsyncClient(base_url=url, timeout=1800, limits=httpx.Limits(max_connections=256)) as client:
         t0 = time.perf_counter()
         res = await asyncio.gather(*(http_one(client, p, gen_len, model, extra) for p in prompts))
         wall = time.perf_counter() - t0
-    return {"ttft": [r[0] for r in res], "tok_s": sum(r[1] for r in res) / wall, "wall": wall,
-            "itl": [g for r in res for g in r[2]], "tokens": sum(r[1] for r in res),
-            "tokens_from": "usage" if all(r[3] for r in res) else "text chunks"}
+    return {
+        "ttft": [r[0] for r in res],
+        "tok_s": sum(r[1] for r in res) / wall,
+        "wall": wall,
+        "itl": [g for r in res for g in r[2]],
+        "tokens": sum(r[1] for r in res),
+        "tokens_from": "usage" if all(r[3] for r in res) else "text chunks",
+    }
 
 
 def level_prompts(model, levels: list[int], prompt_len: int) -> dict[int, list[list[int]]]:
@@ -129,8 +140,14 @@ def level_prompts(model, levels: list[int], prompt_len: int) -> dict[int, list[l
     return out
 
 
-def run_levels(url: str, prompts: dict[int, list], gen_len: int, model: str | None = None, extra: dict | None = None,
-               cpu_probe: Callable[[], dict[str, float]] | None = None) -> dict[int, dict]:
+def run_levels(
+    url: str,
+    prompts: dict[int, list],
+    gen_len: int,
+    model: str | None = None,
+    extra: dict | None = None,
+    cpu_probe: Callable[[], dict[str, float]] | None = None,
+) -> dict[int, dict]:
     """The HTTP benchmarks' workload against any OpenAI-compatible server at `url`: a 2-request warm-up,
     then for each concurrency N (the keys of `prompts`) its N prompts all at once.  The warm-up
     sends the first prompts reversed, so that no server (prefix cache, llama.cpp's reuse of the
@@ -150,19 +167,28 @@ def run_levels(url: str, prompts: dict[int, list], gen_len: int, model: str | No
 
 def summary(r: dict) -> dict:
     """The table's numbers from one level's raw result (engine or HTTP)."""
-    return {"ttft_p50_ms": statistics.median(r["ttft"]), "ttft_max_ms": max(r["ttft"]),
-            "itl_p50_ms": _pct(r.get("itl", []), 0.5), "itl_p99_ms": _pct(r.get("itl", []), 0.99),
-            "tok_s": r["tok_s"], "wall_s": r["wall"]}
+    return {
+        "ttft_p50_ms": statistics.median(r["ttft"]),
+        "ttft_max_ms": max(r["ttft"]),
+        "itl_p50_ms": _pct(r.get("itl", []), 0.5),
+        "itl_p99_ms": _pct(r.get("itl", []), 0.99),
+        "tok_s": r["tok_s"],
+        "wall_s": r["wall"],
+    }
 
 
-TABLE_HEAD = ("| concurrency | path | TTFT p50 ms | TTFT max ms | ITL p50 ms | ITL p99 ms | output tok/s | wall s |\n"
-              "|---:|---|---:|---:|---:|---:|---:|---:|")
+TABLE_HEAD = (
+    "| concurrency | path | TTFT p50 ms | TTFT max ms | ITL p50 ms | ITL p99 ms | output tok/s | wall s |\n"
+    "|---:|---|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def table_row(n: int, path: str, r: dict) -> str:
     s = summary(r)
-    return (f"| {n} | {path} | {s['ttft_p50_ms']:.0f} | {s['ttft_max_ms']:.0f} | {s['itl_p50_ms']:.1f} | "
-            f"{s['itl_p99_ms']:.1f} | {s['tok_s']:.1f} | {s['wall_s']:.1f} |")
+    return (
+        f"| {n} | {path} | {s['ttft_p50_ms']:.0f} | {s['ttft_max_ms']:.0f} | {s['itl_p50_ms']:.1f} | "
+        f"{s['itl_p99_ms']:.1f} | {s['tok_s']:.1f} | {s['wall_s']:.1f} |"
+    )
 
 
 def cpu_seconds(url: str) -> dict[str, float]:
@@ -170,8 +196,12 @@ def cpu_seconds(url: str) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=10).text
-    return {s.labels["role"]: s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == "sightline_process_cpu_seconds_total"}
+    return {
+        s.labels["role"]: s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == "sightline_process_cpu_seconds_total"
+    }
 
 
 def _pct(xs: list[float], q: float) -> float:

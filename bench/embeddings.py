@@ -39,7 +39,7 @@ def _rate(texts: list[str], batch: int, embed: Callable[[list[str]], Any]) -> fl
     embed(texts[:batch])
     t0 = time.perf_counter()
     for i in range(0, len(texts), batch):
-        embed(texts[i:i + batch])
+        embed(texts[i : i + batch])
     return len(texts) / (time.perf_counter() - t0)
 
 
@@ -48,6 +48,7 @@ def server_embed(client: httpx.Client, url: str) -> Callable[[list[str]], Any]:
         r = client.post(url + "/v1/embeddings", json={"model": MINILM, "input": texts})
         r.raise_for_status()
         return r.json()["data"]
+
     return embed
 
 
@@ -65,15 +66,18 @@ def reference_embed() -> tuple[Callable[[list[str]], Any], Any]:
             h = model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).float()
         return torch.nn.functional.normalize((h * mask).sum(1) / mask.sum(1), dim=-1).double().numpy()
+
     return embed, tok
 
 
 def embedding_lines(doc: dict) -> list[str]:
     """The table's lines (bench.table prints them too, from embeddings.json)."""
-    out = [f"embeddings/s, {doc['model']} ({doc['texts']} texts of 8-32 words, median of {doc['rounds']} rounds, "
-           f"{doc['torch_threads']} torch threads)",
-           "| batch | sightline (HTTP) | reference (transformers, in-process) | sightline / reference |",
-           "|---|---|---|---|"]
+    out = [
+        f"embeddings/s, {doc['model']} ({doc['texts']} texts of 8-32 words, median of {doc['rounds']} rounds, "
+        f"{doc['torch_threads']} torch threads)",
+        "| batch | sightline (HTTP) | reference (transformers, in-process) | sightline / reference |",
+        "|---|---|---|---|",
+    ]
     for b, r in doc["batches"].items():
         out.append(f"| {b} | {r['sightline']:.1f} | {r['reference']:.1f} | {r['sightline'] / r['reference']:.2f} |")
     return out
@@ -104,9 +108,14 @@ def main(argv: list[str] | None = None) -> None:
                     rates[b]["reference"].append(_rate(texts, b, reference))
     finally:
         server.stop()
-    doc = {"model": MINILM, "texts": a.texts, "rounds": a.rounds, "torch_threads": torch.get_num_threads(),
-           "batches": {b: {k: statistics.median(v) for k, v in r.items()} for b, r in rates.items()},
-           "samples": rates}
+    doc = {
+        "model": MINILM,
+        "texts": a.texts,
+        "rounds": a.rounds,
+        "torch_threads": torch.get_num_threads(),
+        "batches": {b: {k: statistics.median(v) for k, v in r.items()} for b, r in rates.items()},
+        "samples": rates,
+    }
     print("\n".join(embedding_lines(doc)))
     if a.json:
         write_json(a.json, doc)

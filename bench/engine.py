@@ -40,19 +40,38 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "int8": ("bfloat16", "int8"),
-         "gguf": ("auto", "gguf"),  # a .gguf model in its own types
-         **{q: ("auto", q) for q in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k")}}
+MODES = {
+    "float32": ("float32", "none"),
+    "bfloat16": ("bfloat16", "none"),
+    "int8": ("bfloat16", "int8"),
+    "gguf": ("auto", "gguf"),  # a .gguf model in its own types
+    **{q: ("auto", q) for q in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k")},
+}
 
 
-def run_engine(model: LoadedModel, prompts: list[list[int]], gen_len: int, threads: int | None,
-               mode: str = "float32", attention: str = "auto", linear: str = "auto",
-               peak: peak_probe.Peak | None = None) -> dict:
+def run_engine(
+    model: LoadedModel,
+    prompts: list[list[int]],
+    gen_len: int,
+    threads: int | None,
+    mode: str = "float32",
+    attention: str = "auto",
+    linear: str = "auto",
+    peak: peak_probe.Peak | None = None,
+) -> dict:
     n = len(prompts)
     dtype, quant = MODES[mode]
-    args = ServerArgs(model=model.name, max_running_requests=max(n, 1), max_prefill_tokens=512,
-                      max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)), num_threads=threads,
-                      dtype=dtype, quantization=quant, attention_backend=attention, linear_backend=linear)
+    args = ServerArgs(
+        model=model.name,
+        max_running_requests=max(n, 1),
+        max_prefill_tokens=512,
+        max_total_tokens=max(4096, n * (len(prompts[0]) + gen_len)),
+        num_threads=threads,
+        dtype=dtype,
+        quantization=quant,
+        attention_backend=attention,
+        linear_backend=linear,
+    )
     core = SchedulerCore(model, args)
     shape = ModelShape.served(model.hf_model.config, core.runner.precision.dtype, core.runner.precision.quantization)
     flops = moved = count_s = 0.0
@@ -97,8 +116,11 @@ def run_baseline(model: LoadedModel, prompts: list[list[int]], gen_len: int) -> 
     with torch.inference_mode():
         for ids in prompts:
             out = model.hf_model.generate(
-                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=gen_len, min_new_tokens=gen_len, do_sample=False,
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                max_new_tokens=gen_len,
+                min_new_tokens=gen_len,
+                do_sample=False,
                 pad_token_id=model.tokenizer.eos_token_id,
             )
             tokens += out.shape[1] - len(ids)
@@ -114,28 +136,40 @@ def main() -> None:
     ap.add_argument("--baseline-requests", type=int, default=4)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     ap.add_argument("--modes", default="float32", help=f"comma-separated, of {', '.join(MODES)}")
-    ap.add_argument("--attention", default="auto",
-                    help="comma-separated decode-attention backends to compare, of auto, native, sdpa")
-    ap.add_argument("--linear", default="auto",
-                    help="comma-separated linear-layer backends to compare, of auto, native, torch (float32 only)")
+    ap.add_argument(
+        "--attention",
+        default="auto",
+        help="comma-separated decode-attention backends to compare, of auto, native, sdpa",
+    )
+    ap.add_argument(
+        "--linear",
+        default="auto",
+        help="comma-separated linear-layer backends to compare, of auto, native, torch (float32 only)",
+    )
     ap.add_argument("--json", type=Path, help="also write the rows here")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.perf_counter()
     model = load_model(a.model)
-    print(f"model {model.name}: loaded in {time.perf_counter() - t0:.1f} s "
-          f"({'cold: converted' if model.converted else 'warm: from cache'}), threads={torch.get_num_threads()}")
+    print(
+        f"model {model.name}: loaded in {time.perf_counter() - t0:.1f} s "
+        f"({'cold: converted' if model.converted else 'warm: from cache'}), threads={torch.get_num_threads()}"
+    )
     levels = [int(x) for x in a.concurrency.split(",")]
     run_engine(model, make_prompts(model, 2, a.prompt_len), 8, a.threads)  # warm-up
     peak = peak_probe.measure()
-    print(f"machine peak on {torch.get_num_threads()} threads: {peak.flops / 1e9:.1f} GFLOP/s (float32 GEMM), "
-          f"{peak.bytes_per_second / 1e9:.1f} GB/s (memory copy)")
+    print(
+        f"machine peak on {torch.get_num_threads()} threads: {peak.flops / 1e9:.1f} GFLOP/s (float32 GEMM), "
+        f"{peak.bytes_per_second / 1e9:.1f} GB/s (memory copy)"
+    )
     base = run_baseline(model, make_prompts(model, a.baseline_requests, a.prompt_len), a.gen_len)
     print(f"baseline: transformers generate, sequential, {a.baseline_requests} requests: {base:.1f} output tok/s")
     print(f"prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request\n")
-    print("| mode | linear | attention | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms "
-          "| FLOP/s of peak | bytes/s of peak | count µs/step | wall s | peak RSS MiB |")
+    print(
+        "| mode | linear | attention | concurrency | output tok/s | vs baseline | prefill tok/s | decode step ms "
+        "| FLOP/s of peak | bytes/s of peak | count µs/step | wall s | peak RSS MiB |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     for mode in a.modes.split(","):
@@ -144,19 +178,38 @@ def main() -> None:
                 if mode != "float32" and lin == "native":
                     continue  # the native linear kernel is float32 only
                 # innermost: backends compared back to back
-                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn, lin,
-                               peak)
-                rows.append({"mode": mode, "linear": lin, "attention": attn, "concurrency": n, **r,
-                             "baseline_tok_s": base, "peak_rss_mib": peak_rss_mib()})
-                print(f"| {mode} | {lin} | {attn} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | "
-                      f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['flops_of_peak']:.1%} | "
-                      f"{r['bytes_of_peak']:.1%} | {r['count_us_per_step']:.0f} | {r['wall_s']:.1f} | "
-                      f"{peak_rss_mib():.0f} |",
-                      flush=True)
+                r = run_engine(model, make_prompts(model, n, a.prompt_len), a.gen_len, a.threads, mode, attn, lin, peak)
+                rows.append(
+                    {
+                        "mode": mode,
+                        "linear": lin,
+                        "attention": attn,
+                        "concurrency": n,
+                        **r,
+                        "baseline_tok_s": base,
+                        "peak_rss_mib": peak_rss_mib(),
+                    }
+                )
+                print(
+                    f"| {mode} | {lin} | {attn} | {n} | {r['out_tok_s']:.1f} | {r['out_tok_s'] / base:.2f}x | "
+                    f"{r['prefill_tok_s']:.0f} | {r['step_ms']:.1f} | {r['flops_of_peak']:.1%} | "
+                    f"{r['bytes_of_peak']:.1%} | {r['count_us_per_step']:.0f} | {r['wall_s']:.1f} | "
+                    f"{peak_rss_mib():.0f} |",
+                    flush=True,
+                )
     if a.json:
-        write_json(a.json, {"model": model.name, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
-                            "cpu": torch.backends.cpu.get_cpu_capability(), "rows": rows,
-                            "peak_flops": peak.flops, "peak_bytes_per_second": peak.bytes_per_second})
+        write_json(
+            a.json,
+            {
+                "model": model.name,
+                "prompt_len": a.prompt_len,
+                "gen_len": a.gen_len,
+                "cpu": torch.backends.cpu.get_cpu_capability(),
+                "rows": rows,
+                "peak_flops": peak.flops,
+                "peak_bytes_per_second": peak.bytes_per_second,
+            },
+        )
 
 
 if __name__ == "__main__":

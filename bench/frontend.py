@@ -75,9 +75,12 @@ def front_end_cpu(per_role: dict[str, float]) -> dict[str, float | None]:
     Scheduler rank(s) and detokenizer, `total` = every role."""
     workers = [v for role, v in per_role.items() if role.startswith("worker-")]
     main = per_role.get("main", 0.0)
-    return {"front": sum(workers) if workers else main, "hub": main if workers else None,
-            "engine": sum(v for role, v in per_role.items() if role.startswith("scheduler") or role == "detokenizer"),
-            "total": sum(per_role.values())}
+    return {
+        "front": sum(workers) if workers else main,
+        "hub": main if workers else None,
+        "engine": sum(v for role, v in per_role.items() if role.startswith("scheduler") or role == "detokenizer"),
+        "total": sum(per_role.values()),
+    }
 
 
 def other_cpu_percent(machine_pct: float, server_pct: float, client_pct: float) -> float:
@@ -92,8 +95,13 @@ def dp_cpu(marks: list[tuple[float, float, dict[str, float], float]]) -> dict:
     (t0, b0, before, c0), (t1, b1, after, c1) = marks
     per_role = role_cpu_percent(before, after, t1 - t0)
     server, client, machine = sum(per_role.values()), 100.0 * (c1 - c0) / (t1 - t0), 100.0 * (b1 - b0) / (t1 - t0)
-    return {"role_cpu_pct": per_role, "server_cpu_pct": server, "client_cpu_pct": client, "machine_cpu_pct": machine,
-            "other_cpu_pct": other_cpu_percent(machine, server, client)}
+    return {
+        "role_cpu_pct": per_role,
+        "server_cpu_pct": server,
+        "client_cpu_pct": client,
+        "machine_cpu_pct": machine,
+        "other_cpu_pct": other_cpu_percent(machine, server, client),
+    }
 
 
 def spread(values: list[float | None]) -> dict[str, float] | None:
@@ -119,12 +127,12 @@ def ratio(a: dict | None, b: dict | None) -> float | None:
 
 def run_line(run: dict, metrics: list[tuple[str, str, str]]) -> str:
     """One run's numbers, `title value` for each (key, title, format) in `metrics`."""
-    return ", ".join(f"{title} {'–' if run.get(key) is None else format(run[key], fmt)}"
-                     for key, title, fmt in metrics)
+    return ", ".join(f"{title} {'–' if run.get(key) is None else format(run[key], fmt)}" for key, title, fmt in metrics)
 
 
-def ratio_table(label_a: str, label_b: str, runs_a: list[dict], runs_b: list[dict],
-                metrics: list[tuple[str, str, str]]) -> str:
+def ratio_table(
+    label_a: str, label_b: str, runs_a: list[dict], runs_b: list[dict], metrics: list[tuple[str, str, str]]
+) -> str:
     """A markdown table: one row per (key, title, format) in `metrics`, the key's values over
     `runs_a` and `runs_b` as mean (min–max), and B/A of the means."""
     lines = [f"| metric | {label_a} | {label_b} | B/A |", "|---|---:|---:|---:|"]
@@ -140,8 +148,7 @@ def alternate(a, b, repeats: int) -> list:
     return [x for _ in range(repeats) for x in (a, b)]
 
 
-def capacity_numbers(clients: list[dict], cpu: dict[str, float | None], duration_s: float,
-                     machine_pct: float) -> dict:
+def capacity_numbers(clients: list[dict], cpu: dict[str, float | None], duration_s: float, machine_pct: float) -> dict:
     """One capacity run's row from its client processes' results, `front_end_cpu` and the
     machine's busy CPU % over the window."""
     lat = [x for c in clients for x in c["latency_s"]]
@@ -151,27 +158,45 @@ def capacity_numbers(clients: list[dict], cpu: dict[str, float | None], duration
     for c in clients:
         errors.update(c["errors"])
     req_s = done / duration_s
-    return {"req_s": req_s, "completed": done, "errors": sum(errors.values()), "error_kinds": dict(errors),
-            "p50_ms": p.p50, "p99_ms": p.p99, "front_cpu_pct": cpu["front"], "hub_cpu_pct": cpu["hub"],
-            "engine_cpu_pct": cpu["engine"], "server_cpu_pct": cpu["total"],
-            # CPU % ÷ 100 × 1000 ms per second of wall time ÷ requests per second
-            "front_cpu_ms_per_req": 10.0 * cpu["front"] / req_s if req_s else None,
-            "client_cpu_pct": 100.0 * cpu_s / duration_s, "machine_cpu_pct": machine_pct,
-            "other_cpu_pct": other_cpu_percent(machine_pct, cpu["total"], 100.0 * cpu_s / duration_s)}
+    return {
+        "req_s": req_s,
+        "completed": done,
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors),
+        "p50_ms": p.p50,
+        "p99_ms": p.p99,
+        "front_cpu_pct": cpu["front"],
+        "hub_cpu_pct": cpu["hub"],
+        "engine_cpu_pct": cpu["engine"],
+        "server_cpu_pct": cpu["total"],
+        # CPU % ÷ 100 × 1000 ms per second of wall time ÷ requests per second
+        "front_cpu_ms_per_req": 10.0 * cpu["front"] / req_s if req_s else None,
+        "client_cpu_pct": 100.0 * cpu_s / duration_s,
+        "machine_cpu_pct": machine_pct,
+        "other_cpu_pct": other_cpu_percent(machine_pct, cpu["total"], 100.0 * cpu_s / duration_s),
+    }
 
 
 CAPACITY_METRICS = [
-    ("req_s", "requests/s", ".1f"), ("p50_ms", "latency p50 ms", ".1f"), ("p99_ms", "latency p99 ms", ".1f"),
-    ("errors", "errors", ".0f"), ("front_cpu_pct", "front-end CPU % (main, or workers summed)", ".0f"),
+    ("req_s", "requests/s", ".1f"),
+    ("p50_ms", "latency p50 ms", ".1f"),
+    ("p99_ms", "latency p99 ms", ".1f"),
+    ("errors", "errors", ".0f"),
+    ("front_cpu_pct", "front-end CPU % (main, or workers summed)", ".0f"),
     ("hub_cpu_pct", "hub CPU % (main, several workers only)", ".0f"),
     ("front_cpu_ms_per_req", "front-end CPU ms per request", ".2f"),
-    ("engine_cpu_pct", "scheduler + detokenizer CPU %", ".0f"), ("server_cpu_pct", "server CPU % (all roles)", ".0f"),
+    ("engine_cpu_pct", "scheduler + detokenizer CPU %", ".0f"),
+    ("server_cpu_pct", "server CPU % (all roles)", ".0f"),
     ("client_cpu_pct", "client CPU % (all client processes)", ".0f"),
     ("other_cpu_pct", "other processes' CPU % (should be ~0)", ".0f"),
 ]
 DP_METRICS = [
-    ("tok_s", "output tok/s", ".1f"), ("ttft_p50_ms", "TTFT p50 ms", ".0f"), ("itl_p50_ms", "ITL p50 ms", ".1f"),
-    ("itl_p99_ms", "ITL p99 ms", ".1f"), ("wall_s", "wall s", ".1f"), ("server_cpu_pct", "server CPU %", ".0f"),
+    ("tok_s", "output tok/s", ".1f"),
+    ("ttft_p50_ms", "TTFT p50 ms", ".0f"),
+    ("itl_p50_ms", "ITL p50 ms", ".1f"),
+    ("itl_p99_ms", "ITL p99 ms", ".1f"),
+    ("wall_s", "wall s", ".1f"),
+    ("server_cpu_pct", "server CPU %", ".0f"),
     ("client_cpu_pct", "client CPU % (this script)", ".0f"),
     ("other_cpu_pct", "other processes' CPU % (should be ~0)", ".0f"),
 ]
@@ -202,9 +227,12 @@ def capacity_run(url: str, concurrency: int, client_procs: int, warmup_s: float,
     ctx = mp.get_context("spawn")
     ready, results, go, start_at = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     shares = [concurrency // client_procs + (k < concurrency % client_procs) for k in range(client_procs)]
-    procs = [ctx.Process(target=client_main, daemon=True,
-                         args=(url, n, sum(shares[:k]), ready, go, start_at, duration_s, results))
-             for k, n in enumerate(shares)]
+    procs = [
+        ctx.Process(
+            target=client_main, daemon=True, args=(url, n, sum(shares[:k]), ready, go, start_at, duration_s, results)
+        )
+        for k, n in enumerate(shares)
+    ]
     for p in procs:
         p.start()
     try:
@@ -224,8 +252,12 @@ def capacity_run(url: str, concurrency: int, client_procs: int, warmup_s: float,
                 p.kill()
     per_role = role_cpu_percent(before, after, t1 - t0)
     row = capacity_numbers(clients, front_end_cpu(per_role), duration_s, 100.0 * (busy1 - busy0) / (t1 - t0))
-    row.update(role_cpu_pct=per_role, scrape_interval_s=t1 - t0, client_cpu_s=[c["cpu_s"] for c in clients],
-               latency_ms=[round(1000 * x, 3) for c in clients for x in c["latency_s"]])
+    row.update(
+        role_cpu_pct=per_role,
+        scrape_interval_s=t1 - t0,
+        client_cpu_s=[c["cpu_s"] for c in clients],
+        latency_ms=[round(1000 * x, 3) for c in clients for x in c["latency_s"]],
+    )
     return row
 
 
@@ -243,10 +275,20 @@ def run_capacity(a: argparse.Namespace, tmp: Path) -> dict:
             server.stop()
         r.update(tokenizer_workers=n, run=k)
         runs.append(r)
-        print(f"capacity run {k}, {n} tokenizer worker(s): {run_line(r, CAPACITY_METRICS)}"
-              + "".join(f"; {kind} ×{m}" for kind, m in sorted(r["error_kinds"].items())), flush=True)
-    return {"model": a.capacity_model, "concurrency": a.capacity_concurrency, "client_procs": a.client_procs,
-            "warmup_s": a.warmup, "duration_s": a.duration, "settings": a.tokenizer_workers, "runs": runs}
+        print(
+            f"capacity run {k}, {n} tokenizer worker(s): {run_line(r, CAPACITY_METRICS)}"
+            + "".join(f"; {kind} ×{m}" for kind, m in sorted(r["error_kinds"].items())),
+            flush=True,
+        )
+    return {
+        "model": a.capacity_model,
+        "concurrency": a.capacity_concurrency,
+        "client_procs": a.client_procs,
+        "warmup_s": a.warmup,
+        "duration_s": a.duration,
+        "settings": a.tokenizer_workers,
+        "runs": runs,
+    }
 
 
 def run_dp(a: argparse.Namespace, tmp: Path) -> dict:
@@ -269,8 +311,14 @@ def run_dp(a: argparse.Namespace, tmp: Path) -> dict:
         r = {**summary(raw[a.concurrency]), **dp_cpu(marks), "dp_size": d, "run": k, "raw": raw[a.concurrency]}
         runs.append(r)
         print(f"dp run {k}, dp-size {d}: {run_line(r, DP_METRICS)}", flush=True)
-    return {"model": a.dp_model, "concurrency": a.concurrency, "prompt_len": a.prompt_len, "gen_len": a.gen_len,
-            "settings": a.dp_sizes, "runs": runs}
+    return {
+        "model": a.dp_model,
+        "concurrency": a.concurrency,
+        "prompt_len": a.prompt_len,
+        "gen_len": a.gen_len,
+        "settings": a.dp_sizes,
+        "runs": runs,
+    }
 
 
 def _pair(text: str) -> list[int]:
@@ -285,8 +333,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--parts", default="capacity,dp", help="which parts to run: capacity, dp or both")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each setting, alternating A B A B …")
     ap.add_argument("--port", type=int, default=0, help="the servers' port (0: a free one)")
-    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
-                    help="a flag for every server this script starts, e.g. --server-arg=--dtype=float32 (repeatable)")
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a flag for every server this script starts, e.g. --server-arg=--dtype=float32 (repeatable)",
+    )
     g = ap.add_argument_group("capacity")
     g.add_argument("--capacity-model", default="tiny-random")
     g.add_argument("--tokenizer-workers", type=_pair, default=[1, 2], metavar="A,B")
@@ -319,22 +372,41 @@ def main(argv: list[str] | None = None) -> None:
         if "dp" in a.parts:
             out["dp"] = run_dp(a, Path(tmp))
     write_json(a.json, out)
-    print(f"\n{os.cpu_count()} CPUs, {a.repeats} run(s) per setting, alternating; mean (min–max); "
-          f"server flags: {' '.join(a.server_arg) or '(defaults)'}")
+    print(
+        f"\n{os.cpu_count()} CPUs, {a.repeats} run(s) per setting, alternating; mean (min–max); "
+        f"server flags: {' '.join(a.server_arg) or '(defaults)'}"
+    )
     if "capacity" in out:
         c, (x, y) = out["capacity"], a.tokenizer_workers
-        print(f"\n(capacity) {c['model']}, {c['concurrency']} non-streaming 1-token requests in flight from "
-              f"{c['client_procs']} client process(es), {c['duration_s']:g} s measured after {c['warmup_s']:g} s; "
-              f"CPU % of one core\n")
-        print(ratio_table(f"{x} tokenizer worker(s)", f"{y} tokenizer worker(s)",
-                          [r for r in c["runs"] if r["tokenizer_workers"] == x],
-                          [r for r in c["runs"] if r["tokenizer_workers"] == y], CAPACITY_METRICS))
+        print(
+            f"\n(capacity) {c['model']}, {c['concurrency']} non-streaming 1-token requests in flight from "
+            f"{c['client_procs']} client process(es), {c['duration_s']:g} s measured after {c['warmup_s']:g} s; "
+            f"CPU % of one core\n"
+        )
+        print(
+            ratio_table(
+                f"{x} tokenizer worker(s)",
+                f"{y} tokenizer worker(s)",
+                [r for r in c["runs"] if r["tokenizer_workers"] == x],
+                [r for r in c["runs"] if r["tokenizer_workers"] == y],
+                CAPACITY_METRICS,
+            )
+        )
     if "dp" in out:
         d, (x, y) = out["dp"], a.dp_sizes
-        print(f"\n(dp) {d['model']}, {d['concurrency']} distinct {d['prompt_len']}-token prompts × {d['gen_len']} "
-              f"tokens, all at once, streaming, 1 tokenizer worker\n")
-        print(ratio_table(f"dp-size {x}", f"dp-size {y}", [r for r in d["runs"] if r["dp_size"] == x],
-                          [r for r in d["runs"] if r["dp_size"] == y], DP_METRICS))
+        print(
+            f"\n(dp) {d['model']}, {d['concurrency']} distinct {d['prompt_len']}-token prompts × {d['gen_len']} "
+            f"tokens, all at once, streaming, 1 tokenizer worker\n"
+        )
+        print(
+            ratio_table(
+                f"dp-size {x}",
+                f"dp-size {y}",
+                [r for r in d["runs"] if r["dp_size"] == x],
+                [r for r in d["runs"] if r["dp_size"] == y],
+                DP_METRICS,
+            )
+        )
     print(f"\nraw numbers: {a.json}")
 
 

@@ -41,13 +41,19 @@ class RawHTTP:
         if self.conn is None:
             self.conn = await asyncio.open_connection(self.host, self.port)
         reader, writer = self.conn
-        writer.write(f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-                     f"content-length: {len(body)}\r\n{self.auth}\r\n".encode() + body)
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n{self.auth}\r\n".encode()
+            + body
+        )
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             status = int(head.split(b" ", 2)[1])
-            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length:"))
+            length = next(
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
             return status, await reader.readexactly(length)
         except BaseException:
             self.close()

@@ -55,8 +55,15 @@ def engine_info(url: str) -> dict[str, str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=10).text
-    return next(({k: s.labels[k] for k in ("dtype", "quantization")} for fam in text_string_to_metric_families(text)
-                 for s in fam.samples if s.name == "sightline_engine_info"), {})
+    return next(
+        (
+            {k: s.labels[k] for k in ("dtype", "quantization")}
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "sightline_engine_info"
+        ),
+        {},
+    )
 
 
 def main() -> None:
@@ -67,8 +74,13 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--concurrency", default="1,32")
-    ap.add_argument("--server-arg", action="append", default=[], metavar="FLAG",
-                    help="a flag for the server this script starts, e.g. --server-arg=--dtype=bfloat16 (repeatable)")
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a flag for the server this script starts, e.g. --server-arg=--dtype=bfloat16 (repeatable)",
+    )
     ap.add_argument("--skip-engine", action="store_true", help="only the HTTP pipeline")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
@@ -92,23 +104,39 @@ def main() -> None:
             if server is not None:
                 server.stop()
     if a.json:
-        write_json(a.json, {"model": a.model, "server_args": a.server_arg, "engine_info": info,
-                            "prompt_len": a.prompt_len, "gen_len": a.gen_len, "levels": rows})
-    print(f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
-          f"{os.cpu_count()} CPUs, server flags: {' '.join(a.server_arg) or '(defaults)'}, engine: "
-          f"{' '.join(f'{k}={v}' for k, v in info.items()) or '?'}\n")
+        write_json(
+            a.json,
+            {
+                "model": a.model,
+                "server_args": a.server_arg,
+                "engine_info": info,
+                "prompt_len": a.prompt_len,
+                "gen_len": a.gen_len,
+                "levels": rows,
+            },
+        )
+    print(
+        f"model {a.model}, prompt {a.prompt_len} tokens, {a.gen_len} new tokens per request, "
+        f"{os.cpu_count()} CPUs, server flags: {' '.join(a.server_arg) or '(defaults)'}, engine: "
+        f"{' '.join(f'{k}={v}' for k, v in info.items()) or '?'}\n"
+    )
     print(TABLE_HEAD)
     for n in levels:
         for path in rows[n]:
             print(table_row(n, "in-process engine" if path == "engine" else "HTTP + ZMQ pipeline", rows[n][path]))
         cpu = rows[n]["http"]["cpu_per_1k"]
-        print(f"| {n} | CPU s per 1000 output tokens | " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
-              + " | | | | | |")
+        print(
+            f"| {n} | CPU s per 1000 output tokens | "
+            + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+            + " | | | | | |"
+        )
         if "engine" not in rows[n]:
             continue
         e, h = rows[n]["engine"], rows[n]["http"]
-        print(f"| {n} | overhead | {statistics.median(h['ttft']) - statistics.median(e['ttft']):+.0f} | | | | "
-              f"{100 * (h['tok_s'] / e['tok_s'] - 1):+.1f}% | |")
+        print(
+            f"| {n} | overhead | {statistics.median(h['ttft']) - statistics.median(e['ttft']):+.0f} | | | | "
+            f"{100 * (h['tok_s'] / e['tok_s'] - 1):+.1f}% | |"
+        )
 
 
 if __name__ == "__main__":

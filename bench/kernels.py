@@ -52,14 +52,21 @@ def shapes(model: str) -> tuple[dict[str, tuple[int, int]], int]:
     cfg = AutoConfig.from_pretrained(prepare_model_dir(model)[0])
     dims = ModelDims.from_hf_config(cfg)
     q, kv, inter = dims.num_heads * dims.head_dim, dims.num_kv_heads * dims.head_dim, cfg.intermediate_size
-    return {"qkv": (q + 2 * kv, dims.hidden), "o": (dims.hidden, q), "gate_up": (2 * inter, dims.hidden),
-            "down": (dims.hidden, inter), "lm_head": (dims.vocab_size, dims.hidden)}, dims.num_layers
+    return {
+        "qkv": (q + 2 * kv, dims.hidden),
+        "o": (dims.hidden, q),
+        "gate_up": (2 * inter, dims.hidden),
+        "down": (dims.hidden, inter),
+        "lm_head": (dims.vocab_size, dims.hidden),
+    }, dims.num_layers
 
 
 def linear_params(layers: dict[str, tuple[int, int]], num_layers: int) -> int:
     """Weights a decode step multiplies by: every layer's linears and the lm_head (2 FLOP each per token)."""
-    return sum(n * k for name, (n, k) in layers.items() if name != "lm_head") * num_layers + \
-        layers["lm_head"][0] * layers["lm_head"][1]
+    return (
+        sum(n * k for name, (n, k) in layers.items() if name != "lm_head") * num_layers
+        + layers["lm_head"][0] * layers["lm_head"][1]
+    )
 
 
 def _time(fn: Callable[[], object], min_seconds: float = 0.05) -> float:
@@ -75,7 +82,7 @@ def _time(fn: Callable[[], object], min_seconds: float = 0.05) -> float:
 
 
 def compare(kernel: NativeLinear, n: int, k: int, m: int, repeats: int) -> dict:
-    x, w = torch.randn(m, k), torch.randn(n, k) / k ** 0.5
+    x, w = torch.randn(m, k), torch.randn(n, k) / k**0.5
     packed = kernel.pack(w)
     torch_s, native_s = [], []
     with torch.inference_mode():
@@ -84,10 +91,18 @@ def compare(kernel: NativeLinear, n: int, k: int, m: int, repeats: int) -> dict:
             native_s.append(_time(lambda: kernel(x, packed, None, n)))
     t, nat = statistics.median(torch_s), statistics.median(native_s)
     flops, weight_bytes = 2.0 * m * n * k, 4.0 * n * k
-    return {"n": n, "k": k, "m": m, "torch_ms": t * 1e3, "native_ms": nat * 1e3, "speedup": t / nat,
-            "torch_gflops": flops / t / 1e9, "native_gflops": flops / nat / 1e9,
-            "native_weight_gbs": weight_bytes / nat / 1e9, "spread_native_ms": [min(native_s) * 1e3,
-                                                                                 max(native_s) * 1e3]}
+    return {
+        "n": n,
+        "k": k,
+        "m": m,
+        "torch_ms": t * 1e3,
+        "native_ms": nat * 1e3,
+        "speedup": t / nat,
+        "torch_gflops": flops / t / 1e9,
+        "native_gflops": flops / nat / 1e9,
+        "native_weight_gbs": weight_bytes / nat / 1e9,
+        "spread_native_ms": [min(native_s) * 1e3, max(native_s) * 1e3],
+    }
 
 
 def roofline(kernel: NativeLinear | None) -> dict:
@@ -101,8 +116,11 @@ def roofline(kernel: NativeLinear | None) -> dict:
     if kernel is not None:
         packed = kernel.pack(w)
         peaks["native"] = 2.0 * m * n * k / _time(lambda: kernel(x, packed, None, n), min_seconds=0.5) / 1e9
-    return {"bandwidth_gbs": 4.0 * 256 * 1024 * 1024 / read / 1e9, "gemm_gflops": max(peaks.values()),
-            "gemm_gflops_by": peaks}
+    return {
+        "bandwidth_gbs": 4.0 * 256 * 1024 * 1024 / read / 1e9,
+        "gemm_gflops": max(peaks.values()),
+        "gemm_gflops_by": peaks,
+    }
 
 
 def quantized(args: argparse.Namespace, layers: dict[str, tuple[int, int]]) -> list[dict]:
@@ -111,16 +129,20 @@ def quantized(args: argparse.Namespace, layers: dict[str, tuple[int, int]]) -> l
     if qk is None:
         return []
     print(f"quantized kernel ({'VNNI' if qk.vnni else 'AVX2'}) against weight-only int8 (bf16 activations):")
-    print(f"{'layer':8} {'N':>6} {'K':>5} {'M':>4} {'type':>5} {'ms':>8} {'int8 ms':>8} {'vs int8':>7} "
-          f"{'GMAC/s':>7} {'weights GB/s':>12}")
+    print(
+        f"{'layer':8} {'N':>6} {'K':>5} {'M':>4} {'type':>5} {'ms':>8} {'int8 ms':>8} {'vs int8':>7} "
+        f"{'GMAC/s':>7} {'weights GB/s':>12}"
+    )
     out = []
     for name, (n, k) in layers.items():
         for m in (int(r) for r in args.rows.split(",")):
             for q in names:
                 r = {"layer": name, **compare_quant(qk, n, k, m, q, args.repeats, _time)}
                 out.append(r)
-                print(f"{name:8} {n:6d} {k:5d} {m:4d} {r['type']:>5} {r['quant_ms']:8.3f} {r['int8_ms']:8.3f} "
-                      f"{r['vs_int8']:6.2f}x {r['gmacs']:7.1f} {r['weight_gbs']:12.1f}")
+                print(
+                    f"{name:8} {n:6d} {k:5d} {m:4d} {r['type']:>5} {r['quant_ms']:8.3f} {r['int8_ms']:8.3f} "
+                    f"{r['vs_int8']:6.2f}x {r['gmacs']:7.1f} {r['weight_gbs']:12.1f}"
+                )
     return out
 
 
@@ -130,8 +152,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rows", default="1,16,64,512", help="row counts M, comma-separated")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--quant", default="q8_0,q4_1,q5_0,q4_k,q6_k",
-                    help="quantized types to measure (GGUF block layouts; '' for none)")
+    ap.add_argument(
+        "--quant",
+        default="q8_0,q4_1,q5_0,q4_k,q6_k",
+        help="quantized types to measure (GGUF block layouts; '' for none)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -142,30 +167,45 @@ def main(argv: list[str] | None = None) -> None:
     lib = native.load()
     kernel = NativeLinear(lib) if lib is not None else None
     roof = roofline(kernel)
-    print(f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, {args.threads} threads: memory "
-          f"{roof['bandwidth_gbs']:.1f} GB/s, fp32 matmul peak {roof['gemm_gflops']:.0f} GFLOP/s "
-          f"({', '.join(f'{k} {v:.0f}' for k, v in roof['gemm_gflops_by'].items())})")
+    print(
+        f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, {args.threads} threads: memory "
+        f"{roof['bandwidth_gbs']:.1f} GB/s, fp32 matmul peak {roof['gemm_gflops']:.0f} GFLOP/s "
+        f"({', '.join(f'{k} {v:.0f}' for k, v in roof['gemm_gflops_by'].items())})"
+    )
     rows: list[dict] = []
     layers, num_layers = shapes(args.model)
     params = linear_params(layers, num_layers)
     if kernel is None:
         print("the native linear kernel did not build here: nothing to compare")
     else:
-        print(f"{'layer':8} {'N':>6} {'K':>5} {'M':>4} {'torch ms':>9} {'native ms':>9} {'speed-up':>8} "
-              f"{'native GFLOP/s':>14} {'weights GB/s':>12}")
+        print(
+            f"{'layer':8} {'N':>6} {'K':>5} {'M':>4} {'torch ms':>9} {'native ms':>9} {'speed-up':>8} "
+            f"{'native GFLOP/s':>14} {'weights GB/s':>12}"
+        )
         for name, (n, k) in layers.items():
             for m in (int(r) for r in args.rows.split(",")):
                 r = {"layer": name, **compare(kernel, n, k, m, args.repeats)}
                 rows.append(r)
-                print(f"{name:8} {n:6d} {k:5d} {m:4d} {r['torch_ms']:9.3f} {r['native_ms']:9.3f} "
-                      f"{r['speedup']:7.2f}x {r['native_gflops']:14.1f} {r['native_weight_gbs']:12.1f}")
+                print(
+                    f"{name:8} {n:6d} {k:5d} {m:4d} {r['torch_ms']:9.3f} {r['native_ms']:9.3f} "
+                    f"{r['speedup']:7.2f}x {r['native_gflops']:14.1f} {r['native_weight_gbs']:12.1f}"
+                )
     quant_rows = quantized(args, layers)
     if args.json:
-        write_json(args.json, {"cpu": cpu_name(), "capability": torch.backends.cpu.get_cpu_capability(),
-                               "threads": args.threads, "roofline": roof, "shapes": rows, "model": args.model,
-                               "quantized": quant_rows,
-                               "linear_params": params,
-                               "panel": kernel.panel if kernel else None})
+        write_json(
+            args.json,
+            {
+                "cpu": cpu_name(),
+                "capability": torch.backends.cpu.get_cpu_capability(),
+                "threads": args.threads,
+                "roofline": roof,
+                "shapes": rows,
+                "model": args.model,
+                "quantized": quant_rows,
+                "linear_params": params,
+                "panel": kernel.panel if kernel else None,
+            },
+        )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| shape N×K | M | float32 ms | " + " | ".join(f"{t} interleaved / row-major ms" for t in TYPES) + " |")
     print("|---|---:|---:|" + "---:|" * len(TYPES))
     for n, k in SHAPES:
-        w = torch.randn(n, k) / k ** 0.5
+        w = torch.randn(n, k) / k**0.5
         packed = fp32.pack(w)
         weights = {t: quantize_for(w, t) for t in TYPES}
         layers = {t: (QuantLinear(quant, [q]), _Parts([q])) for t, q in weights.items()}
@@ -61,8 +61,10 @@ def main(argv: list[str] | None = None) -> None:
             cells = [f"{median_ms(lambda: fp32(x, packed, None, n), a.repeats):.2f}"]
             for t in TYPES:
                 il, row_major = layers[t]
-                cells.append(f"{median_ms(lambda: il(x), a.repeats):.2f} / "
-                             f"{median_ms(lambda: quant.matmul(x, row_major), a.repeats):.2f}")
+                cells.append(
+                    f"{median_ms(lambda: il(x), a.repeats):.2f} / "
+                    f"{median_ms(lambda: quant.matmul(x, row_major), a.repeats):.2f}"
+                )
             print(f"| {n}×{k} | {m} | " + " | ".join(cells) + " |", flush=True)
 
 

@@ -17,9 +17,10 @@ from serving.models.layers.native_quant import QuantKernel, QuantLinear
 from serving.models.layers.quantize import AT_LOAD, FALLBACK, quantize_for
 
 
-def compare_quant(kernel: QuantKernel, n: int, k: int, m: int, name: str, repeats: int,
-                  timer: Callable[[Callable[[], object]], float]) -> dict:
-    w, x = torch.randn(n, k) / k ** 0.5, torch.randn(m, k)
+def compare_quant(
+    kernel: QuantKernel, n: int, k: int, m: int, name: str, repeats: int, timer: Callable[[Callable[[], object]], float]
+) -> dict:
+    w, x = torch.randn(n, k) / k**0.5, torch.randn(m, k)
     lin = QuantLinear(kernel, [quantize_for(w, name)])  # the model's K are multiples of 32
     q8, scales = _int8_weight(w)
     xb = x.bfloat16()
@@ -29,8 +30,17 @@ def compare_quant(kernel: QuantKernel, n: int, k: int, m: int, name: str, repeat
             ours.append(timer(lambda: lin(x)))
             int8.append(timer(lambda: torch._weight_int8pack_mm(xb, q8, scales)))
     t, t8 = statistics.median(ours), statistics.median(int8)
-    return {"n": n, "k": k, "m": m, "type": lin.parts[0].qtype.name, "quant_ms": t * 1e3, "int8_ms": t8 * 1e3,
-            "vs_int8": t8 / t, "gmacs": m * n * k / t / 1e9, "weight_gbs": lin.nbytes / t / 1e9}
+    return {
+        "n": n,
+        "k": k,
+        "m": m,
+        "type": lin.parts[0].qtype.name,
+        "quant_ms": t * 1e3,
+        "int8_ms": t8 * 1e3,
+        "vs_int8": t8 / t,
+        "gmacs": m * n * k / t / 1e9,
+        "weight_gbs": lin.nbytes / t / 1e9,
+    }
 
 
 def types(spec: str) -> list[str]:

@@ -49,8 +49,9 @@ def drain(endpoint: str, stop, got) -> None:
         sub.setsockopt(zmq.LINGER, 0)
 
 
-def run(core: SchedulerCore, events: KVEvents | None, steps: int, concurrency: int, prompt_len: int,
-        start: int) -> tuple[float, float]:
+def run(
+    core: SchedulerCore, events: KVEvents | None, steps: int, concurrency: int, prompt_len: int, start: int
+) -> tuple[float, float]:
     """(output tok/s, CPU µs per output token) over `steps` steps with the batch kept full; `events` None: the
     flag off."""
     core.tree.events = events.recorder if events is not None else None
@@ -92,19 +93,27 @@ def main() -> None:
             run(core, events, 20, c, a.prompt_len, 0)  # warm up
             results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
             for r in range(a.rounds):
-                for on in ((True, False) if r % 2 else (False, True)):
+                for on in (True, False) if r % 2 else (False, True):
                     start = 1_000_000 * (2 * r + on + 1) + 100_000 * c
                     results[on].append(run(core, events if on else None, a.steps, c, a.prompt_len, start))
             pairs = list(zip(results[True], results[False]))
             tok = statistics.median(x[0] / y[0] for x, y in pairs)
             cpu = statistics.median(x[1] / y[1] for x, y in pairs)
             on, off = (statistics.median(x[0] for x in results[k]) for k in (True, False))
-            print(f"{a.model}, c={c}: {on:.1f} tok/s with KV events, {off:.1f} without; tok/s on/off {tok:.3f}, CPU "
-                  f"per output token on/off {cpu:.3f} (medians of the {a.rounds} rounds' ratios, each pair run back "
-                  f"to back, {a.steps} steps a run; tok/s per round on {[round(x[0]) for x in results[True]]}, off "
-                  f"{[round(x[0]) for x in results[False]]})")
-            doc["levels"][str(c)] = {"on_tok_s": on, "off_tok_s": off, "tok_s_ratio": tok, "cpu_per_token_ratio": cpu,
-                                     "on": results[True], "off": results[False]}
+            print(
+                f"{a.model}, c={c}: {on:.1f} tok/s with KV events, {off:.1f} without; tok/s on/off {tok:.3f}, CPU "
+                f"per output token on/off {cpu:.3f} (medians of the {a.rounds} rounds' ratios, each pair run back "
+                f"to back, {a.steps} steps a run; tok/s per round on {[round(x[0]) for x in results[True]]}, off "
+                f"{[round(x[0]) for x in results[False]]})"
+            )
+            doc["levels"][str(c)] = {
+                "on_tok_s": on,
+                "off_tok_s": off,
+                "tok_s_ratio": tok,
+                "cpu_per_token_ratio": cpu,
+                "on": results[True],
+                "off": results[False],
+            }
         print(f"events published {publisher.published}, dropped {publisher.dropped}, batches read {got.value}")
         doc.update(published=publisher.published, dropped=publisher.dropped)
     finally:

@@ -83,22 +83,27 @@ def main() -> None:
     for n in levels:
         rates: dict[str, list[float]] = {"off": [], "on": []}
         for r in range(a.rounds):
-            for arm in (("off", "on") if r % 2 == 0 else ("on", "off")):
-                rates[arm].append(decode_rate(core, prompts[:n], a.gen_len, 5 if arm == "on" else None,
-                                              f"{n}-{r}-{arm}"))
+            for arm in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                rates[arm].append(
+                    decode_rate(core, prompts[:n], a.gen_len, 5 if arm == "on" else None, f"{n}-{r}-{arm}")
+                )
         off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
         share = statistics.median(PHASE)
         doc["decode"][n] = {"tok_s_without": off, "tok_s_logprobs5": on, "ratio": on / off, "phase_share": share}
-        print(f"{a.model} c={n}: decode {off:.1f} tok/s without logprobs, {on:.1f} with logprobs=5: "
-              f"ratio {on / off:.3f} (cost {(1 - on / off) * 100:+.1f} %; medians of {a.rounds} rounds, per round "
-              f"off {[round(x, 1) for x in rates['off']]}, on {[round(x, 1) for x in rates['on']]}); the logprobs "
-              f"phase, timed in the step: median {share * 100:.1f} % of a decode step")
+        print(
+            f"{a.model} c={n}: decode {off:.1f} tok/s without logprobs, {on:.1f} with logprobs=5: "
+            f"ratio {on / off:.3f} (cost {(1 - on / off) * 100:+.1f} %; medians of {a.rounds} rounds, per round "
+            f"off {[round(x, 1) for x in rates['off']]}, on {[round(x, 1) for x in rates['on']]}); the logprobs "
+            f"phase, timed in the step: median {share * 100:.1f} % of a decode step"
+        )
         PHASE.clear()
     (prompt,) = make_prompts(loaded, 1, a.prefill_len, start=max(levels))
     costs = prefill_costs(core, prompt, a.rounds)
     doc["prefill_ms"] = costs
-    print(f"{a.model}, {a.prefill_len}-token prompt, ms to the first token (median of {a.rounds}): "
-          + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()))
+    print(
+        f"{a.model}, {a.prefill_len}-token prompt, ms to the first token (median of {a.rounds}): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in costs.items())
+    )
     if a.json:
         write_json(a.json, doc)
 

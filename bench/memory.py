@@ -49,8 +49,13 @@ def rss_mib(status: str) -> dict[str, float]:
 
 
 def baseline_mib(model_dir: Path) -> float:
-    res = subprocess.run([sys.executable, "-c", BASELINE, str(model_dir)], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).resolve().parent.parent)
+    res = subprocess.run(
+        [sys.executable, "-c", BASELINE, str(model_dir)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     return rss_mib(json.loads(res.stdout.strip().splitlines()[-1]))["VmRSS"]
 
 
@@ -67,11 +72,19 @@ def measure(model: str, mode: str, a: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         server = start_server(model, free_port(), Path(tmp) / "server.log", flags)
         try:
-            body = {"prompt": "The lighthouse keeper climbed the stairs every evening, and at the top he lit",
-                    "max_tokens": a.gen_len, "temperature": 0, "ignore_eos": True}
+            body = {
+                "prompt": "The lighthouse keeper climbed the stairs every evening, and at the top he lit",
+                "max_tokens": a.gen_len,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
             with ThreadPoolExecutor(a.concurrency) as pool:
-                codes = list(pool.map(lambda _: httpx.post(server.url + "/v1/completions", json=body,
-                                                           timeout=600).status_code, range(a.concurrency)))
+                codes = list(
+                    pool.map(
+                        lambda _: httpx.post(server.url + "/v1/completions", json=body, timeout=600).status_code,
+                        range(a.concurrency),
+                    )
+                )
             assert codes == [200] * a.concurrency, codes
             card = httpx.get(server.url + "/v1/models", timeout=10).json()["data"][0]
             pids = httpx.get(server.url + "/debug/state", timeout=10).json()["pids"]
@@ -97,11 +110,15 @@ def main(argv: list[str] | None = None) -> None:
     file_mib = gguf.stat().st_size / 2**20 if gguf.suffix == ".gguf" else None
     base = baseline_mib(model_dir)
     runs = [measure(a.model, mode, a) for mode in a.quantization.split(",")]
-    print(f"model {a.model} ({f'{file_mib:.1f} MiB GGUF' if file_mib else 'no GGUF'}), --max-total-tokens "
-          f"{a.max_total_tokens}, {a.concurrency} × {a.gen_len} tokens, {os.cpu_count()} CPUs; baseline process "
-          f"(imports + config) {base:.0f} MiB\n")
-    print("| mode (served as) | main MiB | detokenizer MiB | scheduler MiB (anon / file) | scheduler − baseline "
-          "| KV pool MiB | rest | rest ÷ file | goal ≤ 1.5 × file + KV |")
+    print(
+        f"model {a.model} ({f'{file_mib:.1f} MiB GGUF' if file_mib else 'no GGUF'}), --max-total-tokens "
+        f"{a.max_total_tokens}, {a.concurrency} × {a.gen_len} tokens, {os.cpu_count()} CPUs; baseline process "
+        f"(imports + config) {base:.0f} MiB\n"
+    )
+    print(
+        "| mode (served as) | main MiB | detokenizer MiB | scheduler MiB (anon / file) | scheduler − baseline "
+        "| KV pool MiB | rest | rest ÷ file | goal ≤ 1.5 × file + KV |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in runs:
         p, s = r["processes"], r["processes"]["scheduler"]
@@ -110,9 +127,11 @@ def main(argv: list[str] | None = None) -> None:
         r.update(baseline_mib=base, kv_pool_mib=kv, scheduler_own_mib=own, file_mib=file_mib)
         rest = own - kv
         verdict = "–" if not file_mib else ("met" if own <= 1.5 * file_mib + kv else "not met")
-        print(f"| {r['mode']} ({r['quantization']}, {r['dtype']}) | {p['main']['VmRSS']:.0f} | "
-              f"{p['detokenizer']['VmRSS']:.0f} | {s['VmRSS']:.0f} ({s['RssAnon']:.0f} / {s['RssFile']:.0f}) | "
-              f"{own:.0f} | {kv:.0f} | {rest:.0f} | {f'{rest / file_mib:.2f}×' if file_mib else '–'} | {verdict} |")
+        print(
+            f"| {r['mode']} ({r['quantization']}, {r['dtype']}) | {p['main']['VmRSS']:.0f} | "
+            f"{p['detokenizer']['VmRSS']:.0f} | {s['VmRSS']:.0f} ({s['RssAnon']:.0f} / {s['RssFile']:.0f}) | "
+            f"{own:.0f} | {kv:.0f} | {rest:.0f} | {f'{rest / file_mib:.2f}×' if file_mib else '–'} | {verdict} |"
+        )
     if a.json:
         write_json(a.json, {"model": a.model, "max_total_tokens": a.max_total_tokens, "runs": runs})
 

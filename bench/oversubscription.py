@@ -1,7 +1,7 @@
 """Decode step time with and without a CPU hog beside the engine (see docs/engine.md).
 
-    .venv/bin/python -m bench.oversubscription [--hog] [--model smollm2-135m]
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python -m bench.oversubscription --hog
+.venv/bin/python -m bench.oversubscription [--hog] [--model smollm2-135m]
+OMP_WAIT_POLICY=PASSIVE .venv/bin/python -m bench.oversubscription --hog
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ def main() -> None:
             steps.append(core.last_step.step_seconds * 1000)
     if hog:
         hog.kill()
-    print(f"hog={a.hog} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}: decode step median "
-          f"{statistics.median(steps):.0f} ms, max {max(steps):.0f} ms over {len(steps)} steps")
+    print(
+        f"hog={a.hog} OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}: decode step median "
+        f"{statistics.median(steps):.0f} ms, max {max(steps):.0f} ms over {len(steps)} steps"
+    )
 
 
 if __name__ == "__main__":

@@ -72,11 +72,17 @@ PEER_NAMES = ("transformers", *(f"llama-server-{t}" for t in GGUF_TYPES))
 SLOTS = 64  # llama-server's parallel sequences: the largest concurrency `make bench` sends
 PP_REPEATS = 3
 CMAKE_OPTIONS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_OPENSSL=OFF",  # LLAMA_CURL is gone in this llama.cpp (deprecated, no download support left)
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",  # no web UI, and no download of one at build time
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",  # no web UI, and no download of one at build time
 )
 LLAMA_TARGETS = ("llama-server", "llama-quantize", "llama-perplexity")
 CONVERT_REQUIREMENT = "sentencepiece==0.2.3"  # convert_hf_to_gguf.py imports it even for BPE vocabularies
@@ -106,8 +112,10 @@ class Peer:
 
 # ---------------------------------------------------------------- virtualenvs (transformers, the GGUF converter)
 
-def ensure_venv(home: Path, requirement: str, check_import: str = "", build_env: dict | None = None,
-                what: str = "") -> tuple[Path, float | None]:
+
+def ensure_venv(
+    home: Path, requirement: str, check_import: str = "", build_env: dict | None = None, what: str = ""
+) -> tuple[Path, float | None]:
     """(`home`/venv's python, install seconds or None when reused): made and installed once, the
     stamp holding what was installed; a failed step raises Skip quoting the install log."""
     what = what or home.name
@@ -118,6 +126,7 @@ def ensure_venv(home: Path, requirement: str, check_import: str = "", build_env:
     home.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log, "w") as fh:
+
         def step(argv: list[str], doing: str, env: dict | None = None) -> None:
             fh.write(f"$ {' '.join(argv)}\n")
             fh.flush()
@@ -130,8 +139,11 @@ def ensure_venv(home: Path, requirement: str, check_import: str = "", build_env:
         ours = Path(sysconfig.get_paths()["purelib"])
         (venv / ours.relative_to(sys.prefix) / "sightline-shared.pth").write_text(f"{ours}\n")
         print(f"{what}: installing {requirement} into {_rel(venv)} (log: {_rel(log)}) ...", flush=True)
-        step([str(py), "-m", "pip", "install", "--disable-pip-version-check", requirement],
-             f"pip install {requirement}", env={**os.environ, **(build_env or {})})
+        step(
+            [str(py), "-m", "pip", "install", "--disable-pip-version-check", requirement],
+            f"pip install {requirement}",
+            env={**os.environ, **(build_env or {})},
+        )
         if check_import:
             step([str(py), "-c", f"import {check_import}"], "importing the installed packages")
     stamp.write_text(requirement)
@@ -161,6 +173,7 @@ def _run_logged(argv: list[str], log: Path, doing: str, cwd: Path | None = None)
 
 # ---------------------------------------------------------------- transformers serve
 
+
 def transformers_model_dir() -> Path:
     """Our prepared fp32 safetensors directory of the bundled model, as `transformers serve`
     loads it: linked file by file beside the peer's venv, with `architectures` added to the
@@ -181,6 +194,7 @@ def transformers_model_dir() -> Path:
 
 # ---------------------------------------------------------------- llama.cpp: source, build, GGUF files
 
+
 def llama_tree() -> Path:
     """The llama.cpp tree vendored in the llama-cpp-python sdist, unpacked under results/."""
     return LLAMA_DIR / "src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}" / "vendor" / "llama.cpp"
@@ -192,6 +206,7 @@ def cpu_flags() -> str:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
         import platform
+
         return f"{platform.machine()} {platform.processor()}"
     first = {}
     for line in info.splitlines():
@@ -203,8 +218,10 @@ def cpu_flags() -> str:
 
 def build_stamp() -> str:
     """What a build depends on; a build whose stamp differs is redone from scratch."""
-    return (f"llama.cpp vendored in llama-cpp-python {LLAMA_CPP_VERSION}\ncmake {' '.join(CMAKE_OPTIONS)}\n"
-            f"targets {' '.join(LLAMA_TARGETS)}\ncpu {cpu_flags()}\n")
+    return (
+        f"llama.cpp vendored in llama-cpp-python {LLAMA_CPP_VERSION}\ncmake {' '.join(CMAKE_OPTIONS)}\n"
+        f"targets {' '.join(LLAMA_TARGETS)}\ncpu {cpu_flags()}\n"
+    )
 
 
 def fetch_llama_source(log: Path) -> Path:
@@ -216,10 +233,26 @@ def fetch_llama_source(log: Path) -> Path:
     src.mkdir(parents=True, exist_ok=True)
     sdist = src / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
     if not sdist.is_file():
-        print(f"llama-server: fetching the llama-cpp-python {LLAMA_CPP_VERSION} sdist (log: {_rel(log)}) ...",
-              flush=True)
-        _run_logged([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-binary", ":all:",
-                     "--no-deps", f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(src)], log, "pip download")
+        print(
+            f"llama-server: fetching the llama-cpp-python {LLAMA_CPP_VERSION} sdist (log: {_rel(log)}) ...", flush=True
+        )
+        _run_logged(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--disable-pip-version-check",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                f"llama-cpp-python=={LLAMA_CPP_VERSION}",
+                "-d",
+                str(src),
+            ],
+            log,
+            "pip download",
+        )
     with tarfile.open(sdist) as tar:
         tar.extractall(src, filter="data")
     if not (tree / "CMakeLists.txt").is_file():
@@ -242,11 +275,17 @@ def ensure_llama_server() -> tuple[Path, float | None]:
     if stamp.is_file():  # another version, other options or another CPU: nothing of the old build is kept
         print("llama-server: the build's stamp changed (version, options or CPU); rebuilding from scratch", flush=True)
         shutil.rmtree(build)
-    print(f"llama-server: building llama.cpp ({', '.join(LLAMA_TARGETS)}) with {os.cpu_count()} jobs "
-          f"(log: {_rel(log)}; about a quarter of an hour on 2 cores) ...", flush=True)
+    print(
+        f"llama-server: building llama.cpp ({', '.join(LLAMA_TARGETS)}) with {os.cpu_count()} jobs "
+        f"(log: {_rel(log)}; about a quarter of an hour on 2 cores) ...",
+        flush=True,
+    )
     _run_logged(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_OPTIONS], log, "cmake configure")
-    _run_logged(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 1), "--target", *LLAMA_TARGETS],
-                log, "cmake --build")
+    _run_logged(
+        ["cmake", "--build", str(build), "-j", str(os.cpu_count() or 1), "--target", *LLAMA_TARGETS],
+        log,
+        "cmake --build",
+    )
     stamp.write_text(want)
     seconds = round(time.monotonic() - t0, 1)
     print(f"llama-server: built in {seconds:.0f} s", flush=True)
@@ -295,16 +334,34 @@ def ensure_gguf(gguf_type: str, bindir: Path) -> tuple[Path, float | None]:
     log, t0 = LLAMA_DIR / "gguf.log", time.monotonic()
     tmp = out.with_suffix(".partial")
     if gguf_type == "F32":
-        py, _ = ensure_venv(LLAMA_DIR / "convert", CONVERT_REQUIREMENT, "sentencepiece, gguf, torch",
-                            what="llama-server (GGUF converter)")
+        py, _ = ensure_venv(
+            LLAMA_DIR / "convert",
+            CONVERT_REQUIREMENT,
+            "sentencepiece, gguf, torch",
+            what="llama-server (GGUF converter)",
+        )
         print(f"llama-server: converting {BUNDLED_MODEL} to GGUF F32 (log: {_rel(log)}) ...", flush=True)
-        _run_logged([str(py), str(llama_tree() / "convert_hf_to_gguf.py"), str(converter_model_dir()),
-                     "--outfile", str(tmp), "--outtype", "f32"], log, "convert_hf_to_gguf.py")
+        _run_logged(
+            [
+                str(py),
+                str(llama_tree() / "convert_hf_to_gguf.py"),
+                str(converter_model_dir()),
+                "--outfile",
+                str(tmp),
+                "--outtype",
+                "f32",
+            ],
+            log,
+            "convert_hf_to_gguf.py",
+        )
     else:
         f32, _ = ensure_gguf("F32", bindir)
         print(f"llama-server: quantizing to {gguf_type} (log: {_rel(log)}) ...", flush=True)
-        _run_logged([str(bindir / "llama-quantize"), str(f32), str(tmp), gguf_type, str(os.cpu_count() or 1)],
-                    log, f"llama-quantize {gguf_type}")
+        _run_logged(
+            [str(bindir / "llama-quantize"), str(f32), str(tmp), gguf_type, str(os.cpu_count() or 1)],
+            log,
+            f"llama-quantize {gguf_type}",
+        )
     tmp.rename(out)
     return out, round(time.monotonic() - t0, 1)
 
@@ -322,9 +379,27 @@ def llama_server_command(bindir: Path, port: int, seq_tokens: int, gguf_type: st
     prompt batches, a context of SLOTS × `seq_tokens` (every slot fits a whole request),
     no web UI."""
     cores = str(os.cpu_count() or 1)
-    return [str(bindir / "llama-server"), "-m", str(gguf_path(gguf_type)), "--host", "127.0.0.1",
-            "--port", str(port), "-np", str(SLOTS), "--cont-batching", "-t", cores, "-tb", cores,
-            "-c", str(SLOTS * seq_tokens), "--no-webui", "--alias", f"{BUNDLED_MODEL}-{gguf_type}"]
+    return [
+        str(bindir / "llama-server"),
+        "-m",
+        str(gguf_path(gguf_type)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-np",
+        str(SLOTS),
+        "--cont-batching",
+        "-t",
+        cores,
+        "-tb",
+        cores,
+        "-c",
+        str(SLOTS * seq_tokens),
+        "--no-webui",
+        "--alias",
+        f"{BUNDLED_MODEL}-{gguf_type}",
+    ]
 
 
 def make_peers() -> list[Peer]:
@@ -340,12 +415,27 @@ def make_peers() -> list[Peer]:
             precision="float32",
             pair="float32",
             requirement=tf_req,
-            prepare=lambda: ensure_venv(tf_home, tf_req, "fastapi, uvicorn, transformers.cli.serving.server",
-                                        what="transformers"),
+            prepare=lambda: ensure_venv(
+                tf_home, tf_req, "fastapi, uvicorn, transformers.cli.serving.server", what="transformers"
+            ),
             command=lambda py, port, _seq: [
-                str(py), "-m", "transformers.cli.transformers", "serve", str(transformers_model_dir()),
-                "--continuous-batching", "--dtype", "float32", "--device", "cpu",
-                "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+                str(py),
+                "-m",
+                "transformers.cli.transformers",
+                "serve",
+                str(transformers_model_dir()),
+                "--continuous-batching",
+                "--dtype",
+                "float32",
+                "--device",
+                "cpu",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
             # A request's `generation_config` replaces the model's, whose eos_token_id it leaves out.
             ignore_eos=lambda n: {"generation_config": json.dumps({"max_new_tokens": n, "do_sample": False})},
             health_path="/health",
@@ -353,25 +443,28 @@ def make_peers() -> list[Peer]:
         ),
     ]
     for t in GGUF_TYPES:
-        peers.append(Peer(
-            name=f"llama-server-{t}",
-            label="llama-server",
-            precision=f"GGUF {t}" + (" (bundled)" if t == "Q4_1" else ""),
-            pair="float32" if t == "F32" else f"GGUF {t}",  # ours on the same file beside it
-            requirement=f"llama.cpp vendored in llama-cpp-python {LLAMA_CPP_VERSION}",
-            prepare=lambda t=t: prepare_llama_server(t),
-            command=lambda bindir, port, seq, t=t: llama_server_command(bindir, port, seq, t),
-            # Its sampler's penalties are off by default (repeat_penalty 1.0): temperature 0 is greedy.
-            ignore_eos=lambda n: {"ignore_eos": True},
-            health_path="/health",  # 503 while the model loads, 200 once it serves
-            home=LLAMA_DIR,
-            log_name=f"server-{t}.log",
-            retry_args=("--no-repack",),
-        ))
+        peers.append(
+            Peer(
+                name=f"llama-server-{t}",
+                label="llama-server",
+                precision=f"GGUF {t}" + (" (bundled)" if t == "Q4_1" else ""),
+                pair="float32" if t == "F32" else f"GGUF {t}",  # ours on the same file beside it
+                requirement=f"llama.cpp vendored in llama-cpp-python {LLAMA_CPP_VERSION}",
+                prepare=lambda t=t: prepare_llama_server(t),
+                command=lambda bindir, port, seq, t=t: llama_server_command(bindir, port, seq, t),
+                # Its sampler's penalties are off by default (repeat_penalty 1.0): temperature 0 is greedy.
+                ignore_eos=lambda n: {"ignore_eos": True},
+                health_path="/health",  # 503 while the model loads, 200 once it serves
+                home=LLAMA_DIR,
+                log_name=f"server-{t}.log",
+                retry_args=("--no-repack",),
+            )
+        )
     return peers
 
 
 # ---------------------------------------------------------------- running a server
+
 
 class PeerServer:
     """The peer's server on a free loopback port, healthy on return; its log in the peer's home."""
@@ -389,8 +482,11 @@ class PeerServer:
         except Skip:
             if not peer.retry_args or self.died_of is None or self.died_of >= 0:
                 raise
-            print(f"{peer.name}: its server died of signal {-self.died_of} on startup; "
-                  f"starting it again with {' '.join(peer.retry_args)}", flush=True)
+            print(
+                f"{peer.name}: its server died of signal {-self.died_of} on startup; "
+                f"starting it again with {' '.join(peer.retry_args)}",
+                flush=True,
+            )
             self._start(peer, argv + list(peer.retry_args), startup_s)
 
     def _start(self, peer: Peer, argv: list[str], startup_s: float) -> None:
@@ -399,15 +495,18 @@ class PeerServer:
         # No LLAMA_ARG_* from our environment: llama-server reads its flags from them too (--host among them).
         env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_ARG_")}
         env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
-        self.proc = subprocess.Popen(self.argv, cwd=peer.home, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            self.argv, cwd=peer.home, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         deadline = time.monotonic() + startup_s
         while True:
             if self.proc.poll() is not None:
                 self.died_of = self.proc.returncode
                 self.stop()
-                raise Skip(f"its server exited with {self.proc.returncode} on startup "
-                           f"(log: {_rel(self.log_path)}): {_last_line(self.log_path)}")
+                raise Skip(
+                    f"its server exited with {self.proc.returncode} on startup "
+                    f"(log: {_rel(self.log_path)}): {_last_line(self.log_path)}"
+                )
             try:
                 if httpx.get(self.url + peer.health_path, timeout=2).status_code == 200:
                     return
@@ -415,8 +514,7 @@ class PeerServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise Skip(f"its server was not healthy within {startup_s:g} s "
-                           f"(log: {_rel(self.log_path)})")
+                raise Skip(f"its server was not healthy within {startup_s:g} s (log: {_rel(self.log_path)})")
             time.sleep(0.5)
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -431,6 +529,7 @@ class PeerServer:
 
 
 # ---------------------------------------------------------------- the workload
+
 
 def _tokenizer_ns():
     tok, _ = load_tokenizer(BUNDLED_MODEL)
@@ -475,11 +574,16 @@ def pp_summary(ttft: list[float], pp_len: int) -> dict:
     return {"prompt_tokens": pp_len, "ttft": ttft, "ttft_p50_ms": p50, "tok_s": 1000 * pp_len / p50}
 
 
-def run_peer(peer: Peer, prompts: dict[int, list[str]], gen_len: int, pp_text: list[str], pp_len: int,
-             seq_tokens: int) -> dict:
+def run_peer(
+    peer: Peer, prompts: dict[int, list[str]], gen_len: int, pp_text: list[str], pp_len: int, seq_tokens: int
+) -> dict:
     """The peer's rows ({concurrency: bench.http result}) and its pp, or {"skipped": reason}."""
-    record: dict = {"label": peer.label, "precision": peer.precision, "pair": peer.pair,
-                    "requirement": peer.requirement}
+    record: dict = {
+        "label": peer.label,
+        "precision": peer.precision,
+        "pair": peer.pair,
+        "requirement": peer.requirement,
+    }
     server = None
     try:
         prepared, record["install_s"] = peer.prepare()
@@ -542,11 +646,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument("--pp-len", type=int, default=512, help="prompt tokens of the pp measurement (0: none)")
-    ap.add_argument("--peers", default=",".join(PEER_NAMES),
-                    help=f"comma-separated, of {', '.join(PEER_NAMES)}; `llama-server` means all four of it")
+    ap.add_argument(
+        "--peers",
+        default=",".join(PEER_NAMES),
+        help=f"comma-separated, of {', '.join(PEER_NAMES)}; `llama-server` means all four of it",
+    )
     ap.add_argument("--install-only", action="store_true", help="build / install the peers and stop")
-    ap.add_argument("--gguf-path", metavar="TYPE", choices=GGUF_TYPES,
-                    help="make llama-server's GGUF file of TYPE if missing, print its path and stop")
+    ap.add_argument(
+        "--gguf-path",
+        metavar="TYPE",
+        choices=GGUF_TYPES,
+        help="make llama-server's GGUF file of TYPE if missing, print its path and stop",
+    )
     ap.add_argument("--skip-peers", action="store_true", help="run nothing; record every peer as skipped")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args(argv)
@@ -599,8 +710,15 @@ def main(argv: list[str] | None = None) -> None:
         if pp_ids:
             for pair in sorted({p.pair for p in peers}):
                 ours[pair] = run_our_pp(pair, pp_ids, a.pp_len)
-    doc = {"model": BUNDLED_MODEL, "prompt_len": a.prompt_len, "gen_len": a.gen_len, "pp_len": a.pp_len,
-           "cpus": os.cpu_count(), "peers": results, "sightline_pp": ours}
+    doc = {
+        "model": BUNDLED_MODEL,
+        "prompt_len": a.prompt_len,
+        "gen_len": a.gen_len,
+        "pp_len": a.pp_len,
+        "cpus": os.cpu_count(),
+        "peers": results,
+        "sightline_pp": ours,
+    }
     if a.json:
         write_json(a.json, doc)
     print()

@@ -37,7 +37,7 @@ def corpus() -> str:
 def chunks(tokens: list[int], ctx: int, n: int, bos: int | None) -> list[list[int]]:
     out = []
     for i in range(min(n, len(tokens) // ctx)):
-        chunk = tokens[i * ctx:(i + 1) * ctx]
+        chunk = tokens[i * ctx : (i + 1) * ctx]
         out.append([bos, *chunk[1:]] if bos is not None else chunk)
     return out
 
@@ -52,17 +52,34 @@ def ours(path: Path, text: str, ctx: int, n: int) -> tuple[float, int]:
     nll, count, first = 0.0, 0, ctx // 2
     parts = chunks(tokens, ctx, n, bos)
     for chunk in parts:
-        logp = torch.log_softmax(all_logits(runner, chunk)[first:ctx - 1].double(), dim=-1)
-        nll -= logp.gather(1, torch.tensor(chunk[first + 1:ctx])[:, None]).sum().item()
+        logp = torch.log_softmax(all_logits(runner, chunk)[first : ctx - 1].double(), dim=-1)
+        nll -= logp.gather(1, torch.tensor(chunk[first + 1 : ctx])[:, None]).sum().item()
         count += ctx - 1 - first
     return math.exp(nll / count), len(parts)
 
 
 def llama(bindir: Path, path: Path, text_file: Path, ctx: int, n: int) -> tuple[float, int]:
     """(perplexity, chunks scored) from llama-perplexity's own output."""
-    res = subprocess.run([str(bindir / "llama-perplexity"), "-m", str(path), "-f", str(text_file), "-c", str(ctx),
-                          "--chunks", str(n), "-b", str(ctx), "-t", str(max(1, len(_cores())))],
-                         capture_output=True, text=True, timeout=1800)
+    res = subprocess.run(
+        [
+            str(bindir / "llama-perplexity"),
+            "-m",
+            str(path),
+            "-f",
+            str(text_file),
+            "-c",
+            str(ctx),
+            "--chunks",
+            str(n),
+            "-b",
+            str(ctx),
+            "-t",
+            str(max(1, len(_cores()))),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     out = res.stdout + res.stderr
     final = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
     scored = re.search(r"calculating perplexity over (\d+) chunks", out)
@@ -101,8 +118,9 @@ def main(argv: list[str] | None = None) -> None:
             ppl, n_tok = ours(path, text, a.ctx, a.chunks)
             ref, ref_tok = llama(bindir, path, text_file, a.ctx, a.chunks) if bindir else (float("nan"), -1)
             rows.append((t, ppl, ref, n_tok, ref_tok))
-            print(f"{t}: sightline {ppl:.4f} ({n_tok} chunks), llama-perplexity {ref:.4f} ({ref_tok} chunks)",
-                  flush=True)
+            print(
+                f"{t}: sightline {ppl:.4f} ({n_tok} chunks), llama-perplexity {ref:.4f} ({ref_tok} chunks)", flush=True
+            )
     f32 = next((r[1] for r in rows if r[0] == "F32"), None)
     print(f"\n{a.chunks} chunks of {a.ctx} tokens of docs/*.md, the second half of each scored\n")
     print("| file | sightline PPL | llama-perplexity PPL | sightline ÷ llama.cpp | sightline ÷ F32 (ours) |")

@@ -66,16 +66,20 @@ def main() -> None:
     run(core, True, 50, a.concurrency, 0)  # warm up
     results: dict[bool, list[float]] = {True: [], False: []}
     for r in range(a.rounds):
-        for on in ((True, False) if r % 2 else (False, True)):
+        for on in (True, False) if r % 2 else (False, True):
             results[on].append(run(core, on, a.steps, a.concurrency, 10_000 * (2 * r + on + 1)))
     on, off = statistics.median(results[True]), statistics.median(results[False])
-    print(f"{a.model}, c={a.concurrency}: step {on:.3f} ms with decode gaps + step ring, {off:.3f} ms without "
-          f"({(on - off) / off * 100:+.1f} %; medians of {a.rounds} rounds of {a.steps} steps, per round: "
-          f"on {[round(x, 3) for x in results[True]]}, off {[round(x, 3) for x in results[False]]})")
+    print(
+        f"{a.model}, c={a.concurrency}: step {on:.3f} ms with decode gaps + step ring, {off:.3f} ms without "
+        f"({(on - off) / off * 100:+.1f} %; medians of {a.rounds} rounds of {a.steps} steps, per round: "
+        f"on {[round(x, 3) for x in results[True]]}, off {[round(x, 3) for x in results[False]]})"
+    )
     alone = statistics.median(BOOKKEEPING)
     mean = statistics.mean(BOOKKEEPING)
-    print(f"the bookkeeping itself, timed alone: median {alone * 1e6:.1f} µs, mean {mean * 1e6:.1f} µs per step"
-          f" ({alone * 1e3 / off * 100:.2f} % of the step)")
+    print(
+        f"the bookkeeping itself, timed alone: median {alone * 1e6:.1f} µs, mean {mean * 1e6:.1f} µs per step"
+        f" ({alone * 1e3 / off * 100:.2f} % of the step)"
+    )
 
 
 if __name__ == "__main__":

@@ -43,23 +43,46 @@ from serving.engine.request import Req
 from serving.engine.scheduler_core import SchedulerCore
 from telemetry.buckets import DEFAULT_BUCKETS
 
-ITEM = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 24}, "qty": {"type": "integer", "minimum": 0, "maximum": 10000},
-    "price": {"type": "number", "minimum": 0, "maximum": 1000},
-    "tags": {"type": "array", "items": {"enum": ["new", "used", "sale", "gift"]}, "maxItems": 3}},
-    "required": ["name", "qty", "price", "tags"], "additionalProperties": False}
-SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "items": ITEM, "minItems": 20}},
-          "required": ["items"], "additionalProperties": False}
+ITEM = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "qty": {"type": "integer", "minimum": 0, "maximum": 10000},
+        "price": {"type": "number", "minimum": 0, "maximum": 1000},
+        "tags": {"type": "array", "items": {"enum": ["new", "used", "sale", "gift"]}, "maxItems": 3},
+    },
+    "required": ["name", "qty", "price", "tags"],
+    "additionalProperties": False,
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"items": {"type": "array", "items": ITEM, "minItems": 20}},
+    "required": ["items"],
+    "additionalProperties": False,
+}
 SCHEMAS = {
-    "flat": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
-                                              "size": {"type": "integer", "minimum": 1, "maximum": 9}},
-             "required": ["color", "size"]},
-    "nested": {"type": "object", "properties": {"user": ITEM, "friends": {"type": "array", "items": ITEM,
-                                                                         "maxItems": 5}}, "required": ["user"]},
-    "patterns": {"type": "object", "properties": {
-        "email": {"type": "string", "pattern": "^[a-z0-9.]{1,20}@[a-z]{2,12}\\.(com|org|net)$"},
-        "phone": {"type": "string", "pattern": "^\\+?[0-9]{2,3}-[0-9]{3}-[0-9]{4}$"},
-        "when": {"type": "string", "format": "date-time"}}, "required": ["email", "phone", "when"]},
+    "flat": {
+        "type": "object",
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "integer", "minimum": 1, "maximum": 9},
+        },
+        "required": ["color", "size"],
+    },
+    "nested": {
+        "type": "object",
+        "properties": {"user": ITEM, "friends": {"type": "array", "items": ITEM, "maxItems": 5}},
+        "required": ["user"],
+    },
+    "patterns": {
+        "type": "object",
+        "properties": {
+            "email": {"type": "string", "pattern": "^[a-z0-9.]{1,20}@[a-z]{2,12}\\.(com|org|net)$"},
+            "phone": {"type": "string", "pattern": "^\\+?[0-9]{2,3}-[0-9]{3}-[0-9]{4}$"},
+            "when": {"type": "string", "format": "date-time"},
+        },
+        "required": ["email", "phone", "when"],
+    },
     "records": SCHEMA,
 }
 PHASE: dict[str, list[float]] = {}  # per arm, the decode steps' share of time in the grammar phase
@@ -73,13 +96,19 @@ def json_so(schema: dict) -> StructuredOutput:
     return StructuredOutput(kind="json_schema", spec=json.dumps(schema))
 
 
-def decode_rate(core: SchedulerCore, prompts: list[list[int]], gen_len: int, temperature: float, grammar_rows: int,
-                tag: str) -> float:
+def decode_rate(
+    core: SchedulerCore, prompts: list[list[int]], gen_len: int, temperature: float, grammar_rows: int, tag: str
+) -> float:
     """Output tokens/s over the steps where every request decodes (prefill steps are not timed), the first
     `grammar_rows` requests with `SCHEMA`; each step's time is kept too (`STEP_MS`)."""
     for i, p in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=gen_len, temperature=temperature, seed=i, ignore_eos=True,
-                                structured=json_so(SCHEMA) if i < grammar_rows else None)
+        params = SamplingParams(
+            max_new_tokens=gen_len,
+            temperature=temperature,
+            seed=i,
+            ignore_eos=True,
+            structured=json_so(SCHEMA) if i < grammar_rows else None,
+        )
         core.add_request(f"{tag}-{i}", p, params)
     while core.num_waiting or any(not r.prefill_done for r in core.running):
         core.step()
@@ -113,8 +142,12 @@ def compile_times(loaded, core: SchedulerCore, rounds: int) -> dict[str, dict[st
         g.tokenizer()
         out["tokenizer"]["build"].append(time.perf_counter() - t0)
         for name, schema in SCHEMAS.items():
-            req = Req(rid=f"c{r}{name}", input_ids=[1], params=SamplingParams(structured=json_so(schema)),
-                      generator=torch.Generator())
+            req = Req(
+                rid=f"c{r}{name}",
+                input_ids=[1],
+                params=SamplingParams(structured=json_so(schema)),
+                generator=torch.Generator(),
+            )
             t0 = time.perf_counter()
             req.grammar = g.start(req, 0)
             g.wait(60.0)
@@ -131,13 +164,14 @@ def compile_times(loaded, core: SchedulerCore, rounds: int) -> dict[str, dict[st
     return {k: {kk: statistics.median(v) * 1e3 for kk, v in d.items()} for k, d in out.items()}
 
 
-def fill_ways(core: SchedulerCore, prompts: list[list[int]], gen_len: int, temperature: float, rounds: int
-              ) -> dict[str, float]:
+def fill_ways(
+    core: SchedulerCore, prompts: list[list[int]], gen_len: int, temperature: float, rounds: int
+) -> dict[str, float]:
     """Median ms of the grammar phase per decode step with every row json_schema, the masks filled by
     llguidance's thread pool (one call) or one call per row (`Grammars.parallel_fill`), alternating."""
     times: dict[str, list[float]] = {"parallel": [], "per_row": []}
     for r in range(rounds):
-        for way in (("parallel", "per_row") if r % 2 else ("per_row", "parallel")):
+        for way in ("parallel", "per_row") if r % 2 else ("per_row", "parallel"):
             core.grammar.parallel_fill = way == "parallel"
             decode_rate(core, prompts, gen_len, temperature, len(prompts), f"fill-{r}-{way}")
             times[way].append(statistics.median(GRAMMAR_MS))
@@ -156,30 +190,43 @@ def main() -> None:
     for n in levels:
         rates: dict[str, list[float]] = {"free": [], "json": []}
         for r in range(a.rounds):
-            for arm in (("free", "json") if r % 2 == 0 else ("json", "free")):
-                rates[arm].append(decode_rate(core, prompts[:n], a.gen_len, a.temperature,
-                                              n if arm == "json" else 0, f"{n}-{r}-{arm}"))
+            for arm in ("free", "json") if r % 2 == 0 else ("json", "free"):
+                rates[arm].append(
+                    decode_rate(
+                        core, prompts[:n], a.gen_len, a.temperature, n if arm == "json" else 0, f"{n}-{r}-{arm}"
+                    )
+                )
         if n > 1:
             decode_rate(core, prompts[:n], a.gen_len, a.temperature, 1, f"{n}-one")
         free, js = statistics.median(rates["free"]), statistics.median(rates["json"])
         share, one = statistics.median(PHASE["json"]), statistics.median(PHASE.get("one", [0.0]))
         step_free, step_json = statistics.median(STEP_MS["free"]), statistics.median(STEP_MS["json"])
         cpu_free, cpu_json = statistics.median(CPU_MS["free"]), statistics.median(CPU_MS["json"])
-        doc["decode"][n] = {"tok_s_free": free, "tok_s_json": js, "ratio": js / free, "grammar_phase_share": share,
-                            "grammar_phase_share_one_row": one if n > 1 else None,
-                            "median_step_ms_free": step_free, "median_step_ms_json": step_json,
-                            "median_step_ratio": step_free / step_json,
-                            "median_step_cpu_ms_free": cpu_free, "median_step_cpu_ms_json": cpu_json,
-                            "median_step_cpu_ratio": cpu_free / cpu_json,
-                            "median_phase_ms": {arm: {p: round(statistics.median(v), 3) for p, v in d.items()}
-                                                for arm, d in PHASE_MS.items()},
-                            "rounds": {k: [round(x, 1) for x in v] for k, v in rates.items()}}
-        print(f"{a.model} c={n}: decode {free:.1f} tok/s free text, {js:.1f} json_schema: ratio {js / free:.3f} "
-              f"(medians of {a.rounds} rounds, per round free {doc['decode'][n]['rounds']['free']}, json "
-              f"{doc['decode'][n]['rounds']['json']}); median decode step {step_free:.2f} ms free, {step_json:.2f} "
-              f"ms json_schema: ratio {step_free / step_json:.3f} (CPU time {cpu_free:.2f} vs {cpu_json:.2f} ms: ratio "
-              f"{cpu_free / cpu_json:.3f}); the grammar phase: median {share * 100:.1f} % of "
-              f"a decode step" + (f", {one * 100:.1f} % with one json_schema row among {n}" if n > 1 else ""))
+        doc["decode"][n] = {
+            "tok_s_free": free,
+            "tok_s_json": js,
+            "ratio": js / free,
+            "grammar_phase_share": share,
+            "grammar_phase_share_one_row": one if n > 1 else None,
+            "median_step_ms_free": step_free,
+            "median_step_ms_json": step_json,
+            "median_step_ratio": step_free / step_json,
+            "median_step_cpu_ms_free": cpu_free,
+            "median_step_cpu_ms_json": cpu_json,
+            "median_step_cpu_ratio": cpu_free / cpu_json,
+            "median_phase_ms": {
+                arm: {p: round(statistics.median(v), 3) for p, v in d.items()} for arm, d in PHASE_MS.items()
+            },
+            "rounds": {k: [round(x, 1) for x in v] for k, v in rates.items()},
+        }
+        print(
+            f"{a.model} c={n}: decode {free:.1f} tok/s free text, {js:.1f} json_schema: ratio {js / free:.3f} "
+            f"(medians of {a.rounds} rounds, per round free {doc['decode'][n]['rounds']['free']}, json "
+            f"{doc['decode'][n]['rounds']['json']}); median decode step {step_free:.2f} ms free, {step_json:.2f} "
+            f"ms json_schema: ratio {step_free / step_json:.3f} (CPU time {cpu_free:.2f} vs {cpu_json:.2f} ms: ratio "
+            f"{cpu_free / cpu_json:.3f}); the grammar phase: median {share * 100:.1f} % of "
+            f"a decode step" + (f", {one * 100:.1f} % with one json_schema row among {n}" if n > 1 else "")
+        )
         PHASE.clear()
         GRAMMAR_MS.clear()
         print(f"  median phases, ms: {doc['decode'][n]['median_phase_ms']}")
@@ -187,13 +234,17 @@ def main() -> None:
         PHASE_MS.clear()
         CPU_MS.clear()
     doc["compile_ms"] = compile_times(loaded, core, a.rounds)
-    print(f"{a.model} grammar compile, ms (median of {a.rounds}): " + "; ".join(
-        f"{k} " + ", ".join(f"{kk} {v:.3f}" for kk, v in d.items()) for k, d in doc["compile_ms"].items()))
+    print(
+        f"{a.model} grammar compile, ms (median of {a.rounds}): "
+        + "; ".join(f"{k} " + ", ".join(f"{kk} {v:.3f}" for kk, v in d.items()) for k, d in doc["compile_ms"].items())
+    )
     n = max(levels)
     doc["grammar_phase_ms_by_fill"] = fill = fill_ways(core, prompts[:n], a.gen_len, a.temperature, a.rounds)
-    print(f"{a.model} c={n} json_schema: the grammar phase, ms per decode step (median of {a.rounds} rounds' "
-          f"medians), masks filled by llguidance's thread pool {fill['parallel']:.3f}, one call per row "
-          f"{fill['per_row']:.3f} (the engine's: {'thread pool' if PARALLEL_FILL else 'per row'})")
+    print(
+        f"{a.model} c={n} json_schema: the grammar phase, ms per decode step (median of {a.rounds} rounds' "
+        f"medians), masks filled by llguidance's thread pool {fill['parallel']:.3f}, one call per row "
+        f"{fill['per_row']:.3f} (the engine's: {'thread pool' if PARALLEL_FILL else 'per row'})"
+    )
     if a.json:
         write_json(a.json, doc)
 

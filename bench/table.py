@@ -30,9 +30,11 @@ from pathlib import Path
 from bench.common import summary
 from bench.embeddings import embedding_lines
 
-HEAD = ("| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
-        "| ITL p99 ms |\n"
-        "|---|---:|---|---|---:|---:|---:|---:|---:|")
+HEAD = (
+    "| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
+    "| ITL p99 ms |\n"
+    "|---|---:|---|---|---:|---:|---:|---:|---:|"
+)
 GGUF_PAIRS = ("GGUF Q8_0", "GGUF Q4_K_M", "GGUF Q4_1")
 PAIR_ORDER = ("float32", *GGUF_PAIRS, "int8")
 HTTP = "sightline HTTP"
@@ -76,17 +78,33 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
 
     def add(pair, n, rank, server, precision, tok_s, s=None, ttft=None):
         pp = n == "pp"
-        rows.append((pair, float("inf") if pp else int(n), pp_cell if pp else str(n), rank, server, precision, tok_s,
-                     s["ttft_p50_ms"] if s else ttft, s["itl_p50_ms"] if s else None,
-                     s["itl_p99_ms"] if s else None))
+        rows.append(
+            (
+                pair,
+                float("inf") if pp else int(n),
+                pp_cell if pp else str(n),
+                rank,
+                server,
+                precision,
+                tok_s,
+                s["ttft_p50_ms"] if s else ttft,
+                s["itl_p50_ms"] if s else None,
+                s["itl_p99_ms"] if s else None,
+            )
+        )
 
     if engine:
-        notes.append(f"engine (in-process, no HTTP, no streaming: output tok/s only): {engine['prompt_len']}-token "
-                     f"prompts, {engine['gen_len']} new tokens per request")
+        notes.append(
+            f"engine (in-process, no HTTP, no streaming: output tok/s only): {engine['prompt_len']}-token "
+            f"prompts, {engine['gen_len']} new tokens per request"
+        )
         for r in engine["rows"]:
             attention, linear = r.get("attention", "auto"), r.get("linear", "auto")
-            precision = r["mode"] + ("" if attention == "auto" else f", {attention} attention") + \
-                ("" if linear == "auto" else f", {linear} linear")
+            precision = (
+                r["mode"]
+                + ("" if attention == "auto" else f", {attention} attention")
+                + ("" if linear == "auto" else f", {linear} linear")
+            )
             pair = "GGUF Q4_1" if r["mode"] == "gguf" else r["mode"]  # bench.engine serves the bundled file
             add(pair, r["concurrency"], 0, "sightline engine, in-process", precision, r["out_tok_s"])
     http_pairs = {}
@@ -105,8 +123,10 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
     if peers is None:
         notes.append("peers: no peers.json (run `python -m bench.peers`); no peer rows")
     else:
-        notes.append(f"peers: {peers['prompt_len']}-token prompts, {peers['gen_len']} new tokens per request"
-                     + (f", {peers.get('cpus')} CPUs" if peers.get("cpus") else ""))
+        notes.append(
+            f"peers: {peers['prompt_len']}-token prompts, {peers['gen_len']} new tokens per request"
+            + (f", {peers.get('cpus')} CPUs" if peers.get("cpus") else "")
+        )
         for pair, r in (peers.get("sightline_pp") or {}).items():
             flags = ([Path(r["model"]).name] if r.get("model") else []) + (r.get("server_args") or [])
             label = http_pairs.get(pair, HTTP + f" ({' '.join(flags)})")
@@ -130,9 +150,11 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
             if p.get("command") and p["label"] == "llama-server" and not commands:
                 commands.append(" ".join(Path(x).name if "/" in x else x for x in p["command"].split()))
         if peers.get("pp_len"):
-            notes.append(f"pp rows: one {peers['pp_len']}-token prompt at a time, max_tokens 1, each server warmed "
-                         f"up: output tok/s column = prompt tokens ÷ TTFT p50 (of {len(_any_pp(peers)) or '?'} "
-                         "prompts new to the server)")
+            notes.append(
+                f"pp rows: one {peers['pp_len']}-token prompt at a time, max_tokens 1, each server warmed "
+                f"up: output tok/s column = prompt tokens ÷ TTFT p50 (of {len(_any_pp(peers)) or '?'} "
+                "prompts new to the server)"
+            )
         notes += [f"llama-server command: {c}" for c in commands]
     pairs_seen = {r[0] for r in rows}
     for pair in sorted(pairs_seen - set(http_pairs), key=_pair_key):
@@ -146,14 +168,23 @@ def render(engine: dict | None, https: list[dict], peers: dict | None) -> str:
     for r in sorted(rows, key=lambda r: (_pair_key(r[0]), r[1], r[3])):
         ref = base.get((r[0], r[2]))
         ratio = f"{r[6] / ref:.2f}×" if ref else "–"
-        lines.append(f"| {r[0]} | {r[2]} | {r[4]} | {r[5]} | {r[6]:.1f} | {ratio} | {_fmt(r[7], 0)} | "
-                     f"{_fmt(r[8], 1)} | {_fmt(r[9], 1)} |")
+        lines.append(
+            f"| {r[0]} | {r[2]} | {r[4]} | {r[5]} | {r[6]:.1f} | {ratio} | {_fmt(r[7], 0)} | "
+            f"{_fmt(r[8], 1)} | {_fmt(r[9], 1)} |"
+        )
     return "\n".join(lines + [""] + notes)
 
 
 # bits per weight a decode step reads, by the precision column of a row (GGUF types: llama.cpp's nominal sizes)
-BITS = {"float32": 32.0, "GGUF F32": 32.0, "bfloat16": 16.0, "bfloat16+int8": 8.0, "GGUF Q8_0": 8.5,
-        "GGUF Q4_K_M": 4.85, "GGUF Q4_1": 5.0}
+BITS = {
+    "float32": 32.0,
+    "GGUF F32": 32.0,
+    "bfloat16": 16.0,
+    "bfloat16+int8": 8.0,
+    "GGUF Q8_0": 8.5,
+    "GGUF Q4_K_M": 4.85,
+    "GGUF Q4_1": 5.0,
+}
 PAIR_BITS = {"GGUF Q8_0": 8.5, "GGUF Q4_K_M": 4.85, "GGUF Q4_1": 5.0}  # our rows of a GGUF pair read the file's bits
 
 
@@ -164,8 +195,10 @@ def roofline(kernels: dict | None, table: str) -> list[str]:
     if not kernels or not kernels.get("linear_params"):
         return ["roofline: no kernels.json with linear_params (run `python -m bench.kernels --json ...`)"]
     roof, params = kernels["roofline"], kernels["linear_params"]
-    out = [f"roofline ({kernels['cpu']}, {kernels['threads']} threads): memory {roof['bandwidth_gbs']:.1f} GB/s, "
-           f"fp32 matmul peak {roof['gemm_gflops']:.0f} GFLOP/s; {params / 1e6:.1f} M weights per token"]
+    out = [
+        f"roofline ({kernels['cpu']}, {kernels['threads']} threads): memory {roof['bandwidth_gbs']:.1f} GB/s, "
+        f"fp32 matmul peak {roof['gemm_gflops']:.0f} GFLOP/s; {params / 1e6:.1f} M weights per token"
+    ]
     for line in table.splitlines()[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) < 5 or cells[1] not in ("1", "64") or cells[2].startswith("sightline engine"):
@@ -174,12 +207,16 @@ def roofline(kernels: dict | None, table: str) -> list[str]:
         bits = BITS.get(cells[3].split(" (")[0]) or PAIR_BITS.get(cells[0])
         if cells[1] == "1" and bits:
             gbs = tok_s * params * bits / 8 / 1e9
-            out.append(f"  c=1 {cells[2]} ({cells[3]}): {gbs:.1f} GB/s of weights, "
-                       f"{100 * gbs / roof['bandwidth_gbs']:.0f} % of the bandwidth")
+            out.append(
+                f"  c=1 {cells[2]} ({cells[3]}): {gbs:.1f} GB/s of weights, "
+                f"{100 * gbs / roof['bandwidth_gbs']:.0f} % of the bandwidth"
+            )
         elif cells[1] == "64":
             gflops = tok_s * 2 * params / 1e9
-            out.append(f"  c=64 {cells[2]} ({cells[3]}): {gflops:.1f} GFLOP/s, "
-                       f"{100 * gflops / roof['gemm_gflops']:.1f} % of the fp32 peak")
+            out.append(
+                f"  c=64 {cells[2]} ({cells[3]}): {gflops:.1f} GFLOP/s, "
+                f"{100 * gflops / roof['gemm_gflops']:.1f} % of the fp32 peak"
+            )
     return out
 
 
@@ -208,8 +245,13 @@ def main(argv: list[str] | None = None) -> None:
     print(table)
     print("\n".join(roofline(load(a.dir / "kernels.json"), table)))
     embeddings = load(a.dir / "embeddings.json")
-    print("\n".join(embedding_lines(embeddings) if embeddings else
-                    ["embeddings: no embeddings.json (run `python -m bench.embeddings --json ...`)"]))
+    print(
+        "\n".join(
+            embedding_lines(embeddings)
+            if embeddings
+            else ["embeddings: no embeddings.json (run `python -m bench.embeddings --json ...`)"]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -33,13 +33,35 @@ from bench.common import http_one, http_run, make_prompts, start_server
 from serving.model_files import load_tokenizer
 
 MODES = {
-    "on": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
-                        "--otel-sampling-ratio", "1.0", "--log-requests"],
+    "on": lambda sink: [
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        sink,
+        "--otel-sampling-ratio",
+        "1.0",
+        "--log-requests",
+    ],
     "off": lambda sink: ["--no-enable-tracing", "--no-enable-metrics", "--no-log-requests"],
-    "head-0.01": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
-                               "--otel-sampling-ratio", "0.01", "--log-requests", "--no-otel-tail-sampling"],
-    "tail-0.01": lambda sink: ["--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", sink,
-                               "--otel-sampling-ratio", "0.01", "--log-requests"],
+    "head-0.01": lambda sink: [
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        sink,
+        "--otel-sampling-ratio",
+        "0.01",
+        "--log-requests",
+        "--no-otel-tail-sampling",
+    ],
+    "tail-0.01": lambda sink: [
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        sink,
+        "--otel-sampling-ratio",
+        "0.01",
+        "--log-requests",
+    ],
 }
 
 
@@ -97,22 +119,37 @@ def micro(requests: int = 300, tokens: int = 64) -> None:
         timeline = Timeline(500)
         sampler = TailSampler([], {}, 4096) if tail else None
         sink = (lambda rec: (timeline.add_span(rec), sampler.add(rec))) if tail else timeline.add_span
-        tel = RequestTelemetry(Tracing("main", enabled=enabled, sink=sink, ratio=ratio, tail=tail),
-                               Metrics("m") if enabled else None, timeline, "m", False)
+        tel = RequestTelemetry(
+            Tracing("main", enabled=enabled, sink=sink, ratio=ratio, tail=tail),
+            Metrics("m") if enabled else None,
+            timeline,
+            "m",
+            False,
+        )
         tel.tail = sampler
         t0 = time.perf_counter()
         for i in range(requests):
-            rt = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns(), rid=f"r{i}",
-                          prompt_tokens=10)
+            rt = ReqState(
+                route="/v1/completions", operation="text_completion", arrival=now_ns(), rid=f"r{i}", prompt_tokens=10
+            )
             tel.begin(rt, {}, "POST", {})
             tel.tokenized(rt, now_ns(), now_ns())
             carrier, producer = tel.producer(rt)
             if producer is not None:
                 producer.end()
             t = now_ns()
-            st = Stamps(arrival=rt.arrival, tokenized=t, sched_recv=t, scheduled=t, first_token=t, detok_recv=t,
-                        detok_done=t, sched_sent=t, waited=6000,
-                        wait_reasons={"running_limit": 5000, "next_step": 1000})  # as a request that waited
+            st = Stamps(
+                arrival=rt.arrival,
+                tokenized=t,
+                sched_recv=t,
+                scheduled=t,
+                first_token=t,
+                detok_recv=t,
+                detok_done=t,
+                sched_sent=t,
+                waited=6000,
+                wait_reasons={"running_limit": 5000, "next_step": 1000},
+            )  # as a request that waited
             for k in range(tokens):
                 out = StrOut(rid=f"r{i}", text="x", output_ids=[1], meta=ReqMeta(trace=carrier, stamps=st))
                 tel.on_batch(BatchStrOutput(outputs=[out], sent_at=now_ns()), now_ns())
@@ -124,11 +161,15 @@ def micro(requests: int = 300, tokens: int = 64) -> None:
         return (time.perf_counter() - t0) / requests * 1e6
 
     on, off = run(True), run(False)
-    print(f"main-process telemetry, per request of {tokens} tokens: on {on:.0f} µs, off {off:.0f} µs "
-          f"→ {on - off:.0f} µs per request, {(on - off) / tokens:.1f} µs per token")
+    print(
+        f"main-process telemetry, per request of {tokens} tokens: on {on:.0f} µs, off {off:.0f} µs "
+        f"→ {on - off:.0f} µs per request, {(on - off) / tokens:.1f} µs per token"
+    )
     head, tail = run(True, 0.01), run(True, 0.01, tail=True)
-    print(f"with head sampling at 1 %: tail sampling off {head:.0f} µs, on {tail:.0f} µs per request "
-          f"(every request recorded and decided: +{tail - head:.0f} µs)")
+    print(
+        f"with head sampling at 1 %: tail sampling off {head:.0f} µs, on {tail:.0f} µs per request "
+        f"(every request recorded and decided: +{tail - head:.0f} µs)"
+    )
 
 
 def main() -> None:
@@ -168,16 +209,21 @@ def main() -> None:
                 finally:
                     server.stop()
             print(f"round {r} {mode}: {results[mode][-1]}", flush=True)
-    print(f"\nmodel {a.model}, {os.cpu_count()} CPUs, {a.rounds} rounds (medians); "
-          f"OTLP bytes received: {Sink.received}")
-    print("| telemetry | p50 TTFT ms (sequential, 64-token prompts) | output tok/s "
-          f"({a.concurrency} streams × {a.gen_len}) |\n|---|---:|---:|")
+    print(
+        f"\nmodel {a.model}, {os.cpu_count()} CPUs, {a.rounds} rounds (medians); OTLP bytes received: {Sink.received}"
+    )
+    print(
+        "| telemetry | p50 TTFT ms (sequential, 64-token prompts) | output tok/s "
+        f"({a.concurrency} streams × {a.gen_len}) |\n|---|---:|---:|"
+    )
     med = {m: {k: statistics.median(x[k] for x in v) for k in v[0]} for m, v in results.items()}
     base, other = modes[::-1] if modes[0] == "on" else modes  # "on,off" reads as on over off
     for m in (base, other):
         print(f"| {m} | {med[m]['ttft_p50_ms']:.2f} | {med[m]['tok_s']:.1f} |")
-    print(f"| {other} − {base} | {med[other]['ttft_p50_ms'] - med[base]['ttft_p50_ms']:+.2f} ms | "
-          f"{100 * (med[other]['tok_s'] / med[base]['tok_s'] - 1):+.1f}% |")
+    print(
+        f"| {other} − {base} | {med[other]['ttft_p50_ms'] - med[base]['ttft_p50_ms']:+.2f} ms | "
+        f"{100 * (med[other]['tok_s'] / med[base]['tok_s'] - 1):+.1f}% |"
+    )
 
 
 if __name__ == "__main__":

@@ -53,8 +53,7 @@ def outputs(spec: slo.Spec | None = None) -> dict[str, str]:
     spec = spec or slo.load()
     files = {f"{DASHBOARD_DIR}/{b.uid}.json": to_json(b) for b in (make() for make in BOARDS)}
     files.update(rule_outputs(spec))
-    files.update({f"{TESTS_DIR}/{name}": dump_yaml(content)
-                  for name, content in rule_tests.test_files(spec).items()})
+    files.update({f"{TESTS_DIR}/{name}": dump_yaml(content) for name, content in rule_tests.test_files(spec).items()})
     return files
 
 
@@ -72,17 +71,30 @@ def differences(files: dict[str, str], root: Path = ROOT) -> list[str]:
     """Generated files that are missing or differ under `root`, plus stale ones left behind."""
     with tempfile.TemporaryDirectory() as tmp:
         write(Path(tmp), files)
-        bad = [rel for rel in files if not (root / rel).is_file() or not filecmp.cmp(Path(tmp) / rel, root / rel,
-                                                                                    shallow=False)]
+        bad = [
+            rel
+            for rel in files
+            if not (root / rel).is_file() or not filecmp.cmp(Path(tmp) / rel, root / rel, shallow=False)
+        ]
     generated_dirs = {Path(rel).parent for rel in files}
-    stale = [str(p.relative_to(root)) for d in generated_dirs for p in (root / d).glob("*")
-             if str(p.relative_to(root)) not in files]
+    stale = [
+        str(p.relative_to(root))
+        for d in generated_dirs
+        for p in (root / d).glob("*")
+        if str(p.relative_to(root)) not in files
+    ]
     return sorted(bad + stale)
 
 
-def generator_main(prog: str, doc: str, default_out: Path, outputs: Callable[[], dict[str, str]],
-                   write: Callable[[Path, dict[str, str]], list[Path]],
-                   differences: Callable[[dict[str, str], Path], list[str]], argv: list[str] | None = None) -> int:
+def generator_main(
+    prog: str,
+    doc: str,
+    default_out: Path,
+    outputs: Callable[[], dict[str, str]],
+    write: Callable[[Path, dict[str, str]], list[Path]],
+    differences: Callable[[dict[str, str], Path], list[str]],
+    argv: list[str] | None = None,
+) -> int:
     """The command line of a generator of committed files: write them, or `--check` that the
     committed ones are what it writes (exit 1 naming each that is not)."""
     ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])

@@ -23,8 +23,20 @@ from telemetry.metrics import BY_NAME
 COUNTER = re.compile(r"_(total|count|sum|bucket)$")
 COUNTER_FUNCS = {"rate", "increase", "irate"}
 GROUPING = {"by", "without", "on", "ignoring", "group_left", "group_right"}
-AGGREGATIONS = {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk", "topk",
-                "quantile"}  # before `by (...)` they are not followed by "("
+AGGREGATIONS = {
+    "sum",
+    "min",
+    "max",
+    "avg",
+    "group",
+    "stddev",
+    "stdvar",
+    "count",
+    "count_values",
+    "bottomk",
+    "topk",
+    "quantile",
+}  # before `by (...)` they are not followed by "("
 KEYWORDS = GROUPING | AGGREGATIONS | {"and", "or", "unless", "bool", "offset", "atan2", "inf", "nan", "Inf", "NaN"}
 IDENT = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 NUMBER = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?[smhdwy]*")

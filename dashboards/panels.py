@@ -34,9 +34,18 @@ Target = tuple[str, str]  # (expr, legend)
 
 
 def _variable(name: str, label: str, query: str) -> db.QueryVariable:
-    return (db.QueryVariable(name).label(label).query(query).datasource(PROM).multi(True).include_all(True)
-            .all_value(".*").current(dm.VariableOption(selected=True, text="All", value="$__all"))
-            .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
+    return (
+        db.QueryVariable(name)
+        .label(label)
+        .query(query)
+        .datasource(PROM)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+        .current(dm.VariableOption(selected=True, text="All", value="$__all"))
+        .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(dm.VariableSort.ALPHABETICAL_ASC)
+    )
 
 
 def _targets(panel, targets: list[Target], exemplar: str = ""):
@@ -48,34 +57,86 @@ def _targets(panel, targets: list[Target], exemplar: str = ""):
     return panel
 
 
-def timeseries_panel(title: str, description: str, unit: str, targets: list[Target], *, stack: bool = False,
-                     exemplar: str = "", width: int = 12, height: int = 8, right: dict[str, str] | None = None,
-                     max_value: float | None = None):
+def timeseries_panel(
+    title: str,
+    description: str,
+    unit: str,
+    targets: list[Target],
+    *,
+    stack: bool = False,
+    exemplar: str = "",
+    width: int = 12,
+    height: int = 8,
+    right: dict[str, str] | None = None,
+    max_value: float | None = None,
+):
     """A time series; `right` maps a target's refId to the unit of a second (right) axis."""
-    p = (timeseries.Panel().title(title).description(description).unit(unit).datasource(PROM)
-         .span(width).height(height).fill_opacity(40 if stack else 10).line_width(1)
-         .legend(cb.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST).placement(cm.LegendPlacement.BOTTOM)
-                 .show_legend(True)))
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(PROM)
+        .span(width)
+        .height(height)
+        .fill_opacity(40 if stack else 10)
+        .line_width(1)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.LIST)
+            .placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(True)
+        )
+    )
     if stack:
         p = p.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL))
     if max_value is not None:
         p = p.min(0).max(max_value)
     for ref, right_unit in (right or {}).items():
-        p = p.override_by_query(ref, [dm.DynamicConfigValue(id_val="unit", value=right_unit),
-                                      dm.DynamicConfigValue(id_val="custom.axisPlacement", value="right")])
+        p = p.override_by_query(
+            ref,
+            [
+                dm.DynamicConfigValue(id_val="unit", value=right_unit),
+                dm.DynamicConfigValue(id_val="custom.axisPlacement", value="right"),
+            ],
+        )
     return _targets(p, targets, exemplar)
 
 
-def stat_panel(title: str, description: str, unit: str, targets: list[Target], *, width: int = 6,
-               height: int = 4, decimals: int = 3):
-    p = (stat.Panel().title(title).description(description).unit(unit).datasource(PROM).span(width)
-         .height(height).decimals(decimals).graph_mode(cm.BigValueGraphMode.AREA)
-         .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+def stat_panel(
+    title: str,
+    description: str,
+    unit: str,
+    targets: list[Target],
+    *,
+    width: int = 6,
+    height: int = 4,
+    decimals: int = 3,
+):
+    p = (
+        stat.Panel()
+        .title(title)
+        .description(description)
+        .unit(unit)
+        .datasource(PROM)
+        .span(width)
+        .height(height)
+        .decimals(decimals)
+        .graph_mode(cm.BigValueGraphMode.AREA)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+    )
     return _targets(p, targets)
 
 
-def latency_panel(title: str, description: str, histogram: str, *matchers: str, by: tuple[str, ...] = (),
-                  with_mean: bool = True, width: int = 12):
+def latency_panel(
+    title: str,
+    description: str,
+    histogram: str,
+    *matchers: str,
+    by: tuple[str, ...] = (),
+    with_mean: bool = True,
+    width: int = 12,
+):
     """p50 / p90 / p99 (and the mean) of a histogram; exemplars on p99: a slow point opens its trace."""
     suffix = "".join(f" {{{{{b}}}}}" for b in by)
     targets = [(promql.quantile(q, histogram, *matchers, by=by), f"p{round(q * 100)}{suffix}") for q in QUANTILES]
@@ -96,16 +157,31 @@ class _PromAnnotation(dm.AnnotationQuery):
         return self
 
     def to_json(self) -> dict[str, object]:
-        return {**super().to_json(), "titleFormat": self.title_format, "textFormat": self.text_format,
-                "tagKeys": self.tag_keys, "useValueForTime": False}
+        return {
+            **super().to_json(),
+            "titleFormat": self.title_format,
+            "textFormat": self.text_format,
+            "tagKeys": self.tag_keys,
+            "useValueForTime": False,
+        }
 
 
-def annotation(name: str, expr: str, title: str, text: str, tag_keys: tuple[str, ...],
-               color: str) -> dm.AnnotationQuery:
+def annotation(
+    name: str, expr: str, title: str, text: str, tag_keys: tuple[str, ...], color: str
+) -> dm.AnnotationQuery:
     """An annotation from a Prometheus query: a mark wherever `expr` has a sample, labelled by `title`
     (`{{label}}` templates) and tagged with the values of `tag_keys`."""
-    return _PromAnnotation(title, text, ",".join(tag_keys), name=name, datasource=PROM, enable=True, hide=False,
-                           icon_color=color, expr=expr)
+    return _PromAnnotation(
+        title,
+        text,
+        ",".join(tag_keys),
+        name=name,
+        datasource=PROM,
+        enable=True,
+        hide=False,
+        icon_color=color,
+        expr=expr,
+    )
 
 
 @dataclass
@@ -127,11 +203,25 @@ class Board:
         return self
 
     def build(self) -> dm.Dashboard:
-        b = (db.Dashboard(self.title).uid(self.uid).description(self.description).tags([TAG])
-             .time("now-1h", "now").refresh("30s").timezone("browser").editable()
-             .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-             .link(db.DashboardLink("Sightline dashboards").type(dm.DashboardLinkType.DASHBOARDS).tags([TAG])
-                   .as_dropdown(True).include_vars(True).keep_time(True)))
+        b = (
+            db.Dashboard(self.title)
+            .uid(self.uid)
+            .description(self.description)
+            .tags([TAG])
+            .time("now-1h", "now")
+            .refresh("30s")
+            .timezone("browser")
+            .editable()
+            .tooltip(dm.DashboardCursorSync.CROSSHAIR)
+            .link(
+                db.DashboardLink("Sightline dashboards")
+                .type(dm.DashboardLinkType.DASHBOARDS)
+                .tags([TAG])
+                .as_dropdown(True)
+                .include_vars(True)
+                .keep_time(True)
+            )
+        )
         for name, label, query in VARIABLES:
             b = b.with_variable(_variable(name, label, query))
         for query in self.annotations:

@@ -83,11 +83,17 @@ def _burn_series(slo: SLO, phases: list[tuple[int, float]], instance: str = BASE
     if slo.kind == "errors":
         good_s = f'{slo.metric}{{{labels},finish_reason="stop",status="200"}}'
         bad_s = f'{slo.metric}{{{labels},finish_reason="error",status="500"}}'
-        return [{"series": good_s, "values": _counter(phases, lambda b: RATE - bad(b))},
-                {"series": bad_s, "values": _counter(phases, bad)}]
-    return [{"series": f"{slo.metric}_count{{{labels}}}", "values": _counter(phases, lambda b: RATE)},
-            {"series": f'{slo.metric}_bucket{{{labels},le="{slo.le}"}}',
-             "values": _counter(phases, lambda b: RATE - bad(b))}]
+        return [
+            {"series": good_s, "values": _counter(phases, lambda b: RATE - bad(b))},
+            {"series": bad_s, "values": _counter(phases, bad)},
+        ]
+    return [
+        {"series": f"{slo.metric}_count{{{labels}}}", "values": _counter(phases, lambda b: RATE)},
+        {
+            "series": f'{slo.metric}_bucket{{{labels},le="{slo.le}"}}',
+            "values": _counter(phases, lambda b: RATE - bad(b)),
+        },
+    ]
 
 
 def _expected(rules: list[dict], name: str, extra: dict[str, str], severities: list[str]) -> list[dict]:
@@ -99,8 +105,9 @@ def _expected(rules: list[dict], name: str, extra: dict[str, str], severities: l
         if any(rule["labels"].get(k, v) != v for k, v in extra.items()):
             continue
         labels = {**extra, **rule["labels"]}
-        out.append({"exp_labels": labels,
-                    "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()}})
+        out.append(
+            {"exp_labels": labels, "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()}}
+        )
     return out
 
 
@@ -111,26 +118,46 @@ def slo_tests(spec: Spec) -> dict:
     for slo in spec.slos:
         for scenario, (phases, severities) in BURN_SCENARIOS.items():
             end = sum(m for m, _ in phases)
-            test = {"name": f"{slo.name}: {scenario}", "interval": "1m",
-                    "input_series": _burn_series(slo, phases),
-                    "alert_rule_test": [{"eval_time": f"{end}m", "alertname": slo.alert,
-                                         "exp_alerts": _expected(alerts, slo.alert, {**level, "slo": slo.name},
-                                                                 severities)}]}
+            test = {
+                "name": f"{slo.name}: {scenario}",
+                "interval": "1m",
+                "input_series": _burn_series(slo, phases),
+                "alert_rule_test": [
+                    {
+                        "eval_time": f"{end}m",
+                        "alertname": slo.alert,
+                        "exp_alerts": _expected(alerts, slo.alert, {**level, "slo": slo.name}, severities),
+                    }
+                ],
+            }
             if scenario == "healthy":  # burn 0.5 all along: half the budget is left
                 remaining = f'{BUDGET_REMAINING}{{slo="{slo.name}"}}'
-                test["promql_expr_test"] = [{
-                    "expr": f"({remaining} > bool 0.49) * ({remaining} < bool 0.51)",
-                    "eval_time": f"{end}m",
-                    "exp_samples": [{"labels": _series_labels({**level, "slo": slo.name}), "value": 1}]}]
+                test["promql_expr_test"] = [
+                    {
+                        "expr": f"({remaining} > bool 0.49) * ({remaining} < bool 0.51)",
+                        "eval_time": f"{end}m",
+                        "exp_samples": [{"labels": _series_labels({**level, "slo": slo.name}), "value": 1}],
+                    }
+                ]
             tests.append(test)
         for scenario, (instances, severities) in MULTI_INSTANCE_SCENARIOS.items():
             end = max(sum(m for m, _ in phases) for phases in instances.values())
             series = [s for inst, phases in instances.items() for s in _burn_series(slo, phases, inst)]
             # exp_labels are the whole label set: an `instance` label, or one alert per instance, fails
-            tests.append({"name": f"{slo.name}: {scenario}", "interval": "1m", "input_series": series,
-                          "alert_rule_test": [{"eval_time": f"{end}m", "alertname": slo.alert,
-                                               "exp_alerts": _expected(alerts, slo.alert, {**level, "slo": slo.name},
-                                                                       severities)}]})
+            tests.append(
+                {
+                    "name": f"{slo.name}: {scenario}",
+                    "interval": "1m",
+                    "input_series": series,
+                    "alert_rule_test": [
+                        {
+                            "eval_time": f"{end}m",
+                            "alertname": slo.alert,
+                            "exp_alerts": _expected(alerts, slo.alert, {**level, "slo": slo.name}, severities),
+                        }
+                    ],
+                }
+            )
     # every eval_time is a multiple of 5 min; rates still read the 1-minute samples
     return {"rule_files": ["../rules/slo.yml"], "evaluation_interval": "5m", "tests": tests}
 
@@ -158,8 +185,11 @@ def _lag(per_minute: dict[str, float], minutes: int = 30, **labels: str) -> list
 def _recoveries(sym: dict, count: str, within: str) -> list[dict]:
     """The recovery histogram: `count` recoveries, `within` of them no longer than the alert's budget."""
     name, budget = "sightline_engine_recovery_seconds", float(sym["SightlineEngineRecoverySlow"]["threshold"])
-    return [_s(f"{name}_count", count), _s(f"{name}_bucket", within, le=repr(budget)),
-            _s(f"{name}_bucket", count, le="+Inf")]
+    return [
+        _s(f"{name}_count", count),
+        _s(f"{name}_bucket", within, le=repr(budget)),
+        _s(f"{name}_bucket", count, le="+Inf"),
+    ]
 
 
 def symptom_tests(spec: Spec) -> dict:
@@ -187,135 +217,380 @@ def symptom_tests(spec: Spec) -> dict:
         ("SightlineDown", "scrape fails", [_s("up", "1 1 0x20")], 15, [inst]),
         ("SightlineDown", "scrapes fine", [_s("up", "1x20")], 15, []),
         # three replicas, one down: the alert names that instance, once
-        ("SightlineDown", "one replica of three down",
-         [_s("up", "1x20", instance="a:8000"), _s("up", "1 1 0x20", instance="b:8000"),
-          _s("up", "1x20", instance="c:8000")], 15, [{**inst, "instance": "b:8000"}]),
-        ("SightlineEngineStalled", "requests in flight, no token",
-         [_s("sightline_requests_in_flight", "2x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
-         10, [model]),
-        ("SightlineEngineStalled", "idle engine, nothing in flight",
-         [_s("sightline_requests_in_flight", "0x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
-         10, []),
-        ("SightlineEngineStalled", "busy and producing",
-         [_s("sightline_requests_in_flight", "8x30"), _s("sightline_seconds_since_last_token", "0.05x30")], 10, []),
+        (
+            "SightlineDown",
+            "one replica of three down",
+            [
+                _s("up", "1x20", instance="a:8000"),
+                _s("up", "1 1 0x20", instance="b:8000"),
+                _s("up", "1x20", instance="c:8000"),
+            ],
+            15,
+            [{**inst, "instance": "b:8000"}],
+        ),
+        (
+            "SightlineEngineStalled",
+            "requests in flight, no token",
+            [_s("sightline_requests_in_flight", "2x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
+            10,
+            [model],
+        ),
+        (
+            "SightlineEngineStalled",
+            "idle engine, nothing in flight",
+            [_s("sightline_requests_in_flight", "0x30"), _s("sightline_seconds_since_last_token", f"0+{stall}x30")],
+            10,
+            [],
+        ),
+        (
+            "SightlineEngineStalled",
+            "busy and producing",
+            [_s("sightline_requests_in_flight", "8x30"), _s("sightline_seconds_since_last_token", "0.05x30")],
+            10,
+            [],
+        ),
         # several tokenizer workers: in flight is one series per worker; one alert, not one per worker
-        ("SightlineEngineStalled", "two workers, one holds requests, no token",
-         [_s("sightline_requests_in_flight", "0x30", worker="1"),
-          _s("sightline_requests_in_flight", "3x30", worker="2"),
-          _s("sightline_seconds_since_last_token", f"0+{stall}x30")], 10, [model]),
-        ("SightlineQueueBacklogGrowing", "queue grows",
-         [_s("sightline_num_requests_waiting", "0+2x40", dp_rank="0")], 30, [rank0]),
-        ("SightlineQueueBacklogGrowing", "steady queue",
-         [_s("sightline_num_requests_waiting", "12x40", dp_rank="0")], 30, []),
-        ("SightlineQueueBacklogGrowing", "two ranks, one queue grows",
-         [_s("sightline_num_requests_waiting", "12x40", dp_rank="0"),
-          _s("sightline_num_requests_waiting", "0+2x40", dp_rank="1")], 30, [rank1]),
-        ("SightlineQueueStuck", "the head ages with room to admit it",
-         [_s("sightline_queue_head_age_seconds", "0+60x20", dp_rank="0"),
-          _s("sightline_queue_head_fits", "1x20", dp_rank="0")], 10, [rank0]),
+        (
+            "SightlineEngineStalled",
+            "two workers, one holds requests, no token",
+            [
+                _s("sightline_requests_in_flight", "0x30", worker="1"),
+                _s("sightline_requests_in_flight", "3x30", worker="2"),
+                _s("sightline_seconds_since_last_token", f"0+{stall}x30"),
+            ],
+            10,
+            [model],
+        ),
+        (
+            "SightlineQueueBacklogGrowing",
+            "queue grows",
+            [_s("sightline_num_requests_waiting", "0+2x40", dp_rank="0")],
+            30,
+            [rank0],
+        ),
+        (
+            "SightlineQueueBacklogGrowing",
+            "steady queue",
+            [_s("sightline_num_requests_waiting", "12x40", dp_rank="0")],
+            30,
+            [],
+        ),
+        (
+            "SightlineQueueBacklogGrowing",
+            "two ranks, one queue grows",
+            [
+                _s("sightline_num_requests_waiting", "12x40", dp_rank="0"),
+                _s("sightline_num_requests_waiting", "0+2x40", dp_rank="1"),
+            ],
+            30,
+            [rank1],
+        ),
+        (
+            "SightlineQueueStuck",
+            "the head ages with room to admit it",
+            [
+                _s("sightline_queue_head_age_seconds", "0+60x20", dp_rank="0"),
+                _s("sightline_queue_head_fits", "1x20", dp_rank="0"),
+            ],
+            10,
+            [rank0],
+        ),
         # saturation: the head waits for KV or the running limit, as it should
-        ("SightlineQueueStuck", "the head ages without room",
-         [_s("sightline_queue_head_age_seconds", "0+60x20", dp_rank="0"),
-          _s("sightline_queue_head_fits", "0x20", dp_rank="0")], 10, []),
-        ("SightlineQueueStuck", "a queue that moves",
-         [_s("sightline_queue_head_age_seconds", "0.2x20", dp_rank="0"),
-          _s("sightline_queue_head_fits", "1x20", dp_rank="0")], 10, []),
-        ("SightlineQueueStuck", "two ranks, one stuck",
-         [_s("sightline_queue_head_age_seconds", "0.2x20", dp_rank="0"),
-          _s("sightline_queue_head_fits", "1x20", dp_rank="0"),
-          _s("sightline_queue_head_age_seconds", "0+60x20", dp_rank="1"),
-          _s("sightline_queue_head_fits", "1x20", dp_rank="1")], 10, [rank1]),
-        ("SightlineKVCacheSaturated", "KV full",
-         [_s("sightline_kv_in_use_ratio", "0.99x20", dp_rank="0")], 15, [rank0]),
-        ("SightlineKVCacheSaturated", "KV half used",
-         [_s("sightline_kv_in_use_ratio", "0.5x20", dp_rank="0")], 15, []),
+        (
+            "SightlineQueueStuck",
+            "the head ages without room",
+            [
+                _s("sightline_queue_head_age_seconds", "0+60x20", dp_rank="0"),
+                _s("sightline_queue_head_fits", "0x20", dp_rank="0"),
+            ],
+            10,
+            [],
+        ),
+        (
+            "SightlineQueueStuck",
+            "a queue that moves",
+            [
+                _s("sightline_queue_head_age_seconds", "0.2x20", dp_rank="0"),
+                _s("sightline_queue_head_fits", "1x20", dp_rank="0"),
+            ],
+            10,
+            [],
+        ),
+        (
+            "SightlineQueueStuck",
+            "two ranks, one stuck",
+            [
+                _s("sightline_queue_head_age_seconds", "0.2x20", dp_rank="0"),
+                _s("sightline_queue_head_fits", "1x20", dp_rank="0"),
+                _s("sightline_queue_head_age_seconds", "0+60x20", dp_rank="1"),
+                _s("sightline_queue_head_fits", "1x20", dp_rank="1"),
+            ],
+            10,
+            [rank1],
+        ),
+        (
+            "SightlineKVCacheSaturated",
+            "KV full",
+            [_s("sightline_kv_in_use_ratio", "0.99x20", dp_rank="0")],
+            15,
+            [rank0],
+        ),
+        ("SightlineKVCacheSaturated", "KV half used", [_s("sightline_kv_in_use_ratio", "0.5x20", dp_rank="0")], 15, []),
         # committed above capacity (the estimate at work) while little is held: not saturated
-        ("SightlineKVCacheSaturated", "committed high, little in use",
-         [_s("sightline_kv_usage_ratio", "1.2x20", dp_rank="0"),
-          _s("sightline_kv_in_use_ratio", "0.4x20", dp_rank="0")], 15, []),
-        ("SightlineKVCacheSaturated", "two ranks, one full",
-         [_s("sightline_kv_in_use_ratio", "0.5x20", dp_rank="0"),
-          _s("sightline_kv_in_use_ratio", "0.99x20", dp_rank="1")], 15, [rank1]),
-        ("SightlineRetractionsSustained", "retractions at 10x the threshold",
-         [_s("sightline_retractions_total", f"0+{retract * 600:g}x30", dp_rank="0")], 25, [rank0]),
-        ("SightlineRetractionsSustained", "a burst of retractions, then calm",
-         [_s("sightline_retractions_total", "0 20 40 60x30", dp_rank="0")], 25, []),
-        ("SightlineRetractionsSustained", "two ranks, one retracts",
-         [_s("sightline_retractions_total", "5x30", dp_rank="0"),
-          _s("sightline_retractions_total", f"0+{retract * 600:g}x30", dp_rank="1")], 25, [rank1]),
-        ("SightlineStaleDropSpike", "drops at 10x the threshold",
-         [_s("sightline_stale_messages_dropped_total", f"0+{drop * 600:g}x30", component="tokenizer_manager",
-             message_type="BatchStrOutput", reason="client_disconnect")],
-         20, [{**inst, "component": "tokenizer_manager", "reason": "client_disconnect"}]),
-        ("SightlineStaleDropSpike", "a few drops after disconnects",
-         [_s("sightline_stale_messages_dropped_total", f"0+{drop * 6:g}x30", component="tokenizer_manager",
-             message_type="BatchStrOutput", reason="client_disconnect")], 20, []),
-        ("SightlineUndecodableMessages", "a bad frame arrives",
-         [_s("sightline_undecodable_messages_total", "0x10 1x10", component="scheduler")],
-         12, [{**inst, "component": "scheduler"}]),
-        ("SightlineUndecodableMessages", "old count, nothing new",
-         [_s("sightline_undecodable_messages_total", "3x30", component="scheduler")], 20, []),
+        (
+            "SightlineKVCacheSaturated",
+            "committed high, little in use",
+            [
+                _s("sightline_kv_usage_ratio", "1.2x20", dp_rank="0"),
+                _s("sightline_kv_in_use_ratio", "0.4x20", dp_rank="0"),
+            ],
+            15,
+            [],
+        ),
+        (
+            "SightlineKVCacheSaturated",
+            "two ranks, one full",
+            [
+                _s("sightline_kv_in_use_ratio", "0.5x20", dp_rank="0"),
+                _s("sightline_kv_in_use_ratio", "0.99x20", dp_rank="1"),
+            ],
+            15,
+            [rank1],
+        ),
+        (
+            "SightlineRetractionsSustained",
+            "retractions at 10x the threshold",
+            [_s("sightline_retractions_total", f"0+{retract * 600:g}x30", dp_rank="0")],
+            25,
+            [rank0],
+        ),
+        (
+            "SightlineRetractionsSustained",
+            "a burst of retractions, then calm",
+            [_s("sightline_retractions_total", "0 20 40 60x30", dp_rank="0")],
+            25,
+            [],
+        ),
+        (
+            "SightlineRetractionsSustained",
+            "two ranks, one retracts",
+            [
+                _s("sightline_retractions_total", "5x30", dp_rank="0"),
+                _s("sightline_retractions_total", f"0+{retract * 600:g}x30", dp_rank="1"),
+            ],
+            25,
+            [rank1],
+        ),
+        (
+            "SightlineStaleDropSpike",
+            "drops at 10x the threshold",
+            [
+                _s(
+                    "sightline_stale_messages_dropped_total",
+                    f"0+{drop * 600:g}x30",
+                    component="tokenizer_manager",
+                    message_type="BatchStrOutput",
+                    reason="client_disconnect",
+                )
+            ],
+            20,
+            [{**inst, "component": "tokenizer_manager", "reason": "client_disconnect"}],
+        ),
+        (
+            "SightlineStaleDropSpike",
+            "a few drops after disconnects",
+            [
+                _s(
+                    "sightline_stale_messages_dropped_total",
+                    f"0+{drop * 6:g}x30",
+                    component="tokenizer_manager",
+                    message_type="BatchStrOutput",
+                    reason="client_disconnect",
+                )
+            ],
+            20,
+            [],
+        ),
+        (
+            "SightlineUndecodableMessages",
+            "a bad frame arrives",
+            [_s("sightline_undecodable_messages_total", "0x10 1x10", component="scheduler")],
+            12,
+            [{**inst, "component": "scheduler"}],
+        ),
+        (
+            "SightlineUndecodableMessages",
+            "old count, nothing new",
+            [_s("sightline_undecodable_messages_total", "3x30", component="scheduler")],
+            20,
+            [],
+        ),
         # the first failure creates its series at 1, which `increase` reads as 0: still a page
-        ("SightlineEngineRestarting", "first failure since start (the series exists at 0)",
-         [_s(fails, "0x4 1x20", role="detokenizer", cause="exited")], 8, [died]),
-        ("SightlineEngineRestarting", "another failure of a known kind",
-         [_s(fails, "1x15 2x15", role="scheduler", cause="stalled"),
-          _s(fails, "3x30", role="detokenizer", cause="exited")], 20, [stalled]),
-        ("SightlineEngineRestarting", "the last failure is older than the window",
-         [_s(fails, "0x4 1x30", role="detokenizer", cause="exited")], 20, []),
-        ("SightlineEngineRestarting", "a fresh server, no failure",
-         [_s(fails, "0x30", role="scheduler", cause="stalled")], 20, []),
-        ("SightlineEngineRestarting", "failures long ago, none since",
-         [_s(fails, "2x40", role="scheduler", cause="stalled")], 30, []),
-        ("SightlineEngineRecoverySlow", "one recovery over the budget",
-         _recoveries(sym, "0x5 1x30", "0x30"), 10, [inst]),
-        ("SightlineEngineRecoverySlow", "recoveries within the budget",
-         _recoveries(sym, "0x5 2x30", "0x5 2x30"), 10, []),
-        ("SightlineEngineRecoverySlow", "the slow recovery is older than the window",
-         _recoveries(sym, "0x5 1x60", "0x60"), 50, []),
-        ("SightlineLoadShedding", "shedding for 20 minutes",
-         [_s(shed, "0+30x40", reason="queue_full")], 30, [{**service, "reason": "queue_full"}]),
+        (
+            "SightlineEngineRestarting",
+            "first failure since start (the series exists at 0)",
+            [_s(fails, "0x4 1x20", role="detokenizer", cause="exited")],
+            8,
+            [died],
+        ),
+        (
+            "SightlineEngineRestarting",
+            "another failure of a known kind",
+            [
+                _s(fails, "1x15 2x15", role="scheduler", cause="stalled"),
+                _s(fails, "3x30", role="detokenizer", cause="exited"),
+            ],
+            20,
+            [stalled],
+        ),
+        (
+            "SightlineEngineRestarting",
+            "the last failure is older than the window",
+            [_s(fails, "0x4 1x30", role="detokenizer", cause="exited")],
+            20,
+            [],
+        ),
+        (
+            "SightlineEngineRestarting",
+            "a fresh server, no failure",
+            [_s(fails, "0x30", role="scheduler", cause="stalled")],
+            20,
+            [],
+        ),
+        (
+            "SightlineEngineRestarting",
+            "failures long ago, none since",
+            [_s(fails, "2x40", role="scheduler", cause="stalled")],
+            30,
+            [],
+        ),
+        (
+            "SightlineEngineRecoverySlow",
+            "one recovery over the budget",
+            _recoveries(sym, "0x5 1x30", "0x30"),
+            10,
+            [inst],
+        ),
+        (
+            "SightlineEngineRecoverySlow",
+            "recoveries within the budget",
+            _recoveries(sym, "0x5 2x30", "0x5 2x30"),
+            10,
+            [],
+        ),
+        (
+            "SightlineEngineRecoverySlow",
+            "the slow recovery is older than the window",
+            _recoveries(sym, "0x5 1x60", "0x60"),
+            50,
+            [],
+        ),
+        (
+            "SightlineLoadShedding",
+            "shedding for 20 minutes",
+            [_s(shed, "0+30x40", reason="queue_full")],
+            30,
+            [{**service, "reason": "queue_full"}],
+        ),
         # a service-level alert: two replicas shedding make one alert, without an instance label
-        ("SightlineLoadShedding", "two replicas shedding",
-         [_s(shed, "0+30x40", reason="queue_full", instance="a:8000"),
-          _s(shed, "0+10x40", reason="queue_full", instance="b:8000")], 30, [{**service, "reason": "queue_full"}]),
+        (
+            "SightlineLoadShedding",
+            "two replicas shedding",
+            [
+                _s(shed, "0+30x40", reason="queue_full", instance="a:8000"),
+                _s(shed, "0+10x40", reason="queue_full", instance="b:8000"),
+            ],
+            30,
+            [{**service, "reason": "queue_full"}],
+        ),
         # 2 min of 429s, checked 4 min later: the rate window still sees them, `for:` not yet met
-        ("SightlineLoadShedding", "a short burst of 429s",
-         [_s(shed, "0x5 0+20x2 40x30", reason="tokens_full")], 11, []),
-        ("SightlineLoadShedding", "no shedding for a while",
-         [_s(shed, "0+30x10 300x40", reason="queue_full")], 40, []),
-        ("SightlineRequestTimeouts", "timeouts at 10x the threshold",
-         [_s(aborts, f"0+{timeouts * 600:g}x40", reason="timeout")], 30, [service]),
-        ("SightlineRequestTimeouts", "timeouts at half the threshold",
-         [_s(aborts, f"0+{timeouts * 30:g}x40", reason="timeout")], 30, []),
+        (
+            "SightlineLoadShedding",
+            "a short burst of 429s",
+            [_s(shed, "0x5 0+20x2 40x30", reason="tokens_full")],
+            11,
+            [],
+        ),
+        ("SightlineLoadShedding", "no shedding for a while", [_s(shed, "0+30x10 300x40", reason="queue_full")], 40, []),
+        (
+            "SightlineRequestTimeouts",
+            "timeouts at 10x the threshold",
+            [_s(aborts, f"0+{timeouts * 600:g}x40", reason="timeout")],
+            30,
+            [service],
+        ),
+        (
+            "SightlineRequestTimeouts",
+            "timeouts at half the threshold",
+            [_s(aborts, f"0+{timeouts * 30:g}x40", reason="timeout")],
+            30,
+            [],
+        ),
         # 0.6 of the threshold on each of two replicas: the service's 1.2x fires, once
-        ("SightlineRequestTimeouts", "two replicas, each under the threshold, the service over it",
-         [_s(aborts, f"0+{timeouts * 36:g}x40", reason="timeout", instance="a:8000"),
-          _s(aborts, f"0+{timeouts * 36:g}x40", reason="timeout", instance="b:8000")], 30, [service]),
-        ("SightlineRequestTimeouts", "many disconnects, no timeouts",
-         [_s(aborts, f"0+{timeouts * 600:g}x40", reason="client_disconnect")], 30, []),
-        ("SightlineEventLoopBlocked", "5 % of the samples late by more than the threshold",
-         _lag(blocked_loop, role="main"), 15, [{**inst, "role": "main"}]),
+        (
+            "SightlineRequestTimeouts",
+            "two replicas, each under the threshold, the service over it",
+            [
+                _s(aborts, f"0+{timeouts * 36:g}x40", reason="timeout", instance="a:8000"),
+                _s(aborts, f"0+{timeouts * 36:g}x40", reason="timeout", instance="b:8000"),
+            ],
+            30,
+            [service],
+        ),
+        (
+            "SightlineRequestTimeouts",
+            "many disconnects, no timeouts",
+            [_s(aborts, f"0+{timeouts * 600:g}x40", reason="client_disconnect")],
+            30,
+            [],
+        ),
+        (
+            "SightlineEventLoopBlocked",
+            "5 % of the samples late by more than the threshold",
+            _lag(blocked_loop, role="main"),
+            15,
+            [{**inst, "role": "main"}],
+        ),
         ("SightlineEventLoopBlocked", "a healthy loop", _lag(healthy_loop, role="main"), 15, []),
         # one 10 s stall (a GC pause, one huge body) is 1 sample of 6000 in 5 m: below p99
-        ("SightlineEventLoopBlocked", "a single long stall",
-         _lag(healthy_loop, role="main")[:-2]  # its finite buckets; +Inf and the count hold the stall
-         + [_s(f"{loop}_{suffix}", "0+1200x9 10801+1200x20", role="main", **le)
-            for suffix, le in (("bucket", {"le": "+Inf"}), ("count", {}))],
-         15, []),
-        ("SightlineEventLoopBlocked", "two workers, one blocked",
-         _lag(healthy_loop, role="worker-1") + _lag(blocked_loop, role="worker-2"), 15,
-         [{**inst, "role": "worker-2"}]),
+        (
+            "SightlineEventLoopBlocked",
+            "a single long stall",
+            _lag(healthy_loop, role="main")[:-2]  # its finite buckets; +Inf and the count hold the stall
+            + [
+                _s(f"{loop}_{suffix}", "0+1200x9 10801+1200x20", role="main", **le)
+                for suffix, le in (("bucket", {"le": "+Inf"}), ("count", {}))
+            ],
+            15,
+            [],
+        ),
+        (
+            "SightlineEventLoopBlocked",
+            "two workers, one blocked",
+            _lag(healthy_loop, role="worker-1") + _lag(blocked_loop, role="worker-2"),
+            15,
+            [{**inst, "role": "worker-2"}],
+        ),
     ]
     rules = {r["alert"]: r for r in symptom_alerts(spec)}
     tests = []
     for alert, scenario, series, minutes, firing in cases:
         rule = rules[alert]
-        exp = [{"exp_labels": {**labels, **rule["labels"]},
-                "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()}}
-               for labels in firing]
-        tests.append({"name": f"{alert}: {scenario}", "interval": "1m", "input_series": series,
-                      "alert_rule_test": [{"eval_time": f"{minutes}m", "alertname": alert, "exp_alerts": exp}]})
+        exp = [
+            {
+                "exp_labels": {**labels, **rule["labels"]},
+                "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()},
+            }
+            for labels in firing
+        ]
+        tests.append(
+            {
+                "name": f"{alert}: {scenario}",
+                "interval": "1m",
+                "input_series": series,
+                "alert_rule_test": [{"eval_time": f"{minutes}m", "alertname": alert, "exp_alerts": exp}],
+            }
+        )
     return {"rule_files": ["../rules/symptoms.yml"], "evaluation_interval": "1m", "tests": tests}
 
 
@@ -324,19 +599,36 @@ def cost_tests(spec: Spec) -> dict:
     cpu, tokens = "sightline_process_cpu_seconds_total", "sightline_generation_tokens_total"
     series = [_s(cpu, "0+15x30", role="main"), _s(cpu, "0+45x30", role="scheduler"), _s(tokens, "0+120x30")]
     job = {"job": BASE["job"]}
-    checks = [(CPU_PER_TOKEN_BY_ROLE, {**job, "role": "main"}, 0.125),
-              (CPU_PER_TOKEN_BY_ROLE, {**job, "role": "scheduler"}, 0.375),
-              (CPU_PER_TOKEN_TOTAL, job, 0.5)]
-    tests = [{"name": "CPU seconds per output token, per role and in total", "interval": "1m",
-              "input_series": series,
-              "promql_expr_test": [{"expr": f"{record}{_series_labels(labels)}", "eval_time": "20m",
-                                    "exp_samples": [{"labels": record + _series_labels(labels), "value": value}]}
-                                   for record, labels, value in checks]},
-             # no output tokens: no series, not +Inf
-             {"name": "CPU seconds per output token, nothing generated", "interval": "1m",
-              "input_series": [series[0], _s(tokens, "0x30")],
-              "promql_expr_test": [{"expr": f"{record}", "eval_time": "20m", "exp_samples": []}
-                                   for record in (CPU_PER_TOKEN_BY_ROLE, CPU_PER_TOKEN_TOTAL)]}]
+    checks = [
+        (CPU_PER_TOKEN_BY_ROLE, {**job, "role": "main"}, 0.125),
+        (CPU_PER_TOKEN_BY_ROLE, {**job, "role": "scheduler"}, 0.375),
+        (CPU_PER_TOKEN_TOTAL, job, 0.5),
+    ]
+    tests = [
+        {
+            "name": "CPU seconds per output token, per role and in total",
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [
+                {
+                    "expr": f"{record}{_series_labels(labels)}",
+                    "eval_time": "20m",
+                    "exp_samples": [{"labels": record + _series_labels(labels), "value": value}],
+                }
+                for record, labels, value in checks
+            ],
+        },
+        # no output tokens: no series, not +Inf
+        {
+            "name": "CPU seconds per output token, nothing generated",
+            "interval": "1m",
+            "input_series": [series[0], _s(tokens, "0x30")],
+            "promql_expr_test": [
+                {"expr": f"{record}", "eval_time": "20m", "exp_samples": []}
+                for record in (CPU_PER_TOKEN_BY_ROLE, CPU_PER_TOKEN_TOTAL)
+            ],
+        },
+    ]
     return {"rule_files": ["../rules/cost.yml"], "evaluation_interval": "1m", "tests": tests}
 
 
@@ -344,25 +636,44 @@ def utilisation_tests(spec: Spec) -> dict:
     """A rank doing 25 GFLOP/s and moving 3 GB/s against a measured 100 GFLOP/s and 12 GB/s: a quarter of each;
     a rank with no measured peak (--no-peak-probe) has no series."""
     rank = {"instance": BASE["instance"], "dp_rank": "0"}
-    series = [_s("sightline_engine_flops_total", "0+1500000000000x30", phase="decode", **rank),
-              _s("sightline_engine_bytes_total", "0+180000000000x30", phase="decode", **rank),
-              _s("sightline_machine_peak_flops", "100000000000x30", **rank),
-              _s("sightline_machine_peak_bytes_per_second", "12000000000x30", **rank)]
+    series = [
+        _s("sightline_engine_flops_total", "0+1500000000000x30", phase="decode", **rank),
+        _s("sightline_engine_bytes_total", "0+180000000000x30", phase="decode", **rank),
+        _s("sightline_machine_peak_flops", "100000000000x30", **rank),
+        _s("sightline_machine_peak_bytes_per_second", "12000000000x30", **rank),
+    ]
     labels = {"job": BASE["job"], **rank}
 
     def check(kind: str, value: float | None) -> dict:
         record = PEAK_FRACTION[kind]
-        return {"expr": record, "eval_time": "20m",
-                "exp_samples": [] if value is None else [{"labels": record + _series_labels(labels), "value": value}]}
+        return {
+            "expr": record,
+            "eval_time": "20m",
+            "exp_samples": [] if value is None else [{"labels": record + _series_labels(labels), "value": value}],
+        }
 
     unmeasured = [s if "peak" not in s["series"] else {**s, "values": "0x30"} for s in series]
-    tests = [{"name": "utilisation: a quarter of peak compute and bandwidth", "interval": "1m",
-              "input_series": series, "promql_expr_test": [check("flops", 0.25), check("bytes", 0.25)]},
-             {"name": "utilisation: no measured peak, no series", "interval": "1m", "input_series": unmeasured,
-              "promql_expr_test": [check("flops", None), check("bytes", None)]}]
+    tests = [
+        {
+            "name": "utilisation: a quarter of peak compute and bandwidth",
+            "interval": "1m",
+            "input_series": series,
+            "promql_expr_test": [check("flops", 0.25), check("bytes", 0.25)],
+        },
+        {
+            "name": "utilisation: no measured peak, no series",
+            "interval": "1m",
+            "input_series": unmeasured,
+            "promql_expr_test": [check("flops", None), check("bytes", None)],
+        },
+    ]
     return {"rule_files": ["../rules/utilisation.yml"], "evaluation_interval": "1m", "tests": tests}
 
 
 def test_files(spec: Spec) -> dict[str, dict]:
-    return {"slo_test.yml": slo_tests(spec), "symptoms_test.yml": symptom_tests(spec),
-            "cost_test.yml": cost_tests(spec), "utilisation_test.yml": utilisation_tests(spec)}
+    return {
+        "slo_test.yml": slo_tests(spec),
+        "symptoms_test.yml": symptom_tests(spec),
+        "cost_test.yml": cost_tests(spec),
+        "utilisation_test.yml": utilisation_tests(spec),
+    }

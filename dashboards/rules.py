@@ -61,11 +61,16 @@ def recording_rules(spec: Spec) -> list[dict]:
     rules = []
     for slo in spec.slos:
         for window in [*spec.windows(), spec.period]:
-            rules.append({"record": ratio_name(window), "expr": sli_expr(slo, spec.job, window),
-                          "labels": {"slo": slo.name}})
-        rules.append({"record": BUDGET_REMAINING,
-                      "expr": f'1 - {ratio_name(spec.period)}{{slo="{slo.name}"}} / {num(slo.budget)}',
-                      "labels": {"slo": slo.name}})
+            rules.append(
+                {"record": ratio_name(window), "expr": sli_expr(slo, spec.job, window), "labels": {"slo": slo.name}}
+            )
+        rules.append(
+            {
+                "record": BUDGET_REMAINING,
+                "expr": f'1 - {ratio_name(spec.period)}{{slo="{slo.name}"}} / {num(slo.budget)}',
+                "labels": {"slo": slo.name},
+            }
+        )
     return rules
 
 
@@ -74,8 +79,10 @@ def burn_condition(slo: SLO, severity: str, spec: Spec) -> str:
     pairs = []
     for w in spec.burn_rates[severity]:
         limit = num(w.factor * slo.budget)
-        pairs.append(f'(\n  {ratio_name(w.long)}{{slo="{slo.name}"}} > {limit}\n'
-                     f'  and\n  {ratio_name(w.short)}{{slo="{slo.name}"}} > {limit}\n)')
+        pairs.append(
+            f'(\n  {ratio_name(w.long)}{{slo="{slo.name}"}} > {limit}\n'
+            f'  and\n  {ratio_name(w.short)}{{slo="{slo.name}"}} > {limit}\n)'
+        )
     return "\nor\n".join(pairs)
 
 
@@ -84,18 +91,23 @@ def burn_alerts(spec: Spec) -> list[dict]:
     for slo in spec.slos:
         for severity, pairs in spec.burn_rates.items():
             windows = " or ".join(f"{w.long}/{w.short} at {num(w.factor)}x" for w in pairs)
-            alerts.append({
-                "alert": slo.alert, "expr": burn_condition(slo, severity, spec),
-                "labels": {"severity": severity, "slo": slo.name},
-                "annotations": {
-                    "summary": f"{{{{ $labels.model_name }}}}: {slo.name} SLO error budget is burning ({severity})",
-                    "description": (f"{slo.description} Objective {num(slo.objective * 100)} % over {spec.period}; "
-                                    f"the error ratio of job {{{{ $labels.job }}}}, all instances together, exceeds "
-                                    f"the burn rate over both windows of a pair ({windows}). Which replica: "
-                                    f"Overview → Which replica is bad?"),
-                    "runbook_url": spec.runbook_url(slo.alert),
-                },
-            })
+            alerts.append(
+                {
+                    "alert": slo.alert,
+                    "expr": burn_condition(slo, severity, spec),
+                    "labels": {"severity": severity, "slo": slo.name},
+                    "annotations": {
+                        "summary": f"{{{{ $labels.model_name }}}}: {slo.name} SLO error budget is burning ({severity})",
+                        "description": (
+                            f"{slo.description} Objective {num(slo.objective * 100)} % over {spec.period}; "
+                            f"the error ratio of job {{{{ $labels.job }}}}, all instances together, exceeds "
+                            f"the burn rate over both windows of a pair ({windows}). Which replica: "
+                            f"Overview → Which replica is bad?"
+                        ),
+                        "runbook_url": spec.runbook_url(slo.alert),
+                    },
+                }
+            )
     return alerts
 
 
@@ -151,102 +163,146 @@ def symptom_alerts(spec: Spec) -> list[dict]:
     kv, drops = float(spec.symptoms["SightlineKVCacheSaturated"]["threshold"]), p("SightlineStaleDropSpike")
     retract, retract_w, retract_for = (p("SightlineRetractionsSustained", f) for f in ("threshold", "window", "for"))
     restart_w = p("SightlineEngineRestarting", "window")
-    recovery, recovery_w = float(spec.symptoms["SightlineEngineRecoverySlow"]["threshold"]), \
-        p("SightlineEngineRecoverySlow", "window")
+    recovery, recovery_w = (
+        float(spec.symptoms["SightlineEngineRecoverySlow"]["threshold"]),
+        p("SightlineEngineRecoverySlow", "window"),
+    )
     shed, shed_w, shed_for = (p("SightlineLoadShedding", f) for f in ("threshold", "window", "for"))
     slow, slow_w, slow_for = (p("SightlineRequestTimeouts", f) for f in ("threshold", "window", "for"))
     lag, lag_w, lag_for = (p("SightlineEventLoopBlocked", f) for f in ("threshold", "window", "for"))
     # (alert, severity, expr, summary, description)
     defs = [
-        ("SightlineDown", "page", f"up{{{job}}} == 0",
-         "{{ $labels.instance }} is down",
-         "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}): the server is not answering "
-         "/metrics."),
-        ("SightlineEngineStalled", "page",
-         f"sightline_seconds_since_last_token{{{job}}} > {stall}\nand on ({key})\n"
-         f"sightline_requests_in_flight{{{job}}} > 0",
-         "{{ $labels.instance }}: the engine has produced no token for a while",
-         f"Requests are in flight but the Scheduler has sampled no token for more than {stall} s."),
-        ("SightlineQueueBacklogGrowing", "ticket",
-         f"sightline_num_requests_waiting{{{job}}} > {p('SightlineQueueBacklogGrowing')}\nand\n"
-         f"deriv(sightline_num_requests_waiting{{{job}}}[{backlog}]) > 0",
-         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the waiting queue keeps growing",
-         f"Requests wait in the queue of Scheduler rank {{{{ $labels.dp_rank }}}} and the queue has grown over the "
-         f"last {backlog}: arrivals outpace the engine (per rank: with --dp-size > 1 each rank has its queue)."),
-        ("SightlineQueueStuck", "page",
-         f"sightline_queue_head_age_seconds{{{job}}} > {p('SightlineQueueStuck')}\nand\n"
-         f"sightline_queue_head_fits{{{job}}} == 1",
-         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the queue admits nothing though requests would fit",
-         f"The oldest request waiting on Scheduler rank {{{{ $labels.dp_rank }}}} has waited more than "
-         f"{p('SightlineQueueStuck')} s while the KV and batch room to admit it exist "
-         "(sightline_queue_head_fits): admission is stuck, not saturated. Tokens of the running requests may "
-         "still flow, so SightlineEngineStalled stays quiet; /health fails after --queue-stuck-timeout."),
-        ("SightlineKVCacheSaturated", "ticket", f"sightline_kv_in_use_ratio{{{job}}} > {num(kv)}",
-         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: KV cache nearly full",
-         f"Running requests hold more than {num(kv * 100)} % of the KV slots of Scheduler rank "
-         "{{ $labels.dp_rank }} (evictable prefix cache counted free): new requests sent to that rank wait, and "
-         "decode steps retract running ones when it is full (each rank has its own KV pool)."),
-        ("SightlineRetractionsSustained", "ticket",
-         f"sum by (job, instance, model_name, dp_rank) (\n  rate(sightline_retractions_total{{{job}}}"
-         f"[{retract_w}])\n) > {retract}",
-         "{{ $labels.instance }} rank {{ $labels.dp_rank }}: requests keep being retracted",
-         f"For {retract_for} Scheduler rank {{{{ $labels.dp_rank }}}} has retracted more than {retract} running "
-         f"request/s (over {retract_w}): decode keeps running out of KV, so requests leave the batch, wait and "
-         "resume (their inter-token latency jumps, and without the prefix cache their K/V is computed again). "
-         "The admission estimate is too optimistic for this workload or the KV pool is too small."),
-        ("SightlineStaleDropSpike", "ticket",
-         f"sum by (job, instance, component, reason) (\n  rate(sightline_stale_messages_dropped_total{{{job}}}"
-         f"[{p('SightlineStaleDropSpike', 'window')}])\n) > {drops}",
-         "{{ $labels.instance }}: {{ $labels.component }} drops stale messages ({{ $labels.reason }})",
-         f"More than {drops} message/s arrive for requests the {{{{ $labels.component }}}} no longer knows "
-         "(reason {{ $labels.reason }})."),
-        ("SightlineUndecodableMessages", "ticket",
-         f"sum by (job, instance, component) (\n  increase(sightline_undecodable_messages_total{{{job}}}"
-         f"[{p('SightlineUndecodableMessages', 'window')}])\n) > 0",
-         "{{ $labels.instance }}: {{ $labels.component }} received undecodable frames",
-         "{{ $labels.component }} received ZMQ frames that are not one of our message types: a foreign "
-         "writer on the socket or mismatched versions."),
-        ("SightlineEngineRestarting", "page", new_failures_expr(job, restart_w),
-         "{{ $labels.instance }}: engine failure ({{ $labels.role }} {{ $labels.cause }}), requests in flight failed",
-         f"In the last {restart_w} the watchdog saw the {{{{ $labels.role }}}} process fail (cause "
-         "{{ $labels.cause }}: exited = the process died, stalled = no heartbeat for --watchdog-timeout with "
-         "requests in flight). Every request in flight ended with 503 and both engine processes were replaced "
-         "while HTTP stayed up; sightline_engine_restarts_total counts the restarts that succeeded (a failed "
-         "restart stops the server: SightlineDown)."),
-        ("SightlineEngineRecoverySlow", "ticket",
-         f"sum by (job, instance) (increase(sightline_engine_recovery_seconds_count{{{job}}}[{recovery_w}]))\n> "
-         f"sum by (job, instance) (increase(sightline_engine_recovery_seconds_bucket{{{job}, "
-         f"le=\"{recovery!r}\"}}[{recovery_w}]))",
-         "{{ $labels.instance }}: the engine took longer than its budget to recover",
-         f"In the last {recovery_w} a recovery from an engine failure (failure seen → every replacement child "
-         f"ready) took more than {num(recovery)} s, while requests got 503. sightline_startup_phase_seconds says "
-         "which phase of the new children's start was slow (weight_load: the disk or the model cache; imports: a "
-         "cold page cache; model_resolve: a GGUF conversion redone); the log's `engine restarted in` line "
-         "gives the backoff and the failed attempts in between."),
-        ("SightlineLoadShedding", "ticket",
-         f"sum by ({service}, reason) (\n  rate(sightline_requests_shed_total{{{job}}}[{shed_w}])\n)"
-         f" > {shed}",
-         "{{ $labels.model_name }} requests are refused with 429 ({{ $labels.reason }})",
-         f"For {shed_for} overload protection has refused more than {shed} request/s (over {shed_w}, all instances "
-         "of job {{ $labels.job }} together) with 429 + Retry-After, reason {{ $labels.reason }} (queue_full: "
-         "--max-queued-requests requests wait for their first token; tokens_full: the KV tokens the in-flight "
-         "requests are expected to need reached --max-inflight-tokens). Demand exceeds capacity; Overview → "
-         "Which replica is bad? shows whether one instance sheds or all do."),
-        ("SightlineRequestTimeouts", "ticket",
-         f"sum by ({service}) (\n  rate(sightline_request_aborts_total{{{job}, reason=\"timeout\"}}"
-         f"[{slow_w}])\n) > {slow}",
-         "{{ $labels.model_name }} requests time out (504)",
-         f"For {slow_for} more than {slow} request/s (over {slow_w}, all instances of job {{{{ $labels.job }}}} "
-         "together) ended with 504 because a deadline passed: --request-timeout or the client's "
-         "x-request-timeout header, or --max-queue-time in the Scheduler's queue."),
-        ("SightlineEventLoopBlocked", "ticket",
-         f"histogram_quantile(0.99,\n  sum by (job, instance, role, le) (\n"
-         f"    rate(sightline_event_loop_lag_seconds_bucket{{{job}}}[{lag_w}])\n  )\n) > {lag}",
-         "{{ $labels.instance }} {{ $labels.role }}: the TokenizerManager event loop runs late",
-         f"For {lag_for} the p99 event-loop lag of front-end process {{{{ $labels.role }}}} (main, or worker-N "
-         f"with --tokenizer-worker-num) has been above {lag} s over {lag_w}: something holds its event loop "
-         "(tokenizing a huge prompt inline, parsing a huge JSON body, a blocking call, GC pauses) and every "
-         "request that process serves waits as long — ITL and TTFT spikes the engine does not explain."),
+        (
+            "SightlineDown",
+            "page",
+            f"up{{{job}}} == 0",
+            "{{ $labels.instance }} is down",
+            "Prometheus cannot scrape {{ $labels.instance }} (job {{ $labels.job }}): the server is not answering "
+            "/metrics.",
+        ),
+        (
+            "SightlineEngineStalled",
+            "page",
+            f"sightline_seconds_since_last_token{{{job}}} > {stall}\nand on ({key})\n"
+            f"sightline_requests_in_flight{{{job}}} > 0",
+            "{{ $labels.instance }}: the engine has produced no token for a while",
+            f"Requests are in flight but the Scheduler has sampled no token for more than {stall} s.",
+        ),
+        (
+            "SightlineQueueBacklogGrowing",
+            "ticket",
+            f"sightline_num_requests_waiting{{{job}}} > {p('SightlineQueueBacklogGrowing')}\nand\n"
+            f"deriv(sightline_num_requests_waiting{{{job}}}[{backlog}]) > 0",
+            "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the waiting queue keeps growing",
+            f"Requests wait in the queue of Scheduler rank {{{{ $labels.dp_rank }}}} and the queue has grown over the "
+            f"last {backlog}: arrivals outpace the engine (per rank: with --dp-size > 1 each rank has its queue).",
+        ),
+        (
+            "SightlineQueueStuck",
+            "page",
+            f"sightline_queue_head_age_seconds{{{job}}} > {p('SightlineQueueStuck')}\nand\n"
+            f"sightline_queue_head_fits{{{job}}} == 1",
+            "{{ $labels.instance }} rank {{ $labels.dp_rank }}: the queue admits nothing though requests would fit",
+            f"The oldest request waiting on Scheduler rank {{{{ $labels.dp_rank }}}} has waited more than "
+            f"{p('SightlineQueueStuck')} s while the KV and batch room to admit it exist "
+            "(sightline_queue_head_fits): admission is stuck, not saturated. Tokens of the running requests may "
+            "still flow, so SightlineEngineStalled stays quiet; /health fails after --queue-stuck-timeout.",
+        ),
+        (
+            "SightlineKVCacheSaturated",
+            "ticket",
+            f"sightline_kv_in_use_ratio{{{job}}} > {num(kv)}",
+            "{{ $labels.instance }} rank {{ $labels.dp_rank }}: KV cache nearly full",
+            f"Running requests hold more than {num(kv * 100)} % of the KV slots of Scheduler rank "
+            "{{ $labels.dp_rank }} (evictable prefix cache counted free): new requests sent to that rank wait, and "
+            "decode steps retract running ones when it is full (each rank has its own KV pool).",
+        ),
+        (
+            "SightlineRetractionsSustained",
+            "ticket",
+            f"sum by (job, instance, model_name, dp_rank) (\n  rate(sightline_retractions_total{{{job}}}"
+            f"[{retract_w}])\n) > {retract}",
+            "{{ $labels.instance }} rank {{ $labels.dp_rank }}: requests keep being retracted",
+            f"For {retract_for} Scheduler rank {{{{ $labels.dp_rank }}}} has retracted more than {retract} running "
+            f"request/s (over {retract_w}): decode keeps running out of KV, so requests leave the batch, wait and "
+            "resume (their inter-token latency jumps, and without the prefix cache their K/V is computed again). "
+            "The admission estimate is too optimistic for this workload or the KV pool is too small.",
+        ),
+        (
+            "SightlineStaleDropSpike",
+            "ticket",
+            f"sum by (job, instance, component, reason) (\n  rate(sightline_stale_messages_dropped_total{{{job}}}"
+            f"[{p('SightlineStaleDropSpike', 'window')}])\n) > {drops}",
+            "{{ $labels.instance }}: {{ $labels.component }} drops stale messages ({{ $labels.reason }})",
+            f"More than {drops} message/s arrive for requests the {{{{ $labels.component }}}} no longer knows "
+            "(reason {{ $labels.reason }}).",
+        ),
+        (
+            "SightlineUndecodableMessages",
+            "ticket",
+            f"sum by (job, instance, component) (\n  increase(sightline_undecodable_messages_total{{{job}}}"
+            f"[{p('SightlineUndecodableMessages', 'window')}])\n) > 0",
+            "{{ $labels.instance }}: {{ $labels.component }} received undecodable frames",
+            "{{ $labels.component }} received ZMQ frames that are not one of our message types: a foreign "
+            "writer on the socket or mismatched versions.",
+        ),
+        (
+            "SightlineEngineRestarting",
+            "page",
+            new_failures_expr(job, restart_w),
+            "{{ $labels.instance }}: engine failure ({{ $labels.role }} {{ $labels.cause }}), "
+            "requests in flight failed",
+            f"In the last {restart_w} the watchdog saw the {{{{ $labels.role }}}} process fail (cause "
+            "{{ $labels.cause }}: exited = the process died, stalled = no heartbeat for --watchdog-timeout with "
+            "requests in flight). Every request in flight ended with 503 and both engine processes were replaced "
+            "while HTTP stayed up; sightline_engine_restarts_total counts the restarts that succeeded (a failed "
+            "restart stops the server: SightlineDown).",
+        ),
+        (
+            "SightlineEngineRecoverySlow",
+            "ticket",
+            f"sum by (job, instance) (increase(sightline_engine_recovery_seconds_count{{{job}}}[{recovery_w}]))\n> "
+            f"sum by (job, instance) (increase(sightline_engine_recovery_seconds_bucket{{{job}, "
+            f'le="{recovery!r}"}}[{recovery_w}]))',
+            "{{ $labels.instance }}: the engine took longer than its budget to recover",
+            f"In the last {recovery_w} a recovery from an engine failure (failure seen → every replacement child "
+            f"ready) took more than {num(recovery)} s, while requests got 503. sightline_startup_phase_seconds says "
+            "which phase of the new children's start was slow (weight_load: the disk or the model cache; imports: a "
+            "cold page cache; model_resolve: a GGUF conversion redone); the log's `engine restarted in` line "
+            "gives the backoff and the failed attempts in between.",
+        ),
+        (
+            "SightlineLoadShedding",
+            "ticket",
+            f"sum by ({service}, reason) (\n  rate(sightline_requests_shed_total{{{job}}}[{shed_w}])\n) > {shed}",
+            "{{ $labels.model_name }} requests are refused with 429 ({{ $labels.reason }})",
+            f"For {shed_for} overload protection has refused more than {shed} request/s (over {shed_w}, all instances "
+            "of job {{ $labels.job }} together) with 429 + Retry-After, reason {{ $labels.reason }} (queue_full: "
+            "--max-queued-requests requests wait for their first token; tokens_full: the KV tokens the in-flight "
+            "requests are expected to need reached --max-inflight-tokens). Demand exceeds capacity; Overview → "
+            "Which replica is bad? shows whether one instance sheds or all do.",
+        ),
+        (
+            "SightlineRequestTimeouts",
+            "ticket",
+            f'sum by ({service}) (\n  rate(sightline_request_aborts_total{{{job}, reason="timeout"}}'
+            f"[{slow_w}])\n) > {slow}",
+            "{{ $labels.model_name }} requests time out (504)",
+            f"For {slow_for} more than {slow} request/s (over {slow_w}, all instances of job {{{{ $labels.job }}}} "
+            "together) ended with 504 because a deadline passed: --request-timeout or the client's "
+            "x-request-timeout header, or --max-queue-time in the Scheduler's queue.",
+        ),
+        (
+            "SightlineEventLoopBlocked",
+            "ticket",
+            f"histogram_quantile(0.99,\n  sum by (job, instance, role, le) (\n"
+            f"    rate(sightline_event_loop_lag_seconds_bucket{{{job}}}[{lag_w}])\n  )\n) > {lag}",
+            "{{ $labels.instance }} {{ $labels.role }}: the TokenizerManager event loop runs late",
+            f"For {lag_for} the p99 event-loop lag of front-end process {{{{ $labels.role }}}} (main, or worker-N "
+            f"with --tokenizer-worker-num) has been above {lag} s over {lag_w}: something holds its event loop "
+            "(tokenizing a huge prompt inline, parsing a huge JSON body, a blocking call, GC pauses) and every "
+            "request that process serves waits as long — ITL and TTFT spikes the engine does not explain.",
+        ),
     ]
     alerts = []
     for name, severity, expr, summary, description in defs:
@@ -254,8 +310,7 @@ def symptom_alerts(spec: Spec) -> list[dict]:
         if p(name, "for") not in ("0s", "0"):
             rule["for"] = p(name, "for")
         rule["labels"] = {"severity": severity}
-        rule["annotations"] = {"summary": summary, "description": description,
-                               "runbook_url": spec.runbook_url(name)}
+        rule["annotations"] = {"summary": summary, "description": description, "runbook_url": spec.runbook_url(name)}
         alerts.append(rule)
     return alerts
 
@@ -275,19 +330,24 @@ def cost_rules(spec: Spec) -> list[dict]:
     job, w = f'job="{spec.job}"', COST_WINDOW
     tokens = f"(\n  sum by (job) (rate(sightline_generation_tokens_total{{{job}}}[{w}])) > 0\n)"
     return [
-        {"record": CPU_PER_TOKEN_BY_ROLE,
-         "expr": f"sum by (job, role) (rate(sightline_process_cpu_seconds_total{{{job}}}[{w}]))\n"
-                 f"/ on (job) group_left ()\n{tokens}"},
+        {
+            "record": CPU_PER_TOKEN_BY_ROLE,
+            "expr": f"sum by (job, role) (rate(sightline_process_cpu_seconds_total{{{job}}}[{w}]))\n"
+            f"/ on (job) group_left ()\n{tokens}",
+        },
         # the group runs in order: this reads the per-role series of this evaluation
         {"record": CPU_PER_TOKEN_TOTAL, "expr": f"sum by (job) ({CPU_PER_TOKEN_BY_ROLE})"},
     ]
 
 
-PEAK_FRACTION = {kind: f"job_instance_rank:sightline_engine_peak_{kind}_fraction:rate{COST_WINDOW}"
-                 for kind in ("flops", "bytes")}
+PEAK_FRACTION = {
+    kind: f"job_instance_rank:sightline_engine_peak_{kind}_fraction:rate{COST_WINDOW}" for kind in ("flops", "bytes")
+}
 # what each fraction divides: the steps' counted work, the machine's measured peak
-PEAK_PAIRS = {"flops": ("sightline_engine_flops_total", "sightline_machine_peak_flops"),
-              "bytes": ("sightline_engine_bytes_total", "sightline_machine_peak_bytes_per_second")}
+PEAK_PAIRS = {
+    "flops": ("sightline_engine_flops_total", "sightline_machine_peak_flops"),
+    "bytes": ("sightline_engine_bytes_total", "sightline_machine_peak_bytes_per_second"),
+}
 
 
 def utilisation_rules(spec: Spec) -> list[dict]:
@@ -295,10 +355,13 @@ def utilisation_rules(spec: Spec) -> list[dict]:
     the steps' analytic FLOPs and bytes per second ÷ what the rank measured at its start. No series without
     a measured peak (--no-peak-probe), rather than +Inf."""
     job, w, by = f'job="{spec.job}"', COST_WINDOW, "job, instance, dp_rank"
-    return [{"record": PEAK_FRACTION[kind],
-             "expr": f"sum by ({by}) (rate({work}{{{job}}}[{w}]))\n/ on ({by})\n"
-                     f"(max by ({by}) ({peak}{{{job}}}) > 0)"}
-            for kind, (work, peak) in PEAK_PAIRS.items()]
+    return [
+        {
+            "record": PEAK_FRACTION[kind],
+            "expr": f"sum by ({by}) (rate({work}{{{job}}}[{w}]))\n/ on ({by})\n(max by ({by}) ({peak}{{{job}}}) > 0)",
+        }
+        for kind, (work, peak) in PEAK_PAIRS.items()
+    ]
 
 
 def rule_files(spec: Spec) -> dict[str, dict]:

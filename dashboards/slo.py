@@ -90,8 +90,10 @@ def _slo(name: str, raw: dict) -> SLO:
     metric, family, threshold = lat["metric"], lat["family"], float(lat["threshold"])
     _require(metric, "histogram", name)
     if threshold not in DEFAULT_BUCKETS[family]:
-        raise ValueError(f"SLO {name}: threshold {threshold} is not a bucket boundary of {family!r} "
-                         f"({', '.join(map(str, DEFAULT_BUCKETS[family]))})")
+        raise ValueError(
+            f"SLO {name}: threshold {threshold} is not a bucket boundary of {family!r} "
+            f"({', '.join(map(str, DEFAULT_BUCKETS[family]))})"
+        )
     return SLO(metric=metric, le=floatToGoString(threshold), **common)
 
 
@@ -109,12 +111,20 @@ def load(path: Path = SPEC_PATH, overrides: dict | None = None) -> Spec:
         if alert not in symptoms:
             raise KeyError(f"no symptom alert {alert!r} in {path}")
         symptoms[alert].update(values)
-    burn = {sev: tuple(Window(str(w["long"]), str(w["short"]), float(w["factor"])) for w in ws)
-            for sev, ws in raw["burn_rates"].items()}
+    burn = {
+        sev: tuple(Window(str(w["long"]), str(w["short"]), float(w["factor"])) for w in ws)
+        for sev, ws in raw["burn_rates"].items()
+    }
     for sev, ws in burn.items():
         for w in ws:
             if seconds(w.short) * 12 != seconds(w.long):
                 raise ValueError(f"{sev}: short window {w.short} should be 1/12 of {w.long}")
     seconds(raw["period"])
-    return Spec(period=raw["period"], job=raw["job"], runbook=raw["runbook"],
-                slos=tuple(_slo(n, s) for n, s in raw["slos"].items()), burn_rates=burn, symptoms=symptoms)
+    return Spec(
+        period=raw["period"],
+        job=raw["job"],
+        runbook=raw["runbook"],
+        slos=tuple(_slo(n, s) for n, s in raw["slos"].items()),
+        burn_rates=burn,
+        symptoms=symptoms,
+    )

@@ -33,8 +33,7 @@ import httpx
 from loadtest.server import LocalServer
 from loadtest.soak import WORDS, read_metrics
 
-FLAGS = ["--tokenizer-worker-num", "2", "--dp-size", "2", "--max-engine-restarts", "1000",
-         "--log-level", "warning"]
+FLAGS = ["--tokenizer-worker-num", "2", "--dp-size", "2", "--max-engine-restarts", "1000", "--log-level", "warning"]
 VICTIMS = ("worker", "rank", "detokenizer")
 MARGIN = 15.0  # seconds past its deadline a request may take to end (a restart's 503s are immediate)
 
@@ -109,8 +108,9 @@ def victim_pid(pids: dict[str, int], kind: str, rng: random.Random) -> tuple[str
     return role, pids[role]
 
 
-async def faults(url: str, rng: random.Random, stop: asyncio.Event, tally: Tally, a: argparse.Namespace,
-                 t0: float) -> None:
+async def faults(
+    url: str, rng: random.Random, stop: asyncio.Event, tally: Tally, a: argparse.Namespace, t0: float
+) -> None:
     """Kill one process of each kind per round (shuffled), `--min-gap`..`--max-gap` seconds apart: after
     the server is healthy again, or with `--overlap` whatever it is doing (a restart included)."""
     async with httpx.AsyncClient(base_url=url, timeout=10) as c:
@@ -132,8 +132,10 @@ async def faults(url: str, rng: random.Random, stop: asyncio.Event, tally: Tally
                 role, pid = found
                 os.kill(pid, signal.SIGKILL)
                 tally.faults[kind] += 1
-                print(f"[{time.monotonic() - t0:6.1f} s] SIGKILL {role} (pid {pid}); requests so far {tally.sent}",
-                      flush=True)
+                print(
+                    f"[{time.monotonic() - t0:6.1f} s] SIGKILL {role} (pid {pid}); requests so far {tally.sent}",
+                    flush=True,
+                )
                 await asyncio.sleep(1.0)  # the supervisor notices it before health is asked again
 
 
@@ -165,9 +167,17 @@ async def settle(url: str, timeout: float) -> dict:
         end = time.monotonic() + timeout
         while True:
             st = (await c.get("/debug/state")).json()
-            idle = st["in_flight"] == 0 and st["detokenizer"]["active_rids"] == 0 and all(
-                s["num_running"] == 0 and s["num_waiting"] == 0 and s["kv_reserved"] == 0
-                and s["kv_used"] == s["prefix_cached_tokens"] for s in st["schedulers"])
+            idle = (
+                st["in_flight"] == 0
+                and st["detokenizer"]["active_rids"] == 0
+                and all(
+                    s["num_running"] == 0
+                    and s["num_waiting"] == 0
+                    and s["kv_reserved"] == 0
+                    and s["kv_used"] == s["prefix_cached_tokens"]
+                    for s in st["schedulers"]
+                )
+            )
             if idle or time.monotonic() > end:
                 return {"idle": idle, "state": st}
             await asyncio.sleep(0.5)
@@ -176,10 +186,14 @@ async def settle(url: str, timeout: float) -> dict:
 async def chaos(url: str, a: argparse.Namespace) -> tuple[Tally, dict]:
     tally, stop, t0 = Tally(), asyncio.Event(), time.monotonic()
     rng = random.Random(a.seed)
-    users = [asyncio.create_task(user(url, random.Random(a.seed * 1000 + i), stop, tally, a.deadline))
-             for i in range(a.users)]
-    side = [asyncio.create_task(faults(url, rng, stop, tally, a, t0)),
-            asyncio.create_task(sample_rss(url, stop, tally, a.interval, t0))]
+    users = [
+        asyncio.create_task(user(url, random.Random(a.seed * 1000 + i), stop, tally, a.deadline))
+        for i in range(a.users)
+    ]
+    side = [
+        asyncio.create_task(faults(url, rng, stop, tally, a, t0)),
+        asyncio.create_task(sample_rss(url, stop, tally, a.interval, t0)),
+    ]
     await asyncio.sleep(a.seconds)
     stop.set()
     await asyncio.gather(*users)
@@ -204,17 +218,27 @@ def report(tally: Tally, settled: dict, a: argparse.Namespace) -> bool:
     for role, pid in sorted(first.keys() & last.keys()):  # from its warm-up to the end, if it lived that long
         growth = last[role, pid] / first[role, pid] - 1
         worst = max(worst, growth)
-        print(f"RSS {role} (pid {pid or 'hub'}): {first[role, pid] / 2**20:.0f} -> {last[role, pid] / 2**20:.0f} MiB "
-              f"({100 * growth:+.1f} %)")
+        print(
+            f"RSS {role} (pid {pid or 'hub'}): {first[role, pid] / 2**20:.0f} -> {last[role, pid] / 2**20:.0f} MiB "
+            f"({100 * growth:+.1f} %)"
+        )
     ended = sum(tally.outcomes.values())
     lost, hung = tally.sent - ended, tally.outcomes["hung"] + tally.outcomes["malformed"]
     print(f"requests {tally.sent}: " + ", ".join(f"{k} {v}" for k, v in sorted(tally.outcomes.items())))
-    print(f"faults injected: {sum(tally.faults.values())} (" + ", ".join(
-        f"{k} {tally.faults[k]}" for k in VICTIMS) + ")")
-    ok = (hung == 0 and lost == 0 and settled["idle"] and worst <= a.max_growth
-          and all(tally.faults[k] >= a.min_faults for k in VICTIMS))
-    print(f"chaos {'passed' if ok else 'FAILED'}: hung {hung}, lost {lost}, idle after the load "
-          f"{settled['idle']}, worst RSS growth after warm-up {100 * worst:+.1f} % (limit {100 * a.max_growth:.0f} %)")
+    print(
+        f"faults injected: {sum(tally.faults.values())} (" + ", ".join(f"{k} {tally.faults[k]}" for k in VICTIMS) + ")"
+    )
+    ok = (
+        hung == 0
+        and lost == 0
+        and settled["idle"]
+        and worst <= a.max_growth
+        and all(tally.faults[k] >= a.min_faults for k in VICTIMS)
+    )
+    print(
+        f"chaos {'passed' if ok else 'FAILED'}: hung {hung}, lost {lost}, idle after the load "
+        f"{settled['idle']}, worst RSS growth after warm-up {100 * worst:+.1f} % (limit {100 * a.max_growth:.0f} %)"
+    )
     if not settled["idle"]:
         print(json.dumps(settled["state"])[:3000])
     return ok
@@ -232,8 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-faults", type=int, default=1, help="of each kind, for a pass")
     ap.add_argument("--max-faults", type=int, default=0, help="stop injecting after this many (0: never)")
     ap.add_argument("--overlap", action="store_true", help="inject the next fault without waiting for recovery")
-    ap.add_argument("--warmup", type=float, default=60.0,
-                    help="seconds a process serves (healthy samples) before its RSS baseline is taken")
+    ap.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="seconds a process serves (healthy samples) before its RSS baseline is taken",
+    )
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between RSS samples")
     ap.add_argument("--max-growth", type=float, default=0.10)
     ap.add_argument("--seed", type=int, default=33)

@@ -95,15 +95,23 @@ class Workload:
             except TypeError as exc:
                 raise ConfigError(f"workload {name}: {exc}") from None
         if (endpoint == "completions") != (pt is not None):
-            raise ConfigError(f"workload {name}: completions workloads take prompt_tokens (exact lengths), "
-                              "chat workloads take prompts")
+            raise ConfigError(
+                f"workload {name}: completions workloads take prompt_tokens (exact lengths), "
+                "chat workloads take prompts"
+            )
         spt = d.pop("system_prompt_tokens", 0)
         if not (isinstance(spt, int) and not isinstance(spt, bool) and spt >= 0):
             raise ConfigError(f"workload {name}: system_prompt_tokens: want a whole number ≥ 0, got {spt!r}")
         try:
-            return cls(name=name, endpoint=endpoint, prompt_tokens=pt, system_prompt_tokens=spt,
-                       max_tokens=_max_tokens(d.pop("max_tokens", 128), f"workload {name}: max_tokens"),
-                       prompts=tuple(d.pop("prompts", ())), **d)
+            return cls(
+                name=name,
+                endpoint=endpoint,
+                prompt_tokens=pt,
+                system_prompt_tokens=spt,
+                max_tokens=_max_tokens(d.pop("max_tokens", 128), f"workload {name}: max_tokens"),
+                prompts=tuple(d.pop("prompts", ())),
+                **d,
+            )
         except TypeError as exc:
             raise ConfigError(f"workload {name}: {exc}") from None
 
@@ -172,10 +180,18 @@ class Search:
             s = cls(**{k: (int(v) if k == "max_steps" else float(v)) for k, v in d.items()})
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"search {d}: {exc}") from None
-        if not (0 < s.objective <= 1 and 0 < s.start <= s.max_level and s.factor > 1 and s.max_steps >= 1
-                and s.step_seconds > 0 and 0 < s.precision < 1):
-            raise ConfigError(f"search {d}: want 0 < objective ≤ 1, 0 < start ≤ max_level, factor > 1, "
-                              "max_steps ≥ 1, step_seconds > 0, 0 < precision < 1")
+        if not (
+            0 < s.objective <= 1
+            and 0 < s.start <= s.max_level
+            and s.factor > 1
+            and s.max_steps >= 1
+            and s.step_seconds > 0
+            and 0 < s.precision < 1
+        ):
+            raise ConfigError(
+                f"search {d}: want 0 < objective ≤ 1, 0 < start ≤ max_level, factor > 1, "
+                "max_steps ≥ 1, step_seconds > 0, 0 < precision < 1"
+            )
         if arrival == "closed" and (s.start != int(s.start) or s.max_level != int(s.max_level)):
             raise ConfigError(f"search {d}: closed-loop levels are user counts, whole numbers")
         return s
@@ -208,8 +224,14 @@ class Config:
         thresholds, objective = slo_spec_goodput(slo_spec)
         goodput = {**thresholds, **(raw.get("goodput") or {})}
         objective = float(goodput.pop("objective", objective or FALLBACK_OBJECTIVE))
-        return cls(workloads, raw.get("scenarios") or {}, dict(raw.get("slo") or {}),
-                   {k: float(v) for k, v in goodput.items()}, objective, spec_found(slo_spec))
+        return cls(
+            workloads,
+            raw.get("scenarios") or {},
+            dict(raw.get("slo") or {}),
+            {k: float(v) for k, v in goodput.items()},
+            objective,
+            spec_found(slo_spec),
+        )
 
     def scenario(self, name: str, **overrides: Any) -> Scenario:
         """The named scenario with command-line overrides (None means: keep the config's)."""
@@ -218,8 +240,9 @@ class Config:
         d = {**self.scenarios[name], **{k: v for k, v in overrides.items() if v is not None}}
         mix = {str(k): float(v) for k, v in (d.get("mix") or {}).items()}
         if not mix or any(w not in self.workloads for w in mix) or any(v <= 0 for v in mix.values()):
-            raise ConfigError(f"scenario {name}: mix {mix} must name workloads ({', '.join(self.workloads)}) "
-                              "with positive weights")
+            raise ConfigError(
+                f"scenario {name}: mix {mix} must name workloads ({', '.join(self.workloads)}) with positive weights"
+            )
         if d.get("arrival", "closed") not in ("closed", "poisson"):
             raise ConfigError(f"scenario {name}: arrival must be closed or poisson")
         shape = d["shape"] if isinstance(d.get("shape"), Shape) else Shape.from_dict(d.get("shape") or {})
@@ -228,13 +251,22 @@ class Config:
         goodput = {**self.goodput, **(d.get("goodput") or {})}
         objective = float(goodput.pop("objective", self.objective))
         if set(goodput) - {"ttft_ms", "tpot_ms", "e2e_ms"}:
-            raise ConfigError(f"scenario {name}: goodput keys are ttft_ms, tpot_ms, e2e_ms, objective; "
-                              f"not {', '.join(sorted(set(goodput) - {'ttft_ms', 'tpot_ms', 'e2e_ms'}))}")
+            raise ConfigError(
+                f"scenario {name}: goodput keys are ttft_ms, tpot_ms, e2e_ms, objective; "
+                f"not {', '.join(sorted(set(goodput) - {'ttft_ms', 'tpot_ms', 'e2e_ms'}))}"
+            )
         search = d.get("search")
         if search is not None and not isinstance(search, Search):
             search = Search.from_dict(search or {}, objective, d.get("arrival", "closed"))
-        return Scenario(name, mix, d.get("arrival", "closed"), shape, {**self.slo, **(d.get("slo") or {})},
-                        {k: float(v) for k, v in goodput.items()}, search)
+        return Scenario(
+            name,
+            mix,
+            d.get("arrival", "closed"),
+            shape,
+            {**self.slo, **(d.get("slo") or {})},
+            {k: float(v) for k, v in goodput.items()},
+            search,
+        )
 
 
 @dataclass
@@ -260,8 +292,15 @@ class Plan:
         sc = d.pop("scenario")
         sc["shape"] = Shape(tuple(sc["shape"]["levels"]), sc["shape"]["stage_seconds"])
         sc["search"] = Search(**sc["search"]) if sc.get("search") else None
-        wls = [Workload(**{**w, "max_tokens": tuple(w["max_tokens"]) if w["max_tokens"] else None,
-                           "prompts": tuple(w["prompts"]),
-                           "prompt_tokens": tuple(w["prompt_tokens"]) if w["prompt_tokens"] else None})
-               for w in d.pop("workloads")]
+        wls = [
+            Workload(
+                **{
+                    **w,
+                    "max_tokens": tuple(w["max_tokens"]) if w["max_tokens"] else None,
+                    "prompts": tuple(w["prompts"]),
+                    "prompt_tokens": tuple(w["prompt_tokens"]) if w["prompt_tokens"] else None,
+                }
+            )
+            for w in d.pop("workloads")
+        ]
         return cls(scenario=Scenario(**sc), workloads=wls, token_id_range=tuple(d.pop("token_id_range")), **d)

@@ -19,8 +19,11 @@ from loadtest.config import ConfigError
 from loadtest.stats import Summary
 
 _LATENCY = re.compile(r"^(ttft|itl|tpot|e2e)_(p50|p90|p99|mean|max)_ms$")
-_MINIMA = {"goodput_min": "goodput_per_s", "output_tokens_per_s_min": "output_tokens_per_s",
-           "requests_per_s_min": "requests_per_s"}
+_MINIMA = {
+    "goodput_min": "goodput_per_s",
+    "output_tokens_per_s_min": "output_tokens_per_s",
+    "requests_per_s_min": "requests_per_s",
+}
 PREFIX_HIT_RATIO_MIN = "prefix_hit_ratio_min"  # judged on the reconciliation, not the Summary
 GOODPUT_KNEE_MIN = "goodput_knee_min"  # judged on a goodput search's result
 
@@ -41,14 +44,16 @@ class Check:
 def check_keys(slo: dict[str, float]) -> None:
     """ConfigError for an unknown key: caught before a run, not after it."""
     for key in slo:
-        if not (_LATENCY.match(key) or key in ("error_rate", PREFIX_HIT_RATIO_MIN, GOODPUT_KNEE_MIN)
-                or key in _MINIMA):
-            raise ConfigError(f"unknown SLO {key!r}: use <ttft|itl|tpot|e2e>_<p50|p90|p99|mean|max>_ms, "
-                              f"error_rate, {', '.join(_MINIMA)}, {PREFIX_HIT_RATIO_MIN}, {GOODPUT_KNEE_MIN}")
+        if not (_LATENCY.match(key) or key in ("error_rate", PREFIX_HIT_RATIO_MIN, GOODPUT_KNEE_MIN) or key in _MINIMA):
+            raise ConfigError(
+                f"unknown SLO {key!r}: use <ttft|itl|tpot|e2e>_<p50|p90|p99|mean|max>_ms, "
+                f"error_rate, {', '.join(_MINIMA)}, {PREFIX_HIT_RATIO_MIN}, {GOODPUT_KNEE_MIN}"
+            )
 
 
-def actual_value(summary: Summary, key: str, prefix_hit_ratio: float | None = None,
-                 knee: float | None = None) -> tuple[str, float | None]:
+def actual_value(
+    summary: Summary, key: str, prefix_hit_ratio: float | None = None, knee: float | None = None
+) -> tuple[str, float | None]:
     """(comparison, the run's value) for a threshold key."""
     check_keys({key: 0.0})
     if key == PREFIX_HIT_RATIO_MIN:
@@ -64,8 +69,9 @@ def actual_value(summary: Summary, key: str, prefix_hit_ratio: float | None = No
     return ">=", getattr(summary, _MINIMA[key])
 
 
-def evaluate(summary: Summary, slo: dict[str, float], prefix_hit_ratio: float | None = None,
-             knee: float | None = None) -> list[Check]:
+def evaluate(
+    summary: Summary, slo: dict[str, float], prefix_hit_ratio: float | None = None, knee: float | None = None
+) -> list[Check]:
     """One check per threshold; `prefix_hit_ratio` is the reconciliation's, `knee` a goodput search's
     (None: not known)."""
     checks = []

@@ -87,27 +87,63 @@ def _arguments(parser) -> None:
     the web UI's form) with the SLO spec's thresholds as defaults.  Added on the parser itself,
     not a group: only its add_argument knows include_in_web_ui."""
     config = Config.load()
-    parser.add_argument("--workload", default="chat",
-                        help="workload from the workloads YAML, or a mix chat=3,fixed=1 "
-                             f"({', '.join(config.workloads)})")
+    parser.add_argument(
+        "--workload",
+        default="chat",
+        help=f"workload from the workloads YAML, or a mix chat=3,fixed=1 ({', '.join(config.workloads)})",
+    )
     parser.add_argument("--model", default="", help="model name in requests [the one the server's /v1/models names]")
-    parser.add_argument("--slo-ttft", type=float, default=config.goodput.get("ttft_ms", 0.0),
-                        help="goodput: TTFT threshold, ms (0: none) [dashboards/slo.yaml]")
-    parser.add_argument("--slo-tpot", type=float, default=config.goodput.get("tpot_ms", 0.0),
-                        help="goodput: TPOT threshold, ms (0: none) [dashboards/slo.yaml]")
-    parser.add_argument("--slo-e2e", type=float, default=config.goodput.get("e2e_ms", 0.0),
-                        help="goodput: end-to-end threshold, ms (0: none)")
-    parser.add_argument("--slo-objective", type=float, default=config.objective,
-                        help="fraction of requests that must meet every threshold [dashboards/slo.yaml]")
-    parser.add_argument("--records", default="", include_in_web_ui=False,
-                        help="append one JSON line per request to this file (records.jsonl)")
-    parser.add_argument("--workloads-config", default=str(DEFAULT_CONFIG), include_in_web_ui=False,
-                        help="workloads YAML [loadtest/workloads.yaml]")
+    parser.add_argument(
+        "--slo-ttft",
+        type=float,
+        default=config.goodput.get("ttft_ms", 0.0),
+        help="goodput: TTFT threshold, ms (0: none) [dashboards/slo.yaml]",
+    )
+    parser.add_argument(
+        "--slo-tpot",
+        type=float,
+        default=config.goodput.get("tpot_ms", 0.0),
+        help="goodput: TPOT threshold, ms (0: none) [dashboards/slo.yaml]",
+    )
+    parser.add_argument(
+        "--slo-e2e",
+        type=float,
+        default=config.goodput.get("e2e_ms", 0.0),
+        help="goodput: end-to-end threshold, ms (0: none)",
+    )
+    parser.add_argument(
+        "--slo-objective",
+        type=float,
+        default=config.objective,
+        help="fraction of requests that must meet every threshold [dashboards/slo.yaml]",
+    )
+    parser.add_argument(
+        "--records",
+        default="",
+        include_in_web_ui=False,
+        help="append one JSON line per request to this file (records.jsonl)",
+    )
+    parser.add_argument(
+        "--workloads-config",
+        default=str(DEFAULT_CONFIG),
+        include_in_web_ui=False,
+        help="workloads YAML [loadtest/workloads.yaml]",
+    )
     parser.add_argument("--seed", type=int, default=0, include_in_web_ui=False, help="seed of the request generators")
-    parser.add_argument("--failure-backoff", type=float, default=1.0, include_in_web_ui=False,
-                        help="seconds a user waits after a failed request [1]")
-    parser.add_argument("--plan", default="", env_var=PLAN_ENV, include_in_web_ui=False,
-                        help="a resolved plan.json (what python -m loadtest passes); the options above then do nothing")
+    parser.add_argument(
+        "--failure-backoff",
+        type=float,
+        default=1.0,
+        include_in_web_ui=False,
+        help="seconds a user waits after a failed request [1]",
+    )
+    parser.add_argument(
+        "--plan",
+        default="",
+        env_var=PLAN_ENV,
+        include_in_web_ui=False,
+        help="a resolved plan.json (what python -m loadtest passes); the options above then do nothing",
+    )
 
 
 @events.init.add_listener
@@ -155,8 +191,10 @@ def _check_plain_options(o) -> None:
     config = Config.load(Path(o.workloads_config))
     unknown = [w for w in parse_mix(o.workload) if w not in config.workloads]
     if unknown:
-        raise ConfigError(f"--workload: no workload {', '.join(unknown)} in {o.workloads_config} "
-                          f"(have: {', '.join(config.workloads)})")
+        raise ConfigError(
+            f"--workload: no workload {', '.join(unknown)} in {o.workloads_config} "
+            f"(have: {', '.join(config.workloads)})"
+        )
     if not 0 < o.slo_objective <= 1 or min(o.slo_ttft, o.slo_tpot, o.slo_e2e) < 0:
         raise ConfigError("--slo-objective must be in (0, 1] and the --slo-* thresholds ≥ 0")
 
@@ -176,8 +214,9 @@ def plain_plan(environment: Environment) -> Plan:
     users = float(max(1, int(o.num_users or 1)))
     scenario = Scenario("locust", mix, "closed", Shape((users,), float(o.run_time or 3600)), {}, goodput)
     workloads = [config.workloads[w].resolve(served.max_model_len if served else None) for w in mix]
-    return Plan(url, o.model or served.model, scenario, workloads, o.records, o.seed,
-                failure_backoff_s=o.failure_backoff)
+    return Plan(
+        url, o.model or served.model, scenario, workloads, o.records, o.seed, failure_backoff_s=o.failure_backoff
+    )
 
 
 @events.test_start.add_listener
@@ -273,8 +312,9 @@ def run_request(env: Environment, session: requests.Session, rng: random.Random)
     return send(env, session, w, path, body, EmbeddingReader if w.endpoint == "embeddings" else StreamReader).rec
 
 
-def send(env: Environment, session: requests.Session, w: Workload, path: str, body: dict,
-         reader_cls: type = StreamReader):
+def send(
+    env: Environment, session: requests.Session, w: Workload, path: str, body: dict, reader_cls: type = StreamReader
+):
     """Send one request, read its response with a `reader_cls` (a stream by default), report it;
     returns the reader (its `rec` is the RequestRecord)."""
     stage, level = stage_and_level(env)
@@ -302,16 +342,22 @@ def send(env: Environment, session: requests.Session, w: Workload, path: str, bo
     return reader
 
 
-def _fire(env: Environment, kind: str, rec: RequestRecord, value: float, length: int = 0,
-          failure: str | None = None) -> None:
-    env.events.request.fire(request_type=kind, name=rec.workload, response_time=value, response_length=length,
-                            exception=RequestFailed(failure) if failure else None, context={})
+def _fire(
+    env: Environment, kind: str, rec: RequestRecord, value: float, length: int = 0, failure: str | None = None
+) -> None:
+    env.events.request.fire(
+        request_type=kind,
+        name=rec.workload,
+        response_time=value,
+        response_length=length,
+        exception=RequestFailed(failure) if failure else None,
+        context={},
+    )
 
 
 def slo_misses(rec: RequestRecord, goodput: dict[str, float]) -> list[str]:
     """The goodput thresholds a successful request missed, as stable failure names ("ttft > 1000 ms")."""
-    return [f"{key[:-3]} > {limit:g} ms" for key, limit in goodput.items()
-            if not meets(rec, {key: limit})]
+    return [f"{key[:-3]} > {limit:g} ms" for key, limit in goodput.items() if not meets(rec, {key: limit})]
 
 
 def report(env: Environment, rec: RequestRecord, to_locust: bool = True) -> None:
@@ -350,8 +396,10 @@ def slo_verdict(environment: Environment) -> tuple[str, bool] | None:
     objective = environment.parsed_options.slo_objective
     slo = ", ".join(f"{k[:-3]} ≤ {v:g} ms" for k, v in PLAN.scenario.goodput.items()) or "no threshold"
     held = good / n >= objective
-    return (f"SLO {'PASS' if held else 'FAIL'}: {good} of {n} requests ({good / n:.1%}) succeeded within {slo}; "
-            f"objective {objective:.1%}"), held
+    return (
+        f"SLO {'PASS' if held else 'FAIL'}: {good} of {n} requests ({good / n:.1%}) succeeded within {slo}; "
+        f"objective {objective:.1%}"
+    ), held
 
 
 @events.quitting.add_listener
@@ -457,8 +505,9 @@ class ReplayUser(User):
         try:
             gevent.sleep(max(0.0, _replay.t0 + item.due - time.perf_counter()))
             sent = time.perf_counter() - _replay.t0
-            reader = send(self.environment, self.session, self.workloads[item.endpoint], item.path, item.body,
-                          reader_class(item))
+            reader = send(
+                self.environment, self.session, self.workloads[item.endpoint], item.path, item.body, reader_class(item)
+            )
             if _replay_sent is not None:
                 _replay_sent.write(sent_line(item, sent, reader) + "\n")
         finally:

@@ -37,8 +37,7 @@ def load_vs_latency(summary: Summary, arrival: str, path: Path) -> Path:
     xlabel = "concurrent users (closed loop)" if arrival == "closed" else "offered rate, requests/s (Poisson)"
     for ax, metric in zip(axes[:2], ("ttft_ms", "itl_ms")):
         for q in ("p50", "p90", "p99"):
-            ax.plot(levels, [getattr(getattr(s.latency, metric), q) or np.nan for s in stages],
-                    marker="o", label=q)
+            ax.plot(levels, [getattr(getattr(s.latency, metric), q) or np.nan for s in stages], marker="o", label=q)
         ax.set(title=f"{metric[:-3].upper()} vs offered load", xlabel=xlabel, ylabel="ms")
         ax.legend()
         ax.grid(alpha=0.3)
@@ -68,8 +67,9 @@ def latency_cdfs(recs: list[RequestRecord], path: Path) -> Path:
     return _save(fig, path)
 
 
-def throughput_over_time(recs: list[RequestRecord], stage_seconds: float, levels: tuple[float, ...],
-                         path: Path) -> Path:
+def throughput_over_time(
+    recs: list[RequestRecord], stage_seconds: float, levels: tuple[float, ...], path: Path
+) -> Path:
     """Output tokens/s and completed requests/s in 1 s bins, with the offered level behind them."""
     t0 = min((r.start for r in recs), default=0.0)
     end = max((r.start + r.e2e - t0 for r in recs), default=1.0)
@@ -86,8 +86,13 @@ def throughput_over_time(recs: list[RequestRecord], stage_seconds: float, levels
     ax2.set(title="requests/s", xlabel="seconds since the first request", ylabel="requests/s")
     ax2.legend(loc="upper left")
     level_ax = ax1.twinx()
-    level_ax.step([i * stage_seconds for i in range(len(levels) + 1)], [*levels, levels[-1]], where="post",
-                  color="grey", alpha=0.5)
+    level_ax.step(
+        [i * stage_seconds for i in range(len(levels) + 1)],
+        [*levels, levels[-1]],
+        where="post",
+        color="grey",
+        alpha=0.5,
+    )
     level_ax.set_ylabel("offered load", color="grey")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
@@ -117,18 +122,36 @@ def goodput_search(result: Any, path: Path) -> Path:
         ax.legend(loc="lower left" if ax is ax1 else "upper left")
     slo = ", ".join(f"{k[:-3]} ≤ {v:g} ms" for k, v in result.goodput_slo.items()) or "no threshold"
     fig.suptitle(f"goodput search: ≥ {result.objective:.1%} of requests within {slo}")
-    steps_drawn = [{"level": s.level, "attainment": s.attainment, "goodput_per_s": s.goodput_per_s,
-                    "passed": s.passed} for s in steps]
-    return _save(fig, path, {"sightline:knee": "none" if drawn is None else f"{drawn:g}",
-                             "sightline:unit": result.unit, "sightline:steps": json.dumps(steps_drawn)})
+    steps_drawn = [
+        {"level": s.level, "attainment": s.attainment, "goodput_per_s": s.goodput_per_s, "passed": s.passed}
+        for s in steps
+    ]
+    return _save(
+        fig,
+        path,
+        {
+            "sightline:knee": "none" if drawn is None else f"{drawn:g}",
+            "sightline:unit": result.unit,
+            "sightline:steps": json.dumps(steps_drawn),
+        },
+    )
 
 
-def write_all(recs: list[RequestRecord], summary: Summary, arrival: str, stage_seconds: float,
-              levels: tuple[float, ...], out: Path, search: Any = None) -> list[Path]:
+def write_all(
+    recs: list[RequestRecord],
+    summary: Summary,
+    arrival: str,
+    stage_seconds: float,
+    levels: tuple[float, ...],
+    out: Path,
+    search: Any = None,
+) -> list[Path]:
     """The plots of a run; a goodput search's steps are separate runs with gaps between them, so it
     gets its own plot instead of the throughput-over-time one."""
-    common = [load_vs_latency(summary, arrival, out / "load_vs_latency.png"),
-              latency_cdfs(recs, out / "latency_cdf.png")]
+    common = [
+        load_vs_latency(summary, arrival, out / "load_vs_latency.png"),
+        latency_cdfs(recs, out / "latency_cdf.png"),
+    ]
     if search is not None:
         return [*common, goodput_search(search, out / "goodput_search.png")]
     return [*common, throughput_over_time(recs, stage_seconds, levels, out / "throughput.png")]

@@ -147,20 +147,23 @@ class Reconciliation:
     def ok(self) -> bool:
         cached = self.cached_tokens_match or not self.prefix_cache_available
         tokens = (self.tokens_match and cached) or not self.tokens_comparable
-        return (self.available and self.counts_match and tokens and self.server_ttft_le_client
-                and self.embeddings_match)
+        return self.available and self.counts_match and tokens and self.server_ttft_le_client and self.embeddings_match
 
 
-def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | None, model: str,
-              client_ttft_ms: dict[str, float | None]) -> Reconciliation:
+def reconcile(
+    recs: list[RequestRecord],
+    before: Scrape | None,
+    after: Scrape | None,
+    model: str,
+    client_ttft_ms: dict[str, float | None],
+) -> Reconciliation:
     if before is None or after is None:
         return Reconciliation(False, "the server has no /metrics with sightline_requests_total")
     d = after.minus(before)
     rec = Reconciliation(True)
     rec.client_by_finish_reason = dict(Counter(r.finish_reason for r in recs))
     rec.client_by_finish_reason_status = dict(Counter(f"{r.finish_reason}/{r.status}" for r in recs))
-    rec.server_by_finish_reason = {k: int(v) for k, v in d.by(REQUESTS, "finish_reason", model_name=model).items()
-                                   if v}
+    rec.server_by_finish_reason = {k: int(v) for k, v in d.by(REQUESTS, "finish_reason", model_name=model).items() if v}
     by_status: Counter = Counter()
     for (n, labels), v in d.samples.items():
         lab = dict(labels)
@@ -175,14 +178,17 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
     rec.server_prompt_tokens = int(d.total(PROMPT, model_name=model))
     rec.server_generation_tokens = int(d.total(GENERATION, model_name=model))
     rec.tokens_match = (rec.client_prompt_tokens, rec.client_generation_tokens) == (
-        rec.server_prompt_tokens, rec.server_generation_tokens)
+        rec.server_prompt_tokens,
+        rec.server_generation_tokens,
+    )
     # a request refused with an HTTP error has no tokens on either side; one that failed mid-stream
     # has tokens the server counted and the client never got a usage chunk for
     rec.tokens_comparable = all(r.ok or (r.error or "").startswith("http ") for r in recs)
     notes = []
     if rec.client_unanswered:
-        notes.append(f"{rec.client_unanswered} request(s) cut before any response: the server's aborts may count "
-                     "each or not")
+        notes.append(
+            f"{rec.client_unanswered} request(s) cut before any response: the server's aborts may count each or not"
+        )
     if not rec.tokens_comparable:
         notes.append("requests failed mid-stream (no usage chunk): token counts are shown, not compared")
     prefix_cache(rec, ok, after, d, model)
@@ -197,7 +203,8 @@ def reconcile(recs: list[RequestRecord], before: Scrape | None, after: Scrape | 
         rec.ttft_ms[q] = {"client": client_ttft_ms.get(q), "server_estimate": server * 1000 if server else None}
     embeddings(rec, recs, d, model)
     rec.server_ttft_le_client = (bool(buckets) or not client_ttft) and all(
-        buckets[b] >= sum(t <= b for t in client_ttft) for b in buckets if b != float("inf"))
+        buckets[b] >= sum(t <= b for t in client_ttft) for b in buckets if b != float("inf")
+    )
     return rec
 
 
@@ -233,4 +240,6 @@ def embeddings(rec: Reconciliation, recs: list[RequestRecord], delta: Scrape, mo
     rec.server_embedding_inputs = int(delta.total(EMBED_SIZE + "_sum", model_name=model, kind="inputs"))
     if len(ok) == len(embed):
         rec.embeddings_match = (rec.client_embedding_requests, rec.client_embedding_inputs) == (
-            rec.server_embedding_requests, rec.server_embedding_inputs)
+            rec.server_embedding_requests,
+            rec.server_embedding_inputs,
+        )

@@ -23,20 +23,36 @@ from loadtest.server import REPO, LocalServer
 
 CHAT = [{"role": "user", "content": "Write a haiku about the sea."}]
 CASES = {  # name → (path, body, expected)
-    "chat_usage": ("/v1/chat/completions",
-                   {"messages": CHAT, "max_tokens": 12, "ignore_eos": True, "stream_options": {"include_usage": True}},
-                   {"finish_reason": "length", "completion_tokens": 12, "error": None}),
-    "chat_no_usage": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 6, "ignore_eos": True},
-                      {"finish_reason": "length", "completion_tokens": None, "error": None}),
-    "completions_usage": ("/v1/completions",
-                          {"prompt": "The capital of France is", "max_tokens": 10, "ignore_eos": True,
-                           "stream_options": {"include_usage": True}},
-                          {"finish_reason": "length", "completion_tokens": 10, "error": None}),
-    "completions_token_ids": ("/v1/completions",
-                              {"prompt": list(range(1000, 1040)), "max_tokens": 5, "ignore_eos": True,
-                               "stream_options": {"include_usage": True}},
-                              {"finish_reason": "length", "completion_tokens": 5, "prompt_tokens": 40,
-                               "error": None}),
+    "chat_usage": (
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 12, "ignore_eos": True, "stream_options": {"include_usage": True}},
+        {"finish_reason": "length", "completion_tokens": 12, "error": None},
+    ),
+    "chat_no_usage": (
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 6, "ignore_eos": True},
+        {"finish_reason": "length", "completion_tokens": None, "error": None},
+    ),
+    "completions_usage": (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 10,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        },
+        {"finish_reason": "length", "completion_tokens": 10, "error": None},
+    ),
+    "completions_token_ids": (
+        "/v1/completions",
+        {
+            "prompt": list(range(1000, 1040)),
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        },
+        {"finish_reason": "length", "completion_tokens": 5, "prompt_tokens": 40, "error": None},
+    ),
 }
 
 
@@ -50,8 +66,13 @@ def record(url: str, path: str, body: dict) -> bytes:
 def record_shutdown(server: LocalServer) -> bytes:
     """A long stream; SIGTERM to the server once it has started: the in-flight request is ended
     with an error event and [DONE]."""
-    body = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": "Once upon a time",
+        "max_tokens": 1500,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     got = bytearray()
     started = threading.Event()
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
@@ -76,9 +97,10 @@ def main() -> int:
                 (a.out / f"{name}.sse").write_bytes(record(server.url, path, body))
                 manifest[name] = {"request": {"path": path, **body}, "expect": {**expected, "done": True}}
             (a.out / "shutdown_error.sse").write_bytes(record_shutdown(server))
-            manifest["shutdown_error"] = {"request": "a 1500-token completion; SIGTERM to the server mid-stream",
-                                          "expect": {"finish_reason": "abort", "status": 503,
-                                                     "error": "error event: *", "done": True}}
+            manifest["shutdown_error"] = {
+                "request": "a 1500-token completion; SIGTERM to the server mid-stream",
+                "expect": {"finish_reason": "abort", "status": 503, "error": "error event: *", "done": True},
+            }
         finally:
             server.stop()
     (a.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

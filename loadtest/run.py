@@ -48,14 +48,38 @@ def run_locust(plan: Plan, out: Path, csv: bool = True) -> int:
     """Locust headless on `out/plan.json` (written by the caller); `csv=False` spares a search step
     the CSV writer's last-second wait at shutdown."""
     stop_timeout = max(w.timeout_s for w in plan.workloads) + 10
-    cmd = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", plan.url,
-           "--plan", str(out / "plan.json"), "--html", str(out / "locust.html"), "--only-summary",
-           "--stop-timeout", f"{stop_timeout:g}", "--exit-code-on-error", "0", "--loglevel", "WARNING",
-           *(["--csv", str(out / "locust")] if csv else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--host",
+        plan.url,
+        "--plan",
+        str(out / "plan.json"),
+        "--html",
+        str(out / "locust.html"),
+        "--only-summary",
+        "--stop-timeout",
+        f"{stop_timeout:g}",
+        "--exit-code-on-error",
+        "0",
+        "--loglevel",
+        "WARNING",
+        *(["--csv", str(out / "locust")] if csv else []),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(out / "locust.log", "wb") as log:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=plan.scenario.shape.duration + stop_timeout + 120)
+        proc = subprocess.run(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=plan.scenario.shape.duration + stop_timeout + 120,
+        )
     return proc.returncode
 
 
@@ -69,8 +93,9 @@ class Outcome:
     search: SearchResult | None = None
 
 
-def analyse(out: Path, plan: Plan, slo: dict[str, float], require_reconcile: bool, run_info: dict,
-            write: bool = True) -> Outcome:
+def analyse(
+    out: Path, plan: Plan, slo: dict[str, float], require_reconcile: bool, run_info: dict, write: bool = True
+) -> Outcome:
     """Summary, reconciliation, gate (and, with `write`, plots, summary.json, report.txt) from what
     the run left in `out`: records.jsonl and the two /metrics scrapes.  For a goodput search the
     stages are its steps and the gate judges the knee's step (plus `goodput_knee_min`, by default:
@@ -82,21 +107,41 @@ def analyse(out: Path, plan: Plan, slo: dict[str, float], require_reconcile: boo
     if plan.scenario.search:
         search = load_result(out, plan, recs)
         summary.stages = step_stages(recs, search.steps, plan)
-        judged = summarize([r for r in recs if r.stage == search.knee_step], plan.scenario.goodput,
-                           plan.scenario.search.step_seconds)
+        judged = summarize(
+            [r for r in recs if r.stage == search.knee_step], plan.scenario.goodput, plan.scenario.search.step_seconds
+        )
         slo = {GOODPUT_KNEE_MIN: 0.0, **slo}
-    rec = reconcile(recs, before, after, plan.model, {q: getattr(summary.latency.ttft_ms, q)
-                                                      for q in ("p50", "p90", "p99")})
+    rec = reconcile(
+        recs, before, after, plan.model, {q: getattr(summary.latency.ttft_ms, q) for q in ("p50", "p90", "p99")}
+    )
     checks = evaluate(judged, slo, prefix_hit_ratio=rec.prefix_hit_ratio, knee=search.knee if search else None)
     if require_reconcile:
         checks.append(Check("reconciliation", "==", 1.0, float(rec.ok), rec.ok))
     if not recs:
         checks.append(Check("requests_sent", ">=", 1.0, 0.0, False))
-    text = "\n".join([*summary_lines(summary), *(search_lines(search) if search else []),
-                      *reconciliation_lines(rec), *gate_lines(checks), f"results: {out}"])
+    text = "\n".join(
+        [
+            *summary_lines(summary),
+            *(search_lines(search) if search else []),
+            *reconciliation_lines(rec),
+            *gate_lines(checks),
+            f"results: {out}",
+        ]
+    )
     if write:
-        plots = write_all(recs, summary, plan.scenario.arrival, plan.scenario.shape.stage_seconds,
-                          plan.scenario.shape.levels, out, search) if recs else []
+        plots = (
+            write_all(
+                recs,
+                summary,
+                plan.scenario.arrival,
+                plan.scenario.shape.stage_seconds,
+                plan.scenario.shape.levels,
+                out,
+                search,
+            )
+            if recs
+            else []
+        )
         write_summary(out / "summary.json", run_info, summary, rec, checks, plots, search)
         (out / "report.txt").write_text(text + "\n")
     return Outcome(all(c.passed for c in checks), len(recs), checks, rec, text, search)

@@ -86,14 +86,32 @@ def next_level(search: Search, closed: bool, steps: list[Step]) -> float | None:
     return None if hi - lo <= search.precision * hi else (lo + hi) / 2
 
 
-def judge(index: int, level: float, phase: str, recs: list[RequestRecord], goodput: dict[str, float],
-          objective: float, step_seconds: float) -> Step:
+def judge(
+    index: int,
+    level: float,
+    phase: str,
+    recs: list[RequestRecord],
+    goodput: dict[str, float],
+    objective: float,
+    step_seconds: float,
+) -> Step:
     good = sum(meets(r, goodput) for r in recs)
     lat = Latencies.of(recs)
     attainment = good / len(recs) if recs else None
-    return Step(index, level, phase, len(recs), good, sum(not r.ok for r in recs), attainment,
-                good / step_seconds, len(recs) / step_seconds,
-                attainment is not None and attainment >= objective, lat.ttft_ms.p99, lat.tpot_ms.p99)
+    return Step(
+        index,
+        level,
+        phase,
+        len(recs),
+        good,
+        sum(not r.ok for r in recs),
+        attainment,
+        good / step_seconds,
+        len(recs) / step_seconds,
+        attainment is not None and attainment >= objective,
+        lat.ttft_ms.p99,
+        lat.tpot_ms.p99,
+    )
 
 
 def judge_all(levels: list[float], recs: list[RequestRecord], plan: Plan) -> list[Step]:
@@ -102,8 +120,17 @@ def judge_all(levels: list[float], recs: list[RequestRecord], plan: Plan) -> lis
     steps: list[Step] = []
     for i, level in enumerate(levels):
         phase = "ramp" if all(s.passed for s in steps) else "bisect"
-        steps.append(judge(i, level, phase, [r for r in recs if r.stage == i], sc.goodput,
-                           sc.search.objective, sc.search.step_seconds))
+        steps.append(
+            judge(
+                i,
+                level,
+                phase,
+                [r for r in recs if r.stage == i],
+                sc.goodput,
+                sc.search.objective,
+                sc.search.step_seconds,
+            )
+        )
     return steps
 
 
@@ -111,10 +138,17 @@ def result(plan: Plan, steps: list[Step]) -> SearchResult:
     sc = plan.scenario
     lo, hi = bounds(steps)
     knee = next((s for s in steps if s.passed and s.level == lo), None) if lo else None
-    return SearchResult(sc.arrival, "users" if sc.arrival == "closed" else "requests/s", sc.search.objective,
-                        dict(sc.goodput), knee.level if knee else None, knee.index if knee else None,
-                        knee.goodput_per_s if knee else None,
-                        hi is None and bool(steps) and lo >= sc.search.max_level, steps)
+    return SearchResult(
+        sc.arrival,
+        "users" if sc.arrival == "closed" else "requests/s",
+        sc.search.objective,
+        dict(sc.goodput),
+        knee.level if knee else None,
+        knee.index if knee else None,
+        knee.goodput_per_s if knee else None,
+        hi is None and bool(steps) and lo >= sc.search.max_level,
+        steps,
+    )
 
 
 def load_result(out: Path, plan: Plan, recs: list[RequestRecord]) -> SearchResult:
@@ -147,8 +181,11 @@ def run_search(plan: Plan, out: Path, run_locust: Callable[[Plan, Path, bool], i
             i = len(steps)
             d = out / "steps" / f"{i:02d}"
             d.mkdir(parents=True, exist_ok=True)
-            step_plan = replace(plan, scenario=replace(sc, shape=Shape((level,), search.step_seconds), search=None),
-                                records_path=str(d / "records.jsonl"))
+            step_plan = replace(
+                plan,
+                scenario=replace(sc, shape=Shape((level,), search.step_seconds), search=None),
+                records_path=str(d / "records.jsonl"),
+            )
             (d / "plan.json").write_text(step_plan.to_json())
             rc = run_locust(step_plan, d, False)
             worst = worst or rc
@@ -159,8 +196,11 @@ def run_search(plan: Plan, out: Path, run_locust: Callable[[Plan, Path, bool], i
             levels.append(level)
             (out / STEPS_FILE).write_text(json.dumps(levels))
             s = steps[-1]
-            print(f"  step {i} ({phase}) level {level:g}: {s.good}/{s.requests} within the SLO "
-                  f"({_pct(s.attainment)}) → {'pass' if s.passed else 'fail'}", flush=True)
+            print(
+                f"  step {i} ({phase}) level {level:g}: {s.good}/{s.requests} within the SLO "
+                f"({_pct(s.attainment)}) → {'pass' if s.passed else 'fail'}",
+                flush=True,
+            )
     return worst
 
 
@@ -174,17 +214,23 @@ def _ms(v: float | None) -> str:
 
 def search_lines(r: SearchResult) -> list[str]:
     slo = ", ".join(f"{k[:-3]} ≤ {v:g} ms" for k, v in r.goodput_slo.items()) or "no threshold"
-    lines = [f"goodput search ({'Poisson arrivals' if r.arrival == 'poisson' else 'closed loop'}, {r.unit}): "
-             f"≥ {r.objective:.1%} of requests succeed within {slo}",
-             f"  {'step':>4} {'phase':<6} {'level':>7} {'reqs':>5} {'good':>5} {'within':>7} {'goodput/s':>9} "
-             f"{'TTFT p99':>8} {'TPOT p99':>8}"]
+    lines = [
+        f"goodput search ({'Poisson arrivals' if r.arrival == 'poisson' else 'closed loop'}, {r.unit}): "
+        f"≥ {r.objective:.1%} of requests succeed within {slo}",
+        f"  {'step':>4} {'phase':<6} {'level':>7} {'reqs':>5} {'good':>5} {'within':>7} {'goodput/s':>9} "
+        f"{'TTFT p99':>8} {'TPOT p99':>8}",
+    ]
     for s in r.steps:
-        lines.append(f"  {s.index:>4} {s.phase:<6} {s.level:>7g} {s.requests:>5} {s.good:>5} {_pct(s.attainment):>7} "
-                     f"{s.goodput_per_s:>9.2f} {_ms(s.ttft_p99_ms):>8} {_ms(s.tpot_p99_ms):>8}  "
-                     f"{'pass' if s.passed else 'FAIL'}")
+        lines.append(
+            f"  {s.index:>4} {s.phase:<6} {s.level:>7g} {s.requests:>5} {s.good:>5} {_pct(s.attainment):>7} "
+            f"{s.goodput_per_s:>9.2f} {_ms(s.ttft_p99_ms):>8} {_ms(s.tpot_p99_ms):>8}  "
+            f"{'pass' if s.passed else 'FAIL'}"
+        )
     if r.knee is None:
         lines.append("knee: none — no level met the SLO")
     else:
-        lines.append(f"knee: {r.knee:g} {r.unit} (step {r.knee_step}, goodput {r.knee_goodput_per_s:.2f} req/s)"
-                     + (" — every step passed up to max_level: the knee is at least this" if r.capped else ""))
+        lines.append(
+            f"knee: {r.knee:g} {r.unit} (step {r.knee_step}, goodput {r.knee_goodput_per_s:.2f} req/s)"
+            + (" — every step passed up to max_level: the knee is at least this" if r.capped else "")
+        )
     return lines

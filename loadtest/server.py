@@ -65,16 +65,38 @@ class LocalServer:
     (tests/server_util.ServerProc adds its conveniences on top).
     """
 
-    def __init__(self, model: str, port: int, log_path: Path, extra: list[str], startup_s: float = 900.0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str,
+        port: int,
+        log_path: Path,
+        extra: list[str],
+        startup_s: float = 900.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "serving", "serve", "--model", model, "--host", "127.0.0.1",
-             "--port", str(self.port), *extra],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "serving",
+                "serve",
+                "--model",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *extra,
+            ],
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
         )
         try:
             self.wait_healthy(startup_s)

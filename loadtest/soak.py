@@ -31,8 +31,16 @@ WORDS = "the quick brown fox jumps over a lazy dog while sightline watches every
 
 
 def read_metrics(text: str) -> dict:
-    out: dict = {"rss": {}, "requests": 0.0, "drops": 0.0, "kv_used": 0.0, "kv_cached": 0.0, "kv_reserved": 0.0,
-                 "in_flight": 0.0, "errors": 0.0}
+    out: dict = {
+        "rss": {},
+        "requests": 0.0,
+        "drops": 0.0,
+        "kv_used": 0.0,
+        "kv_cached": 0.0,
+        "kv_reserved": 0.0,
+        "in_flight": 0.0,
+        "errors": 0.0,
+    }
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == "sightline_process_resident_memory_bytes":
@@ -79,15 +87,19 @@ async def soak(url: str, minutes: float, users: int, interval: float, warmup: fl
             m["t"] = time.monotonic() - t0
             samples.append(m)
             rss = " ".join(f"{k}={v / 2**20:.0f}MiB" for k, v in sorted(m["rss"].items()))
-            print(f"[{m['t'] / 60:5.1f} min] RSS {rss} | KV held by requests {m['kv_requests']:.0f}, prefix cache "
-                  f"{m['kv_cached']:.0f} | in flight {m['in_flight']:.0f}"
-                  f" | requests {m['requests']:.0f} (5xx {m['errors']:.0f}) | stale drops {m['drops']:.0f}",
-                  flush=True)
+            print(
+                f"[{m['t'] / 60:5.1f} min] RSS {rss} | KV held by requests {m['kv_requests']:.0f}, prefix cache "
+                f"{m['kv_cached']:.0f} | in flight {m['in_flight']:.0f}"
+                f" | requests {m['requests']:.0f} (5xx {m['errors']:.0f}) | stale drops {m['drops']:.0f}",
+                flush=True,
+            )
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         idle = await settled(c)
-    print(f"idle: KV held by requests {idle['kv_requests']:.0f}, reserved {idle['kv_reserved']:.0f}, prefix cache "
-          f"{idle['kv_cached']:.0f}, in flight {idle['in_flight']:.0f}")
+    print(
+        f"idle: KV held by requests {idle['kv_requests']:.0f}, reserved {idle['kv_reserved']:.0f}, prefix cache "
+        f"{idle['kv_cached']:.0f}, in flight {idle['in_flight']:.0f}"
+    )
     return [s for s in samples if s["t"] >= warmup * 60] or samples[-1:], idle
 
 
@@ -127,9 +139,11 @@ def main() -> int:
         print(f"RSS {role}: {first['rss'].get(role, rss) / 2**20:.0f} → {rss / 2**20:.0f} MiB ({100 * growth:+.1f} %)")
     leaked = idle["in_flight"] != 0 or idle["kv_requests"] != 0 or idle["kv_reserved"] != 0
     ok = worst <= a.max_growth and last["errors"] == 0 and not leaked
-    print(f"soak {'passed' if ok else 'FAILED'}: worst RSS growth after warm-up {100 * worst:+.1f} % "
-          f"(limit {100 * a.max_growth:.0f} %), 5xx {last['errors']:.0f}, KV slots held when idle "
-          f"{idle['kv_requests']:.0f} (reserved {idle['kv_reserved']:.0f})")
+    print(
+        f"soak {'passed' if ok else 'FAILED'}: worst RSS growth after warm-up {100 * worst:+.1f} % "
+        f"(limit {100 * a.max_growth:.0f} %), 5xx {last['errors']:.0f}, KV slots held when idle "
+        f"{idle['kv_requests']:.0f} (reserved {idle['kv_reserved']:.0f})"
+    )
     return 0 if ok else 1
 
 

@@ -68,8 +68,14 @@ class SSEParser:
 
 
 # The error type of a mid-stream error event → the HTTP status it stands for (docs/api.md); OpenAI's, Anthropic's.
-ERROR_EVENT_STATUS = {"internal_error": 500, "server_unavailable": 503, "timeout": 504, "api_error": 500,
-                      "overloaded_error": 503, "timeout_error": 504}
+ERROR_EVENT_STATUS = {
+    "internal_error": 500,
+    "server_unavailable": 503,
+    "timeout": 504,
+    "api_error": 500,
+    "overloaded_error": 503,
+    "timeout_error": 504,
+}
 # Anthropic's stop reasons (POST /v1/messages) as finish reasons
 ANTHROPIC_FINISH = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "stop", "max_tokens": "length"}
 

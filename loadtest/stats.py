@@ -48,11 +48,13 @@ class Latencies:
     @classmethod
     def of(cls, recs: list[RequestRecord]) -> "Latencies":
         ok = [r for r in recs if r.ok]
-        return cls(Percentiles.of([r.ttft for r in ok if r.ttft is not None]),
-                   Percentiles.of([g for r in ok for g in r.itl]),
-                   Percentiles.of([r.tpot for r in ok if r.tpot is not None]),
-                   Percentiles.of([r.e2e for r in ok]),
-                   Percentiles.of([r.output_tokens for r in ok], scale=1.0))
+        return cls(
+            Percentiles.of([r.ttft for r in ok if r.ttft is not None]),
+            Percentiles.of([g for r in ok for g in r.itl]),
+            Percentiles.of([r.tpot for r in ok if r.tpot is not None]),
+            Percentiles.of([r.e2e for r in ok]),
+            Percentiles.of([r.output_tokens for r in ok], scale=1.0),
+        )
 
 
 @dataclass
@@ -127,15 +129,31 @@ def summarize(recs: list[RequestRecord], goodput_slo: dict[str, float], stage_se
     tok_s = _stage_throughput(recs, stage_seconds) if recs else {}
     for stage in sorted({r.stage for r in recs}):
         s = [r for r in recs if r.stage == stage]
-        stages.append(StageSummary(stage, s[0].level, len(s), sum(not r.ok for r in s), len(s) / stage_seconds,
-                                   tok_s.get(stage, 0.0), Latencies.of(s)))
+        stages.append(
+            StageSummary(
+                stage,
+                s[0].level,
+                len(s),
+                sum(not r.ok for r in s),
+                len(s) / stage_seconds,
+                tok_s.get(stage, 0.0),
+                Latencies.of(s),
+            )
+        )
     return Summary(
-        requests=len(recs), failures=failures, error_rate=failures / len(recs) if recs else 0.0,
-        duration_s=dur, requests_per_s=len(recs) / dur if dur else 0.0,
-        prompt_tokens=sum(r.prompt_tokens or 0 for r in recs if r.ok), output_tokens=_tokens(recs),
+        requests=len(recs),
+        failures=failures,
+        error_rate=failures / len(recs) if recs else 0.0,
+        duration_s=dur,
+        requests_per_s=len(recs) / dur if dur else 0.0,
+        prompt_tokens=sum(r.prompt_tokens or 0 for r in recs if r.ok),
+        output_tokens=_tokens(recs),
         output_tokens_per_s=_tokens(recs) / dur if dur else 0.0,
-        goodput_requests=good, goodput_per_s=good / dur if dur else 0.0, goodput_slo=dict(goodput_slo),
+        goodput_requests=good,
+        goodput_per_s=good / dur if dur else 0.0,
+        goodput_slo=dict(goodput_slo),
         finish_reasons=dict(Counter(r.finish_reason for r in recs)),
         failure_reasons=dict(Counter(r.error for r in recs if r.error)),
-        latency=Latencies.of(recs), stages=stages,
+        latency=Latencies.of(recs),
+        stages=stages,
     )

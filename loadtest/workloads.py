@@ -27,14 +27,16 @@ DEFAULT_PROMPTS = (
 )
 # Common words that byte-level BPE vocabularies (GPT-2, Llama 3, SmolLM) hold as one token
 # with their leading space, so a system prompt of n words and periods is about n tokens.
-WORDS = tuple("""the of and to in is that for it with as was on be at by this have from or one had not but
+WORDS = tuple(
+    """the of and to in is that for it with as was on be at by this have from or one had not but
 what all were when we there can an your which their said if do will each about how up out them then she
 many some so these would other into has more her two like him see time could no make than first been its
 who now people my made over did down only way find use may water long little very after words called just
 where most know answer question short clear help user always never write read model system data rule list
 number good new old day work world part place year back give well also through much before line right too
 any same tell does set three want air play small end put home hand large even here must big high such
-follow act why ask change went light kind off need house try again point page letter name open""".split())
+follow act why ask change went light kind off need house try again point page letter name open""".split()
+)
 
 
 @lru_cache(maxsize=8)
@@ -66,11 +68,17 @@ def pick_workload(plan: Plan, rng: random.Random) -> Workload:
 def build_request(w: Workload, plan: Plan, rng: random.Random) -> tuple[str, dict]:
     if w.endpoint == "embeddings":  # a batch of token-id inputs (exact lengths), float vectors back
         lo, hi = w.prompt_tokens
-        inputs = [[rng.randint(*plan.token_id_range) for _ in range(rng.randint(lo, hi))]
-                  for _ in range(rng.randint(*w.inputs))]
+        inputs = [
+            [rng.randint(*plan.token_id_range) for _ in range(rng.randint(lo, hi))]
+            for _ in range(rng.randint(*w.inputs))
+        ]
         return PATHS[w.endpoint], {"model": plan.model, "input": inputs}
-    body: dict = {"model": plan.model, "temperature": w.temperature, "stream": True,
-                  "stream_options": {"include_usage": True}}
+    body: dict = {
+        "model": plan.model,
+        "temperature": w.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if w.max_tokens is not None:  # else the server's default: what is left of the context window
         body["max_tokens"] = rng.randint(*w.max_tokens)
     if w.ignore_eos:

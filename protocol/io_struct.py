@@ -401,10 +401,12 @@ class SchedulerStats(_Msg, kw_only=True):
     prefix_misses: list[MissCount] = msgspec.field(default_factory=lambda: [MissCount(r, 0) for r in MISS_REASONS])
     grammar_compile_seconds: list[PhaseHistogram] = []  # cumulative: cold grammar compiles (phase "compile")
     grammar_cache: list[GrammarCacheCount] = msgspec.field(
-        default_factory=lambda: [GrammarCacheCount(r, 0) for r in GRAMMAR_CACHE_RESULTS])
+        default_factory=lambda: [GrammarCacheCount(r, 0) for r in GRAMMAR_CACHE_RESULTS]
+    )
     grammar_forced_tokens_total: int = 0  # cumulative: tokens sampled from a grammar mask that allowed only them
     grammar_errors: list[GrammarErrorCount] = msgspec.field(
-        default_factory=lambda: [GrammarErrorCount(k, 0) for k in GRAMMAR_ERROR_KINDS])
+        default_factory=lambda: [GrammarErrorCount(k, 0) for k in GRAMMAR_ERROR_KINDS]
+    )
     work_flops: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: the steps' FLOPs by phase
     work_bytes: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: bytes they moved, by phase
     peak_flops: float = 0.0  # FLOP/s the startup probe measured (0: not measured, --no-peak-probe)
@@ -585,9 +587,30 @@ class HubReply(_Msg):
 
 
 Message = Union[
-    TokenizedGenerateReqInput, AbortReq, FlushCacheReq, PauseReq, ContinueReq, SetLogLevelReq, BatchTokenIDOutput,
-    BatchStrOutput, TokenizedEmbeddingReqInput, BatchEmbeddingOutput,
-    DetokenizerStats, SchedulerStats, FlushCacheReqOutput, Ready, WorkerGone, EngineStatus, WorkerStats,
-    SnapshotReq, Snapshot, HubQuery, HubReply, StepTimelineReq, StepTimelineOutput, BarrierReq, ReleaseHeldReq,
+    TokenizedGenerateReqInput,
+    AbortReq,
+    FlushCacheReq,
+    PauseReq,
+    ContinueReq,
+    SetLogLevelReq,
+    BatchTokenIDOutput,
+    BatchStrOutput,
+    TokenizedEmbeddingReqInput,
+    BatchEmbeddingOutput,
+    DetokenizerStats,
+    SchedulerStats,
+    FlushCacheReqOutput,
+    Ready,
+    WorkerGone,
+    EngineStatus,
+    WorkerStats,
+    SnapshotReq,
+    Snapshot,
+    HubQuery,
+    HubReply,
+    StepTimelineReq,
+    StepTimelineOutput,
+    BarrierReq,
+    ReleaseHeldReq,
     StartupProgress,
 ]

@@ -71,17 +71,26 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             (1 <= self.max_new_tokens <= 2**31 - 1, "max_new_tokens", "must be in [1, 2147483647]"),
             (0.0 <= self.temperature <= 100.0, "temperature", "must be in [0, 100]"),
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k in (-1, 0) or 1 <= self.top_k <= MAX_TOP_K, "top_k",
-             f"must be -1 or 0 (disabled) or in [1, {MAX_TOP_K}]"),
+            (
+                self.top_k in (-1, 0) or 1 <= self.top_k <= MAX_TOP_K,
+                "top_k",
+                f"must be -1 or 0 (disabled) or in [1, {MAX_TOP_K}]",
+            ),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
             (0.0 < self.repetition_penalty <= 10.0, "repetition_penalty", "must be in (0, 10]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (self.seed is None or 0 <= self.seed < 2**63, "seed", "must be in [0, 2**63)"),
-            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
-             f"must be in [0, {MAX_LOGPROBS}]"),
-            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
-             f"must be in [0, {MAX_LOGPROBS}]"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                "logprobs",
+                f"must be in [0, {MAX_LOGPROBS}]",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
+                f"must be in [0, {MAX_LOGPROBS}]",
+            ),
             (0 <= self.min_tokens <= self.max_new_tokens, "min_tokens", "must be in [0, max_new_tokens]"),
         ]
         for ok, name, why in checks:

@@ -40,8 +40,14 @@ def load(kind: str, path: Path, tokenizer: str) -> dict:
             prompt_tokens += sum(cols.get("prompt_tokens_count_column") or [0])
             output_tokens += sum(cols.get("output_tokens_count_column") or [0])
             offsets += cols.get("relative_timestamp_column") or []
-    return {"kind": kind, "conversations": conversations, "requests": turns, "prompt_tokens": prompt_tokens,
-            "output_tokens": output_tokens, "first_offsets_s": [round(o, 3) for o in sorted(offsets)[:8]]}
+    return {
+        "kind": kind,
+        "conversations": conversations,
+        "requests": turns,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "first_offsets_s": [round(o, 3) for o in sorted(offsets)[:8]],
+    }
 
 
 def default_tokenizer() -> str:
@@ -57,8 +63,10 @@ def main() -> int:
     a = ap.parse_args()
     import importlib.metadata
 
-    print(f"guidellm {importlib.metadata.version('guidellm')}; {a.file}: "
-          f"{sum(1 for line in a.file.open() if line.strip())} lines")
+    print(
+        f"guidellm {importlib.metadata.version('guidellm')}; {a.file}: "
+        f"{sum(1 for line in a.file.open() if line.strip())} lines"
+    )
     ok = True
     for kind in a.kinds.split(","):
         try:

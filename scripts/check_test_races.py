@@ -34,11 +34,15 @@ def findings(path: Path) -> list[str]:
         around = line + "\n" + (lines[i - 1] if i else "")
         for m in TOKENS.finditer(code):
             if int(m.group(1)) > MAX_UNEXPLAINED_TOKENS and "# long:" not in around:
-                out.append(f"{path}:{i + 1}: {m.group(0)} asks for more than {MAX_UNEXPLAINED_TOKENS} tokens without "
-                           "a '# long: <why>' comment (hold the request instead: tests.server_util.HOLD)")
+                out.append(
+                    f"{path}:{i + 1}: {m.group(0)} asks for more than {MAX_UNEXPLAINED_TOKENS} tokens without "
+                    "a '# long: <why>' comment (hold the request instead: tests.server_util.HOLD)"
+                )
         if SLEEP.search(code) and "# clock:" not in around:
-            out.append(f"{path}:{i + 1}: a sleep without a '# clock: <what>' comment (wait for the pipeline with "
-                       "ServerProc.barrier(), for anything else with wait_until)")
+            out.append(
+                f"{path}:{i + 1}: a sleep without a '# clock: <what>' comment (wait for the pipeline with "
+                "ServerProc.barrier(), for anything else with wait_until)"
+            )
     return out
 
 

@@ -32,11 +32,15 @@ PACKAGES = ("protocol", "telemetry", "serving", "bench", "loadtest", "dashboards
 THIRD_PARTY = ("torch", "transformers", "zmq", "prometheus_client", "opentelemetry")
 # (file, called expression) -> why calling that private member is the only way
 ALLOWED_PRIVATE_CALLS = {
-    ("serving/frontend/http/server.py", "proto._close_stream"):
-        "hypercorn's H2Protocol has no public way to end one HTTP/2 stream",
+    (
+        "serving/frontend/http/server.py",
+        "proto._close_stream",
+    ): "hypercorn's H2Protocol has no public way to end one HTTP/2 stream",
     ("serving/frontend/http/server.py", "proto._flush"): "the same: hypercorn's, after ending a stream",
-    ("serving/models/layers/linear.py", "torch._weight_int8pack_mm"):
-        "torch's int8 weight-only matmul kernel has no public name",
+    (
+        "serving/models/layers/linear.py",
+        "torch._weight_int8pack_mm",
+    ): "torch's int8 weight-only matmul kernel has no public name",
     ("bench/kernels_quant.py", "torch._weight_int8pack_mm"): "the same kernel, benchmarked",
 }
 
@@ -61,7 +65,7 @@ def imported_names(module: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             names.add(base)
             names.update(f"{base}.{a.name}" for a in node.names)
     return names
@@ -147,14 +151,25 @@ def hidden_references(root: Path) -> list[str]:
     for path in modules(root).values():
         rel = path.relative_to(root).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                    and _is_any(node.value)):
-                found.append(f"{rel}:{node.lineno}: `{node.targets[0].id} = Any` stands in for a class: import it, "
-                             "or pass what the module needs instead of the object that owns it")
-            elif isinstance(node, ast.Call) and (callee := _private_callee(node)) is not None \
-                    and (rel, callee) not in ALLOWED_PRIVATE_CALLS:
-                found.append(f"{rel}:{node.lineno}: `{callee}()` calls another object's private member: give it a "
-                             "public method (or list a third-party one in ALLOWED_PRIVATE_CALLS, with why)")
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+                and _is_any(node.value)
+            ):
+                found.append(
+                    f"{rel}:{node.lineno}: `{node.targets[0].id} = Any` stands in for a class: import it, "
+                    "or pass what the module needs instead of the object that owns it"
+                )
+            elif (
+                isinstance(node, ast.Call)
+                and (callee := _private_callee(node)) is not None
+                and (rel, callee) not in ALLOWED_PRIVATE_CALLS
+            ):
+                found.append(
+                    f"{rel}:{node.lineno}: `{callee}()` calls another object's private member: give it a "
+                    "public method (or list a third-party one in ALLOWED_PRIVATE_CALLS, with why)"
+                )
     return sorted(found)
 
 

@@ -34,19 +34,34 @@ STARTS_LOG_ENV = "SIGHTLINE_TEST_STARTS_LOG"  # tests/server_util.ServerProc app
 CPU_LOG_ENV = "SIGHTLINE_TEST_CPU_LOG"  # tests/conftest.py appends each module's CPU seconds
 
 
-def lane(name: str, runs: list[list[str]], logdir: Path, env: dict[str, str], prefix: list[str],
-         results: dict, lock: threading.Lock) -> None:
+def lane(
+    name: str,
+    runs: list[list[str]],
+    logdir: Path,
+    env: dict[str, str],
+    prefix: list[str],
+    results: dict,
+    lock: threading.Lock,
+) -> None:
     """Run `runs` (pytest argument lists) one after another; print each one's log as it ends."""
     for i, args in enumerate(runs):
         log, xml = logdir / f"{name}-{i}.log", logdir / f"{name}-{i}.xml"
         t0 = time.monotonic()
         with open(log, "wb") as out:
-            rc = subprocess.call([*prefix, PY, "-m", "pytest", *args, f"--junitxml={xml}"], cwd=ROOT, env=env,
-                                 stdout=out, stderr=subprocess.STDOUT)
+            rc = subprocess.call(
+                [*prefix, PY, "-m", "pytest", *args, f"--junitxml={xml}"],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         with lock:
             results[(name, i)] = (rc, xml, time.monotonic() - t0)
-            print(f"\n===== {name} lane, part {i + 1}: pytest {' '.join(args)} (exit {rc}, "
-                  f"{time.monotonic() - t0:.0f} s) =====", flush=True)
+            print(
+                f"\n===== {name} lane, part {i + 1}: pytest {' '.join(args)} (exit {rc}, "
+                f"{time.monotonic() - t0:.0f} s) =====",
+                flush=True,
+            )
             sys.stdout.write(log.read_text(errors="replace"))
             sys.stdout.flush()
 
@@ -118,8 +133,10 @@ def main(argv: list[str]) -> int:
     for t in threads:
         t.join()
     counts, times = summary([xml for _, xml, _ in results.values()])
-    print(f"\n===== the 25 slowest tests of the run ({time.monotonic() - t0:.0f} s in all"
-          f"{', hostile: one core' if hostile else ''}) =====")
+    print(
+        f"\n===== the 25 slowest tests of the run ({time.monotonic() - t0:.0f} s in all"
+        f"{', hostile: one core' if hostile else ''}) ====="
+    )
     for seconds, name in times[:25]:
         print(f"{seconds:8.2f}s  {name}")
     print("\n===== " + "\n".join(starts_summary(starts)))

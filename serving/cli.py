@@ -33,8 +33,9 @@ def _generate(ns: argparse.Namespace) -> int:
     core = SchedulerCore(model, args)
     text = ns.prompt
     if not ns.raw and model.tokenizer.chat_template:
-        text = model.tokenizer.apply_chat_template([{"role": "user", "content": ns.prompt}], tokenize=False,
-                                                   add_generation_prompt=True)
+        text = model.tokenizer.apply_chat_template(
+            [{"role": "user", "content": ns.prompt}], tokenize=False, add_generation_prompt=True
+        )
     ids = model.tokenizer(text)["input_ids"]
     try:
         req = core.add_request("cli", ids, params)
@@ -45,8 +46,11 @@ def _generate(ns: argparse.Namespace) -> int:
     core.run_to_completion()
     dt = time.perf_counter() - t0
     print(model.tokenizer.decode(req.output_ids, skip_special_tokens=True))
-    print(f"[{len(ids)} prompt + {len(req.output_ids)} new tokens, finish_reason={req.finish_reason.value}, "
-          f"{dt:.2f} s, model loaded in {model.load_seconds:.1f} s]", file=sys.stderr)
+    print(
+        f"[{len(ids)} prompt + {len(req.output_ids)} new tokens, finish_reason={req.finish_reason.value}, "
+        f"{dt:.2f} s, model loaded in {model.load_seconds:.1f} s]",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -72,10 +76,22 @@ def _models(ns: argparse.Namespace) -> int:
     # (BERT) serves embeddings only, without a prefix cache, and is never read from a GGUF file.
     quantizations = [q for q in QUANTIZATIONS if q != "auto"]
     modes = {"dtype": ["float32", "bfloat16"], "quantization": quantizations, "prefix_cache": True}
-    encoder = {"quantization": [q for q in quantizations if q != "gguf"], "prefix_cache": False,
-               "embeddings_only": True}
-    families = [{"family": f.name, "architectures": list(f.architectures), "implementation": f.impl.__name__,
-                 "honours": f.honours, **modes, **(encoder if f.encoder else {})} for f in FAMILIES]
+    encoder = {
+        "quantization": [q for q in quantizations if q != "gguf"],
+        "prefix_cache": False,
+        "embeddings_only": True,
+    }
+    families = [
+        {
+            "family": f.name,
+            "architectures": list(f.architectures),
+            "implementation": f.impl.__name__,
+            "honours": f.honours,
+            **modes,
+            **(encoder if f.encoder else {}),
+        }
+        for f in FAMILIES
+    ]
     bundled = bundled_models()
     if ns.json:
         print(json.dumps({"families": families, "bundled": bundled}, indent=2))
@@ -83,8 +99,10 @@ def _models(ns: argparse.Namespace) -> int:
     print("Model families (--model: a local Hugging Face directory or a .gguf file of any of them):")
     for f in families:
         print(f"  {f['family']:<8} {', '.join(f['architectures']):<26} {f['honours']}")
-    print(f"  every decoder family: --dtype float32|bfloat16|auto, --quantization {'|'.join(quantizations)}, prefix "
-          "caching; encoders: embeddings only, no prefix cache, no GGUF")
+    print(
+        f"  every decoder family: --dtype float32|bfloat16|auto, --quantization {'|'.join(quantizations)}, prefix "
+        "caching; encoders: embeddings only, no prefix cache, no GGUF"
+    )
     print("Bundled models (--model NAME):")
     for b in bundled:
         print(f"  {b['name']:<16} {b['description']}  [{b['status']}]")

@@ -110,9 +110,14 @@ def fit_llama3(rope_freqs, theta: float, dim: int) -> dict | None:
     if not 0 < u_l < u_h:
         raise _no_match("no smoothing band fits the factors")
     orig = LLAMA3_ORIGINAL_CONTEXT
-    return {"rope_type": "llama3", "rope_theta": float(theta), "factor": factor,
-            "low_freq_factor": float(orig * u_l), "high_freq_factor": float(orig * u_h),
-            "original_max_position_embeddings": orig}
+    return {
+        "rope_type": "llama3",
+        "rope_theta": float(theta),
+        "factor": factor,
+        "low_freq_factor": float(orig * u_l),
+        "high_freq_factor": float(orig * u_h),
+        "original_max_position_embeddings": orig,
+    }
 
 
 def _rounded(params: dict, digits: int) -> dict:
@@ -189,7 +194,7 @@ _NEUTRAL = {  # keys transformers has no equivalent for: accepted only where the
 
 def apply_scaling_keys(config, reader, arch: str) -> None:
     prefix = f"{arch}.rope.scaling."
-    keys = {k[len(prefix):]: _field(reader, k) for k in reader.fields if k.startswith(prefix)}
+    keys = {k[len(prefix) :]: _field(reader, k) for k in reader.fields if k.startswith(prefix)}
     kind = keys.pop("type", None)
     if kind is None:
         if keys:
@@ -249,8 +254,12 @@ def fix_config(config, gguf_path: Path):
 
     key_length = _field(reader, f"{arch}.attention.key_length")
     if key_length is not None and getattr(config, "head_dim", None) != int(key_length):
-        log.info("GGUF %s.attention.key_length: head_dim %s (transformers read %s)",
-                 arch, key_length, getattr(config, "head_dim", None))
+        log.info(
+            "GGUF %s.attention.key_length: head_dim %s (transformers read %s)",
+            arch,
+            key_length,
+            getattr(config, "head_dim", None),
+        )
         config.head_dim = int(key_length)
 
     window = _field(reader, f"{arch}.attention.sliding_window")
@@ -260,8 +269,11 @@ def fix_config(config, gguf_path: Path):
             config.sliding_window = window
         elif window is not None:
             config = _as_mistral(config, window)
-        log.info("GGUF Mistral (%r): %s", name,
-                 f"sliding window {window}" if window else "full attention (no sliding_window key, as llama.cpp)")
+        log.info(
+            "GGUF Mistral (%r): %s",
+            name,
+            f"sliding window {window}" if window else "full attention (no sliding_window key, as llama.cpp)",
+        )
     elif window and arch == "llama":
         log.info("GGUF %s.attention.sliding_window = %s ignored: a Llama file runs with full attention", arch, window)
 

@@ -82,7 +82,7 @@ def engine_roles(dp_size: int) -> list[str]:
 def bind(sock: zmq.Socket, endpoint: str) -> None:
     sock.bind(endpoint)
     if endpoint.startswith("ipc://"):
-        os.chmod(endpoint[len("ipc://"):], 0o600)
+        os.chmod(endpoint[len("ipc://") :], 0o600)
 
 
 def make_socket(ctx: zmq.Context, kind: int, endpoint: str, *, do_bind: bool) -> zmq.Socket:
@@ -125,8 +125,9 @@ class DropCounter:
     for the last few thousand rids, or `unknown_rid` when it was never seen.
     """
 
-    def __init__(self, component: str, remember: int = 4096,
-                 on_drop: Callable[[dict | None, str, str, str], None] | None = None) -> None:
+    def __init__(
+        self, component: str, remember: int = 4096, on_drop: Callable[[dict | None, str, str, str], None] | None = None
+    ) -> None:
         self.component = component
         self.on_drop = on_drop  # (carrier, component, message_type, reason): the stale-drop span
         self.counts: Counter[tuple[str, str]] = Counter()

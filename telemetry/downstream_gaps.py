@@ -42,8 +42,9 @@ MAX_EVENTS = 16  # decode_gap events per request's span; the counter counts ever
 
 
 class DownstreamGaps:
-    def __init__(self, factor: float = 4.0, floor_s: float = 0.05, window: int = 64,
-                 wall: Callable[[int], int] = lambda ns: ns) -> None:
+    def __init__(
+        self, factor: float = 4.0, floor_s: float = 0.05, window: int = 64, wall: Callable[[int], int] = lambda ns: ns
+    ) -> None:
         self.factor = factor
         self.wall = wall  # monotonic ns -> wall ns (span event times)
         self.floor_ns = int(floor_s * 1e9)
@@ -80,10 +81,16 @@ class DownstreamGaps:
         span: Span | None = rt.trace.span
         if span is not None and rt.trace.gap_events < MAX_EVENTS:
             rt.trace.gap_events += 1
-            span.add_event("decode_gap", {
-                "sightline.decode_gap.seconds": gap / 1e9, "sightline.decode_gap.cause": cause,
-                "sightline.decode_gap.detokenizer_seconds": max(0, detok) / 1e9,
-                "sightline.decode_gap.main_loop_seconds": max(0, loop) / 1e9}, timestamp=self.wall(at))
+            span.add_event(
+                "decode_gap",
+                {
+                    "sightline.decode_gap.seconds": gap / 1e9,
+                    "sightline.decode_gap.cause": cause,
+                    "sightline.decode_gap.detokenizer_seconds": max(0, detok) / 1e9,
+                    "sightline.decode_gap.main_loop_seconds": max(0, loop) / 1e9,
+                },
+                timestamp=self.wall(at),
+            )
 
     def snapshot(self) -> list[GapCount]:
         return [GapCount(cause, n, rank) for (rank, cause), n in sorted(self.counts.items())]
@@ -96,4 +103,3 @@ def merge(counts: list[GapCount], ranks: tuple[int, ...] = ()) -> list[GapCount]
     for g in counts:
         out[(g.dp_rank, g.cause)] = out.get((g.dp_rank, g.cause), 0) + g.count
     return [GapCount(cause, n, rank) for (rank, cause), n in sorted(out.items())]
-

@@ -88,8 +88,12 @@ class _Producers:
     def start(self, ctx: Context | None, rid: str, destination: str, message_type: str, meta: ReqMeta) -> None:
         if ctx is None:
             return
-        span = self.tracing.start(f"send {destination}", ctx, kind=SpanKind.PRODUCER, attributes={
-            "sightline.rid": rid, **hop_attributes(destination, message_type, "send")})
+        span = self.tracing.start(
+            f"send {destination}",
+            ctx,
+            kind=SpanKind.PRODUCER,
+            attributes={"sightline.rid": rid, **hop_attributes(destination, message_type, "send")},
+        )
         meta.trace = {**meta.trace, PRODUCER_KEY: traceparent_of(span) or ""}
         self.pending.append(span)
 
@@ -110,10 +114,15 @@ class SchedulerSpans:
         if ctx is None:
             return
         self.ctx[rid] = ctx
-        self.tracing.record("receive scheduler", ctx, recv, done, kind=SpanKind.CONSUMER,
-                            links=self.tracing.link_of(meta.trace), attributes={
-                                "sightline.rid": rid, **hop_attributes("scheduler", "TokenizedGenerateReqInput",
-                                                                       "process")})
+        self.tracing.record(
+            "receive scheduler",
+            ctx,
+            recv,
+            done,
+            kind=SpanKind.CONSUMER,
+            links=self.tracing.link_of(meta.trace),
+            attributes={"sightline.rid": rid, **hop_attributes("scheduler", "TokenizedGenerateReqInput", "process")},
+        )
 
     def first_output(self, rid: str, meta: ReqMeta) -> None:
         self.producers.start(self.ctx.get(rid), rid, "detokenizer", "BatchTokenIDOutput", meta)
@@ -127,8 +136,9 @@ class SchedulerSpans:
         if links:
             self.tracing.record("forward", Context(), start, end, links=links, attributes=attributes)
 
-    def finished(self, req: EngineRequest, reason: str, error_type: str | None = None,
-                 message: str | None = None) -> None:
+    def finished(
+        self, req: EngineRequest, reason: str, error_type: str | None = None, message: str | None = None
+    ) -> None:
         """Record the rid's stage spans; `error_type` (abort reason, engine_error) marks them failed."""
         ctx = self.ctx.pop(req.rid, None)
         if ctx is None:
@@ -139,50 +149,99 @@ class SchedulerSpans:
         waits = t.waits or [(t.queued, t.finished or t.queued)]
         grammar = req.grammar.attributes() if req.grammar is not None else {}
         for i, (start, end) in enumerate(waits):  # the first wait, then one after each retraction
-            after = t.retractions[i - 1:i] if i else []
-            reasons = [("wait_reason", at, {"sightline.wait.reason": r})
-                       for at, r in t.wait.changes if start <= at < end]
+            after = t.retractions[i - 1 : i] if i else []
+            reasons = [
+                ("wait_reason", at, {"sightline.wait.reason": r}) for at, r in t.wait.changes if start <= at < end
+            ]
             if end != t.finished:  # it was admitted at the end of this wait (not ended in the queue)
                 reasons.append(("resumed" if i else "admitted", end, {"sightline.queue.after_retractions": i}))
-            self.tracing.record("queue", ctx, start, end, attributes={
-                **base, "sightline.queue_seconds": (end - start) / 1e9, "sightline.queue.after_retractions": i,
-                **(grammar if i == 0 else {})},
-                error=err if t.scheduled is None else None, events=[retraction_event(r) for r in after] + reasons)
+            self.tracing.record(
+                "queue",
+                ctx,
+                start,
+                end,
+                attributes={
+                    **base,
+                    "sightline.queue_seconds": (end - start) / 1e9,
+                    "sightline.queue.after_retractions": i,
+                    **(grammar if i == 0 else {}),
+                },
+                error=err if t.scheduled is None else None,
+                events=[retraction_event(r) for r in after] + reasons,
+            )
         miss = req.prefix_miss.attributes() if req.prefix_miss is not None else {}
         if req.prompt_logprobs is not None:  # scoring recomputes what the cache held: what that cost
-            miss = {**miss, "sightline.prompt_tokens_scored": len(req.prompt_logprobs.token_logprobs),
-                    "sightline.prompt_tokens_cached": req.prompt_cache_held}
+            miss = {
+                **miss,
+                "sightline.prompt_tokens_scored": len(req.prompt_logprobs.token_logprobs),
+                "sightline.prompt_tokens_cached": req.prompt_cache_held,
+            }
         for i, (start, end, n) in enumerate(t.prefill_chunks):
-            self.tracing.record("prefill", ctx, start, end, attributes={
-                **base, "sightline.prefill.chunk": i, "sightline.prefill.tokens": n,
-                "gen_ai.usage.input_tokens": req.prompt_len, "gen_ai.usage.cache_read.input_tokens": req.cached_tokens,
-                **(miss if i == 0 else {})})
+            self.tracing.record(
+                "prefill",
+                ctx,
+                start,
+                end,
+                attributes={
+                    **base,
+                    "sightline.prefill.chunk": i,
+                    "sightline.prefill.tokens": n,
+                    "gen_ai.usage.input_tokens": req.prompt_len,
+                    "gen_ai.usage.cache_read.input_tokens": req.cached_tokens,
+                    **(miss if i == 0 else {}),
+                },
+            )
         if t.first_token is not None and t.finished is not None:
             n = len(req.output_ids)
             mean_itl = (t.token_times[-1] - t.first_token) / 1e9 / (n - 1) if n > 1 else 0.0
-            self.tracing.record("decode", ctx, t.first_token, t.finished, attributes={
-                **base, "gen_ai.usage.output_tokens": n, "sightline.decode.mean_itl_seconds": mean_itl,
-                "gen_ai.response.finish_reasons": [reason], "sightline.retractions": len(t.retractions)},
-                error=err, error_message=message, events=[gap_event(g) for g in t.gaps] + [
-                    ("finished", t.finished, {"gen_ai.response.finish_reasons": [reason]})])
+            self.tracing.record(
+                "decode",
+                ctx,
+                t.first_token,
+                t.finished,
+                attributes={
+                    **base,
+                    "gen_ai.usage.output_tokens": n,
+                    "sightline.decode.mean_itl_seconds": mean_itl,
+                    "gen_ai.response.finish_reasons": [reason],
+                    "sightline.retractions": len(t.retractions),
+                },
+                error=err,
+                error_message=message,
+                events=[gap_event(g) for g in t.gaps]
+                + [("finished", t.finished, {"gen_ai.response.finish_reasons": [reason]})],
+            )
 
 
 def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
     """The `retracted` span event: what the request had, what the cache kept of it, and why."""
-    return ("retracted", r.at, {"sightline.retraction.reason": r.reason,
-                                "sightline.retraction.computed_tokens": r.computed,
-                                "sightline.retraction.cached_tokens": r.cached,
-                                "sightline.retraction.discarded_tokens": r.computed - r.cached,
-                                "sightline.retraction.output_tokens": r.output_tokens})
+    return (
+        "retracted",
+        r.at,
+        {
+            "sightline.retraction.reason": r.reason,
+            "sightline.retraction.computed_tokens": r.computed,
+            "sightline.retraction.cached_tokens": r.cached,
+            "sightline.retraction.discarded_tokens": r.computed - r.cached,
+            "sightline.retraction.output_tokens": r.output_tokens,
+        },
+    )
 
 
 def gap_event(g) -> tuple[str, int, dict]:
     """The `decode_gap` span event (at the token that ended the gap): how long, why, and who caused it."""
-    return ("decode_gap", g.end, {"sightline.decode_gap.seconds": g.seconds, "sightline.decode_gap.cause": g.cause,
-                                  "sightline.decode_gap.culprit_rids": list(g.culprits),
-                                  "sightline.decode_gap.prefill_tokens": g.prefill_tokens,
-                                  "sightline.decode_gap.batch_size": g.batch_size,
-                                  "sightline.decode_gap.steps": g.steps})
+    return (
+        "decode_gap",
+        g.end,
+        {
+            "sightline.decode_gap.seconds": g.seconds,
+            "sightline.decode_gap.cause": g.cause,
+            "sightline.decode_gap.culprit_rids": list(g.culprits),
+            "sightline.decode_gap.prefill_tokens": g.prefill_tokens,
+            "sightline.decode_gap.batch_size": g.batch_size,
+            "sightline.decode_gap.steps": g.steps,
+        },
+    )
 
 
 @dataclass
@@ -205,10 +264,15 @@ class DetokSpans:
             if ctx is None:
                 return
             self.rids[rid] = _DetokRid(ctx, recv)
-            self.tracing.record("receive detokenizer", ctx, recv, done, kind=SpanKind.CONSUMER,
-                                links=self.tracing.link_of(meta.trace), attributes={
-                                    "sightline.rid": rid, **hop_attributes("detokenizer", "BatchTokenIDOutput",
-                                                                           "process")})
+            self.tracing.record(
+                "receive detokenizer",
+                ctx,
+                recv,
+                done,
+                kind=SpanKind.CONSUMER,
+                links=self.tracing.link_of(meta.trace),
+                attributes={"sightline.rid": rid, **hop_attributes("detokenizer", "BatchTokenIDOutput", "process")},
+            )
             self.producers.start(ctx, rid, "tokenizer_manager", "BatchStrOutput", meta)
         st = self.rids.get(rid)
         if st is not None:
@@ -218,6 +282,15 @@ class DetokSpans:
     def finished(self, rid: str, done: int, reason: str | None) -> None:
         st = self.rids.pop(rid, None)
         if st is not None:
-            self.tracing.record("detokenize", st.ctx, st.first_recv, done, attributes={
-                "sightline.rid": rid, "sightline.detokenize.busy_seconds": st.busy_ns / 1e9,
-                "sightline.detokenize.outputs": st.outputs, "gen_ai.response.finish_reasons": [reason or "abort"]})
+            self.tracing.record(
+                "detokenize",
+                st.ctx,
+                st.first_recv,
+                done,
+                attributes={
+                    "sightline.rid": rid,
+                    "sightline.detokenize.busy_seconds": st.busy_ns / 1e9,
+                    "sightline.detokenize.outputs": st.outputs,
+                    "gen_ai.response.finish_reasons": [reason or "abort"],
+                },
+            )

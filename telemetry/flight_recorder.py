@@ -92,8 +92,18 @@ def _params(obj: Any, admitted: bool) -> dict:
 
 
 class FlightRecorder:
-    def __init__(self, directory: str | None, model: str, *, content: bool = False, max_file_mb: float = 64.0,
-                 max_files: int = 10, ring: int = 200, prefix: str = "requests-", metrics: Any = None) -> None:
+    def __init__(
+        self,
+        directory: str | None,
+        model: str,
+        *,
+        content: bool = False,
+        max_file_mb: float = 64.0,
+        max_files: int = 10,
+        ring: int = 200,
+        prefix: str = "requests-",
+        metrics: Any = None,
+    ) -> None:
         self.dir = Path(directory) if directory else None
         self.model, self.content, self.prefix, self.m = model, content, prefix, metrics
         self.max_bytes, self.max_files = max(1, int(max_file_mb * 1024 * 1024)), max(1, max_files)
@@ -137,13 +147,27 @@ class FlightRecorder:
             breakdown["tpot_ms"] = round((breakdown["e2e_ms"] - ttft) / (n - 1), 3)
         obj, out = rt.trace.dump_input, rt.trace.dump_output or OutputDigest(self.content)
         rec = RequestRecord(
-            arrival=round(time.time() - (now_ns() - rt.arrival) / 1e9, 6), rid=rt.rid, route=rt.route,
-            operation=rt.operation, model=self.model, stream=rt.stream, tenant=getattr(rt, "tenant", "default"),
-            user=getattr(obj, "user", None), params=_params(obj, bool(rt.rid)),
+            arrival=round(time.time() - (now_ns() - rt.arrival) / 1e9, 6),
+            rid=rt.rid,
+            route=rt.route,
+            operation=rt.operation,
+            model=self.model,
+            stream=rt.stream,
+            tenant=getattr(rt, "tenant", "default"),
+            user=getattr(obj, "user", None),
+            params=_params(obj, bool(rt.rid)),
             prompt_tokens=rt.prompt_tokens,
-            completion_tokens=n, cached_tokens=rt.cached_tokens, retractions=rt.retractions, outcome=outcome,
-            finish_reason=finish_reason, status=status, breakdown=breakdown, trace_id=rt.trace.trace_id,
-            output_chars=out.chars, output_sha256=out.sha.hexdigest())
+            completion_tokens=n,
+            cached_tokens=rt.cached_tokens,
+            retractions=rt.retractions,
+            outcome=outcome,
+            finish_reason=finish_reason,
+            status=status,
+            breakdown=breakdown,
+            trace_id=rt.trace.trace_id,
+            output_chars=out.chars,
+            output_sha256=out.sha.hexdigest(),
+        )
         prompt = None if obj is None else obj.messages if obj.messages is not None else obj.prompt
         failure = getattr(rt, "tool_call_failure", None)
         if failure is not None:
@@ -224,7 +248,7 @@ class FlightRecorder:
             self._open()
         view = memoryview(data)
         while view:  # unbuffered: a record is on disk (or counted lost) once written
-            view = view[self._file.write(view):]
+            view = view[self._file.write(view) :]
         self.written += 1
         if self.m is not None:
             self.m.request_dump_records.inc()
@@ -253,7 +277,7 @@ class FlightRecorder:
             except OSError:
                 continue
         files.sort()
-        for _, _, f in files[:max(0, len(files) - self.max_files)]:
+        for _, _, f in files[: max(0, len(files) - self.max_files)]:
             if f != self._path:
                 f.unlink(missing_ok=True)
 

@@ -52,8 +52,9 @@ def metrics_endpoint_configured(flag: str | None = None, env: Mapping[str, str] 
     return bool(flag or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", env))
 
 
-def resolve_metrics_exporters(flag: str | None, endpoint: str | None = None,
-                              env: Mapping[str, str] | None = None) -> list[str]:
+def resolve_metrics_exporters(
+    flag: str | None, endpoint: str | None = None, env: Mapping[str, str] | None = None
+) -> list[str]:
     """The metric exporters: the flag, else $OTEL_METRICS_EXPORTER, else `otlp` when a metrics
     endpoint is configured (`endpoint`, the flag's, or the variable), else none."""
     chosen = flag or _env("OTEL_METRICS_EXPORTER", env)
@@ -88,16 +89,21 @@ def resolve_interval(flag: int | None, env: Mapping[str, str] | None = None) -> 
         value = 0
     if value > 0:
         return value
-    log.warning("OTEL_METRIC_EXPORT_INTERVAL=%r is not a positive number of milliseconds; using %d",
-                raw, DEFAULT_INTERVAL_MS)
+    log.warning(
+        "OTEL_METRIC_EXPORT_INTERVAL=%r is not a positive number of milliseconds; using %d", raw, DEFAULT_INTERVAL_MS
+    )
     return DEFAULT_INTERVAL_MS
 
 
 def _otlp_exporter(protocol: str | None, endpoint: str | None, base: str | None):
     """`endpoint`: the full metrics URL (used as is); `base`: the shared base URL (`/v1/metrics` appended
     for http/protobuf); neither: the exporter reads the OTEL_EXPORTER_OTLP_[METRICS_]ENDPOINT variables."""
-    protocol = (protocol or _env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or "http/protobuf")
+    protocol = (
+        protocol
+        or _env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
@@ -115,11 +121,22 @@ class GenAIMetrics:
     """The GenAI instruments of one front-end process and the provider that exports them (with
     `catalogue`, a `telemetry.metrics.Metrics`: its whole registry too)."""
 
-    def __init__(self, exporters: Sequence[str], model: str, *, protocol: str | None = None,
-                 endpoint: str | None = None, base_endpoint: str | None = None,
-                 interval_ms: int = DEFAULT_INTERVAL_MS, instance_id: str = "",
-                 where: dict[str, int] | None = None, semconv: str = "legacy", catalogue=None,
-                 count_export=None, role: str = "main") -> None:
+    def __init__(
+        self,
+        exporters: Sequence[str],
+        model: str,
+        *,
+        protocol: str | None = None,
+        endpoint: str | None = None,
+        base_endpoint: str | None = None,
+        interval_ms: int = DEFAULT_INTERVAL_MS,
+        instance_id: str = "",
+        where: dict[str, int] | None = None,
+        semconv: str = "legacy",
+        catalogue=None,
+        count_export=None,
+        role: str = "main",
+    ) -> None:
         # imported here: ServerArgs validates the flags with this module, in processes that export nothing
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
@@ -135,8 +152,15 @@ class GenAIMetrics:
         )
         from telemetry.request_telemetry import PROVIDER
 
-        resource = Resource.create({"service.name": service_name(), "service.instance.id": instance_id,
-                                    "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})})
+        resource = Resource.create(
+            {
+                "service.name": service_name(),
+                "service.instance.id": instance_id,
+                "sightline.process.role": role,
+                "process.pid": os.getpid(),
+                **(where or {}),
+            }
+        )
         histograms = catalogue.histograms() if catalogue is not None else []
         self.loop_call, self.mirror = LoopCall(), None
         start, mirrored = time_ns(), frozenset(h._name for h in histograms)
@@ -153,8 +177,12 @@ class GenAIMetrics:
 
         reader = CatalogueReader if catalogue is not None else PeriodicExportingMetricReader
         readers = [reader(exporter(name), export_interval_millis=interval_ms) for name in exporters]
-        self.provider = MeterProvider(metric_readers=readers, resource=resource, shutdown_on_exit=False,
-                                      views=exponential_views(h._name for h in histograms))
+        self.provider = MeterProvider(
+            metric_readers=readers,
+            resource=resource,
+            shutdown_on_exit=False,
+            views=exponential_views(h._name for h in histograms),
+        )
         # The SDK reads OTEL_SDK_DISABLED itself; `metrics_exporters` already weighed it against the flags.
         self.provider._disabled = False
         meter = self.provider.get_meter("sightline", schema_url=SCHEMA_URL)
@@ -169,14 +197,22 @@ class GenAIMetrics:
                 self.instruments[i.name] = meter.create_counter(i.name, unit=i.unit, description=i.description)
             else:
                 self.instruments[i.name] = meter.create_histogram(
-                    i.name, unit=i.unit, description=i.description, explicit_bucket_boundaries_advisory=list(i.buckets))
-        self.base = {"gen_ai.provider.name": PROVIDER, "gen_ai.request.model": model,
-                     "gen_ai.response.model": model}
+                    i.name, unit=i.unit, description=i.description, explicit_bucket_boundaries_advisory=list(i.buckets)
+                )
+        self.base = {"gen_ai.provider.name": PROVIDER, "gen_ai.request.model": model, "gen_ai.response.model": model}
         self._closed = False
 
     @classmethod
-    def from_args(cls, args, model: str, instance_id: str, where: dict[str, int] | None = None,
-                  env: Mapping[str, str] | None = None, metrics=None, role: str = "main") -> "GenAIMetrics | None":
+    def from_args(
+        cls,
+        args,
+        model: str,
+        instance_id: str,
+        where: dict[str, int] | None = None,
+        env: Mapping[str, str] | None = None,
+        metrics=None,
+        role: str = "main",
+    ) -> "GenAIMetrics | None":
         """The process's GenAI metrics as the flags and the OTEL_* variables configure them; None when off.
         `metrics`: the process's Prometheus metrics (exports counted; the catalogue, when asked for).
         `role` hub: the hub of several tokenizer workers, which pushes only its catalogue (the engine's
@@ -184,12 +220,20 @@ class GenAIMetrics:
         exporters = metrics_exporters(args, env)
         if not exporters:
             return None
-        return cls(exporters, model, protocol=args.otel_exporter_otlp_protocol,
-                   endpoint=args.otel_exporter_otlp_metrics_endpoint, base_endpoint=args.otel_exporter_otlp_endpoint,
-                   interval_ms=resolve_interval(args.otel_metric_export_interval, env), instance_id=instance_id,
-                   where=where, semconv=resolve_semconv(args.otel_genai_semconv, env),
-                   catalogue=metrics if args.otel_metrics_catalogue else None,
-                   count_export=metrics.count_otlp_export if metrics is not None else None, role=role)
+        return cls(
+            exporters,
+            model,
+            protocol=args.otel_exporter_otlp_protocol,
+            endpoint=args.otel_exporter_otlp_metrics_endpoint,
+            base_endpoint=args.otel_exporter_otlp_endpoint,
+            interval_ms=resolve_interval(args.otel_metric_export_interval, env),
+            instance_id=instance_id,
+            where=where,
+            semconv=resolve_semconv(args.otel_genai_semconv, env),
+            catalogue=metrics if args.otel_metrics_catalogue else None,
+            count_export=metrics.count_otlp_export if metrics is not None else None,
+            role=role,
+        )
 
     def _add(self, instrument, value: float, attrs: dict) -> None:
         metric = self.instruments.get(instrument.name)
@@ -200,8 +244,17 @@ class GenAIMetrics:
         else:
             metric.record(value, attrs)
 
-    def record(self, operation: str, duration: float, *, ttft: float | None = None, input_tokens: int | None = None,
-               output_tokens: int | None = None, cached_tokens: int = 0, error_type: str | None = None) -> None:
+    def record(
+        self,
+        operation: str,
+        duration: float,
+        *,
+        ttft: float | None = None,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        cached_tokens: int = 0,
+        error_type: str | None = None,
+    ) -> None:
         """One request that ended: `error_type` set for a failed, aborted or refused one (then only the
         duration and the usage counters are recorded, as the conventions record TTFT, TPOT and the token
         histograms for successful responses)."""

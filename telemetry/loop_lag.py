@@ -25,8 +25,9 @@ KEEP = 1024  # slow samples kept (one per stall: minutes of a loop that stalls a
 
 
 class LoopLagMonitor:
-    def __init__(self, observe: Callable[[float], None] | None, interval: float = INTERVAL, slow: float = SLOW,
-                 keep: int = KEEP) -> None:
+    def __init__(
+        self, observe: Callable[[float], None] | None, interval: float = INTERVAL, slow: float = SLOW, keep: int = KEEP
+    ) -> None:
         self.observe = observe
         self.interval = interval
         self.slow = slow

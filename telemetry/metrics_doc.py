@@ -1,7 +1,7 @@
 """Generate docs/metrics.md from the metric catalogue (`telemetry.metrics.SPECS`).
 
-    .venv/bin/python -m telemetry.metrics_doc          # rewrite docs/metrics.md
-    .venv/bin/python -m telemetry.metrics_doc --check  # exit 1 if it drifted (the tests run this)
+.venv/bin/python -m telemetry.metrics_doc          # rewrite docs/metrics.md
+.venv/bin/python -m telemetry.metrics_doc --check  # exit 1 if it drifted (the tests run this)
 """
 
 from __future__ import annotations
@@ -82,14 +82,17 @@ def render() -> str:
             what += f" Buckets: `{s.buckets}`."
         source = s.source + (" (hub)" if s.hub else "")
         out.append(f"| `{s.name}` | {s.kind} | {labels} | {source} | {what.replace('|', '/')} |\n")
-    out.append("\nThe main process (the hub, with several workers) also exports prometheus_client's standard "
-               "`process_*` metrics (its own CPU, memory, file descriptors); every process's CPU and memory are "
-               "`sightline_process_*{role}`.\n")
+    out.append(
+        "\nThe main process (the hub, with several workers) also exports prometheus_client's standard "
+        "`process_*` metrics (its own CPU, memory, file descriptors); every process's CPU and memory are "
+        "`sightline_process_*{role}`.\n"
+    )
     out.append(_genai_section())
     return "".join(out)
 
 
-GENAI_INTRO = ("""
+GENAI_INTRO = (
+    """
 ## OpenTelemetry GenAI metrics (OTLP)
 Beside `/metrics`, the main process (each tokenizer worker, with several) can push the model-server
 instruments of the OpenTelemetry GenAI semantic conventions (status Development) over OTLP
@@ -103,17 +106,17 @@ OTEL_METRICS_EXPORTER=otlp OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 sig
 | flag | variable | default |
 |---|---|---|
 """
-               "| `--otel-metrics-exporter otlp,console,none` | `OTEL_METRICS_EXPORTER` | `otlp` when a metrics "
-               "endpoint is set, else `none` |\n"
-               "| `--otel-exporter-otlp-metrics-endpoint URL` (full URL) | `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`; else "
-               "`--otel-exporter-otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/metrics` | the SDK's "
-               "(`http://localhost:4318/v1/metrics`, grpc `:4317`) |\n"
-               "| `--otel-exporter-otlp-protocol http/protobuf\\|grpc` | `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, "
-               "`OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` |\n"
-               "| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |\n"
-               "| `--otel-genai-semconv legacy\\|latest\\|both` | `OTEL_SEMCONV_STABILITY_OPT_IN` listing "
-               "`gen_ai_latest_experimental` means `latest` | `legacy` |\n"
-               """| `--otel-metrics-catalogue` | | off |
+    "| `--otel-metrics-exporter otlp,console,none` | `OTEL_METRICS_EXPORTER` | `otlp` when a metrics "
+    "endpoint is set, else `none` |\n"
+    "| `--otel-exporter-otlp-metrics-endpoint URL` (full URL) | `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`; else "
+    "`--otel-exporter-otlp-endpoint` or `OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/metrics` | the SDK's "
+    "(`http://localhost:4318/v1/metrics`, grpc `:4317`) |\n"
+    "| `--otel-exporter-otlp-protocol http/protobuf\\|grpc` | `OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`, "
+    "`OTEL_EXPORTER_OTLP_PROTOCOL` | `http/protobuf` |\n"
+    "| `--otel-metric-export-interval MS` | `OTEL_METRIC_EXPORT_INTERVAL` | `60000` |\n"
+    "| `--otel-genai-semconv legacy\\|latest\\|both` | `OTEL_SEMCONV_STABILITY_OPT_IN` listing "
+    "`gen_ai_latest_experimental` means `latest` | `legacy` |\n"
+    """| `--otel-metrics-catalogue` | | off |
 
 A flag wins over a variable. A metrics endpoint alone (the flag or
 `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) means `otlp`, as an endpoint does for spans; the shared
@@ -164,19 +167,27 @@ push goes out every interval even before a request. Each worker's pushes are cou
 
 | instrument | kind, unit | bucket boundaries (the conventions') | recorded for | Prometheus counterpart |
 |---|---|---|---|---|
-""")
+"""
+)
 
 
 def _genai_section() -> str:
     from telemetry.genai_metrics import INSTRUMENTS
 
-    rows = [f"| `{i.name}` | {i.kind}, `{i.unit}` | {', '.join(f'{b:.10g}' for b in i.buckets) or '—'} | "
-            f"{i.recorded} | "
-            + " / ".join(f"`{n.strip()}`" for n in i.prometheus.split("/")) + " |\n" for i in INSTRUMENTS]
-    return GENAI_INTRO + "".join(rows) + (
-        "\nThe Prometheus histograms observe every request that reached the engine (aborted and failed "
-        "ones too) and none refused before it; TTFT, TPOT and the token histograms here count successful "
-        "requests only, the duration and the usage counters every request.\n")
+    rows = [
+        f"| `{i.name}` | {i.kind}, `{i.unit}` | {', '.join(f'{b:.10g}' for b in i.buckets) or '—'} | "
+        f"{i.recorded} | " + " / ".join(f"`{n.strip()}`" for n in i.prometheus.split("/")) + " |\n"
+        for i in INSTRUMENTS
+    ]
+    return (
+        GENAI_INTRO
+        + "".join(rows)
+        + (
+            "\nThe Prometheus histograms observe every request that reached the engine (aborted and failed "
+            "ones too) and none refused before it; TTFT, TPOT and the token histograms here count successful "
+            "requests only, the duration and the usage counters every request.\n"
+        )
+    )
 
 
 def main(argv: list[str]) -> int:

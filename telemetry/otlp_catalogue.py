@@ -61,8 +61,14 @@ def unit_of(name: str) -> str:
 
 def exponential_views(names: Iterable[str]) -> list[View]:
     """Views that give the mirrored histograms exponential buckets (the GenAI ones keep theirs)."""
-    return [View(instrument_type=HistogramInstrument, instrument_name=n,
-                 aggregation=ExponentialBucketHistogramAggregation(max_scale=MAX_SCALE)) for n in names]
+    return [
+        View(
+            instrument_type=HistogramInstrument,
+            instrument_name=n,
+            aggregation=ExponentialBucketHistogramAggregation(max_scale=MAX_SCALE),
+        )
+        for n in names
+    ]
 
 
 class HistogramMirror:
@@ -101,10 +107,20 @@ def _histogram(fam, start: int, now: int) -> Metric:
     for labels, one in series.items():
         les = sorted(one["le"])
         counts = [c - (les[i - 1][1] if i else 0) for i, (_, c) in enumerate(les)]
-        points.append(HistogramDataPoint(dict(labels), start, now, one["count"], one["sum"], counts,
-                                         [b for b, _ in les if b != float("inf")], None, None))
-    return Metric(fam.name, fam.documentation, unit_of(fam.name),
-                  Histogram(points, AggregationTemporality.CUMULATIVE))
+        points.append(
+            HistogramDataPoint(
+                dict(labels),
+                start,
+                now,
+                one["count"],
+                one["sum"],
+                counts,
+                [b for b, _ in les if b != float("inf")],
+                None,
+                None,
+            )
+        )
+    return Metric(fam.name, fam.documentation, unit_of(fam.name), Histogram(points, AggregationTemporality.CUMULATIVE))
 
 
 def registry_metrics(registry: CollectorRegistry, skip: frozenset[str], start: int) -> list[Metric]:
@@ -119,8 +135,11 @@ def registry_metrics(registry: CollectorRegistry, skip: frozenset[str], start: i
             out.append(_histogram(fam, start, now))
         elif fam.type in ("counter", "gauge"):
             suffix = "_total" if fam.type == "counter" else ""
-            points = [NumberDataPoint(dict(s.labels), start, now, float(s.value)) for s in fam.samples
-                      if s.name == fam.name + suffix]
+            points = [
+                NumberDataPoint(dict(s.labels), start, now, float(s.value))
+                for s in fam.samples
+                if s.name == fam.name + suffix
+            ]
             if points:
                 out.append(_number(fam.name, fam.documentation, fam.type, points))
     return out
@@ -147,8 +166,13 @@ class CountingExporter(MetricExporter):
     """The OTLP exporter, with the registry's metrics appended to each export (`extra`) and each
     export's result counted (`count`)."""
 
-    def __init__(self, inner: MetricExporter, resource: Resource, count: Callable[[str], None] | None = None,
-                 extra: Callable[[], list[Metric]] | None = None) -> None:
+    def __init__(
+        self,
+        inner: MetricExporter,
+        resource: Resource,
+        count: Callable[[str], None] | None = None,
+        extra: Callable[[], list[Metric]] | None = None,
+    ) -> None:
         super().__init__(inner._preferred_temporality, inner._preferred_aggregation)
         self.inner, self.resource, self.count, self.extra = inner, resource, count, extra
 
@@ -209,8 +233,9 @@ class LoopCall:
         try:
             return fut.result(self.timeout)
         except TimeoutError:
-            log.warning("the event loop did not read the registry within %.0f s: this export has no catalogue",
-                        self.timeout)
+            log.warning(
+                "the event loop did not read the registry within %.0f s: this export has no catalogue", self.timeout
+            )
             return []
 
 

@@ -34,8 +34,19 @@ ENGINE_FAILURE = "engine_failure"  # in flight when an engine process died or st
 SHUTDOWN = "shutdown"  # in flight (or arriving) while the server shut down
 ABORTED_BY_OPERATOR = "aborted_by_operator"  # ended by an operator's control action
 
-OUTCOMES = (STOP, LENGTH, REJECTED, SHED, UNAVAILABLE, CLIENT_DISCONNECT, TIMEOUT, ERROR, ENGINE_FAILURE, SHUTDOWN,
-            ABORTED_BY_OPERATOR)
+OUTCOMES = (
+    STOP,
+    LENGTH,
+    REJECTED,
+    SHED,
+    UNAVAILABLE,
+    CLIENT_DISCONNECT,
+    TIMEOUT,
+    ERROR,
+    ENGINE_FAILURE,
+    SHUTDOWN,
+    ABORTED_BY_OPERATOR,
+)
 
 SHUTTING_DOWN = "shutting_down"  # the error code of a 503 refused because the server is shutting down
 

@@ -37,9 +37,17 @@ def snapshot(registry: CollectorRegistry) -> list[MetricFamily]:
     """Every family of `registry`, as data that crosses a socket."""
     out = []
     for fam in registry.collect():
-        samples = [MetricSample(s.name, dict(s.labels), float(s.value),
-                                Exemplar(dict(s.exemplar.labels), float(s.exemplar.value), s.exemplar.timestamp)
-                                if s.exemplar else None) for s in fam.samples]
+        samples = [
+            MetricSample(
+                s.name,
+                dict(s.labels),
+                float(s.value),
+                Exemplar(dict(s.exemplar.labels), float(s.exemplar.value), s.exemplar.timestamp)
+                if s.exemplar
+                else None,
+            )
+            for s in fam.samples
+        ]
         out.append(MetricFamily(fam.name, fam.type, fam.documentation, samples))
     return out
 
@@ -83,8 +91,9 @@ class Retired:
                 _add(into, s)
 
     def as_families(self) -> list[MetricFamily]:
-        return [MetricFamily(f.name, f.type, f.help, list(self.samples[f.name].values()))
-                for f in self.families.values()]
+        return [
+            MetricFamily(f.name, f.type, f.help, list(self.samples[f.name].values())) for f in self.families.values()
+        ]
 
 
 def merge(hub: list[MetricFamily], workers: dict[int, list[MetricFamily]], retired: Retired) -> list[MetricFamily]:
@@ -103,8 +112,9 @@ def merge(hub: list[MetricFamily], workers: dict[int, list[MetricFamily]], retir
                 for s in fam.samples:
                     _add(into, s)
             elif worker is not None:
-                out.samples += [MetricSample(s.name, {**s.labels, "worker": str(worker)}, s.value, s.exemplar)
-                                for s in fam.samples]
+                out.samples += [
+                    MetricSample(s.name, {**s.labels, "worker": str(worker)}, s.value, s.exemplar) for s in fam.samples
+                ]
     for name, samples in summed.items():
         merged[name].samples = list(samples.values())
     return list(hub) + list(merged.values())

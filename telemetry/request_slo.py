@@ -64,8 +64,9 @@ class Objectives:
         return replace(fallback, **{k: getattr(self, k) for k in KINDS if getattr(self, k) is not None})
 
     @classmethod
-    def from_ms(cls, ttft_ms: float | None = None, tpot_ms: float | None = None,
-                e2e_ms: float | None = None) -> "Objectives":
+    def from_ms(
+        cls, ttft_ms: float | None = None, tpot_ms: float | None = None, e2e_ms: float | None = None
+    ) -> "Objectives":
         return cls(*(None if v is None else v / 1000.0 for v in (ttft_ms, tpot_ms, e2e_ms)))
 
 
@@ -76,8 +77,9 @@ def parse_ms(header: str, raw: str) -> float:
     except ValueError:
         value = math.nan
     if not 0.0 < value <= MAX_MS:  # NaN fails too
-        raise SLOHeaderError(header, f"{header} must be a number of milliseconds in (0, {MAX_MS:.0f}], "
-                                     f"not {raw[:40]!r}")
+        raise SLOHeaderError(
+            header, f"{header} must be a number of milliseconds in (0, {MAX_MS:.0f}], not {raw[:40]!r}"
+        )
     return value
 
 
@@ -103,8 +105,7 @@ def objective_headers(thresholds_ms: Mapping[str, float]) -> dict[str, str]:
     return out
 
 
-def judge(obj: Objectives, outcome: str, ttft: float | None, tpot: float | None,
-          e2e: float) -> dict[str, bool]:
+def judge(obj: Objectives, outcome: str, ttft: float | None, tpot: float | None, e2e: float) -> dict[str, bool]:
     """{objective: met} for the objectives judged, plus `all` when any was; {} without objectives."""
     ok = outcome in (STOP, LENGTH)
     met: dict[str, bool] = {}

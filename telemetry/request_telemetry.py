@@ -46,7 +46,6 @@ from telemetry.tracing import (
 PROVIDER = "sightline"
 
 
-
 def queue_seconds(st: Stamps) -> float | None:
     """Time in the Scheduler's queue over every waiting interval: from `sched_recv` to its first admission, plus
     each wait after a retraction (`waited`, the Scheduler's sum); None when it never ran."""
@@ -56,15 +55,22 @@ def queue_seconds(st: Stamps) -> float | None:
         return (st.scheduled - st.sched_recv) / 1e9
     return None
 
-SERVER_TIMING = (("queue", "queue_ms"), ("prefill", "prefill_ms"), ("decode", "decode_ms"),
-                 ("tokenize", "tokenize_ms"), ("total", "e2e_ms"))
+
+SERVER_TIMING = (
+    ("queue", "queue_ms"),
+    ("prefill", "prefill_ms"),
+    ("decode", "decode_ms"),
+    ("tokenize", "tokenize_ms"),
+    ("total", "e2e_ms"),
+)
 
 
 def server_timing(breakdown: dict) -> str:
     """The `Server-Timing` header of a finished request (W3C Server Timing; durations in ms) from its breakdown:
     queue (every wait), prefill, decode, tokenize and total (arrival → the TokenizerManager's finish)."""
-    return ", ".join(f"{name};dur={breakdown[key]:.3f}" for name, key in SERVER_TIMING
-                     if breakdown.get(key) is not None)
+    return ", ".join(
+        f"{name};dur={breakdown[key]:.3f}" for name, key in SERVER_TIMING if breakdown.get(key) is not None
+    )
 
 
 class TracedRequest(Protocol):
@@ -93,9 +99,11 @@ def vllm_latencies(st: Stamps) -> dict[str, float]:
     """The engine intervals under the span attribute names vLLM gives them (seconds): prefill is admission →
     first token, decode first token → finished, inference the two together."""
     out = {}
-    for name, a, b in (("time_in_model_prefill", st.scheduled, st.first_token),
-                       ("time_in_model_decode", st.first_token, st.finished),
-                       ("time_in_model_inference", st.scheduled, st.finished)):
+    for name, a, b in (
+        ("time_in_model_prefill", st.scheduled, st.first_token),
+        ("time_in_model_decode", st.first_token, st.finished),
+        ("time_in_model_inference", st.scheduled, st.finished),
+    ):
         if a is not None and b is not None:
             out[f"gen_ai.latency.{name}"] = (b - a) / 1e9
     return out
@@ -106,8 +114,15 @@ def _ms(start: int | None, end: int | None) -> float | None:
 
 
 class RequestTelemetry:
-    def __init__(self, tracing: Tracing, metrics: Metrics | None, timeline: Timeline, model_name: str,
-                 log_requests: bool, loop_lag: LoopLagMonitor | None = None) -> None:
+    def __init__(
+        self,
+        tracing: Tracing,
+        metrics: Metrics | None,
+        timeline: Timeline,
+        model_name: str,
+        log_requests: bool,
+        loop_lag: LoopLagMonitor | None = None,
+    ) -> None:
         self.tracing = tracing
         self.m = metrics  # None with --no-enable-metrics
         self.timeline = timeline
@@ -136,8 +151,9 @@ class RequestTelemetry:
         if self.genai is not None:
             self.genai.shutdown()
 
-    def observe(self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None,
-             *labels: str) -> None:
+    def observe(
+        self, metric: Histogram | None, value: float | None, rt: TracedRequest | None = None, *labels: str
+    ) -> None:
         """One observation (labels default to the model and the request's route), a kept trace's exemplar
         attached; a no-op without metrics.  Public: the per-operation helpers (telemetry.embedding_telemetry)
         record through it."""
@@ -157,11 +173,21 @@ class RequestTelemetry:
     def begin(self, rt: TracedRequest, headers, method: str, attributes: dict[str, Any]) -> None:
         """Open the request's HTTP server span (a child of the client's traceparent, if any)."""
         parent = self.tracing.extract_headers(headers)
-        span = self.tracing.start(f"{method} {rt.route}", parent, kind=SpanKind.SERVER, start_mono=rt.arrival,
-                                  attributes={"http.request.method": method, "http.route": rt.route,
-                                              "url.path": rt.route, "gen_ai.operation.name": rt.operation,
-                                              "gen_ai.provider.name": PROVIDER, "gen_ai.request.model": self.model,
-                                              **attributes})
+        span = self.tracing.start(
+            f"{method} {rt.route}",
+            parent,
+            kind=SpanKind.SERVER,
+            start_mono=rt.arrival,
+            attributes={
+                "http.request.method": method,
+                "http.route": rt.route,
+                "url.path": rt.route,
+                "gen_ai.operation.name": rt.operation,
+                "gen_ai.provider.name": PROVIDER,
+                "gen_ai.request.model": self.model,
+                **attributes,
+            },
+        )
         rt.trace.span, rt.trace.trace_id, rt.trace.tail_id = span, trace_id_of(span), tail_trace_id_of(span)
         rt.trace.ctx = set_span_in_context(span) if span.is_recording() else None
 
@@ -172,8 +198,9 @@ class RequestTelemetry:
         child.slo = parent.slo  # each choice is judged against the request's objectives
         if parent.trace.span is None or parent.trace.ctx is None:
             return
-        span = self.tracing.start("choice", parent.trace.ctx, start_mono=child.arrival,
-                                  attributes={"sightline.choice.index": index})
+        span = self.tracing.start(
+            "choice", parent.trace.ctx, start_mono=child.arrival, attributes={"sightline.choice.index": index}
+        )
         child.trace.span, child.trace.trace_id, child.trace.tail_id = span, parent.trace.trace_id, parent.trace.tail_id
         child.trace.ctx = set_span_in_context(span)
 
@@ -189,8 +216,9 @@ class RequestTelemetry:
         self.close_choices(children)
         if parent.trace.span is not None:
             parent.trace.span.set_attribute("sightline.choice_rids", [c.rid for c in children if c.rid])
-        worst = next((c for c in children if c.trace.outcome not in (None, STOP, LENGTH)),
-                     children[0] if children else None)
+        worst = next(
+            (c for c in children if c.trace.outcome not in (None, STOP, LENGTH)), children[0] if children else None
+        )
         if worst is not None and self.tail is not None and parent.trace.tail_id is not None:
             ttft = min(((c.trace.first_recv - c.arrival) / 1e9 for c in children if c.trace.first_recv), default=None)
             missed = any((c.breakdown or {}).get("slo", {}).get(ALL) is False for c in children)
@@ -219,8 +247,9 @@ class RequestTelemetry:
         if rt.trace.span is not None:
             set_error(rt.trace.span, error_type, message)
         if self.genai is not None:
-            self.genai.record(rt.operation, (now_ns() - rt.arrival) / 1e9, input_tokens=rt.prompt_tokens,
-                              error_type=error_type)
+            self.genai.record(
+                rt.operation, (now_ns() - rt.arrival) / 1e9, input_tokens=rt.prompt_tokens, error_type=error_type
+            )
         self.end(rt, status)
         if self.recorder is not None:
             self.recorder.record(rt, outcome, "abort" if client_gone else "error", status)
@@ -232,8 +261,13 @@ class RequestTelemetry:
         rt.trace.ended = True
         end = now_ns()
         if rt.stream and rt.trace.first_recv is not None:
-            self.tracing.record("stream", rt.trace.ctx, rt.trace.first_recv, end, attributes={
-                "sightline.rid": rt.rid, "gen_ai.usage.output_tokens": rt.completion_tokens})
+            self.tracing.record(
+                "stream",
+                rt.trace.ctx,
+                rt.trace.first_recv,
+                end,
+                attributes={"sightline.rid": rt.rid, "gen_ai.usage.output_tokens": rt.completion_tokens},
+            )
         rt.trace.span.set_attribute("http.response.status_code", status or rt.status)
         rt.trace.span.end(end_time=self.tracing.wall(end))
 
@@ -249,18 +283,28 @@ class RequestTelemetry:
     def tokenized(self, rt: TracedRequest, start: int, end: int) -> None:
         rt.trace.tokenize_ns = end - start
         if rt.trace.span is not None:
-            rt.trace.span.set_attributes({"sightline.rid": rt.rid, "gen_ai.response.id": rt.rid,
-                                    "gen_ai.usage.input_tokens": rt.prompt_tokens})
-        self.tracing.record("tokenize", rt.trace.ctx, start, end, attributes={
-            "sightline.rid": rt.rid, "gen_ai.usage.input_tokens": rt.prompt_tokens})
+            rt.trace.span.set_attributes(
+                {"sightline.rid": rt.rid, "gen_ai.response.id": rt.rid, "gen_ai.usage.input_tokens": rt.prompt_tokens}
+            )
+        self.tracing.record(
+            "tokenize",
+            rt.trace.ctx,
+            start,
+            end,
+            attributes={"sightline.rid": rt.rid, "gen_ai.usage.input_tokens": rt.prompt_tokens},
+        )
 
     def producer(self, rt: TracedRequest) -> tuple[dict[str, str], Span | None]:
         """The carrier for the request message, and the PRODUCER span around its send."""
         carrier = self.tracing.carrier(rt.trace.span) if rt.trace.trace_id or rt.trace.tail_id else {}
         if not carrier:
             return carrier, None
-        span = self.tracing.start("send scheduler", rt.trace.ctx, kind=SpanKind.PRODUCER, attributes={
-            "sightline.rid": rt.rid, **hop_attributes("scheduler", "TokenizedGenerateReqInput", "send")})
+        span = self.tracing.start(
+            "send scheduler",
+            rt.trace.ctx,
+            kind=SpanKind.PRODUCER,
+            attributes={"sightline.rid": rt.rid, **hop_attributes("scheduler", "TokenizedGenerateReqInput", "send")},
+        )
         carrier[PRODUCER_KEY] = traceparent_of(span) or ""
         return carrier, span
 
@@ -297,10 +341,18 @@ class RequestTelemetry:
             self.observe(m and m.ttft, (recv - rt.arrival) / 1e9, rt)
             if st.sched_recv and st.tokenized:
                 self.observe(m and m.ipc_hop, (st.sched_recv - st.tokenized) / 1e9, None, "tm_to_scheduler")
-            self.tracing.record("receive tokenizer_manager", rt.trace.ctx, recv, now_ns(), kind=SpanKind.CONSUMER,
-                                links=self.tracing.link_of(out.meta.trace), attributes={
-                                    "sightline.rid": rt.rid, **hop_attributes("tokenizer_manager", "BatchStrOutput",
-                                                                               "process")})
+            self.tracing.record(
+                "receive tokenizer_manager",
+                rt.trace.ctx,
+                recv,
+                now_ns(),
+                kind=SpanKind.CONSUMER,
+                links=self.tracing.link_of(out.meta.trace),
+                attributes={
+                    "sightline.rid": rt.rid,
+                    **hop_attributes("tokenizer_manager", "BatchStrOutput", "process"),
+                },
+            )
         elif rt.trace.last_recv is not None:
             gap = (recv - rt.trace.last_recv) / 1e9 / n
             for _ in range(n):
@@ -331,8 +383,10 @@ class RequestTelemetry:
         waits = st.wait_reasons or {}
         for reason, ns in waits.items():
             self.observe(m and m.wait_time, ns / 1e9, rt, self.model, rt.route, reason)
-        for metric, a, b in ((m and m.prefill_time, st.scheduled, st.first_token),
-                             (m and m.decode_time, st.first_token, st.finished)):
+        for metric, a, b in (
+            (m and m.prefill_time, st.scheduled, st.first_token),
+            (m and m.decode_time, st.first_token, st.finished),
+        ):
             if a is not None and b is not None:
                 self.observe(metric, (b - a) / 1e9, rt)
         self.observe(m and m.tokenize_time, rt.trace.tokenize_ns / 1e9, rt)
@@ -351,39 +405,63 @@ class RequestTelemetry:
                 self.gaps.cut(rt, end)
         rt.breakdown = {
             "ttft_ms": _ms(rt.arrival, rt.trace.first_recv),
-            "queue_ms": round(queue * 1e3, 3) if queue is not None else None, "retractions": rt.retractions,
+            "queue_ms": round(queue * 1e3, 3) if queue is not None else None,
+            "retractions": rt.retractions,
             "wait_ms": {reason: round(ns / 1e6, 3) for reason, ns in waits.items()},
-            "prefill_ms": _ms(st.scheduled, st.first_token), "decode_ms": _ms(st.first_token, st.finished),
+            "prefill_ms": _ms(st.scheduled, st.first_token),
+            "decode_ms": _ms(st.first_token, st.finished),
             "tokenize_ms": round(rt.trace.tokenize_ns / 1e6, 3),
             "detokenize_ms": round(rt.trace.detok_busy_ns / 1e6, 3),
-            "e2e_ms": _ms(rt.arrival, end), "cached_tokens": rt.cached_tokens,
+            "e2e_ms": _ms(rt.arrival, end),
+            "cached_tokens": rt.cached_tokens,
         }
         if met:
             rt.breakdown["slo"] = met
         if rt.trace.trace_id:
             rt.breakdown["trace_id"] = rt.trace.trace_id
         if self.genai is not None:  # error.type as on the span
-            self.genai.record(rt.operation, e2e, ttft=ttft, input_tokens=rt.prompt_tokens,
-                              output_tokens=completion_tokens, cached_tokens=rt.cached_tokens,
-                              error_type=error_type_of(finish_reason, abort_reason))
+            self.genai.record(
+                rt.operation,
+                e2e,
+                ttft=ttft,
+                input_tokens=rt.prompt_tokens,
+                output_tokens=completion_tokens,
+                cached_tokens=rt.cached_tokens,
+                error_type=error_type_of(finish_reason, abort_reason),
+            )
         self._annotate_span(rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e)
-        summary = {"rid": rt.rid, "route": rt.route, "tenant": rt.tenant, "finish_reason": finish_reason,
-                   "status": rt.status,
-                   "prompt_tokens": rt.prompt_tokens, "completion_tokens": completion_tokens, **rt.breakdown}
+        summary = {
+            "rid": rt.rid,
+            "route": rt.route,
+            "tenant": rt.tenant,
+            "finish_reason": finish_reason,
+            "status": rt.status,
+            "prompt_tokens": rt.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            **rt.breakdown,
+        }
         if abort_reason:
             summary["abort_reason"] = abort_reason
         sources = getattr(rt, "param_sources", None)  # request | generation_config | default, per sampling field
-        self.timeline.finish(rt.trace.trace_id or rt.trace.tail_id or f"rid:{rt.rid}",
-                             {**summary, "param_sources": sources} if sources else summary)
+        self.timeline.finish(
+            rt.trace.trace_id or rt.trace.tail_id or f"rid:{rt.rid}",
+            {**summary, "param_sources": sources} if sources else summary,
+        )
         if self.log_requests:
-            log_request({**summary, "trace_id": rt.trace.trace_id,
-                         "span_id": f"{rt.trace.span.get_span_context().span_id:016x}" if rt.trace.trace_id else None})
+            log_request(
+                {
+                    **summary,
+                    "trace_id": rt.trace.trace_id,
+                    "span_id": f"{rt.trace.span.get_span_context().span_id:016x}" if rt.trace.trace_id else None,
+                }
+            )
         if self.recorder is not None:
             self.recorder.record(rt, outcome, finish_reason, rt.status)
         return rt.breakdown
 
-    def judge_slo(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None,
-                  e2e: float) -> dict[str, bool]:
+    def judge_slo(
+        self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None, e2e: float
+    ) -> dict[str, bool]:
         """The request's objectives, judged and counted per tenant; the missed ones named on its span."""
         met = judge(rt.slo, outcome, ttft, tpot, e2e) if rt.slo else {}
         if met:
@@ -393,8 +471,9 @@ class RequestTelemetry:
                 rt.trace.span.set_attribute("sightline.slo.missed", missed)
         return met
 
-    def tail_decide(self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None,
-                    missed_slo: bool = False) -> None:
+    def tail_decide(
+        self, rt: TracedRequest, outcome: str, ttft: float | None, tpot: float | None, missed_slo: bool = False
+    ) -> None:
         """Tail sampling: the request ended; export its whole trace if it went wrong, else drop it."""
         if self.tail is None or rt.trace.tail_id is None or rt.trace.choice_of:
             return
@@ -408,8 +487,12 @@ class RequestTelemetry:
     def _annotate_span(self, rt, finish_reason, completion_tokens, abort_reason, error, ttft, st, e2e) -> None:
         if rt.trace.span is None or not (rt.trace.trace_id or rt.trace.tail_id):
             return
-        attrs = {"gen_ai.response.finish_reasons": [finish_reason], "gen_ai.usage.output_tokens": completion_tokens,
-                 "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens, "gen_ai.latency.e2e": e2e}
+        attrs = {
+            "gen_ai.response.finish_reasons": [finish_reason],
+            "gen_ai.usage.output_tokens": completion_tokens,
+            "gen_ai.usage.cache_read.input_tokens": rt.cached_tokens,
+            "gen_ai.latency.e2e": e2e,
+        }
         if ttft is not None:
             attrs["sightline.ttft_seconds"] = attrs["gen_ai.latency.time_to_first_token"] = ttft
             if rt.stream:  # the GenAI conventions' attribute of a streamed response

@@ -66,11 +66,24 @@ class StepRing:
         for st, traces, output_ns in reversed(self.steps):
             if st.ended_ns < cutoff:
                 break
-            out.append(StepRecord(
-                st.started_ns, st.ended_ns, int(st.schedule_seconds * 1e9), int(st.forward_seconds * 1e9),
-                int(st.sample_seconds * 1e9), output_ns, st.num_decode, st.num_prefill_tokens, st.num_retracted,
-                list(st.rids), list(st.prefill_rids), list(traces), int(st.logprobs_seconds * 1e9),
-                int(st.grammar_seconds * 1e9)))
+            out.append(
+                StepRecord(
+                    st.started_ns,
+                    st.ended_ns,
+                    int(st.schedule_seconds * 1e9),
+                    int(st.forward_seconds * 1e9),
+                    int(st.sample_seconds * 1e9),
+                    output_ns,
+                    st.num_decode,
+                    st.num_prefill_tokens,
+                    st.num_retracted,
+                    list(st.rids),
+                    list(st.prefill_rids),
+                    list(traces),
+                    int(st.logprobs_seconds * 1e9),
+                    int(st.grammar_seconds * 1e9),
+                )
+            )
         out.reverse()
         return out
 
@@ -84,8 +97,9 @@ def chrome_trace(ranks: Iterable[tuple[int, list[StepRecord]]], anchor: WallAnch
     anchor = anchor or WallAnchor.take()
     events: list[dict] = []
     for rank, steps in ranks:
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                       "args": {"name": f"scheduler dp{rank}"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"scheduler dp{rank}"}}
+        )
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "engine steps"}})
         last_step = {}  # trace id → index of its last step here
         for i, s in enumerate(steps):
@@ -96,16 +110,32 @@ def chrome_trace(ranks: Iterable[tuple[int, list[StepRecord]]], anchor: WallAnch
         for i, s in enumerate(steps):
             ts, dur = _us(anchor, s.start), max((s.end - s.start) / 1e3, 0.001)
             phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.grammar, s.logprobs, s.output)))
-            events.append({"ph": "X", "name": "step", "cat": "step", "pid": rank, "tid": 0, "ts": ts, "dur": dur,
-                           "args": {**{f"{p}_ms": round(ns / 1e6, 3) for p, ns in phases.items()},
-                                    "decode": s.num_decode, "prefill_tokens": s.prefill_tokens,
-                                    "retracted": s.retracted, "rids": s.rids, "prefill_rids": s.prefill_rids,
-                                    "trace_ids": s.trace_ids}})
+            events.append(
+                {
+                    "ph": "X",
+                    "name": "step",
+                    "cat": "step",
+                    "pid": rank,
+                    "tid": 0,
+                    "ts": ts,
+                    "dur": dur,
+                    "args": {
+                        **{f"{p}_ms": round(ns / 1e6, 3) for p, ns in phases.items()},
+                        "decode": s.num_decode,
+                        "prefill_tokens": s.prefill_tokens,
+                        "retracted": s.retracted,
+                        "rids": s.rids,
+                        "prefill_rids": s.prefill_rids,
+                        "trace_ids": s.trace_ids,
+                    },
+                }
+            )
             at = ts
             for p, ns in phases.items():
                 if ns > 0:
-                    events.append({"ph": "X", "name": p, "cat": "phase", "pid": rank, "tid": 0, "ts": at,
-                                   "dur": ns / 1e3})
+                    events.append(
+                        {"ph": "X", "name": p, "cat": "phase", "pid": rank, "tid": 0, "ts": at, "dur": ns / 1e3}
+                    )
                     at += ns / 1e3
             for rid, t in zip(s.rids, s.trace_ids):
                 if not t:
@@ -114,10 +144,21 @@ def chrome_trace(ranks: Iterable[tuple[int, list[StepRecord]]], anchor: WallAnch
                 if ph == "s" and last_step[t] == i:
                     continue  # one step only: a flow needs two ends
                 seen.add(t)
-                flow = {"ph": ph, "name": "request", "cat": "request", "id": t, "pid": rank, "tid": 0,
-                        "ts": ts + dur / 2, "args": {"rid": rid, "trace_id": t}}
+                flow = {
+                    "ph": ph,
+                    "name": "request",
+                    "cat": "request",
+                    "id": t,
+                    "pid": rank,
+                    "tid": 0,
+                    "ts": ts + dur / 2,
+                    "args": {"rid": rid, "trace_id": t},
+                }
                 if ph != "s":
                     flow["bp"] = "e"  # binds to the enclosing step slice
                 events.append(flow)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"source": "sightline", "clock": "wall-clock µs"}}
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"source": "sightline", "clock": "wall-clock µs"},
+    }

@@ -43,9 +43,16 @@ DROP_REASONS = ("not_selected", "buffer_full")
 MAX_SPANS_PER_TRACE = 2000
 _WHERE = ("sightline.dp_rank", "sightline.worker")  # resource attributes of their process, carried in the records
 _SCOPE = InstrumentationScope("sightline", schema_url=SCHEMA_URL)
-_KEEP = {outcomes.ERROR: "error", outcomes.ENGINE_FAILURE: "error", outcomes.UNAVAILABLE: "error",
-         outcomes.CLIENT_DISCONNECT: "aborted", outcomes.TIMEOUT: "aborted", outcomes.SHUTDOWN: "aborted",
-         outcomes.ABORTED_BY_OPERATOR: "aborted", outcomes.SHED: "shed"}
+_KEEP = {
+    outcomes.ERROR: "error",
+    outcomes.ENGINE_FAILURE: "error",
+    outcomes.UNAVAILABLE: "error",
+    outcomes.CLIENT_DISCONNECT: "aborted",
+    outcomes.TIMEOUT: "aborted",
+    outcomes.SHUTDOWN: "aborted",
+    outcomes.ABORTED_BY_OPERATOR: "aborted",
+    outcomes.SHED: "shed",
+}
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,9 @@ class TailPolicy:
     ttft_s: float | None = None
     tpot_s: float | None = None
 
-    def keep_reason(self, outcome: str, ttft_s: float | None, tpot_s: float | None,
-                    missed_slo: bool = False) -> str | None:
+    def keep_reason(
+        self, outcome: str, ttft_s: float | None, tpot_s: float | None, missed_slo: bool = False
+    ) -> str | None:
         reason = _KEEP.get(outcome)
         if reason is not None:
             return reason
@@ -85,8 +93,13 @@ class TailSampler:
     `count(decision, reason)` is called once per decided trace (by the process that decides)
     and once per trace evicted undecided."""
 
-    def __init__(self, processors: Sequence[SpanProcessor], base_resource: dict, max_traces: int,
-                 count: Callable[[str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        processors: Sequence[SpanProcessor],
+        base_resource: dict,
+        max_traces: int,
+        count: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.processors = list(processors)
         self.base_resource = base_resource
         self.max_traces = max(1, max_traces)
@@ -98,8 +111,9 @@ class TailSampler:
         self.outbox: tuple[list[str], list[str]] | None = None  # (kept, dropped) trace ids, for a worker's hub
 
     @classmethod
-    def exporting(cls, exporters: Sequence, base_resource: dict, max_traces: int,
-                  count: Callable[[str, str], None] | None = None) -> "TailSampler":
+    def exporting(
+        cls, exporters: Sequence, base_resource: dict, max_traces: int, count: Callable[[str, str], None] | None = None
+    ) -> "TailSampler":
         return cls([BatchSpanProcessor(e) for e in exporters], base_resource, max_traces, count)
 
     def add(self, rec: SpanRecord) -> None:
@@ -154,8 +168,9 @@ class TailSampler:
         key = (rec.role, rec.pid, where)
         res = self._resources.get(key)
         if res is None:
-            res = self._resources[key] = Resource.create({**self.base_resource, "sightline.process.role": rec.role,
-                                                          "process.pid": rec.pid, **dict(where)})
+            res = self._resources[key] = Resource.create(
+                {**self.base_resource, "sightline.process.role": rec.role, "process.pid": rec.pid, **dict(where)}
+            )
         return res
 
     def _readable(self, rec: SpanRecord) -> ReadableSpan:
@@ -169,12 +184,18 @@ class TailSampler:
             links.append(Link(SpanContext(int(t, 16), int(s, 16), False, flags)))
         code = StatusCode[rec.status] if rec.status in StatusCode.__members__ else StatusCode.UNSET
         return ReadableSpan(
-            name=rec.name, context=SpanContext(trace_id, int(rec.span_id, 16), False, flags), parent=parent,
-            resource=self._resource(rec), links=links,
+            name=rec.name,
+            context=SpanContext(trace_id, int(rec.span_id, 16), False, flags),
+            parent=parent,
+            resource=self._resource(rec),
+            links=links,
             attributes={k: v for k, v in rec.attributes.items() if k not in _WHERE},
             kind=SpanKind[rec.kind] if rec.kind in SpanKind.__members__ else SpanKind.INTERNAL,
             status=Status(code, rec.status_message or None) if code is StatusCode.ERROR else Status(code),
-            start_time=rec.start_ns, end_time=rec.end_ns, instrumentation_scope=_SCOPE)
+            start_time=rec.start_ns,
+            end_time=rec.end_ns,
+            instrumentation_scope=_SCOPE,
+        )
 
     def shutdown(self) -> None:
         for p in self.processors:

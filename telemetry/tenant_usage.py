@@ -37,8 +37,12 @@ class TenantUsage:
             for slo in SLO_LABELS:
                 for met in ("true", "false"):
                     self.m.request_slo.labels(slo, met, t)
-            for c in (self.m.tenant_prompt_tokens, self.m.tenant_cached_tokens, self.m.tenant_generation_tokens,
-                      self.m.tenant_cpu):
+            for c in (
+                self.m.tenant_prompt_tokens,
+                self.m.tenant_cached_tokens,
+                self.m.tenant_generation_tokens,
+                self.m.tenant_cpu,
+            ):
                 c.labels(t)
 
     def label(self, tenant: str) -> str:

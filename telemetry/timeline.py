@@ -46,8 +46,9 @@ class Timeline:
         return entry
 
     def add_span(self, rec: SpanRecord) -> None:
-        belongs_to_a_request = ("sightline.rid" in rec.attributes or rec.kind == "SERVER"
-                                or rec.name == "stale_message_dropped")
+        belongs_to_a_request = (
+            "sightline.rid" in rec.attributes or rec.kind == "SERVER" or rec.name == "stale_message_dropped"
+        )
         if self.size == 0 or not belongs_to_a_request:
             return  # batch-level spans (one forward over many rids) live in their own traces
         entry = self._entry(rec.trace_id)
@@ -80,5 +81,7 @@ class Timeline:
 
     def recent(self, limit: int = 100) -> list[dict]:
         done = [e for e in self._by_trace.values() if e.summary]
-        return [{**e.summary, "trace_id": e.trace_id, "spans": len(e.spans), "finished_at": e.finished_at}
-                for e in reversed(done[-limit:])]
+        return [
+            {**e.summary, "trace_id": e.trace_id, "spans": len(e.spans), "finished_at": e.finished_at}
+            for e in reversed(done[-limit:])
+        ]

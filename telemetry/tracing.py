@@ -131,8 +131,11 @@ def resolve_ratio(flag: float | None, env: Mapping[str, str] | None = None) -> f
             return ratio
         log.warning("OTEL_TRACES_SAMPLER_ARG=%r is not a ratio in [0, 1]; sampling every trace", arg)
         return 1.0
-    log.warning("OTEL_TRACES_SAMPLER=%r is not supported (use [parentbased_]always_on, always_off or traceidratio); "
-                "sampling every trace", sampler)
+    log.warning(
+        "OTEL_TRACES_SAMPLER=%r is not supported (use [parentbased_]always_on, always_off or traceidratio); "
+        "sampling every trace",
+        sampler,
+    )
     return 1.0
 
 
@@ -150,8 +153,9 @@ def service_name(env: Mapping[str, str] | None = None) -> str:
 
 
 def _otlp_exporter(protocol: str | None, endpoint: str | None):
-    protocol = (protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or "http/protobuf")
+    protocol = (
+        protocol or _env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
+    )
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
@@ -219,27 +223,50 @@ class _RecordProcessor(SpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         ctx = span.context
-        self.sink(SpanRecord(
-            name=span.name, trace_id=f"{ctx.trace_id:032x}", span_id=f"{ctx.span_id:016x}",
-            parent_span_id=f"{span.parent.span_id:016x}" if span.parent else None,
-            start_ns=span.start_time or 0, end_ns=span.end_time or 0, kind=span.kind.name, role=self.role,
-            pid=self.pid, status=span.status.status_code.name,
-            attributes={**self.extra, **{k: _attr(v) for k, v in (span.attributes or {}).items()}},
-            links=len(span.links), sampled=ctx.trace_flags.sampled,
-            link_ids=[f"{lk.context.trace_id:032x}-{lk.context.span_id:016x}" for lk in span.links],
-            status_message=span.status.description or "",
-            events=[SpanEventRecord(e.name, e.timestamp, {k: _attr(v) for k, v in (e.attributes or {}).items()})
-                    for e in span.events],
-        ))
+        self.sink(
+            SpanRecord(
+                name=span.name,
+                trace_id=f"{ctx.trace_id:032x}",
+                span_id=f"{ctx.span_id:016x}",
+                parent_span_id=f"{span.parent.span_id:016x}" if span.parent else None,
+                start_ns=span.start_time or 0,
+                end_ns=span.end_time or 0,
+                kind=span.kind.name,
+                role=self.role,
+                pid=self.pid,
+                status=span.status.status_code.name,
+                attributes={**self.extra, **{k: _attr(v) for k, v in (span.attributes or {}).items()}},
+                links=len(span.links),
+                sampled=ctx.trace_flags.sampled,
+                link_ids=[f"{lk.context.trace_id:032x}-{lk.context.span_id:016x}" for lk in span.links],
+                status_message=span.status.description or "",
+                events=[
+                    SpanEventRecord(e.name, e.timestamp, {k: _attr(v) for k, v in (e.attributes or {}).items()})
+                    for e in span.events
+                ],
+            )
+        )
 
 
 class Tracing:
     """The per-process tracer and the helpers every stage uses."""
 
-    def __init__(self, role: str, *, enabled: bool = True, exporters: Sequence[str] = (), ratio: float = 1.0,
-                 protocol: str | None = None, endpoint: str | None = None, instance_id: str = "",
-                 sink: Callable[[SpanRecord], None] | None = None, forward_limit: int = 20000,
-                 where: dict[str, int] | None = None, tail: bool = False, tail_overrides_parent: bool = False) -> None:
+    def __init__(
+        self,
+        role: str,
+        *,
+        enabled: bool = True,
+        exporters: Sequence[str] = (),
+        ratio: float = 1.0,
+        protocol: str | None = None,
+        endpoint: str | None = None,
+        instance_id: str = "",
+        sink: Callable[[SpanRecord], None] | None = None,
+        forward_limit: int = 20000,
+        where: dict[str, int] | None = None,
+        tail: bool = False,
+        tail_overrides_parent: bool = False,
+    ) -> None:
         """`where`: which instance of its role this process is (`sightline.dp_rank`, `sightline.worker`),
         a resource attribute of its spans and an attribute of their records. `tail`: record the
         requests head sampling left out (the front end: every one; the engine processes: those
@@ -250,19 +277,26 @@ class Tracing:
         self.exporters, self.protocol, self.endpoint = list(exporters), protocol, endpoint
         self.anchor = WallAnchor.take()
         self.forwarded: deque[SpanRecord] = deque(maxlen=forward_limit)
-        self.propagator = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()]) \
-            if "OTEL_PROPAGATORS" not in os.environ else get_global_textmap()
+        self.propagator = (
+            CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
+            if "OTEL_PROPAGATORS" not in os.environ
+            else get_global_textmap()
+        )
         self.provider: TracerProvider | None = None
         self.sampler: _Sampler | None = None  # None when tracing is off
         if not enabled:
             self.tracer = trace.NoOpTracer()
             return
         self.base_resource = {"service.name": service_name(), "service.instance.id": instance_id}
-        resource = Resource.create({**self.base_resource, "sightline.process.role": role, "process.pid": os.getpid(),
-                                    **(where or {})})
+        resource = Resource.create(
+            {**self.base_resource, "sightline.process.role": role, "process.pid": os.getpid(), **(where or {})}
+        )
         front = role == "main"
-        sampler = _Sampler(ratio, record_roots=self.tail and front,
-                           record_remote_unsampled=self.tail and (tail_overrides_parent or not front))
+        sampler = _Sampler(
+            ratio,
+            record_roots=self.tail and front,
+            record_remote_unsampled=self.tail and (tail_overrides_parent or not front),
+        )
         self.sampler = sampler
         self.provider = TracerProvider(resource=resource, sampler=sampler)
         # The SDK reads OTEL_SDK_DISABLED itself; `enabled` already weighed it against the flags.
@@ -277,8 +311,9 @@ class Tracing:
         exporters of its own, configured like this process's."""
         if not self.tail:
             return None
-        return TailSampler.exporting([self.new_exporter(n) for n in self.exporters], self.base_resource, max_traces,
-                                     count)
+        return TailSampler.exporting(
+            [self.new_exporter(n) for n in self.exporters], self.base_resource, max_traces, count
+        )
 
     def new_exporter(self, name: str):
         """A fresh span exporter of the configured kind (`console` or `otlp`)."""
@@ -287,11 +322,19 @@ class Tracing:
     @classmethod
     def from_args(cls, role: str, args, instance_id: str, sink=None, where: dict[str, int] | None = None) -> "Tracing":
         """The process's tracer as the flags and the standard OTEL_* variables configure it (flags win)."""
-        return cls(role, enabled=tracing_enabled(args),
-                   exporters=resolve_exporters(args.otel_traces_exporter, args.otel_exporter_otlp_endpoint),
-                   ratio=resolve_ratio(args.otel_sampling_ratio), protocol=args.otel_exporter_otlp_protocol,
-                   endpoint=args.otel_exporter_otlp_endpoint, instance_id=instance_id, sink=sink, where=where,
-                   tail=args.otel_tail_sampling, tail_overrides_parent=args.tail_sampling_overrides_parent)
+        return cls(
+            role,
+            enabled=tracing_enabled(args),
+            exporters=resolve_exporters(args.otel_traces_exporter, args.otel_exporter_otlp_endpoint),
+            ratio=resolve_ratio(args.otel_sampling_ratio),
+            protocol=args.otel_exporter_otlp_protocol,
+            endpoint=args.otel_exporter_otlp_endpoint,
+            instance_id=instance_id,
+            sink=sink,
+            where=where,
+            tail=args.otel_tail_sampling,
+            tail_overrides_parent=args.tail_sampling_overrides_parent,
+        )
 
     # -- carriers -------------------------------------------------------------------
     def extract(self, carrier: Carrier | None) -> Context | None:
@@ -306,9 +349,13 @@ class Tracing:
         """An incoming request's context (honoured as the server span's parent)."""
         if not self.enabled or "traceparent" not in headers:
             return None
-        return self.propagator.extract({"traceparent": headers["traceparent"],
-                                        **({"tracestate": headers["tracestate"]} if "tracestate" in headers else {}),
-                                        **({"baggage": headers["baggage"]} if "baggage" in headers else {})})
+        return self.propagator.extract(
+            {
+                "traceparent": headers["traceparent"],
+                **({"tracestate": headers["tracestate"]} if "tracestate" in headers else {}),
+                **({"baggage": headers["baggage"]} if "baggage" in headers else {}),
+            }
+        )
 
     def carrier(self, span: Span) -> Carrier:
         out: Carrier = {}
@@ -331,15 +378,39 @@ class Tracing:
     def wall(self, mono_ns: int) -> int:
         return self.anchor.to_wall_ns(mono_ns)
 
-    def start(self, name: str, ctx: Context | None, *, kind: SpanKind = SpanKind.INTERNAL, attributes=None,
-              links: Iterable[Link] = (), start_mono: int | None = None) -> Span:
-        return self.tracer.start_span(name, context=ctx, kind=kind, attributes=attributes, links=list(links),
-                                      start_time=self.wall(start_mono) if start_mono else None)
+    def start(
+        self,
+        name: str,
+        ctx: Context | None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links: Iterable[Link] = (),
+        start_mono: int | None = None,
+    ) -> Span:
+        return self.tracer.start_span(
+            name,
+            context=ctx,
+            kind=kind,
+            attributes=attributes,
+            links=list(links),
+            start_time=self.wall(start_mono) if start_mono else None,
+        )
 
-    def record(self, name: str, ctx: Context | None, start_mono: int, end_mono: int, *,
-               kind: SpanKind = SpanKind.INTERNAL, attributes=None, links: Iterable[Link] = (),
-               error: str | None = None, error_message: str | None = None,
-               events: Iterable[tuple[str, int, dict]] = ()) -> Span | None:
+    def record(
+        self,
+        name: str,
+        ctx: Context | None,
+        start_mono: int,
+        end_mono: int,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes=None,
+        links: Iterable[Link] = (),
+        error: str | None = None,
+        error_message: str | None = None,
+        events: Iterable[tuple[str, int, dict]] = (),
+    ) -> Span | None:
         """A span that already happened (both ends known), with its (name, monotonic ns, attributes) events;
         nothing when ctx is None."""
         if ctx is None:
@@ -357,9 +428,17 @@ class Tracing:
         ctx = self.extract(carrier)
         if ctx is not None:
             t = now_ns()
-            self.record("stale_message_dropped", ctx, t, t, attributes={
-                "sightline.component": component, "messaging.message.type": message_type,
-                "sightline.drop.reason": reason})
+            self.record(
+                "stale_message_dropped",
+                ctx,
+                t,
+                t,
+                attributes={
+                    "sightline.component": component,
+                    "messaging.message.type": message_type,
+                    "sightline.drop.reason": reason,
+                },
+            )
 
     def collect_spans(self) -> list[SpanRecord]:
         out = list(self.forwarded)
@@ -390,8 +469,12 @@ def span_error(span: Span, finish_reason: str, abort_reason: str | None, error: 
 
 def trace_id_of(span: Span | None) -> str | None:
     """Hex trace id of a sampled span (for exemplars, logs, headers), else None."""
-    if span is None or isinstance(span, NonRecordingSpan) or not span.is_recording() \
-            or not span.get_span_context().trace_flags.sampled:
+    if (
+        span is None
+        or isinstance(span, NonRecordingSpan)
+        or not span.is_recording()
+        or not span.get_span_context().trace_flags.sampled
+    ):
         return None
     return f"{span.get_span_context().trace_id:032x}"
 
@@ -416,8 +499,12 @@ MESSAGING = {"messaging.system": "zeromq"}
 
 
 def hop_attributes(destination: str, message_type: str, operation: str, batch: int | None = None) -> dict:
-    attrs = {**MESSAGING, "messaging.destination.name": destination, "messaging.operation.type": operation,
-             "messaging.message.type": message_type}
+    attrs = {
+        **MESSAGING,
+        "messaging.destination.name": destination,
+        "messaging.operation.type": operation,
+        "messaging.message.type": message_type,
+    }
     if batch is not None:
         attrs["messaging.batch.message_count"] = batch
     return attrs

@@ -38,8 +38,14 @@ class _Driver:
 
     def __init__(self) -> None:
         clean = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "PYTHON"))}
-        self.proc = subprocess.Popen([str(CLIENTS_PY), str(DRIVE), "--serve"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean)
+        self.proc = subprocess.Popen(
+            [str(CLIENTS_PY), str(DRIVE), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean,
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.stderr: list[str] = []
         threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
@@ -57,8 +63,9 @@ class _Driver:
             return json.loads(self.lines.get(timeout=SCENARIO_TIMEOUT_S))
         except queue.Empty:
             self.stop()
-            raise AssertionError(f"{scenario}: no answer in {SCENARIO_TIMEOUT_S} s; stderr: "
-                                 f"{''.join(self.stderr)[-3000:]}") from None
+            raise AssertionError(
+                f"{scenario}: no answer in {SCENARIO_TIMEOUT_S} s; stderr: {''.join(self.stderr)[-3000:]}"
+            ) from None
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -21,14 +21,34 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # The second lane of `make test` (scripts/run_tests.py), run beside the unit tests and the other e2e modules:
 # the modules that mostly wait on fixed durations, Prometheus, HAProxy, Locust or larger models, and enough
 # of the rest to end both lanes together (per-module times of a 2-core run are in docs/testing.md).
-STACK_MODULES = frozenset({
-    "test_chaos_soak", "test_soak_short", "test_replicas", "test_alerting", "test_loadtest", "test_locust_plain",
-    "test_model_families_server", "test_server_smollm", "test_admission_server", "test_lm_eval",
-})
-BALANCE_MODULES = frozenset({
-    "test_fuzz", "test_faults", "test_transport_limits", "test_front_hardening", "test_restart_budget",
-    "test_workers_dp", "test_shutdown_workers", "test_process_titles", "test_messages_api", "test_request_slo",
-})
+STACK_MODULES = frozenset(
+    {
+        "test_chaos_soak",
+        "test_soak_short",
+        "test_replicas",
+        "test_alerting",
+        "test_loadtest",
+        "test_locust_plain",
+        "test_model_families_server",
+        "test_server_smollm",
+        "test_admission_server",
+        "test_lm_eval",
+    }
+)
+BALANCE_MODULES = frozenset(
+    {
+        "test_fuzz",
+        "test_faults",
+        "test_transport_limits",
+        "test_front_hardening",
+        "test_restart_budget",
+        "test_workers_dp",
+        "test_shutdown_workers",
+        "test_process_titles",
+        "test_messages_api",
+        "test_request_slo",
+    }
+)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -22,8 +22,15 @@ import torch
 from serving.model_files import default_cache_dir
 from tests.family_models import SEED, _randomise, real_config
 
-SHRINK = {"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "max_position_embeddings": 64, "initializer_range": 0.1, "torch_dtype": "float32"}
+SHRINK = {
+    "hidden_size": 96,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 64,
+    "initializer_range": 0.1,
+    "torch_dtype": "float32",
+}
 TEXT = (
     "The sea is calm tonight. The tide is full, the moon lies fair upon the straits.",
     "Copper conducts electricity well because its electrons move freely.",
@@ -37,11 +44,15 @@ ST_FILES = {  # what all-MiniLM-L6-v2 publishes beside its weights
     "modules.json": [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ],
     "1_Pooling/config.json": {
-        "word_embedding_dimension": SHRINK["hidden_size"], "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False},
+        "word_embedding_dimension": SHRINK["hidden_size"],
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": True,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    },
     "sentence_bert_config.json": {"max_seq_length": SHRINK["max_position_embeddings"], "do_lower_case": False},
 }
 

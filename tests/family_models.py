@@ -50,8 +50,13 @@ def shrunk_config(family: str, tokenizer) -> dict:
         cfg["head_dim"] = HEAD_DIM[family]
     if family in SLIDING_WINDOW:
         cfg["sliding_window"] = SLIDING_WINDOW[family]
-    cfg.update(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               initializer_range=0.3, torch_dtype="float32")  # peaked logits: no greedy ties
+    cfg.update(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        initializer_range=0.3,
+        torch_dtype="float32",
+    )  # peaked logits: no greedy ties
     return cfg
 
 
@@ -80,8 +85,11 @@ def cut_vocab(tokenizer_json: dict, n: int) -> dict:
     model = tokenizer_json["model"]
     vocab = {t: i for t, i in model["vocab"].items() if i < n}
     merges = [m for m in model["merges"] if m[0] in vocab and m[1] in vocab and m[0] + m[1] in vocab]
-    return {**tokenizer_json, "model": {**model, "vocab": vocab, "merges": merges},
-            "added_tokens": [t for t in tokenizer_json["added_tokens"] if t["id"] < n]}
+    return {
+        **tokenizer_json,
+        "model": {**model, "vocab": vocab, "merges": merges},
+        "added_tokens": [t for t in tokenizer_json["added_tokens"] if t["id"] < n],
+    }
 
 
 def _cut_model(src: Path, out: Path, n: int) -> None:

@@ -32,8 +32,14 @@ def permute_qk(w: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.n
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_factor: float,
-                        high_freq_factor: float, original_max_position_embeddings: int) -> np.ndarray:
+def llama3_rope_factors(
+    theta: float,
+    head_dim: int,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position_embeddings: int,
+) -> np.ndarray:
     """The `rope_freqs.weight` values llama.cpp writes for `rope_type: llama3` (float32 maths, as there)."""
     import torch
 
@@ -48,8 +54,9 @@ def llama3_rope_factors(theta: float, head_dim: int, factor: float, low_freq_fac
         elif wavelen > low_wavelen:
             out.append(factor)
         else:
-            smooth = ((original_max_position_embeddings / wavelen - low_freq_factor)
-                      / (high_freq_factor - low_freq_factor))
+            smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (
+                high_freq_factor - low_freq_factor
+            )
             out.append(1 / ((1 - smooth) / factor + smooth))
     return torch.tensor(out, dtype=torch.float32).numpy()
 
@@ -102,7 +109,7 @@ def _tokenizer_fields() -> tuple:
             return take(_SCALARS[vtype])[0]
         (n,) = take("Q")
         pos += n
-        return str(buf[pos - n:pos], "utf-8")
+        return str(buf[pos - n : pos], "utf-8")
 
     out = []
     with open(bundled_gguf_path(), "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -157,9 +164,17 @@ def _rope_parameters(config) -> dict:
     return params.get("full_attention", params)
 
 
-def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: bool = True,
-               sliding_window: bool = True, rope_freqs: np.ndarray | None = None,
-               extra_kv: dict | None = None, qtype: Callable[[str, tuple[int, ...]], Any] | None = None) -> Path:
+def write_gguf(
+    hf_dir: Path,
+    out: Path,
+    *,
+    name: str | None = None,
+    tokenizer: bool = True,
+    sliding_window: bool = True,
+    rope_freqs: np.ndarray | None = None,
+    extra_kv: dict | None = None,
+    qtype: Callable[[str, tuple[int, ...]], Any] | None = None,
+) -> Path:
     """`hf_dir` (a llama, mistral, qwen2 or qwen3 HF directory) as an F32 GGUF file at `out`.
 
     `name` replaces `general.name`.  For files no converter would write: `tokenizer=False` leaves
@@ -213,9 +228,11 @@ def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: b
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(rope["factor"])
         writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
-        for key, add in (("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
-                         ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
-                         ("beta_slow", writer.add_rope_scaling_yarn_beta_slow)):
+        for key, add in (
+            ("attention_factor", writer.add_rope_scaling_yarn_attn_factor),
+            ("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+            ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+        ):
             if rope.get(key) is not None:
                 add(rope[key])
     elif rope_type not in ("default", "llama3"):
@@ -230,11 +247,17 @@ def write_gguf(hf_dir: Path, out: Path, *, name: str | None = None, tokenizer: b
 
     if rope_type == "llama3" and rope_freqs is None:
         rope_freqs = llama3_rope_factors(
-            float(rope["rope_theta"]), head_dim, rope["factor"], rope["low_freq_factor"],
-            rope["high_freq_factor"], rope["original_max_position_embeddings"])
+            float(rope["rope_theta"]),
+            head_dim,
+            rope["factor"],
+            rope["low_freq_factor"],
+            rope["high_freq_factor"],
+            rope["original_max_position_embeddings"],
+        )
     if rope_freqs is not None:  # llama.cpp writes the generated tensors first
-        writer.add_tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight",
-                          np.asarray(rope_freqs, dtype=np.float32))
+        writer.add_tensor(
+            gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", np.asarray(rope_freqs, dtype=np.float32)
+        )
 
     name_map = gguf.get_tensor_name_map(next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), n_layers)
     tied = bool(getattr(config, "tie_word_embeddings", False))

@@ -80,10 +80,13 @@ def hf_greedy(model: LoadedModel, ids: list[int], n: int = 32) -> list[int]:
     """transformers' own generate, one request at a time: the reference."""
     with torch.inference_mode():
         out = model.hf_model.generate(
-            torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=n, do_sample=False, pad_token_id=model.tokenizer.eos_token_id,
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=model.tokenizer.eos_token_id,
         )
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def decode_argmax(runner, rows: list, seqs: list[list[int]], logits: torch.Tensor) -> torch.Tensor:

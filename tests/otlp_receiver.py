@@ -100,14 +100,23 @@ class OTLPReceiver:
             resource = _attrs(rs.resource.attributes)
             for ss in rs.scope_spans:
                 for s in ss.spans:
-                    out.append({
-                        "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                        "parent_span_id": s.parent_span_id.hex() or None, "name": s.name, "kind": KINDS[s.kind],
-                        "start_ns": s.start_time_unix_nano, "end_ns": s.end_time_unix_nano,
-                        "attributes": _attrs(s.attributes), "resource": resource, "status": s.status.code,
-                        "links": [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
-                        "scope": ss.scope.name, "schema_url": ss.schema_url,
-                    })
+                    out.append(
+                        {
+                            "trace_id": s.trace_id.hex(),
+                            "span_id": s.span_id.hex(),
+                            "parent_span_id": s.parent_span_id.hex() or None,
+                            "name": s.name,
+                            "kind": KINDS[s.kind],
+                            "start_ns": s.start_time_unix_nano,
+                            "end_ns": s.end_time_unix_nano,
+                            "attributes": _attrs(s.attributes),
+                            "resource": resource,
+                            "status": s.status.code,
+                            "links": [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                            "scope": ss.scope.name,
+                            "schema_url": ss.schema_url,
+                        }
+                    )
         with self.lock:
             self.spans.extend(out)
 
@@ -120,18 +129,35 @@ class OTLPReceiver:
                     kind = m.WhichOneof("data")
                     data = getattr(m, kind)
                     for dp in data.data_points:
-                        point = {"name": m.name, "unit": m.unit, "description": m.description, "kind": kind,
-                                 "scope": sm.scope.name, "schema_url": sm.schema_url, "resource": resource,
-                                 "attributes": _attrs(dp.attributes),
-                                 "start_ns": dp.start_time_unix_nano, "time_ns": dp.time_unix_nano,
-                                 "temporality": getattr(data, "aggregation_temporality", None)}
+                        point = {
+                            "name": m.name,
+                            "unit": m.unit,
+                            "description": m.description,
+                            "kind": kind,
+                            "scope": sm.scope.name,
+                            "schema_url": sm.schema_url,
+                            "resource": resource,
+                            "attributes": _attrs(dp.attributes),
+                            "start_ns": dp.start_time_unix_nano,
+                            "time_ns": dp.time_unix_nano,
+                            "temporality": getattr(data, "aggregation_temporality", None),
+                        }
                         if kind == "histogram":
-                            point.update(count=dp.count, sum=dp.sum, bounds=list(dp.explicit_bounds),
-                                         bucket_counts=list(dp.bucket_counts))
+                            point.update(
+                                count=dp.count,
+                                sum=dp.sum,
+                                bounds=list(dp.explicit_bounds),
+                                bucket_counts=list(dp.bucket_counts),
+                            )
                         elif kind == "exponential_histogram":
-                            point.update(count=dp.count, sum=dp.sum, scale=dp.scale, zero_count=dp.zero_count,
-                                         positive_offset=dp.positive.offset,
-                                         positive_counts=list(dp.positive.bucket_counts))
+                            point.update(
+                                count=dp.count,
+                                sum=dp.sum,
+                                scale=dp.scale,
+                                zero_count=dp.zero_count,
+                                positive_offset=dp.positive.offset,
+                                positive_counts=list(dp.positive.bucket_counts),
+                            )
                         elif kind in ("sum", "gauge"):
                             point["value"] = getattr(dp, dp.WhichOneof("value"))
                             point["monotonic"] = getattr(data, "is_monotonic", None)
@@ -147,8 +173,10 @@ class OTLPReceiver:
             for p in self.points:
                 if p["name"] != name:
                     continue
-                key = (tuple(sorted((k, str(v)) for k, v in p["resource"].items())),
-                       tuple(sorted((k, str(v)) for k, v in p["attributes"].items())))
+                key = (
+                    tuple(sorted((k, str(v)) for k, v in p["resource"].items())),
+                    tuple(sorted((k, str(v)) for k, v in p["attributes"].items())),
+                )
                 if key not in latest or p["time_ns"] >= latest[key]["time_ns"]:
                     latest[key] = p
         return list(latest.values())

@@ -21,8 +21,7 @@ import pytest
 from loadtest.server import free_port
 from tests.server_util import wait_until
 
-HOW_TO_INSTALL = ("apt-get install prometheus prometheus-alertmanager haproxy (`make setup` does it when run as "
-                  "root)")
+HOW_TO_INSTALL = "apt-get install prometheus prometheus-alertmanager haproxy (`make setup` does it when run as root)"
 REPO = Path(__file__).resolve().parents[1]
 PROM_DIR = REPO / "dashboards/prometheus"
 
@@ -51,8 +50,9 @@ class Daemon:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmpdir / f"{self.tool}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.command(*args), env=self.environment(), stdout=self._log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            self.command(*args), env=self.environment(), stdout=self._log, stderr=subprocess.STDOUT
+        )
 
     def command(self, *args: str) -> list[str]:
         return [require_tool(self.tool), f"--web.listen-address=127.0.0.1:{self.port}", *args]
@@ -105,8 +105,12 @@ class Prometheus(Daemon):
     tool = "prometheus"
 
     def __init__(self, tmpdir: Path, config: Path) -> None:
-        super().__init__(tmpdir, f"--config.file={config}", f"--storage.tsdb.path={tmpdir / 'tsdb'}",
-                         "--enable-feature=exemplar-storage")
+        super().__init__(
+            tmpdir,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmpdir / 'tsdb'}",
+            "--enable-feature=exemplar-storage",
+        )
 
     def api(self, path: str, **params) -> object:
         if not hasattr(self, "_client"):
@@ -123,12 +127,17 @@ class Prometheus(Daemon):
     def scraped_after(self, t: float, evaluated: bool = False, targets: int | None = None) -> None:
         """Wait until every active target (`targets` of them, if given) was scraped, and with `evaluated` every
         rule group evaluated, after `t` (Unix seconds): what the targets showed at `t` is in the database."""
+
         def past() -> bool:
             active = self.api("targets", state="active")["activeTargets"]
             groups = self.api("rules")["groups"] if evaluated else []
-            return (bool(active) and (targets is None or len(active) == targets)
-                    and all(_unix(x["lastScrape"]) > t for x in active)
-                    and all(_unix(g["lastEvaluation"]) > t for g in groups))
+            return (
+                bool(active)
+                and (targets is None or len(active) == targets)
+                and all(_unix(x["lastScrape"]) > t for x in active)
+                and all(_unix(g["lastEvaluation"]) > t for g in groups)
+            )
+
         self.wait_for(f"a scrape{' and an evaluation' if evaluated else ''} after {t:.3f}", past, 20)
 
 
@@ -141,8 +150,9 @@ class Alertmanager(Daemon):
 
     def __init__(self, tmpdir: Path, config: Path) -> None:
         # --cluster.listen-address= : no gossip port, a lone instance
-        super().__init__(tmpdir, f"--config.file={config}", f"--storage.path={tmpdir / 'am'}",
-                         "--cluster.listen-address=")
+        super().__init__(
+            tmpdir, f"--config.file={config}", f"--storage.path={tmpdir / 'am'}", "--cluster.listen-address="
+        )
 
     def post_alerts(self, alerts: list[dict]) -> None:
         httpx.post(f"{self.url}/api/v2/alerts", json=alerts, timeout=10).raise_for_status()
@@ -204,13 +214,19 @@ def queries_without_data(prom: Prometheus, start: float, end: float) -> tuple[li
     checks = []  # (what, query, is a template variable)
     for uid, board in boards().items():
         for panel in panels(board):
-            checks += [(f"{uid} / {panel['title']} [{t['refId']}]: {t['expr']}", as_grafana_would(t["expr"]), False)
-                       for t in panel["targets"]]
-        checks += [(f"{uid} variable ${var['name']}: {var['query']}",
-                    as_grafana_would(var["query"]).removeprefix("label_values(").rsplit(",", 1)[0], True)
-                   for var in board["templating"]["list"]]
-    for rule in (r for f in committed_rule_files().values() for g in f["groups"] for r in g["rules"]
-                 if "record" in r):
+            checks += [
+                (f"{uid} / {panel['title']} [{t['refId']}]: {t['expr']}", as_grafana_would(t["expr"]), False)
+                for t in panel["targets"]
+            ]
+        checks += [
+            (
+                f"{uid} variable ${var['name']}: {var['query']}",
+                as_grafana_would(var["query"]).removeprefix("label_values(").rsplit(",", 1)[0],
+                True,
+            )
+            for var in board["templating"]["list"]
+        ]
+    for rule in (r for f in committed_rule_files().values() for g in f["groups"] for r in g["rules"] if "record" in r):
         slo_name = rule.get("labels", {}).get("slo")
         query = f'{rule["record"]}{{slo="{slo_name}"}}' if slo_name else rule["record"]
         checks.append((f"recording rule {query}", query, False))
@@ -243,9 +259,12 @@ class HAProxy(Daemon):
         return [require_tool(self.tool), "-db", "-f", str(HAPROXY_CFG)]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "SIGHTLINE_LB_BIND": f"127.0.0.1:{self.port}",
-                "SIGHTLINE_LB_STATS": f"127.0.0.1:{self.stats_port}",
-                **{f"SIGHTLINE_REPLICA_{i + 1}": r for i, r in enumerate(self.replicas)}}
+        return {
+            **os.environ,
+            "SIGHTLINE_LB_BIND": f"127.0.0.1:{self.port}",
+            "SIGHTLINE_LB_STATS": f"127.0.0.1:{self.stats_port}",
+            **{f"SIGHTLINE_REPLICA_{i + 1}": r for i, r in enumerate(self.replicas)},
+        }
 
     def servers(self) -> dict[str, dict]:
         """HAProxy's stats of each server of backend `sightline` (status, stot = requests sent, ...)."""
@@ -261,4 +280,5 @@ class HAProxy(Daemon):
                 return all(self.servers()[n]["status"].startswith(status) for n in names)
             except httpx.HTTPError:
                 return False
+
         wait_until(ready, timeout, f"HAProxy: {sorted(names)} {status}", interval=0.1)

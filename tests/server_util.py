@@ -36,13 +36,23 @@ class ServerProc(LocalServer):
     """A real server for a test: its own TMPDIR (runtime dir, log), the test's env, and
     helpers to read /debug/state and POST JSON."""
 
-    def __init__(self, *flags: str, model: str = "tiny-random", tmpdir: Path, startup: float = 120.0,
-                 env: dict[str, str] | None = None, step_floor_ms: float = 0) -> None:
+    def __init__(
+        self,
+        *flags: str,
+        model: str = "tiny-random",
+        tmpdir: Path,
+        startup: float = 120.0,
+        env: dict[str, str] | None = None,
+        step_floor_ms: float = 0,
+    ) -> None:
         """`step_floor_ms`: every engine step lasts at least this long (the step-floor seam), for tests
         that need tokens flowing during an event however fast the engine is."""
         self.tmpdir = tmpdir
-        extra_env = {HOLD_SEED_ENV: str(HOLD_SEED), **({STEP_FLOOR_ENV: str(step_floor_ms)} if step_floor_ms else {}),
-                     **(env or {})}
+        extra_env = {
+            HOLD_SEED_ENV: str(HOLD_SEED),
+            **({STEP_FLOOR_ENV: str(step_floor_ms)} if step_floor_ms else {}),
+            **(env or {}),
+        }
         key = extra_env.get("SIGHTLINE_API_KEY")
         self.auth = {"authorization": f"Bearer {key}"} if key else {}
         full_env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
@@ -93,7 +103,7 @@ def sse_events(lines) -> list[dict | str]:
     for line in lines:
         if not line.startswith("data: "):
             continue
-        data = line[len("data: "):]
+        data = line[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -157,8 +167,9 @@ class Stream(threading.Thread):
 
 # -- reading what a server says ------------------------------------------------------------
 def chat_ids(model, content: str) -> list[int]:
-    text = model.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                               add_generation_prompt=True)
+    text = model.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
     return model.tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -192,8 +203,10 @@ def value(text: str, name: str, **labels) -> float:
 
 def span_names(srv: ServerProc, rid: str, inputs: int) -> list[str]:
     """The names of an embeddings request's spans once those of all three processes arrived (one prefill per input)."""
+
     def spans():
         entry = httpx.get(f"{srv.url}/debug/requests/{rid}", timeout=10).json()
         names = [s["name"] for s in entry.get("spans", [])]
         return names if "receive detokenizer" in names and names.count("prefill") >= inputs else None
+
     return wait_until(spans, 10, "the embeddings request's spans from the three processes")

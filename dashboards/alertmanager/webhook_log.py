@@ -26,8 +26,15 @@ def _handler(sink: Sink) -> type[BaseHTTPRequestHandler]:
             body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
             for alert in body.get("alerts", []):
                 labels = alert.get("labels", {})
-                sink({"receiver": self.path.strip("/"), "status": alert.get("status"),
-                      "alertname": labels.get("alertname"), "severity": labels.get("severity"), "labels": labels})
+                sink(
+                    {
+                        "receiver": self.path.strip("/"),
+                        "status": alert.get("status"),
+                        "alertname": labels.get("alertname"),
+                        "severity": labels.get("severity"),
+                        "labels": labels,
+                    }
+                )
             self.send_response(200)
             self.end_headers()
 

@@ -30,44 +30,88 @@ def _mean(histogram: str, matcher: str) -> str:
 
 
 def board() -> Board:
-    b = Board("sightline-latency", "Sightline / Request latency breakdown",
-              "Per-stage request latency — stacked means and quantiles — with exemplars linking to traces.")
+    b = Board(
+        "sightline-latency",
+        "Sightline / Request latency breakdown",
+        "Per-stage request latency — stacked means and quantiles — with exemplars linking to traces.",
+    )
     b.row(
         "Where the time goes",
-        timeseries_panel("Mean time per stage (stacked)",
-                         "Mean seconds per request in each stage, stacked in request order. The hop stages are "
-                         "means per message (a request crosses the output hops once per output batch).", "s",
-                         [(_mean(h, m), legend) for legend, h, m in STAGES], stack=True, width=16, height=10),
-        timeseries_panel("Share of TTFT per stage",
-                         "Mean tokenize, queue and prefill time as a share of mean TTFT: which stage to fix first "
-                         "when time to first token is high.", "percentunit",
-                         [(f"({_mean(h, '')})\n/\n({q.mean('sightline_time_to_first_token_seconds')})", legend)
-                          for legend, h, _ in (STAGES[0], STAGES[2], STAGES[3])],
-                         stack=True, width=8, height=10, max_value=1),
+        timeseries_panel(
+            "Mean time per stage (stacked)",
+            "Mean seconds per request in each stage, stacked in request order. The hop stages are "
+            "means per message (a request crosses the output hops once per output batch).",
+            "s",
+            [(_mean(h, m), legend) for legend, h, m in STAGES],
+            stack=True,
+            width=16,
+            height=10,
+        ),
+        timeseries_panel(
+            "Share of TTFT per stage",
+            "Mean tokenize, queue and prefill time as a share of mean TTFT: which stage to fix first "
+            "when time to first token is high.",
+            "percentunit",
+            [
+                (f"({_mean(h, '')})\n/\n({q.mean('sightline_time_to_first_token_seconds')})", legend)
+                for legend, h, _ in (STAGES[0], STAGES[2], STAGES[3])
+            ],
+            stack=True,
+            width=8,
+            height=10,
+            max_value=1,
+        ),
     )
     b.row(
         "Stages (p50 / p90 / p99, exemplars on)",
-        *(latency_panel(legend.capitalize(), f"Quantiles of the {legend} stage per request.", h, width=8)
-          for legend, h, m in STAGES if not m),
+        *(
+            latency_panel(legend.capitalize(), f"Quantiles of the {legend} stage per request.", h, width=8)
+            for legend, h, m in STAGES
+            if not m
+        ),
     )
     embed, size = "sightline_embedding_request_latency_seconds", "sightline_embedding_request_size"
     b.row(
         "Embeddings (POST /v1/embeddings, /encode, /v1/rerank, /v1/score)",
-        latency_panel("Embeddings end to end", "Quantiles of an embeddings request's time from the HTTP handler to "
-                      "its vectors in the TokenizerManager (every input of the request pooled).", embed,
-                      'kind="e2e"', width=8),
-        latency_panel("Embeddings queue and prefill", "Per embeddings request: its longest-waiting input's time in "
-                      "the Scheduler's queue, and first admission → last input pooled (p50/p90/p99 and mean by "
-                      "kind).", embed, 'kind=~"queue|prefill"', by=("kind",), width=8),
-        timeseries_panel("Embeddings throughput", "Embeddings requests, inputs and input tokens per second.", "ops",
-                         [(q.rate(f"{embed}_count", 'kind="e2e"'), "requests/s"),
-                          (q.rate(f"{size}_sum", 'kind="inputs"'), "inputs/s"),
-                          (q.rate(f"{size}_sum", 'kind="tokens"'), "tokens/s")], width=8),
+        latency_panel(
+            "Embeddings end to end",
+            "Quantiles of an embeddings request's time from the HTTP handler to "
+            "its vectors in the TokenizerManager (every input of the request pooled).",
+            embed,
+            'kind="e2e"',
+            width=8,
+        ),
+        latency_panel(
+            "Embeddings queue and prefill",
+            "Per embeddings request: its longest-waiting input's time in "
+            "the Scheduler's queue, and first admission → last input pooled (p50/p90/p99 and mean by "
+            "kind).",
+            embed,
+            'kind=~"queue|prefill"',
+            by=("kind",),
+            width=8,
+        ),
+        timeseries_panel(
+            "Embeddings throughput",
+            "Embeddings requests, inputs and input tokens per second.",
+            "ops",
+            [
+                (q.rate(f"{embed}_count", 'kind="e2e"'), "requests/s"),
+                (q.rate(f"{size}_sum", 'kind="inputs"'), "inputs/s"),
+                (q.rate(f"{size}_sum", 'kind="tokens"'), "tokens/s"),
+            ],
+            width=8,
+        ),
     )
     b.row(
         "IPC hops",
-        latency_panel("IPC hops", "Receiver's receive stamp − sender's `sent_at`, per ZMQ hop (p50/p90/p99 and "
-                      "mean per hop). scheduler_stats is the stats/heartbeat message.", HOP, by=("hop",),
-                      width=24),
+        latency_panel(
+            "IPC hops",
+            "Receiver's receive stamp − sender's `sent_at`, per ZMQ hop (p50/p90/p99 and "
+            "mean per hop). scheduler_stats is the stats/heartbeat message.",
+            HOP,
+            by=("hop",),
+            width=24,
+        ),
     )
     return b

@@ -23,8 +23,11 @@ import yaml
 def _close(node):
     if isinstance(node, dict):
         out = {k: _close(v) for k, v in node.items()}
-        if ("properties" in out and "additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(node, list):
@@ -41,9 +44,11 @@ def json_schema(crd: dict) -> tuple[str, dict]:
     schema["properties"]["apiVersion"] = {"type": "string", "enum": [api_version]}
     schema["properties"]["kind"] = {"type": "string", "enum": [spec["names"]["kind"]]}
     schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata", "spec"})
-    schema = {"$schema": "http://json-schema.org/draft-04/schema#",
-              "description": f"{spec['names']['kind']} {api_version}: openAPIV3Schema of CRD {crd['metadata']['name']}",
-              **{k: v for k, v in schema.items() if k != "description"}}
+    schema = {
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "description": f"{spec['names']['kind']} {api_version}: openAPIV3Schema of CRD {crd['metadata']['name']}",
+        **{k: v for k, v in schema.items() if k != "description"},
+    }
     name = f"{spec['names']['kind']}-{spec['group'].split('.')[0]}-{version['name']}.json".lower()
     return name, schema
 

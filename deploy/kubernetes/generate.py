@@ -135,8 +135,11 @@ def ttft_threshold_seconds(spec: dict) -> float:
 
 # -- objects ---------------------------------------------------------------------------
 def labels(c: Config, component: str = "server") -> dict:
-    return {"app.kubernetes.io/name": c.name, "app.kubernetes.io/component": component,
-            "app.kubernetes.io/part-of": "sightline"}
+    return {
+        "app.kubernetes.io/name": c.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "sightline",
+    }
 
 
 def selector(c: Config) -> dict:
@@ -152,11 +155,26 @@ def collector_url(c: Config, port: int = 4318) -> str:
 
 
 def server_args(c: Config) -> list[str]:
-    args = ["sightline", "serve", "--host", "0.0.0.0", "--port", str(c.port),
-            "--shutdown-grace", str(c.shutdown_grace), "--startup-timeout", str(c.startup_timeout),
-            "--liveness-down-grace", str(c.liveness_down_grace),
-            "--num-threads", str(c.num_threads), "--otel-traces-exporter", "otlp",
-            "--otel-sampling-ratio", str(c.otel_sampling_ratio)]
+    args = [
+        "sightline",
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(c.port),
+        "--shutdown-grace",
+        str(c.shutdown_grace),
+        "--startup-timeout",
+        str(c.startup_timeout),
+        "--liveness-down-grace",
+        str(c.liveness_down_grace),
+        "--num-threads",
+        str(c.num_threads),
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-sampling-ratio",
+        str(c.otel_sampling_ratio),
+    ]
     if c.tokenizer_worker_num != 1:
         args += ["--tokenizer-worker-num", str(c.tokenizer_worker_num)]
     if c.dp_size != 1:
@@ -169,15 +187,20 @@ def termination_grace(c: Config) -> int:
 
 
 def namespace(c: Config) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": c.namespace, "labels": labels(c, "namespace")}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": c.namespace, "labels": labels(c, "namespace")},
+    }
 
 
 def deployment(c: Config) -> dict:
     probe_period = 5
     env = [
-        {"name": "SIGHTLINE_API_KEY", "valueFrom": {"secretKeyRef": {"name": c.api_key_secret,
-                                                                    "key": c.api_key_secret_key}}},
+        {
+            "name": "SIGHTLINE_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": c.api_key_secret, "key": c.api_key_secret_key}},
+        },
         {"name": "OTEL_SERVICE_NAME", "value": "sightline"},
         {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": collector_url(c)},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -185,8 +208,10 @@ def deployment(c: Config) -> dict:
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # service.instance.id is the server's own (one per server, shared by its processes);
         # these say which pod that server was
-        {"name": "OTEL_RESOURCE_ATTRIBUTES",
-         "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.node.name=$(NODE_NAME)"},
+        {
+            "name": "OTEL_RESOURCE_ATTRIBUTES",
+            "value": "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE),k8s.node.name=$(NODE_NAME)",
+        },
     ]
     container = {
         "name": "sightline",
@@ -197,16 +222,28 @@ def deployment(c: Config) -> dict:
         "resources": {"requests": {"cpu": c.cpu, "memory": c.memory_request}, "limits": {"memory": c.memory_limit}},
         # /health answers 503 while the engine starts or restarts, while shutting down and while
         # paused: up to --startup-timeout to load, then out of the Service whenever it says no.
-        "startupProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": probe_period,
-                         "timeoutSeconds": 2,
-                         "failureThreshold": math.ceil((c.startup_timeout + 60) / probe_period)},
-        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": probe_period,
-                           "timeoutSeconds": 2, "failureThreshold": 2, "successThreshold": 1},
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": probe_period,
+            "timeoutSeconds": 2,
+            "failureThreshold": math.ceil((c.startup_timeout + 60) / probe_period),
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "http"},
+            "periodSeconds": probe_period,
+            "timeoutSeconds": 2,
+            "failureThreshold": 2,
+            "successThreshold": 1,
+        },
         # /livez: the HTTP process and its event loop answer; an engine restart or a long
         # forward step (another process) does not touch it. It fails --liveness-down-grace after
         # the restart budget is spent. A minute of failures (or silence) restarts the container.
-        "livenessProbe": {"httpGet": {"path": "/livez", "port": "http"}, "periodSeconds": 10,
-                          "timeoutSeconds": 5, "failureThreshold": 6},
+        "livenessProbe": {
+            "httpGet": {"path": "/livez", "port": "http"},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
         # SIGTERM drains (503 to new requests, in-flight ones finish for --shutdown-grace); the
         # sleep first lets the endpoint removal reach every proxy while the pod still serves.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(c.prestop_sleep)]}}},
@@ -214,7 +251,8 @@ def deployment(c: Config) -> dict:
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": meta(c, c.name),
         "spec": {
             # no `replicas`: the ScaledObject owns the count (an apply must not reset it)
@@ -224,13 +262,23 @@ def deployment(c: Config) -> dict:
                 "metadata": {"labels": labels(c)},
                 "spec": {
                     "terminationGracePeriodSeconds": termination_grace(c),
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                        "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "runAsGroup": 10001,
+                        "fsGroup": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [container],
                     "volumes": [{"name": "tmp", "emptyDir": {}}],
-                    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                                   "whenUnsatisfiable": "ScheduleAnyway",
-                                                   "labelSelector": {"matchLabels": selector(c)}}],
+                    "topologySpreadConstraints": [
+                        {
+                            "maxSkew": 1,
+                            "topologyKey": "kubernetes.io/hostname",
+                            "whenUnsatisfiable": "ScheduleAnyway",
+                            "labelSelector": {"matchLabels": selector(c)},
+                        }
+                    ],
                 },
             },
         },
@@ -238,37 +286,62 @@ def deployment(c: Config) -> dict:
 
 
 def service(c: Config) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "metadata": meta(c, c.name),
-            "spec": {"type": "ClusterIP", "selector": selector(c),
-                     "ports": [{"name": "http", "port": c.port, "targetPort": "http", "protocol": "TCP"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta(c, c.name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(c),
+            "ports": [{"name": "http", "port": c.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
 
 
 def pdb(c: Config) -> dict:
-    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta(c, c.name),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(c)}}}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta(c, c.name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(c)}},
+    }
 
 
 def pod_monitor(c: Config, job: str) -> dict:
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
-            "metadata": meta(c, c.name, c.monitor_labels),
-            "spec": {
-                "selector": {"matchLabels": selector(c)},
-                "podMetricsEndpoints": [{
-                    "port": "http", "path": "/metrics", "interval": c.scrape_interval,
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": meta(c, c.name, c.monitor_labels),
+        "spec": {
+            "selector": {"matchLabels": selector(c)},
+            "podMetricsEndpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": c.scrape_interval,
                     "relabelings": [
                         {"action": "replace", "targetLabel": "job", "replacement": job},
-                        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_name"],
-                         "targetLabel": "instance"},
+                        {
+                            "action": "replace",
+                            "sourceLabels": ["__meta_kubernetes_pod_name"],
+                            "targetLabel": "instance",
+                        },
                     ],
-                }],
-                # OpenMetrics first: the per-request histograms carry exemplars (trace ids) there
-                "scrapeProtocols": ["OpenMetricsText1.0.0", "OpenMetricsText0.0.1", "PrometheusText0.0.4"],
-            }}
+                }
+            ],
+            # OpenMetrics first: the per-request histograms carry exemplars (trace ids) there
+            "scrapeProtocols": ["OpenMetricsText1.0.0", "OpenMetricsText0.0.1", "PrometheusText0.0.4"],
+        },
+    }
 
 
 def prometheus_rule(c: Config) -> dict:
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": meta(c, c.name, c.monitor_labels), "spec": {"groups": rule_groups()}}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": meta(c, c.name, c.monitor_labels),
+        "spec": {"groups": rule_groups()},
+    }
 
 
 def queue_query(c: Config, job: str) -> str:
@@ -276,65 +349,121 @@ def queue_query(c: Config, job: str) -> str:
 
 
 def scaled_object(c: Config, job: str) -> dict:
-    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject", "metadata": meta(c, c.name),
-            "spec": {
-                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": c.name},
-                "minReplicaCount": c.min_replicas, "maxReplicaCount": c.max_replicas,
-                "pollingInterval": 15, "cooldownPeriod": c.scale_cooldown,
-                "advanced": {"horizontalPodAutoscalerConfig": {"behavior": {
-                    "scaleDown": {"stabilizationWindowSeconds": c.scale_cooldown,
-                                  "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]},
-                    "scaleUp": {"stabilizationWindowSeconds": 0,
-                                "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
-                }}},
-                "triggers": [{
-                    "type": "prometheus", "name": "waiting-requests", "metricType": "AverageValue",
-                    "metadata": {"serverAddress": c.prometheus_url, "query": queue_query(c, job),
-                                 "threshold": str(c.waiting_per_replica), "ignoreNullValues": "false"},
-                }],
-            }}
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": meta(c, c.name),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": c.name},
+            "minReplicaCount": c.min_replicas,
+            "maxReplicaCount": c.max_replicas,
+            "pollingInterval": 15,
+            "cooldownPeriod": c.scale_cooldown,
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {
+                        "scaleDown": {
+                            "stabilizationWindowSeconds": c.scale_cooldown,
+                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}],
+                        },
+                        "scaleUp": {
+                            "stabilizationWindowSeconds": 0,
+                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+                        },
+                    }
+                }
+            },
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "name": "waiting-requests",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": c.prometheus_url,
+                        "query": queue_query(c, job),
+                        "threshold": str(c.waiting_per_replica),
+                        "ignoreNullValues": "false",
+                    },
+                }
+            ],
+        },
+    }
 
 
 def dashboard_config_maps(c: Config) -> list[dict]:
     """One ConfigMap per board: each stays far below the ConfigMap limit (1 MiB) and the
     256 KiB `kubectl apply` keeps in its last-applied annotation."""
-    return [{"apiVersion": "v1", "kind": "ConfigMap",
-             "metadata": meta(c, f"grafana-dashboard-{uid}", {"grafana_dashboard": "1"}, component="dashboards",
-                              annotations={"grafana_folder": "sightline"}),
-             "data": {f"{uid}.json": text}} for uid, text in dashboards().items()]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta(
+                c,
+                f"grafana-dashboard-{uid}",
+                {"grafana_dashboard": "1"},
+                component="dashboards",
+                annotations={"grafana_folder": "sightline"},
+            ),
+            "data": {f"{uid}.json": text},
+        }
+        for uid, text in dashboards().items()
+    ]
 
 
 def collector_config(c: Config, spec: dict) -> dict:
     ttft = ttft_threshold_seconds(spec)
     return {
-        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"},
-                                             "http": {"endpoint": "0.0.0.0:4318"}}}},
+        "receivers": {
+            "otlp": {"protocols": {"grpc": {"endpoint": "0.0.0.0:4317"}, "http": {"endpoint": "0.0.0.0:4318"}}}
+        },
         "processors": {
             "memory_limiter": {"check_interval": "1s", "limit_percentage": 80, "spike_limit_percentage": 20},
             # A trace is kept when any policy says so.
             "tail_sampling": {
-                "decision_wait": c.collector_decision_wait, "num_traces": 20000, "expected_new_traces_per_sec": 50,
+                "decision_wait": c.collector_decision_wait,
+                "num_traces": 20000,
+                "expected_new_traces_per_sec": 50,
                 "policies": [
                     {"name": "errors", "type": "status_code", "status_code": {"status_codes": ["ERROR"]}},
                     # the server's own tail sampler kept it (error, aborted, shed, slow TTFT or TPOT)
-                    {"name": "kept-by-sightline", "type": "ottl_condition", "ottl_condition": {
-                        "error_mode": "ignore",
-                        "span": ['attributes["sightline.tail_sampling.reason"] != nil']}},
+                    {
+                        "name": "kept-by-sightline",
+                        "type": "ottl_condition",
+                        "ottl_condition": {
+                            "error_mode": "ignore",
+                            "span": ['attributes["sightline.tail_sampling.reason"] != nil'],
+                        },
+                    },
                     # the TTFT SLO threshold of dashboards/slo.yaml, on the server span
-                    {"name": "slow-first-token", "type": "ottl_condition", "ottl_condition": {
-                        "error_mode": "ignore",
-                        "span": [f'attributes["sightline.ttft_seconds"] > {ttft}']}},
-                    {"name": "baseline", "type": "probabilistic",
-                     "probabilistic": {"sampling_percentage": c.collector_baseline_percent}},
+                    {
+                        "name": "slow-first-token",
+                        "type": "ottl_condition",
+                        "ottl_condition": {
+                            "error_mode": "ignore",
+                            "span": [f'attributes["sightline.ttft_seconds"] > {ttft}'],
+                        },
+                    },
+                    {
+                        "name": "baseline",
+                        "type": "probabilistic",
+                        "probabilistic": {"sampling_percentage": c.collector_baseline_percent},
+                    },
                 ],
             },
             "batch": {},
         },
         "exporters": {"otlp/tempo": {"endpoint": c.tempo_endpoint, "tls": {"insecure": True}}},
         "extensions": {"health_check": {"endpoint": "0.0.0.0:13133"}},
-        "service": {"extensions": ["health_check"], "pipelines": {"traces": {
-            "receivers": ["otlp"], "processors": ["memory_limiter", "tail_sampling", "batch"],
-            "exporters": ["otlp/tempo"]}}},
+        "service": {
+            "extensions": ["health_check"],
+            "pipelines": {
+                "traces": {
+                    "receivers": ["otlp"],
+                    "processors": ["memory_limiter", "tail_sampling", "batch"],
+                    "exporters": ["otlp/tempo"],
+                }
+            },
+        },
     }
 
 
@@ -342,47 +471,77 @@ def collector(c: Config, spec: dict) -> list[dict]:
     comp = "otel-collector"
     sel = {"app.kubernetes.io/name": c.collector_name, "app.kubernetes.io/component": comp}
     lab = {**labels(c, comp), **sel}
-    config_map = {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": c.collector_name, "namespace": c.namespace, "labels": lab},
-                  "data": {"config.yaml": dump(collector_config(c, spec))}}
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": c.collector_name, "namespace": c.namespace, "labels": lab},
+        "data": {"config.yaml": dump(collector_config(c, spec))},
+    }
     health = {"httpGet": {"path": "/", "port": "health"}, "periodSeconds": 10}
-    deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
-              "metadata": {"name": c.collector_name, "namespace": c.namespace, "labels": lab},
-              "spec": {
-                  # one replica: tail sampling needs every span of a trace in the same collector
-                  "replicas": 1, "selector": {"matchLabels": sel},
-                  "template": {"metadata": {"labels": lab}, "spec": {
-                      "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
-                                          "seccompProfile": {"type": "RuntimeDefault"}},
-                      "containers": [{
-                          "name": "otel-collector", "image": c.collector_image,
-                          "args": ["--config=/etc/otelcol/config.yaml"],
-                          "ports": [{"name": "otlp-grpc", "containerPort": 4317, "protocol": "TCP"},
-                                    {"name": "otlp-http", "containerPort": 4318, "protocol": "TCP"},
-                                    {"name": "health", "containerPort": 13133, "protocol": "TCP"}],
-                          "resources": {"requests": {"cpu": "200m", "memory": "512Mi"},
-                                        "limits": {"memory": "1Gi"}},
-                          "readinessProbe": health, "livenessProbe": health,
-                          "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                              "capabilities": {"drop": ["ALL"]}},
-                          "volumeMounts": [{"name": "config", "mountPath": "/etc/otelcol", "readOnly": True}],
-                      }],
-                      "volumes": [{"name": "config", "configMap": {"name": c.collector_name}}],
-                  }},
-              }}
-    svc = {"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": c.collector_name, "namespace": c.namespace, "labels": lab},
-           "spec": {"type": "ClusterIP", "selector": sel, "ports": [
-               {"name": "otlp-grpc", "port": 4317, "targetPort": "otlp-grpc", "protocol": "TCP"},
-               {"name": "otlp-http", "port": 4318, "targetPort": "otlp-http", "protocol": "TCP"}]}}
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": c.collector_name, "namespace": c.namespace, "labels": lab},
+        "spec": {
+            # one replica: tail sampling needs every span of a trace in the same collector
+            "replicas": 1,
+            "selector": {"matchLabels": sel},
+            "template": {
+                "metadata": {"labels": lab},
+                "spec": {
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "containers": [
+                        {
+                            "name": "otel-collector",
+                            "image": c.collector_image,
+                            "args": ["--config=/etc/otelcol/config.yaml"],
+                            "ports": [
+                                {"name": "otlp-grpc", "containerPort": 4317, "protocol": "TCP"},
+                                {"name": "otlp-http", "containerPort": 4318, "protocol": "TCP"},
+                                {"name": "health", "containerPort": 13133, "protocol": "TCP"},
+                            ],
+                            "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+                            "readinessProbe": health,
+                            "livenessProbe": health,
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                            },
+                            "volumeMounts": [{"name": "config", "mountPath": "/etc/otelcol", "readOnly": True}],
+                        }
+                    ],
+                    "volumes": [{"name": "config", "configMap": {"name": c.collector_name}}],
+                },
+            },
+        },
+    }
+    svc = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": c.collector_name, "namespace": c.namespace, "labels": lab},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": sel,
+            "ports": [
+                {"name": "otlp-grpc", "port": 4317, "targetPort": "otlp-grpc", "protocol": "TCP"},
+                {"name": "otlp-http", "port": 4318, "targetPort": "otlp-http", "protocol": "TCP"},
+            ],
+        },
+    }
     return [config_map, deploy, svc]
 
 
 def inference_routing(c: Config) -> list[dict]:
     """The InferencePool of the server pods and the Endpoint Picker's config (`inference_pool.py`)."""
     pool = gie.inference_pool(meta(c, c.name), selector(c), c.port, c.epp_service, c.epp_port)
-    config = gie.picker_config_map(meta(c, f"{c.epp_service}-config", component="endpoint-picker"),
-                                   dump(gie.endpoint_picker_config()))
+    config = gie.picker_config_map(
+        meta(c, f"{c.epp_service}-config", component="endpoint-picker"), dump(gie.endpoint_picker_config())
+    )
     return [pool, config]
 
 
@@ -400,8 +559,7 @@ def outputs(c: Config = CONFIG) -> dict[str, str]:
         "otel-collector.yaml": documents(*collector(c, spec)),
         "inferencepool.yaml": documents(*inference_routing(c)),
     }
-    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                     "resources": list(files)}
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": list(files)}
     files["kustomization.yaml"] = HEADER + dump(kustomization)
     return files
 
@@ -423,8 +581,9 @@ def differences(files: dict[str, str], out: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return generator_main("python -m deploy.kubernetes.generate", __doc__, ROOT / MANIFESTS, outputs, write,
-                          differences, argv)
+    return generator_main(
+        "python -m deploy.kubernetes.generate", __doc__, ROOT / MANIFESTS, outputs, write, differences, argv
+    )
 
 
 if __name__ == "__main__":

@@ -30,25 +30,39 @@ def endpoint_picker_config(metrics_path: str = "/metrics") -> dict:
     from our metric names."""
     scorers = ["queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"]
     return {
-        "apiVersion": EPP_CONFIG_API, "kind": "EndpointPickerConfig",
-        "plugins": [*({"type": s} for s in scorers),
-                    {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": metrics_path}},
-                    {"type": "core-metrics-extractor", "parameters": {
-                        "defaultEngine": ENGINE, "engineConfigs": [{"name": ENGINE, **METRICS}]}}],
+        "apiVersion": EPP_CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            *({"type": s} for s in scorers),
+            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": metrics_path}},
+            {
+                "type": "core-metrics-extractor",
+                "parameters": {"defaultEngine": ENGINE, "engineConfigs": [{"name": ENGINE, **METRICS}]},
+            },
+        ],
         "schedulingProfiles": [{"name": "default", "plugins": [{"pluginRef": s, "weight": 1} for s in scorers]}],
     }
 
 
 def inference_pool(meta: dict, selector: dict, port: int, epp_service: str, epp_port: int) -> dict:
     """The pool of server pods (`selector`, serving on `port`) and the EPP Service that picks among them."""
-    return {"apiVersion": POOL_API, "kind": "InferencePool", "metadata": meta, "spec": {
-        "selector": {"matchLabels": selector},
-        "targetPorts": [{"number": port}],
-        "appProtocol": "http",
-        # no picker, no routing: a request waits for the EPP rather than going to an arbitrary pod
-        "endpointPickerRef": {"kind": "Service", "name": epp_service, "port": {"number": epp_port},
-                              "failureMode": "FailClose"},
-    }}
+    return {
+        "apiVersion": POOL_API,
+        "kind": "InferencePool",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "targetPorts": [{"number": port}],
+            "appProtocol": "http",
+            # no picker, no routing: a request waits for the EPP rather than going to an arbitrary pod
+            "endpointPickerRef": {
+                "kind": "Service",
+                "name": epp_service,
+                "port": {"number": epp_port},
+                "failureMode": "FailClose",
+            },
+        },
+    }
 
 
 def picker_config_map(meta: dict, config_text: str) -> dict:

@@ -61,8 +61,15 @@ KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER
 SUCCESS = ("stop", "length")
 # the attributes kept from an OTLP server span (plain values of one type each, so that the JSON
 # lines load as one table): the GenAI ones and a few of HTTP's and ours
-KEEP_PREFIXES = ("gen_ai.", "http.", "error.type", "sightline.rid", "sightline.ttft_seconds",
-                 "sightline.queue_seconds", "sightline.outcome")
+KEEP_PREFIXES = (
+    "gen_ai.",
+    "http.",
+    "error.type",
+    "sightline.rid",
+    "sightline.ttft_seconds",
+    "sightline.queue_seconds",
+    "sightline.outcome",
+)
 IN, OUT = "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens"
 _HEX = re.compile(r"[0-9a-fA-F]+")
 
@@ -76,13 +83,32 @@ def derived_id(text: str, hex_chars: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:hex_chars]
 
 
-def span_row(*, trace_id: str, span_id: str, parent_span_id: str | None, name: str, start_s: float,
-             end_s: float | None, status: int, attributes: dict) -> dict:
+def span_row(
+    *,
+    trace_id: str,
+    span_id: str,
+    parent_span_id: str | None,
+    name: str,
+    start_s: float,
+    end_s: float | None,
+    status: int,
+    attributes: dict,
+) -> dict:
     """One line of the export: GuideLLM's OTEL span plus its `trace_synthetic` columns."""
-    row = {"trace_id": trace_id, "span_id": span_id, "parent_span_id": parent_span_id, "name": name, "kind": "SERVER",
-           "start_time": iso(start_s), "end_time": iso(end_s) if end_s is not None else None,
-           "status": {"code": status}, "attributes": attributes,
-           "timestamp": round(start_s, 6), "input_length": int(attributes[IN]), "output_length": int(attributes[OUT])}
+    row = {
+        "trace_id": trace_id,
+        "span_id": span_id,
+        "parent_span_id": parent_span_id,
+        "name": name,
+        "kind": "SERVER",
+        "start_time": iso(start_s),
+        "end_time": iso(end_s) if end_s is not None else None,
+        "status": {"code": status},
+        "attributes": attributes,
+        "timestamp": round(start_s, 6),
+        "input_length": int(attributes[IN]),
+        "output_length": int(attributes[OUT]),
+    }
     if end_s is not None:
         row["duration"] = round(max(0.0, end_s - start_s), 6)
     return row
@@ -108,11 +134,16 @@ def from_records(records: Iterable[RequestRecord]) -> tuple[list[dict], Counter]
             continue
         e2e = (rec.breakdown or {}).get("e2e_ms")
         attrs: dict[str, Any] = {
-            "gen_ai.operation.name": rec.operation, "gen_ai.request.model": rec.model,
-            IN: rec.prompt_tokens, OUT: rec.completion_tokens, "gen_ai.response.id": rec.rid,
+            "gen_ai.operation.name": rec.operation,
+            "gen_ai.request.model": rec.model,
+            IN: rec.prompt_tokens,
+            OUT: rec.completion_tokens,
+            "gen_ai.response.id": rec.rid,
             "gen_ai.response.finish_reasons": [rec.finish_reason] if rec.finish_reason else [],
-            "gen_ai.usage.cache_read.input_tokens": rec.cached_tokens, "http.route": rec.route,
-            "http.response.status_code": rec.status, "sightline.outcome": rec.outcome,
+            "gen_ai.usage.cache_read.input_tokens": rec.cached_tokens,
+            "http.route": rec.route,
+            "http.response.status_code": rec.status,
+            "sightline.outcome": rec.outcome,
         }
         if (ttft := (rec.breakdown or {}).get("ttft_ms")) is not None:
             attrs["sightline.ttft_seconds"] = ttft / 1000.0
@@ -120,11 +151,18 @@ def from_records(records: Iterable[RequestRecord]) -> tuple[list[dict], Counter]
             attrs["gen_ai.input.messages"] = json.dumps(msgs, ensure_ascii=False)
         if rec.output is not None:
             attrs["gen_ai.output.text"] = rec.output
-        rows.append(span_row(trace_id=rec.trace_id or derived_id(f"trace:{rec.rid}", 32),
-                             span_id=derived_id(f"span:{rec.rid}", 16), parent_span_id=None,
-                             name=f"POST {rec.route}", start_s=rec.arrival,
-                             end_s=rec.arrival + e2e / 1000.0 if e2e is not None else None,
-                             status=STATUS_UNSET if rec.outcome in SUCCESS else STATUS_ERROR, attributes=attrs))
+        rows.append(
+            span_row(
+                trace_id=rec.trace_id or derived_id(f"trace:{rec.rid}", 32),
+                span_id=derived_id(f"span:{rec.rid}", 16),
+                parent_span_id=None,
+                name=f"POST {rec.route}",
+                start_s=rec.arrival,
+                end_s=rec.arrival + e2e / 1000.0 if e2e is not None else None,
+                status=STATUS_UNSET if rec.outcome in SUCCESS else STATUS_ERROR,
+                attributes=attrs,
+            )
+        )
     return rows, skipped
 
 
@@ -133,7 +171,7 @@ def otlp_value(v: dict) -> Any:
     """An OTLP AnyValue in protobuf JSON → a plain value (int64 comes as a string)."""
     if not isinstance(v, dict) or not v:
         return None
-    (kind, x), = v.items()
+    ((kind, x),) = v.items()
     if kind == "intValue":
         return int(x)
     if kind == "doubleValue":
@@ -189,20 +227,29 @@ def otlp_spans(text: str) -> Iterator[dict]:
             resource = otlp_attributes((rs.get("resource") or {}).get("attributes"))
             for ss in rs.get("scopeSpans") or rs.get("scope_spans") or rs.get("instrumentationLibrarySpans") or ():
                 for s in ss.get("spans") or ():
-                    yield {"trace_id": otlp_id(s.get("traceId")), "span_id": otlp_id(s.get("spanId")),
-                           "parent_span_id": otlp_id(s.get("parentSpanId")), "name": s.get("name", ""),
-                           "kind": KINDS.get(otlp_enum(s.get("kind"), KINDS, "SPAN_KIND_"), "UNSPECIFIED"),
-                           "start_ns": int(s.get("startTimeUnixNano") or 0),
-                           "end_ns": int(s.get("endTimeUnixNano") or 0),
-                           "status": otlp_enum((s.get("status") or {}).get("code"),
-                                               {0: "UNSET", 1: "OK", 2: "ERROR"}, "STATUS_CODE_"),
-                           "attributes": otlp_attributes(s.get("attributes")), "resource": resource}
+                    yield {
+                        "trace_id": otlp_id(s.get("traceId")),
+                        "span_id": otlp_id(s.get("spanId")),
+                        "parent_span_id": otlp_id(s.get("parentSpanId")),
+                        "name": s.get("name", ""),
+                        "kind": KINDS.get(otlp_enum(s.get("kind"), KINDS, "SPAN_KIND_"), "UNSPECIFIED"),
+                        "start_ns": int(s.get("startTimeUnixNano") or 0),
+                        "end_ns": int(s.get("endTimeUnixNano") or 0),
+                        "status": otlp_enum(
+                            (s.get("status") or {}).get("code"), {0: "UNSET", 1: "OK", 2: "ERROR"}, "STATUS_CODE_"
+                        ),
+                        "attributes": otlp_attributes(s.get("attributes")),
+                        "resource": resource,
+                    }
 
 
 def _is_request_span(s: dict) -> bool:
     role = str(s["resource"].get("sightline.process.role", "main"))
-    return (s["kind"] == "SERVER" and "gen_ai.operation.name" in s["attributes"]
-            and (role == "main" or role.startswith("worker")))
+    return (
+        s["kind"] == "SERVER"
+        and "gen_ai.operation.name" in s["attributes"]
+        and (role == "main" or role.startswith("worker"))
+    )
 
 
 def from_otlp(text: str) -> tuple[list[dict], Counter]:
@@ -217,8 +264,9 @@ def from_otlp(text: str) -> tuple[list[dict], Counter]:
         attrs = {k: v for k, v in s["attributes"].items() if k.startswith(KEEP_PREFIXES)}
         rid = attrs.get("sightline.rid")
         for child in by_trace.get(s["trace_id"], ()):  # token counts the server span lacks, from its children
-            if child is s or not (child["parent_span_id"] == s["span_id"]
-                                  or (rid and child["attributes"].get("sightline.rid") == rid)):
+            if child is s or not (
+                child["parent_span_id"] == s["span_id"] or (rid and child["attributes"].get("sightline.rid") == rid)
+            ):
                 continue
             for key in (IN, OUT):
                 if attrs.get(key) is None and child["attributes"].get(key) is not None:
@@ -226,10 +274,18 @@ def from_otlp(text: str) -> tuple[list[dict], Counter]:
         if attrs.get(IN) is None or attrs.get(OUT) is None:
             skipped["no token counts (refused before tokenizing)"] += 1
             continue
-        rows.append(span_row(trace_id=s["trace_id"], span_id=s["span_id"], parent_span_id=s["parent_span_id"],
-                             name=s["name"], start_s=s["start_ns"] / 1e9,
-                             end_s=s["end_ns"] / 1e9 if s["end_ns"] else None,
-                             status=STATUS_ERROR if s["status"] == STATUS_ERROR else STATUS_UNSET, attributes=attrs))
+        rows.append(
+            span_row(
+                trace_id=s["trace_id"],
+                span_id=s["span_id"],
+                parent_span_id=s["parent_span_id"],
+                name=s["name"],
+                start_s=s["start_ns"] / 1e9,
+                end_s=s["end_ns"] / 1e9 if s["end_ns"] else None,
+                status=STATUS_ERROR if s["status"] == STATUS_ERROR else STATUS_UNSET,
+                attributes=attrs,
+            )
+        )
     return rows, skipped
 
 
@@ -251,14 +307,19 @@ def detect(path: Path) -> str:
     return "otlp" if b"resourceSpans" in head or b"resource_spans" in head else "dump"
 
 
-def export(src: Path, kind: str = "auto", only_ok: bool = False, only_messages: bool = False
-           ) -> tuple[list[dict], Counter]:
+def export(
+    src: Path, kind: str = "auto", only_ok: bool = False, only_messages: bool = False
+) -> tuple[list[dict], Counter]:
     kind = detect(src) if kind == "auto" else kind
     rows, skipped = from_records(read_records(src)) if kind == "dump" else from_otlp(src.read_text())
     for flag, reason, keep in (
-            (only_ok, "not stop/length (--only-ok)", lambda r: r["status"]["code"] != STATUS_ERROR),
-            (only_messages, "no gen_ai.input.messages (--only-with-messages)",
-             lambda r: "gen_ai.input.messages" in r["attributes"])):
+        (only_ok, "not stop/length (--only-ok)", lambda r: r["status"]["code"] != STATUS_ERROR),
+        (
+            only_messages,
+            "no gen_ai.input.messages (--only-with-messages)",
+            lambda r: "gen_ai.input.messages" in r["attributes"],
+        ),
+    ):
         if flag:
             kept = [r for r in rows if keep(r)]
             if len(kept) < len(rows):
@@ -274,17 +335,33 @@ def write(rows: list[dict], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadtest.replay.export", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m loadtest.replay.export",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("source", type=Path, help="a --dump-requests directory or file, or an OTLP JSON file")
-    ap.add_argument("-o", "--out", type=Path, default=Path("guidellm_spans.jsonl"),
-                    help="the JSON lines file to write [guidellm_spans.jsonl]")
-    ap.add_argument("--from", dest="kind", choices=("auto", "dump", "otlp"), default="auto",
-                    help="what the source is [auto: a directory or request records → dump; resourceSpans → otlp]")
+    ap.add_argument(
+        "-o",
+        "--out",
+        type=Path,
+        default=Path("guidellm_spans.jsonl"),
+        help="the JSON lines file to write [guidellm_spans.jsonl]",
+    )
+    ap.add_argument(
+        "--from",
+        dest="kind",
+        choices=("auto", "dump", "otlp"),
+        default="auto",
+        help="what the source is [auto: a directory or request records → dump; resourceSpans → otlp]",
+    )
     ap.add_argument("--only-ok", action="store_true", help="leave out requests that did not end with stop/length")
-    ap.add_argument("--only-with-messages", action="store_true",
-                    help="leave out spans without gen_ai.input.messages (token-id prompts, dumps without content): "
-                         "GuideLLM's kind=otel stops at the first one")
+    ap.add_argument(
+        "--only-with-messages",
+        action="store_true",
+        help="leave out spans without gen_ai.input.messages (token-id prompts, dumps without content): "
+        "GuideLLM's kind=otel stops at the first one",
+    )
     a = ap.parse_args(argv)
     if not a.source.exists():
         print(f"error: {a.source} does not exist", file=sys.stderr)
@@ -296,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     write(rows, a.out)
     with_messages = sum("gen_ai.input.messages" in r["attributes"] for r in rows)
-    print(f"wrote {len(rows)} spans ({len({r['trace_id'] for r in rows})} traces, {with_messages} with "
-          f"gen_ai.input.messages) to {a.out}" + (f"; skipped {dict(skipped)}" if skipped else ""))
+    print(
+        f"wrote {len(rows)} spans ({len({r['trace_id'] for r in rows})} traces, {with_messages} with "
+        f"gen_ai.input.messages) to {a.out}" + (f"; skipped {dict(skipped)}" if skipped else "")
+    )
     return 0 if rows else 1
 
 

@@ -22,8 +22,14 @@ def _assistant_blocks(m: dict) -> list[dict]:
         blocks.append({"type": "text", "text": m["content"]})
     for call in m.get("tool_calls") or ():
         args = call["function"].get("arguments") or {}
-        blocks.append({"type": "tool_use", "id": call.get("id") or "", "name": call["function"]["name"],
-                       "input": json.loads(args) if isinstance(args, str) else args})
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.get("id") or "",
+                "name": call["function"]["name"],
+                "input": json.loads(args) if isinstance(args, str) else args,
+            }
+        )
     return blocks
 
 
@@ -37,8 +43,11 @@ def turns(messages: list[dict]) -> tuple[str, list[dict]]:
         if m["role"] == "assistant":
             out.append({"role": "assistant", "content": _assistant_blocks(m)})
             continue
-        block = {"type": "tool_result", "tool_use_id": m.get("tool_call_id") or "", "content": m.get("content") or ""} \
-            if m["role"] == "tool" else {"type": "text", "text": m.get("content") or ""}
+        block = (
+            {"type": "tool_result", "tool_use_id": m.get("tool_call_id") or "", "content": m.get("content") or ""}
+            if m["role"] == "tool"
+            else {"type": "text", "text": m.get("content") or ""}
+        )
         if out and out[-1]["role"] == "user":
             out[-1]["content"].append(block)
         else:
@@ -46,12 +55,18 @@ def turns(messages: list[dict]) -> tuple[str, list[dict]]:
     return system, out
 
 
-def messages_body(prompt: Any, model: str, sampling: dict, max_tokens: int, ignore_eos: bool, stop: list | None,
-                  stream: bool) -> dict:
+def messages_body(
+    prompt: Any, model: str, sampling: dict, max_tokens: int, ignore_eos: bool, stop: list | None, stream: bool
+) -> dict:
     """The body of one replayed Messages request (`ignore_eos`: the server's extension, for exact lengths)."""
     system, msgs = turns(prompt if isinstance(prompt, list) else [{"role": "user", "content": str(prompt)}])
-    body: dict = {"model": model, "max_tokens": max_tokens, "messages": msgs, "stream": stream,
-                  **{k: sampling[k] for k in SAMPLING if k in sampling and sampling[k] != -1}}
+    body: dict = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": msgs,
+        "stream": stream,
+        **{k: sampling[k] for k in SAMPLING if k in sampling and sampling[k] != -1},
+    }
     if system:
         body["system"] = system
     if ignore_eos:

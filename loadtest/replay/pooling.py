@@ -52,6 +52,5 @@ def pooling_body(route: str, params: dict, inputs: list, model: str) -> dict:
     if route in SCORE_PATHS:
         n1 = p.get("text_1")
         first = 1 if n1 is None else n1
-        return {"model": model, "text_1": _split(inputs, n1), "text_2": _split(inputs[first:], p.get("text_2")),
-                **opts}
+        return {"model": model, "text_1": _split(inputs, n1), "text_2": _split(inputs[first:], p.get("text_2")), **opts}
     return {"model": model, "input": inputs, **{k: p[k] for k in EMBEDDING_OPTIONS if p.get(k) is not None}}

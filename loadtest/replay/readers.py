@@ -32,8 +32,11 @@ class ReplayStreamReader(StreamReader):
             except json.JSONDecodeError:
                 obj = None
             if isinstance(obj, dict):
-                found = obj.get("sightline") or (obj.get("meta_info") or {}).get("sightline") \
+                found = (
+                    obj.get("sightline")
+                    or (obj.get("meta_info") or {}).get("sightline")
                     or (obj.get("response") or {}).get("sightline")
+                )
                 if found:
                     self.server = found
                 if "meta_info" in obj and "error" not in obj:
@@ -87,8 +90,11 @@ class ReplayBodyReader:
             return rec
         if obj.get("object") == "list" or "results" in obj:  # embeddings, score, rerank: usage, nothing generated
             self.server = obj.get("sightline")
-            rec.prompt_tokens, rec.completion_tokens, rec.finish_reason = (obj.get("usage") or {}).get(
-                "prompt_tokens"), 0, "stop"
+            rec.prompt_tokens, rec.completion_tokens, rec.finish_reason = (
+                (obj.get("usage") or {}).get("prompt_tokens"),
+                0,
+                "stop",
+            )
             return rec
         if obj.get("type") == "message":  # /v1/messages
             anthropic_usage(rec, obj.get("usage") or {})
@@ -128,6 +134,15 @@ def reader_class(item: ReplayItem) -> type:
 
 def sent_line(item: ReplayItem, sent_s: float, reader: Any) -> str:
     """One line of replay_sent.jsonl: the schedule's item, when it was really sent, what came back."""
-    return json.dumps({"index": item.index, "rid": item.rid, "due_s": item.due, "sent_s": round(sent_s, 6),
-                       "request_id": reader.request_id, "server": reader.server,
-                       "record": asdict(reader.rec)}, separators=(",", ":"))
+    return json.dumps(
+        {
+            "index": item.index,
+            "rid": item.rid,
+            "due_s": item.due,
+            "sent_s": round(sent_s, 6),
+            "request_id": reader.request_id,
+            "server": reader.server,
+            "record": asdict(reader.rec),
+        },
+        separators=(",", ":"),
+    )

@@ -75,8 +75,16 @@ from telemetry.request_record import RequestRecord, read_records
 
 REFUSED = ("rejected", "shed", "unavailable")  # outcomes of requests refused before admission
 SENDABLE_REFUSED = ("shed", "unavailable")  # sent too with --include-refused
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
-                 "presence_penalty", "seed")
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+)
 
 
 # -- prompts --------------------------------------------------------------------------------
@@ -118,7 +126,7 @@ def fit_text(n_tokens: int, count: Callable[[str], int], seed: str) -> tuple[str
         if c < n_tokens:
             words += [rng.choice(WORDS) for _ in range(n_tokens - c)]
         else:
-            del words[max(0, len(words) - (c - n_tokens)):]
+            del words[max(0, len(words) - (c - n_tokens)) :]
             if not words:
                 words = [rng.choice(WORDS)]
     return best
@@ -164,8 +172,9 @@ def build_request(rec: RequestRecord, prompt: Any, model: str, max_tokens_mode: 
         max_tokens, ignore_eos = p.get("max_new_tokens"), bool(p.get("ignore_eos"))
         stop = p.get("stop_strings") or None
     if rec.route == MESSAGES:
-        return MESSAGES, messages_body(prompt, model, sampling, max_tokens or p.get("max_new_tokens") or 1,
-                                       ignore_eos, stop, rec.stream)
+        return MESSAGES, messages_body(
+            prompt, model, sampling, max_tokens or p.get("max_new_tokens") or 1, ignore_eos, stop, rec.stream
+        )
     if rec.route == GENERATE:
         sp = {**sampling, "ignore_eos": ignore_eos}
         if max_tokens is not None:
@@ -197,16 +206,27 @@ def input_items(messages: list[dict]) -> list[dict]:
     items: list[dict] = []
     for m in messages:
         if m.get("role") == "tool":
-            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id") or "",
-                          "output": m.get("content") or ""})
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": m.get("tool_call_id") or "",
+                    "output": m.get("content") or "",
+                }
+            )
             continue
         if m.get("content") or not m.get("tool_calls"):
             items.append({"role": m["role"], "content": m.get("content") or ""})
         for call in m.get("tool_calls") or ():
             fn = call.get("function") or {}
             args = fn.get("arguments")
-            items.append({"type": "function_call", "call_id": call.get("id") or "", "name": fn.get("name") or "",
-                          "arguments": args if isinstance(args, str) else json.dumps(args or {})})
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": call.get("id") or "",
+                    "name": fn.get("name") or "",
+                    "arguments": args if isinstance(args, str) else json.dumps(args or {}),
+                }
+            )
     return items
 
 
@@ -222,8 +242,9 @@ def skip_reason(rec: RequestRecord, include_refused: bool) -> str | None:
     return None
 
 
-def plan_schedule(records: Iterable[RequestRecord], speed: float = 1.0, include_refused: bool = False
-                  ) -> tuple[list[tuple[RequestRecord, float]], list[tuple[RequestRecord, str]]]:
+def plan_schedule(
+    records: Iterable[RequestRecord], speed: float = 1.0, include_refused: bool = False
+) -> tuple[list[tuple[RequestRecord, float]], list[tuple[RequestRecord, str]]]:
     """(records to replay with their due offsets in seconds, in arrival order; records skipped with
     why).  Offsets count from the first replayed record's arrival, divided by `speed`."""
     if speed <= 0:
@@ -235,8 +256,12 @@ def plan_schedule(records: Iterable[RequestRecord], speed: float = 1.0, include_
     return [(r, (r.arrival - t0) / speed) for r in kept], skipped
 
 
-def make_items(planned: list[tuple[RequestRecord, float]], model: str, counter: PromptCounter | None,
-               max_tokens_mode: str = "exact") -> list[ReplayItem]:
+def make_items(
+    planned: list[tuple[RequestRecord, float]],
+    model: str,
+    counter: PromptCounter | None,
+    max_tokens_mode: str = "exact",
+) -> list[ReplayItem]:
     items = []
     for i, (rec, due) in enumerate(planned):
         if rec.prompt is not None:
@@ -246,8 +271,20 @@ def make_items(planned: list[tuple[RequestRecord, float]], model: str, counter: 
         else:
             (prompt, sent), source = synthetic_prompt(rec, counter), "synthetic"
         path, body = build_request(rec, prompt, model, max_tokens_mode)
-        items.append(ReplayItem(i, rec.rid, round(due, 6), path, body, rec.stream, source, rec.prompt_tokens, sent,
-                                (rec.breakdown.get("e2e_ms") or 0.0) / 1000.0))
+        items.append(
+            ReplayItem(
+                i,
+                rec.rid,
+                round(due, 6),
+                path,
+                body,
+                rec.stream,
+                source,
+                rec.prompt_tokens,
+                sent,
+                (rec.breakdown.get("e2e_ms") or 0.0) / 1000.0,
+            )
+        )
     return items
 
 
@@ -255,8 +292,10 @@ def users_needed(items: list[ReplayItem]) -> int:
     """Enough users that one is free whenever a request is due: the most requests whose windows
     [due, due + 2 × recorded e2e + 1 s] overlap (replayed requests may run slower than recorded),
     plus one; at most one per request."""
-    events = sorted([(it.due, 1) for it in items] + [(it.due + 2 * it.recorded_e2e_s + 1.0, -1) for it in items],
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        [(it.due, 1) for it in items] + [(it.due + 2 * it.recorded_e2e_s + 1.0, -1) for it in items],
+        key=lambda e: (e[0], e[1]),
+    )
     peak = cur = 0
     for _, d in events:
         cur += d
@@ -275,8 +314,11 @@ def load_counter(spec: str | None) -> PromptCounter | None:
 
         return PromptCounter(load_tokenizer(spec)[0])
     except Exception as exc:  # noqa: BLE001 - any failure: fall back, say so
-        print(f"note: no tokenizer for {spec!r} ({exc}); synthetic prompts are token ids (completions, "
-              "/generate) or approximate (chat); give --tokenizer MODEL", file=sys.stderr)
+        print(
+            f"note: no tokenizer for {spec!r} ({exc}); synthetic prompts are token ids (completions, "
+            "/generate) or approximate (chat); give --tokenizer MODEL",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -341,13 +383,21 @@ def run_replay(a: Any) -> int:
         endpoints = sorted({it.endpoint for it in items})
         workloads = [Workload(f"replay-{e}", e, (1, 1), timeout_s=timeout_s) for e in endpoints]
         duration = items[-1].due + timeout_s + 5
-        plan = Plan(url, served, Scenario("replay", {w.name: 1.0 for w in workloads}, "replay",
-                                          Shape((float(users),), duration)),
-                    workloads, str(out / "records.jsonl"), a.seed)
+        plan = Plan(
+            url,
+            served,
+            Scenario("replay", {w.name: 1.0 for w in workloads}, "replay", Shape((float(users),), duration)),
+            workloads,
+            str(out / "records.jsonl"),
+            a.seed,
+        )
         (out / "plan.json").write_text(plan.to_json())
         warm_up(url, items, auth_headers())
-        print(f"replaying {len(items)} of {len(all_records)} requests from {dump} at ×{a.speed:g} "
-              f"({items[-1].due:.1f} s of arrivals), {users} users, against {url}", flush=True)
+        print(
+            f"replaying {len(items)} of {len(all_records)} requests from {dump} at ×{a.speed:g} "
+            f"({items[-1].due:.1f} s of arrivals), {users} users, against {url}",
+            flush=True,
+        )
         started = time.time()
         rc = run_locust(plan, out)
     except (OSError, RuntimeError, TimeoutError, httpx.HTTPError) as exc:
@@ -358,12 +408,19 @@ def run_replay(a: Any) -> int:
             server.stop()
     if rc != 0:
         print(f"warning: locust exited with {rc}; see {out / 'locust.log'}", file=sys.stderr)
-    run = {"url": url, "model": served, "speed": a.speed, "max_tokens": a.replay_max_tokens, "users": users,
-           "include_refused": a.include_refused, "started_at": started, "locust_exit_code": rc,
-           "local_server": server is not None,
-           "synthetic_prompts": sum(it.prompt_source == "synthetic" for it in items),
-           "prompt_tokens_exact": all(it.prompt_tokens_sent == it.prompt_tokens for it in items)}
+    run = {
+        "url": url,
+        "model": served,
+        "speed": a.speed,
+        "max_tokens": a.replay_max_tokens,
+        "users": users,
+        "include_refused": a.include_refused,
+        "started_at": started,
+        "locust_exit_code": rc,
+        "local_server": server is not None,
+        "synthetic_prompts": sum(it.prompt_source == "synthetic" for it in items),
+        "prompt_tokens_exact": all(it.prompt_tokens_sent == it.prompt_tokens for it in items),
+    }
     doc = analyse(out, dump, all_records, planned, skipped, items, run)
     print(doc["text"])
     return 0 if doc["sent"] == len(items) else 3
-

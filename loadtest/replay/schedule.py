@@ -14,9 +14,16 @@ RESPONSES = "/v1/responses"
 RERANK_PATHS, SCORE_PATHS = ("/v1/rerank", "/rerank", "/v2/rerank"), ("/v1/score", "/score")
 POOLING_PATHS = (EMBEDDINGS, *RERANK_PATHS, *SCORE_PATHS)  # the routes that embed and generate nothing
 MESSAGES = "/v1/messages"  # Anthropic's Messages API: its record holds the chat messages it was rendered from
-ENDPOINTS = {CHAT: "chat", COMPLETIONS: "completions", GENERATE: "generate", EMBEDDINGS: "embeddings",
-             MESSAGES: "messages", RESPONSES: "responses", **dict.fromkeys(RERANK_PATHS, "rerank"),
-             **dict.fromkeys(SCORE_PATHS, "score")}
+ENDPOINTS = {
+    CHAT: "chat",
+    COMPLETIONS: "completions",
+    GENERATE: "generate",
+    EMBEDDINGS: "embeddings",
+    MESSAGES: "messages",
+    RESPONSES: "responses",
+    **dict.fromkeys(RERANK_PATHS, "rerank"),
+    **dict.fromkeys(SCORE_PATHS, "score"),
+}
 CONVERSATIONS = (CHAT, MESSAGES, RESPONSES)  # routes whose records hold chat messages
 SUCCESS = ("stop", "length")
 LATE_S = 0.1  # a request sent more than this after its due time counts as late

@@ -49,17 +49,18 @@ class DecodeState:
         self._hold = max((len(s) for s in self.params.stop), default=1) - 1
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.params.skip_special_tokens,
-                                     clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.params.skip_special_tokens, clean_up_tokenization_spaces=False
+        )
 
     def _advance(self, final: bool) -> str:
         """Text completed by the tokens fed since the last call (all of it when final)."""
-        before = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        after = self._decode(self.ids[self.prefix_offset:])
+        before = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self._decode(self.ids[self.prefix_offset :])
         if len(after) <= len(before) or (after.endswith(REPLACEMENT) and not final):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return after[len(before):]
+        return after[len(before) :]
 
     def _find_stop(self) -> tuple[int, str] | None:
         hits = [(i, s) for s in self.params.stop if (i := self.pending.find(s)) >= 0]

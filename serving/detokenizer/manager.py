@@ -142,10 +142,21 @@ class DetokenizerManager:
             self.forget(out.rid, FinishReason.ERROR)
         else:
             self.reqs[out.rid] = DetokReq(out.worker, None, FinishReason.ERROR)
-        return StrOut(rid=out.rid, text="", output_ids=[], finish_reason="error", abort_in_engine=not final,
-                      error="the output of this request could not be detokenized",
-                      prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
-                      cpu_ns=out.cpu_ns, completion_tokens=out.completion_tokens, meta=out.meta, worker=out.worker)
+        return StrOut(
+            rid=out.rid,
+            text="",
+            output_ids=[],
+            finish_reason="error",
+            abort_in_engine=not final,
+            error="the output of this request could not be detokenized",
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            retractions=out.retractions,
+            cpu_ns=out.cpu_ns,
+            completion_tokens=out.completion_tokens,
+            meta=out.meta,
+            worker=out.worker,
+        )
 
     def _one(self, out: TokenOut, req: DetokReq | None, recv: int, sent_at: int) -> StrOut | None:
         if req is None:
@@ -157,13 +168,22 @@ class DetokenizerManager:
         emitted = req.decoder.feed(out.new_token_ids, final)
         out.meta.stamps.detok_recv, out.meta.stamps.sched_sent = recv, sent_at
         res = StrOut(
-            rid=out.rid, text=emitted.text, output_ids=out.new_token_ids[:emitted.consumed],
-            finish_reason=out.finish_reason, matched_stop=out.matched_stop, error=out.error,
+            rid=out.rid,
+            text=emitted.text,
+            output_ids=out.new_token_ids[: emitted.consumed],
+            finish_reason=out.finish_reason,
+            matched_stop=out.matched_stop,
+            error=out.error,
             abort_reason=out.abort_reason,
-            prompt_tokens=out.prompt_tokens, cached_tokens=out.cached_tokens, retractions=out.retractions,
-            cpu_ns=out.cpu_ns, completion_tokens=req.decoder.consumed,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            retractions=out.retractions,
+            cpu_ns=out.cpu_ns,
+            completion_tokens=req.decoder.consumed,
             logprobs=_sliced(out.logprobs, emitted.consumed, len(out.new_token_ids)),
-            prompt_logprobs=out.prompt_logprobs, meta=out.meta, worker=out.worker,
+            prompt_logprobs=out.prompt_logprobs,
+            meta=out.meta,
+            worker=out.worker,
         )
         if emitted.matched_stop is not None:
             res.finish_reason, res.matched_stop = FinishReason.STOP, emitted.matched_stop
@@ -174,9 +194,13 @@ class DetokenizerManager:
         return res
 
     def stats(self) -> DetokenizerStats:
-        return DetokenizerStats(active_rids=len(self.reqs), stale_drops=self.drops.snapshot(),
-                                undecodable=self.codec.undecodable, spans=self.tracing.collect_spans(),
-                                handling_errors=self.errors.count)
+        return DetokenizerStats(
+            active_rids=len(self.reqs),
+            stale_drops=self.drops.snapshot(),
+            undecodable=self.codec.undecodable,
+            spans=self.tracing.collect_spans(),
+            handling_errors=self.errors.count,
+        )
 
 
 def _sliced(lp: Logprobs | None, consumed: int, fed: int) -> Logprobs | None:
@@ -184,8 +208,11 @@ def _sliced(lp: Logprobs | None, consumed: int, fed: int) -> Logprobs | None:
     the request before the batch's last token), as its `output_ids` are."""
     if lp is None or consumed == fed:
         return lp
-    return Logprobs(token_logprobs=lp.token_logprobs[:consumed], top_ids=lp.top_ids[:consumed],
-                    top_logprobs=lp.top_logprobs[:consumed])
+    return Logprobs(
+        token_logprobs=lp.token_logprobs[:consumed],
+        top_ids=lp.top_ids[:consumed],
+        top_logprobs=lp.top_logprobs[:consumed],
+    )
 
 
 def _by_worker(outs: list[StrOut]) -> dict[int, list[StrOut]]:
@@ -235,8 +262,10 @@ def run_detokenizer_process(args: ServerArgs, endpoints: Endpoints, instance_id:
                     msg = mgr.codec.decode(data)
                     if isinstance(msg, (BatchTokenIDOutput, BatchEmbeddingOutput)):
                         if isinstance(msg, BatchTokenIDOutput):
-                            batches = {w: BatchStrOutput(outputs=outs)
-                                       for w, outs in _by_worker(mgr.handle_batch(msg).outputs).items()}
+                            batches = {
+                                w: BatchStrOutput(outputs=outs)
+                                for w, outs in _by_worker(mgr.handle_batch(msg).outputs).items()
+                            }
                         else:
                             batches = mgr.handle_embeddings(msg)
                         for worker, batch in batches.items():

@@ -50,8 +50,13 @@ class AdmissionPolicy:
     def from_args(cls, args: ServerArgs) -> AdmissionPolicy:
         init = args.init_new_token_ratio
         low = init * args.min_new_token_ratio_factor
-        return cls(mode=args.admission, init_ratio=init, min_ratio=low,
-                   decay=(init - low) / args.new_token_ratio_decay_steps, clip=args.new_token_clip)
+        return cls(
+            mode=args.admission,
+            init_ratio=init,
+            min_ratio=low,
+            decay=(init - low) / args.new_token_ratio_decay_steps,
+            clip=args.new_token_clip,
+        )
 
     @property
     def reserve(self) -> bool:

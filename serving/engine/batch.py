@@ -66,8 +66,9 @@ def _extend_mask(start: int, n: int, first: int, window: int | None) -> torch.Te
     return visible
 
 
-def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[torch.Tensor],
-           window: int | None) -> ForwardBatch:
+def _build(
+    decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[torch.Tensor], window: int | None
+) -> ForwardBatch:
     ids: list[int] = []
     pos: list[torch.Tensor] = []
     logits_rows: list[int] = []
@@ -100,8 +101,9 @@ def _build(decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[t
         slots.append(pool.extend(w.row, w.start, n))
         total = w.start + n
         first = 0 if window is None else max(0, w.start - window + 1)  # the oldest position any query sees
-        segs.append(ExtendSeg(offset, n, pool.slots_of(w.row, total)[first:].clone(),
-                              _extend_mask(w.start, n, first, window)))
+        segs.append(
+            ExtendSeg(offset, n, pool.slots_of(w.row, total)[first:].clone(), _extend_mask(w.start, n, first, window))
+        )
         if w.needs_logits:
             logits_rows.append(offset + n - 1)
         if w.score is not None:

@@ -41,8 +41,9 @@ class BatchBuilder:
             return a.max_prefill_tokens
         return min(a.max_prefill_tokens, max(a.min_prefill_chunk, a.max_step_tokens - num_decoding))
 
-    def admit(self, running: list[Req], waiting: WaitQueue, num_decoding: int, admit_new: bool
-              ) -> list[tuple[Req, int]]:
+    def admit(
+        self, running: list[Req], waiting: WaitQueue, num_decoding: int, admit_new: bool
+    ) -> list[tuple[Req, int]]:
         """This step's prefill chunks: the one in progress first, then waiting requests in arrival order (moved
         to `running` as they are admitted) while the budget, the running limit and the KV allow."""
         budget = self.prefill_budget(num_decoding)
@@ -98,4 +99,3 @@ class BatchBuilder:
         else:  # resumed after a retraction: what it had and the cache lost is computed again
             self.recomputed_tokens += max(0, req.retracted_computed - m)
         req.status = ReqStatus.RUNNING
-

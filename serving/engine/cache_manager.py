@@ -68,7 +68,7 @@ class CacheManager:
         (and still fills the cache), and a resumed one only what it had not scored."""
         if self.tree is None or req.pooling is not None and req.pooling.mode != "last":
             return Match(_EMPTY, None, 0)  # mean and cls pooling read every (the first) position's hidden state
-        slots, node = self.tree.match_prefix(req.seq[:req.prefill_len - 1], req.namespace)
+        slots, node = self.tree.match_prefix(req.seq[: req.prefill_len - 1], req.namespace)
         held, limit = len(slots), req.score_from
         if limit is not None and held > limit:
             slots, node = self.tree.match_prefix(req.seq[:limit], req.namespace)
@@ -80,8 +80,9 @@ class CacheManager:
         if req.times.scheduled is None:  # its first admission: what the cache held, used or not
             req.prompt_cache_held = max(m, match.held)
             if self.misses is not None:
-                req.prefix_miss = self.misses.explain(req.seq[:req.prefill_len - 1], req.prompt_cache_held,
-                                                      req.namespace)
+                req.prefix_miss = self.misses.explain(
+                    req.seq[: req.prefill_len - 1], req.prompt_cache_held, req.namespace
+                )
         req.row = self.pool.admit(req.prefill_len - m + match.gain)
         if self.tree is not None and match.node is not None:
             self.tree.inc_lock(match.node)
@@ -113,7 +114,7 @@ class CacheManager:
         if present < req.tree_len:
             raise RuntimeError("prefix cache lost a locked prefix (accounting bug)")
         if present > req.tree_len:
-            pool.free(row[req.tree_len:present].clone())
+            pool.free(row[req.tree_len : present].clone())
         if keep_lock:
             slots, node = tree.match_prefix(ids, req.namespace)
             tree.inc_lock(node)

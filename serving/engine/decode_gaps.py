@@ -140,8 +140,9 @@ class DecodeGaps:
             cause = "batch_size"
         else:
             cause = "slow_step"
-        return DecodeGap(a, b, cause, tuple(culprits)[:MAX_CULPRITS] if cause == "prefill" else (), prefill, batch,
-                         len(between))
+        return DecodeGap(
+            a, b, cause, tuple(culprits)[:MAX_CULPRITS] if cause == "prefill" else (), prefill, batch, len(between)
+        )
 
     def snapshot(self) -> list[GapCount]:
         return [GapCount(cause, n) for cause, n in self.counts.items()]

@@ -63,8 +63,9 @@ class EmbedGroups:
             if msg.rid in self.groups or not msg.inputs:
                 raise ValueError("duplicate request id" if msg.inputs else "no input")
             for i, (sub, ids) in enumerate(zip(subs, msg.inputs)):
-                req = core.add_request(sub, ids, SamplingParams(max_new_tokens=1), msg.priority, msg.cache_namespace,
-                                       pooling=msg.pooling)
+                req = core.add_request(
+                    sub, ids, SamplingParams(max_new_tokens=1), msg.priority, msg.cache_namespace, pooling=msg.pooling
+                )
                 req.times.queued = req.times.waiting_since = now
                 self.parent[sub] = (msg.rid, i)
         except Exception as exc:  # noqa: BLE001 - a client error (ValueError) or the engine's: this request alone
@@ -74,9 +75,16 @@ class EmbedGroups:
                 if self.parent.pop(sub, None) is not None:
                     core.abort(sub)
             error = f"input {i}: {exc}" if isinstance(exc, ValueError) else "the engine could not queue this request"
-            return TokenOut(rid=msg.rid, new_token_ids=[], finish_reason="error", error=error,
-                            prompt_tokens=sum(map(len, msg.inputs)), detok=DetokParams(), meta=msg.meta,
-                            worker=msg.worker)
+            return TokenOut(
+                rid=msg.rid,
+                new_token_ids=[],
+                finish_reason="error",
+                error=error,
+                prompt_tokens=sum(map(len, msg.inputs)),
+                detok=DetokParams(),
+                meta=msg.meta,
+                worker=msg.worker,
+            )
         self.groups[msg.rid] = EmbedGroup(msg, subs)
         self.requests_total += 1
         self.inputs_total += len(subs)
@@ -130,10 +138,18 @@ class EmbedGroups:
         meta = g.msg.meta
         self.spans.first_output(g.msg.rid, meta)
         self.spans.ctx.pop(g.msg.rid, None)
-        self.outbox.append(EmbeddingOut(
-            rid=g.msg.rid, embeddings=[g.vectors[i] for i in range(len(g.subs))], dim=g.dim,
-            prompt_tokens=sum(map(len, g.msg.inputs)), cached_tokens=g.cached_tokens, cpu_ns=g.cpu_ns, meta=meta,
-            worker=g.msg.worker))
+        self.outbox.append(
+            EmbeddingOut(
+                rid=g.msg.rid,
+                embeddings=[g.vectors[i] for i in range(len(g.subs))],
+                dim=g.dim,
+                prompt_tokens=sum(map(len, g.msg.inputs)),
+                cached_tokens=g.cached_tokens,
+                cpu_ns=g.cpu_ns,
+                meta=meta,
+                worker=g.msg.worker,
+            )
+        )
 
     def _fail(self, g: EmbedGroup, ev: TokenEvent, error_type: str | None, error: str | None) -> TokenOut:
         """One input ended without its embedding: abort the others; the request's answer carries the cause."""
@@ -148,9 +164,18 @@ class EmbedGroups:
         self._stamp(g)
         self.spans.ctx.pop(g.msg.rid, None)
         reason = ev.finish_reason.value if ev.finish_reason else "abort"
-        out = TokenOut(rid=g.msg.rid, new_token_ids=[], finish_reason=reason, error=error,
-                       prompt_tokens=sum(map(len, g.msg.inputs)), cached_tokens=g.cached_tokens, cpu_ns=g.cpu_ns,
-                       detok=DetokParams(), meta=g.msg.meta, worker=g.msg.worker)
+        out = TokenOut(
+            rid=g.msg.rid,
+            new_token_ids=[],
+            finish_reason=reason,
+            error=error,
+            prompt_tokens=sum(map(len, g.msg.inputs)),
+            cached_tokens=g.cached_tokens,
+            cpu_ns=g.cpu_ns,
+            detok=DetokParams(),
+            meta=g.msg.meta,
+            worker=g.msg.worker,
+        )
         if error is not None:
             end_with_error(out, error_type, error)
         elif ev.error is not None:

@@ -56,8 +56,10 @@ def sentence_transformers_pooling(path: Path) -> tuple[str, bool] | None:
     modes = [mode for key, mode in _ST_MODES.items() if cfg.get(key)]
     others = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v and k not in _ST_MODES]
     if len(modes) != 1 or others:
-        raise ValueError(f"sentence-transformers pooling {sorted(k for k, v in cfg.items() if v is True)} is not "
-                         f"supported: exactly one of {', '.join(_ST_MODES)}")
+        raise ValueError(
+            f"sentence-transformers pooling {sorted(k for k, v in cfg.items() if v is True)} is not "
+            f"supported: exactly one of {', '.join(_ST_MODES)}"
+        )
     normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
     return modes[0], normalize
 
@@ -86,8 +88,10 @@ def pooling_config(path: Path, flag: str | None, encoder: bool = False) -> Pooli
     if flag:
         return PoolingConfig(flag, True, encoder, "flag")
     if encoder:
-        raise ModelLoadError(f"{path}: an encoder model serves embeddings only: give --pooling mean|cls|last, or "
-                             "serve a sentence-transformers directory (modules.json, 1_Pooling/config.json)")
+        raise ModelLoadError(
+            f"{path}: an encoder model serves embeddings only: give --pooling mean|cls|last, or "
+            "serve a sentence-transformers directory (modules.json, 1_Pooling/config.json)"
+        )
     return None
 
 

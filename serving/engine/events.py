@@ -63,5 +63,9 @@ class StepStats:
 
     def stats(self) -> dict[str, int | float]:
         """The step's part of `SchedulerStats`, by field name."""
-        return {"batch_size": self.batch_size, "num_decode": self.num_decode,
-                "num_prefill_tokens": self.num_prefill_tokens, "step_seconds": self.step_seconds}
+        return {
+            "batch_size": self.batch_size,
+            "num_decode": self.num_decode,
+            "num_prefill_tokens": self.num_prefill_tokens,
+            "step_seconds": self.step_seconds,
+        }

@@ -62,7 +62,9 @@ class ForwardPass:
                 start = req.num_computed
                 completes = start + n >= req.prefill_len
                 score = score_window(req, start, n)
-                extend_work.append(Work(req.row, start, req.seq[start:start + n], completes and not req.pooling, score))
+                extend_work.append(
+                    Work(req.row, start, req.seq[start : start + n], completes and not req.pooling, score)
+                )
                 if score is not None:
                     scoring.append(PromptScore(req, start, score))
                 if req.pooling is not None:  # an embedding request: its pooled rows, no logits
@@ -86,8 +88,12 @@ class ForwardPass:
             if self.grammar.live:
                 t_mask = now_ns()
                 raw = self.args.logprobs_mode == "raw"  # a masked row's raw logprobs need the model's logits kept
-                adjusted, masked = self.grammar.mask(logits, adjusted, sampled, keep_raw=raw and any(
-                    r.grammar is not None and r.params.logprobs is not None for r in sampled))
+                adjusted, masked = self.grammar.mask(
+                    logits,
+                    adjusted,
+                    sampled,
+                    keep_raw=raw and any(r.grammar is not None and r.params.logprobs is not None for r in sampled),
+                )
                 t_masked = now_ns()
                 self.grammar_ns += t_masked - t_mask
             picked = pick(adjusted, sampled, masked)
@@ -105,13 +111,15 @@ class ForwardPass:
         i = 0
         for req, start, k in pooled:
             if k:
-                req.pooling.add(self.runner.hidden[i:i + k], start)
+                req.pooling.add(self.runner.hidden[i : i + k], start)
             i += k
-        return (list(zip(sampled, tokens, lps or [None] * len(sampled)))
-                + [(req, -1, None) for req in embedded])  # -1: pooled, no token
+        return list(zip(sampled, tokens, lps or [None] * len(sampled))) + [
+            (req, -1, None) for req in embedded
+        ]  # -1: pooled, no token
 
-    def isolate(self, group: list[tuple[Req, int]], exc: Exception
-                ) -> tuple[list[Produced], list[tuple[Req, Exception]]]:
+    def isolate(
+        self, group: list[tuple[Req, int]], exc: Exception
+    ) -> tuple[list[Produced], list[tuple[Req, Exception]]]:
         """`group` failed with `exc`: rerun its halves until every failing request stands alone."""
         if len(group) == 1:
             return [], [(group[0][0], exc)]

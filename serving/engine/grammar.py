@@ -101,8 +101,11 @@ class GrammarState:
 
     def attributes(self) -> dict[str, str | float | bool]:
         """Its span attributes (the request's first `queue` span)."""
-        return {"sightline.grammar.kind": self.so.kind, "sightline.grammar.compile_wait_ms": self.wait_ns / 1e6,
-                "sightline.grammar.cache_hit": self.cache_hit}
+        return {
+            "sightline.grammar.kind": self.so.kind,
+            "sightline.grammar.compile_wait_ms": self.wait_ns / 1e6,
+            "sightline.grammar.cache_hit": self.cache_hit,
+        }
 
 
 class Req(Protocol):
@@ -116,8 +119,9 @@ class Req(Protocol):
 class Grammars:
     """The engine's grammars: the tokenizer, the compile pool and cache, the masks, the counters."""
 
-    def __init__(self, model_dir: Path, eos_ids: frozenset[int], logits_width: int,
-                 compile_bounds: Sequence[float]) -> None:
+    def __init__(
+        self, model_dir: Path, eos_ids: frozenset[int], logits_width: int, compile_bounds: Sequence[float]
+    ) -> None:
         self.model_dir = model_dir
         self.eos_ids = sorted(eos_ids)
         self.width = logits_width
@@ -234,8 +238,9 @@ class Grammars:
             self.pending = [r for r in self.pending if r is not req]
 
     # -- mask --------------------------------------------------------------------------------
-    def mask(self, logits: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[Req], keep_raw: bool
-             ) -> tuple[torch.Tensor, list[bool] | None]:
+    def mask(
+        self, logits: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[Req], keep_raw: bool
+    ) -> tuple[torch.Tensor, list[bool] | None]:
         """`adjusted` (the sampler's logits [R, V], `sampling.adjust`) with every active row's grammar mask
         added, rows without one untouched; and which rows were masked (None: none, for `sampling.pick`).
         `logits` (the model's) are copied first only when `adjusted` is them and `keep_raw` (a masked row
@@ -248,12 +253,13 @@ class Grammars:
         words = (vocab + 31) // 32
         if self._bitmask.shape[0] < len(idx) or self._bitmask.shape[1] != words:
             self._bitmask = torch.empty(max(len(idx), 2 * self._bitmask.shape[0]), words, dtype=torch.int32)
-        bitmask = self._bitmask[:len(idx)]
+        bitmask = self._bitmask[: len(idx)]
         if self.parallel_fill:
             if self._executor is None:
                 self._executor = LLExecutor(max(1, min(COMPILE_THREADS, os.cpu_count() or 1)))
-            self._executor.unsafe_compute_mask_ptr([(m, j) for j, m in enumerate(matchers)], bitmask.data_ptr(),
-                                                   bitmask.shape[1] * 4, bitmask.shape[0])
+            self._executor.unsafe_compute_mask_ptr(
+                [(m, j) for j, m in enumerate(matchers)], bitmask.data_ptr(), bitmask.shape[1] * 4, bitmask.shape[0]
+            )
         else:
             for j, m in enumerate(matchers):
                 fill_mask(m, bitmask, j)
@@ -289,7 +295,7 @@ class Grammars:
         if not g.active:
             trigger = g.so.after_token_ids
             k = len(trigger)
-            if tok == trigger[-1] and (k == 1 or tuple(req.output_ids[-(k - 1):]) == trigger[:-1]):
+            if tok == trigger[-1] and (k == 1 or tuple(req.output_ids[-(k - 1) :]) == trigger[:-1]):
                 g.active = True
             return None
         if g.forced:
@@ -303,11 +309,15 @@ class Grammars:
     # -- telemetry ------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
         """The grammar part of `SchedulerStats`, by field name."""
-        return {"grammar_compile_seconds": self.compile_times.snapshot(),
-                "grammar_cache": [GrammarCacheCount("hit", self.hits), GrammarCacheCount("miss", self.misses)],
-                "grammar_forced_tokens_total": self.forced_tokens,
-                "grammar_errors": [GrammarErrorCount("compile", self.compile_errors),
-                                   GrammarErrorCount("dead_end", self.dead_ends)]}
+        return {
+            "grammar_compile_seconds": self.compile_times.snapshot(),
+            "grammar_cache": [GrammarCacheCount("hit", self.hits), GrammarCacheCount("miss", self.misses)],
+            "grammar_forced_tokens_total": self.forced_tokens,
+            "grammar_errors": [
+                GrammarErrorCount("compile", self.compile_errors),
+                GrammarErrorCount("dead_end", self.dead_ends),
+            ],
+        }
 
     def close(self) -> None:
         if self._pool is not None:

@@ -65,8 +65,10 @@ def _connect_within(sock: zmq.Socket, endpoint: str, timeout: float) -> None:
     try:
         sock.connect(endpoint)
         if timeout > 0 and not monitor.poll(int(timeout * 1000)):
-            raise KVEventsError(f"KV-events endpoint {endpoint}: no subscriber accepted the connection within "
-                                f"{timeout:g} s (--kv-events-connect-timeout)")
+            raise KVEventsError(
+                f"KV-events endpoint {endpoint}: no subscriber accepted the connection within "
+                f"{timeout:g} s (--kv-events-connect-timeout)"
+            )
         if timeout > 0:
             recv_monitor_message(monitor)
     finally:
@@ -75,8 +77,16 @@ def _connect_within(sock: zmq.Socket, endpoint: str, timeout: float) -> None:
 
 
 class KVEventPublisher:
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, topic: str = "", rank: int = 0,
-                 hwm: int = 100_000, connect_timeout: float = 10.0, ctx: zmq.Context | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        rank: int = 0,
+        hwm: int = 100_000,
+        connect_timeout: float = 10.0,
+        ctx: zmq.Context | None = None,
+    ) -> None:
         self.rank = rank
         self.endpoint = offset_endpoint(endpoint, rank)
         self.replay_endpoint = offset_endpoint(replay_endpoint, rank) if replay_endpoint else None
@@ -198,8 +208,14 @@ class KVEvents:
         """None when the flag is off; raises KVEventsError when an endpoint cannot be opened."""
         if not args.kv_events_endpoint:
             return None
-        publisher = KVEventPublisher(args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic,
-                                     rank, args.kv_events_hwm, args.kv_events_connect_timeout)
+        publisher = KVEventPublisher(
+            args.kv_events_endpoint,
+            args.kv_events_replay_endpoint,
+            args.kv_events_topic,
+            rank,
+            args.kv_events_hwm,
+            args.kv_events_connect_timeout,
+        )
         recorder = KVEventRecorder(args.kv_events_block_size, args.kv_events_hash_seed, args.kv_events_token_ids)
         return cls(recorder, publisher)
 

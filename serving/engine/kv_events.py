@@ -84,7 +84,7 @@ class BlockHasher:
         """Hashes of the first `blocks` whole blocks of `ids`."""
         b, parent, out = self.block_size, self.root, []
         for k in range(blocks):
-            tokens = tuple(ids[k * b:(k + 1) * b])
+            tokens = tuple(ids[k * b : (k + 1) * b])
             key = (parent, tokens, ns if k == 0 else "")
             h = self._memo.get(key)
             if h is None:
@@ -121,17 +121,25 @@ class KVEventRecorder:
             return
         hashes = self.hasher.chain(ids, ns, blocks.stop)
         b = self.block_size
-        self.pending.append(BlockStored(
-            block_hashes=hashes[blocks.start:], parent_block_hash=hashes[blocks.start - 1] if blocks.start else None,
-            token_ids=list(ids[blocks.start * b:blocks.stop * b]) if self.token_ids else [], block_size=b,
-            lora_id=None, medium=MEDIUM, lora_name=None, group_idx=0))
+        self.pending.append(
+            BlockStored(
+                block_hashes=hashes[blocks.start :],
+                parent_block_hash=hashes[blocks.start - 1] if blocks.start else None,
+                token_ids=list(ids[blocks.start * b : blocks.stop * b]) if self.token_ids else [],
+                block_size=b,
+                lora_id=None,
+                medium=MEDIUM,
+                lora_name=None,
+                group_idx=0,
+            )
+        )
 
     def removed(self, ids: Sequence[int], start: int, ns: str) -> None:
         """Positions [start, len(ids)) of the sequence `ids` (namespace `ns`) left the cache."""
         blocks = self._blocks(start, len(ids))
         if blocks:
             hashes = self.hasher.chain(ids, ns, blocks.stop)
-            self.pending.append(BlockRemoved(block_hashes=hashes[blocks.start:], medium=MEDIUM, group_idx=0))
+            self.pending.append(BlockRemoved(block_hashes=hashes[blocks.start :], medium=MEDIUM, group_idx=0))
 
     def cleared(self) -> None:
         """The whole cache was dropped: what was pending about single blocks no longer matters."""

@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from serving.engine.request import Req
 
 
-def check_kv_invariants(pool: KVPool, running: Collection[Req], waiting: Collection[Req],
-                        policy: AdmissionPolicy | None = None) -> None:
+def check_kv_invariants(
+    pool: KVPool, running: Collection[Req], waiting: Collection[Req], policy: AdmissionPolicy | None = None
+) -> None:
     """Raise AssertionError unless the KV bookkeeping is consistent (call between steps).
 
     Every slot 1..capacity is exactly one of: free, owned by the prefix cache, or
@@ -55,7 +56,7 @@ def check_kv_invariants(pool: KVPool, running: Collection[Req], waiting: Collect
         assert req.prompt_len <= req.prefill_len <= req.total_len, f"{req.rid}: prefill_len out of range"
         assert req.pinned is None, f"running {req.rid} still pins the cache"
         table = pool.req_to_token[req.row]
-        claim(table[req.tree_len:req.num_computed].tolist(), f"private to {req.rid}")
+        claim(table[req.tree_len : req.num_computed].tolist(), f"private to {req.rid}")
         if tree is None:
             assert req.tree_len == 0 and req.tree_node is None, f"{req.rid}: tree state without a tree"
             continue
@@ -63,7 +64,7 @@ def check_kv_invariants(pool: KVPool, running: Collection[Req], waiting: Collect
         path = list(tree.path(req.tree_node))
         assert sum(len(n.value) for n in path) == req.tree_len, f"{req.rid}: locked prefix length != tree_len"
         prefix = torch.cat([n.value for n in reversed(path)]) if path else table[:0]
-        assert torch.equal(table[:req.tree_len], prefix), f"{req.rid}: row does not point at its tree prefix"
+        assert torch.equal(table[: req.tree_len], prefix), f"{req.rid}: row does not point at its tree prefix"
         if path:
             assert path[-1].parent is tree.root, f"{req.rid}: its tree node is detached"
         _count(path, locks)
@@ -76,9 +77,11 @@ def check_kv_invariants(pool: KVPool, running: Collection[Req], waiting: Collect
     if tree is not None:
         for node in tree.nodes():
             assert node.lock_ref == locks.get(id(node), 0), (
-                f"tree node lock_ref {node.lock_ref} != {locks.get(id(node), 0)} running requests using it")
+                f"tree node lock_ref {node.lock_ref} != {locks.get(id(node), 0)} running requests using it"
+            )
             assert node.pin_ref == pins.get(id(node), 0), (
-                f"tree node pin_ref {node.pin_ref} != {pins.get(id(node), 0)} retracted requests keeping it")
+                f"tree node pin_ref {node.pin_ref} != {pins.get(id(node), 0)} retracted requests keeping it"
+            )
     assert len(owner) == pool.capacity, f"{pool.capacity - len(owner)} slots are neither free, cached nor owned"
     assert pool.free_rows + len(running) == pool.max_requests, "request rows leaked"
     if policy is not None and policy.reserve:

@@ -159,10 +159,19 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     gguf = _gguf_source(path)
     # the engine builds from the GGUF file or the safetensors themselves (serving.models.*_weights): the
     # transformers model is loaded only if something asks for it (a reference in the tests, --linear torch paths)
-    model = LazyHFModel(path, config, encoder) if gguf is not None or weight_files(path) \
-        else _load_weights(path, encoder)
-    return LoadedModel(model_name(spec, path, served_name), model, path, architecture(config),
-                       time.perf_counter() - t0, converted, gguf, encoder)
+    model = (
+        LazyHFModel(path, config, encoder) if gguf is not None or weight_files(path) else _load_weights(path, encoder)
+    )
+    return LoadedModel(
+        model_name(spec, path, served_name),
+        model,
+        path,
+        architecture(config),
+        time.perf_counter() - t0,
+        converted,
+        gguf,
+        encoder,
+    )
 
 
 def _check_weights(path: Path, report: dict[str, Any], unused: tuple[str, ...] = ()) -> None:
@@ -173,10 +182,12 @@ def _check_weights(path: Path, report: dict[str, Any], unused: tuple[str, ...] =
     tensors the forward never computes, missing or not (BERT's pooler, a BertForMaskedLM checkpoint's MLM head).
     """
     for kind in LOAD_REPORT:
-        names = sorted(str(n) for n in report.get(kind) or ()
-                       if kind == "mismatched_keys" or not str(n).startswith(unused))
+        names = sorted(
+            str(n) for n in report.get(kind) or () if kind == "mismatched_keys" or not str(n).startswith(unused)
+        )
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            raise ModelLoadError(f"weights in {path} do not match the architecture: {kind.replace('_', ' ')} "
-                                 f"{', '.join(names[:3])}{more}")
-
+            raise ModelLoadError(
+                f"weights in {path} do not match the architecture: {kind.replace('_', ' ')} "
+                f"{', '.join(names[:3])}{more}"
+            )

@@ -35,8 +35,9 @@ MODES = ("processed", "raw")
 BLOCK_ROWS = 64  # prompt rows per lm_head call: 64 x 49152 float32 logits = 12.6 MB
 
 
-def _score(logits: torch.Tensor, targets: torch.Tensor, k: int
-           ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _score(
+    logits: torch.Tensor, targets: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(log-prob of each row's target [R], top-k log-probs [R, k], their ids [R, k]) of logits [R, V]."""
     lse = torch.logsumexp(logits, dim=-1, keepdim=True)
     own = (logits.gather(1, targets[:, None]) - lse).squeeze(1)
@@ -46,8 +47,9 @@ def _score(logits: torch.Tensor, targets: torch.Tensor, k: int
     return own, top - lse, ids
 
 
-def _entries(own: torch.Tensor, top: torch.Tensor | None, ids: torch.Tensor | None, ks: Sequence[int]
-             ) -> list[tuple[float, list[int], list[float]]]:
+def _entries(
+    own: torch.Tensor, top: torch.Tensor | None, ids: torch.Tensor | None, ks: Sequence[int]
+) -> list[tuple[float, list[int], list[float]]]:
     """Per row: its own log-prob and its first `ks[i]` alternatives, as Python lists (one conversion each)."""
     own_l = own.tolist()
     if top is None or ids is None:
@@ -58,9 +60,11 @@ def _entries(own: torch.Tensor, top: torch.Tensor | None, ids: torch.Tensor | No
 
 def as_logprobs(entries: Sequence[tuple[float, list[int], list[float]]], k: int) -> Logprobs:
     """Scored entries as the wire's `Logprobs` (alternatives only when `k` > 0)."""
-    return Logprobs(token_logprobs=[e[0] for e in entries],
-                    top_ids=[e[1] for e in entries] if k else [],
-                    top_logprobs=[e[2] for e in entries] if k else [])
+    return Logprobs(
+        token_logprobs=[e[0] for e in entries],
+        top_ids=[e[1] for e in entries] if k else [],
+        top_logprobs=[e[2] for e in entries] if k else [],
+    )
 
 
 def extend(into: Logprobs, more: Logprobs) -> None:
@@ -70,8 +74,9 @@ def extend(into: Logprobs, more: Logprobs) -> None:
     into.top_logprobs.extend(more.top_logprobs)
 
 
-def output_logprobs(raw: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[SamplingRow],
-                    tokens: torch.Tensor, mode: str) -> list[Logprobs | None] | None:
+def output_logprobs(
+    raw: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[SamplingRow], tokens: torch.Tensor, mode: str
+) -> list[Logprobs | None] | None:
     """Per sampled row, the log-prob of its token and its top `params.logprobs` alternatives (None for rows
     that did not ask; None for all when no row asks); `raw` the model's logits, `adjusted` the sampler's
     (`sampling.adjust`)."""
@@ -93,16 +98,21 @@ def output_logprobs(raw: torch.Tensor, adjusted: torch.Tensor, rows: Sequence[Sa
     return out
 
 
-def prompt_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, targets: list[int],
-                    ks: Sequence[int], block: int = BLOCK_ROWS) -> list[tuple[float, list[int], list[float]]]:
+def prompt_logprobs(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: list[int],
+    ks: Sequence[int],
+    block: int = BLOCK_ROWS,
+) -> list[tuple[float, list[int], list[float]]]:
     """Per scored row of `hidden` (final-normed, `ModelRunner.scored`): the log-prob of `targets[i]`, the
     prompt token it predicts, and its top `ks[i]` alternatives; the lm_head runs `block` rows at a time."""
     out: list[tuple[float, list[int], list[float]]] = []
     target_t = torch.tensor(targets, dtype=torch.int64)
     for b in range(0, len(targets), block):
-        kb = ks[b:b + block]
-        logits = head(hidden[b:b + block])
-        out += _entries(*_score(logits, target_t[b:b + block], max(kb)), kb)
+        kb = ks[b : b + block]
+        logits = head(hidden[b : b + block])
+        out += _entries(*_score(logits, target_t[b : b + block], max(kb)), kb)
     return out
 
 
@@ -126,20 +136,21 @@ def score_window(req: Req, start: int, n: int) -> tuple[int, int] | None:
     return (a, b) if b > a else None
 
 
-def score_prompts(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                  scoring: Sequence[PromptScore]) -> list[Logprobs]:
+def score_prompts(
+    head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, scoring: Sequence[PromptScore]
+) -> list[Logprobs]:
     """Per chunk of `scoring` (in the order of their rows in `hidden`), the entries of its scored rows: row i
     of a chunk from `start` predicts prompt token start + i + 1."""
     targets: list[int] = []
     ks: list[int] = []
     for sc in scoring:
         a, b = sc.rows
-        targets += sc.req.input_ids[sc.start + a + 1:sc.start + b + 1]
+        targets += sc.req.input_ids[sc.start + a + 1 : sc.start + b + 1]
         ks += [sc.req.params.prompt_logprobs or 0] * (b - a)
     entries = prompt_logprobs(head, hidden, targets, ks)
     out, i = [], 0
     for sc in scoring:
         n = sc.rows[1] - sc.rows[0]
-        out.append(as_logprobs(entries[i:i + n], sc.req.params.prompt_logprobs or 0))
+        out.append(as_logprobs(entries[i : i + n], sc.req.params.prompt_logprobs or 0))
         i += n
     return out

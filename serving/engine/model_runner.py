@@ -41,22 +41,34 @@ class ModelRunner:
         if lib is not None:  # before any kernel runs: the team's size and spin are fixed at its start
             spin = TEAM_SPIN_US[args.thread_wait_policy]
             team = native.start_team(lib, torch.get_num_threads(), spin, args.kernel_worker_nice)
-            log.info("native kernels: %d threads, idle workers spin %d µs at nice %d", team, spin,
-                     args.kernel_worker_nice)
+            log.info(
+                "native kernels: %d threads, idle workers spin %d µs at nice %d", team, spin, args.kernel_worker_nice
+            )
         fam = family_of(loaded.hf_model.config)
         self.encoder = fam.encoder  # bidirectional: whole inputs per step, embeddings only, no K/V kept
         self.precision, why = choose(args, ModelDims.from_hf_config(loaded.hf_model.config), loaded.gguf is not None)
         wait = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
-        log.info("computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s", self.precision.dtype,
-                 self.precision.quantization, why, torch.get_num_threads(), wait or "default")
+        log.info(
+            "computing in %s, quantization %s (%s); %d threads, OpenMP wait: %s",
+            self.precision.dtype,
+            self.precision.quantization,
+            why,
+            torch.get_num_threads(),
+            wait or "default",
+        )
         startup_phases.begin("weight_load")
         self.model: CausalLM = self._build(fam.impl, loaded)
         if args.enforce_eager and getattr(self.model, "stack", None) is not None:
             self.model.stack = None
         stacked = getattr(self.model, "stack", None) is not None
-        log.info("decode-only steps: %s", "one native call for every layer" if stacked else
-                 "layer by layer (--enforce-eager)" if args.enforce_eager else "layer by layer (not every layer is "
-                 "on the native float32 or quantized kernels)")
+        log.info(
+            "decode-only steps: %s",
+            "one native call for every layer"
+            if stacked
+            else "layer by layer (--enforce-eager)"
+            if args.enforce_eager
+            else "layer by layer (not every layer is on the native float32 or quantized kernels)",
+        )
         self.decode_attention, why = select_decode_attention(args.attention_backend, args.cache_dir_path)
         log.info("decode attention: %s", why)
         dims = self.model.dims
@@ -67,15 +79,22 @@ class ModelRunner:
         # A request must fit in the pool on its own, or reservation could never admit it.
         self.context_len = min(ctx, dims.max_positions, args.max_total_tokens)
         if self.encoder:  # an input is never chunked: it must fit one step's prefill (and sentence-transformers' cap)
-            self.context_len = min(self.context_len, args.max_prefill_tokens,
-                                   max_seq_length(loaded.path) or self.context_len)
+            self.context_len = min(
+                self.context_len, args.max_prefill_tokens, max_seq_length(loaded.path) or self.context_len
+            )
         self.vocab_size = dims.vocab_size
         self.hidden: torch.Tensor | None = None  # the latest step's pooled rows (embedding requests)
         self.scored: torch.Tensor | None = None  # the latest step's prompt-logprobs rows (`Work.score`), final-normed
         startup_phases.begin("kv_pool")
-        self.pool = KVPool(0 if self.encoder else dims.num_layers, dims.num_kv_heads, dims.head_dim,
-                           args.max_total_tokens, args.max_running_requests, self.context_len,
-                           dtype=self.precision.torch_dtype)  # the KV cache follows --dtype
+        self.pool = KVPool(
+            0 if self.encoder else dims.num_layers,
+            dims.num_kv_heads,
+            dims.head_dim,
+            args.max_total_tokens,
+            args.max_running_requests,
+            self.context_len,
+            dtype=self.precision.torch_dtype,
+        )  # the KV cache follows --dtype
         release_free_heap()
 
     def _build(self, family: type[CausalLM], loaded: LoadedModel) -> CausalLM:
@@ -100,8 +119,9 @@ class ModelRunner:
             return logits
 
     @contextmanager
-    def step(self, decodes: list[Work], extends: list[Work], hidden_rows: list[int] | None = None
-             ) -> Iterator[torch.Tensor]:
+    def step(
+        self, decodes: list[Work], extends: list[Work], hidden_rows: list[int] | None = None
+    ) -> Iterator[torch.Tensor]:
         """`forward` whose KV allocation is undone if it, or the caller's block using its logits, raises.
 
         The K/V written for those positions stay in slots now free again: harmless, since a

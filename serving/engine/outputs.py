@@ -39,8 +39,16 @@ class Envelope:
 
 
 class Outputs:
-    def __init__(self, core: SchedulerCore, spans: SchedulerSpans, cpu: CpuLedger, drops: DropCounter,
-                 embeds: EmbedGroups, errors: RateLimitedLog, timeline: bool) -> None:
+    def __init__(
+        self,
+        core: SchedulerCore,
+        spans: SchedulerSpans,
+        cpu: CpuLedger,
+        drops: DropCounter,
+        embeds: EmbedGroups,
+        errors: RateLimitedLog,
+        timeline: bool,
+    ) -> None:
         self.core, self.spans, self.cpu, self.drops, self.embeds, self.errors = core, spans, cpu, drops, embeds, errors
         self.timeline = timeline  # keep trace ids for the step timeline
         self.reqs: dict[str, Envelope] = {}
@@ -53,9 +61,18 @@ class Outputs:
 
     def refused(self, msg: TokenizedGenerateReqInput, error: str) -> None:
         """The engine could not queue `msg`'s request: it ends at once with `error`."""
-        self.outbox.append(TokenOut(rid=msg.rid, new_token_ids=[], finish_reason=FinishReason.ERROR, error=error,
-                                    prompt_tokens=len(msg.input_ids), detok=msg.detok, meta=msg.meta,
-                                    worker=msg.worker))
+        self.outbox.append(
+            TokenOut(
+                rid=msg.rid,
+                new_token_ids=[],
+                finish_reason=FinishReason.ERROR,
+                error=error,
+                prompt_tokens=len(msg.input_ids),
+                detok=msg.detok,
+                meta=msg.meta,
+                worker=msg.worker,
+            )
+        )
 
     def trace_ids(self, rids: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(e.trace_id if (e := self.reqs.get(r)) is not None else "" for r in rids)
@@ -82,10 +99,16 @@ class Outputs:
             self.errors.report(f"could not build the output of request {ev.rid[:64]!r}; ending it", exc)
             self.core.abort(ev.rid)  # None when it had already finished
             env = self.reqs.get(ev.rid)
-            self.outbox.append(TokenOut(rid=ev.rid, new_token_ids=[], finish_reason=FinishReason.ERROR,
-                                        error="internal engine error",
-                                        detok=(env.detok if env else None) or DetokParams(),
-                                        worker=env.worker if env else 0))
+            self.outbox.append(
+                TokenOut(
+                    rid=ev.rid,
+                    new_token_ids=[],
+                    finish_reason=FinishReason.ERROR,
+                    error="internal engine error",
+                    detok=(env.detok if env else None) or DetokParams(),
+                    worker=env.worker if env else 0,
+                )
+            )
             self.forget(ev.rid, FinishReason.ERROR, ev.req, FinishReason.ERROR, ENGINE_ERROR, "internal engine error")
 
     def _token_out(self, ev: TokenEvent, error_type: str | None, error: str | None) -> TokenOut:
@@ -102,11 +125,19 @@ class Outputs:
             st.last_token = t.token_times[-1]
         detok, env.detok = env.detok, None
         out = TokenOut(
-            rid=ev.rid, new_token_ids=ev.new_token_ids,
+            rid=ev.rid,
+            new_token_ids=ev.new_token_ids,
             finish_reason=ev.finish_reason.value if ev.finish_reason else None,
-            matched_stop=req.matched_stop, prompt_tokens=req.prompt_len, cached_tokens=req.cached_tokens,
-            completion_tokens=len(req.output_ids), retractions=req.num_retractions,
-            cpu_ns=self.cpu.of(ev.rid, ev.finished), detok=detok, meta=meta, worker=env.worker, logprobs=ev.logprobs,
+            matched_stop=req.matched_stop,
+            prompt_tokens=req.prompt_len,
+            cached_tokens=req.cached_tokens,
+            completion_tokens=len(req.output_ids),
+            retractions=req.num_retractions,
+            cpu_ns=self.cpu.of(ev.rid, ev.finished),
+            detok=detok,
+            meta=meta,
+            worker=env.worker,
+            logprobs=ev.logprobs,
         )
         if out.detok is not None:
             self.spans.first_output(ev.rid, meta)
@@ -118,8 +149,15 @@ class Outputs:
             self.forget(ev.rid, out.finish_reason, req, out.finish_reason, error_type, error)
         return out
 
-    def forget(self, rid: str, ending: str, req: Req | None, outcome: str | None = None,
-               error_type: str | None = None, error: str | None = None) -> None:
+    def forget(
+        self,
+        rid: str,
+        ending: str,
+        req: Req | None,
+        outcome: str | None = None,
+        error_type: str | None = None,
+        error: str | None = None,
+    ) -> None:
         """The rid ended here (`ending`, what a late message for it is then attributed to): every per-request
         table of this process emptied in this one place, whichever way it ended; its stage spans recorded
         (`outcome`, failed with `error_type`) when the engine's record of it is at hand."""

@@ -47,4 +47,4 @@ def measure(budget_s: float = BUDGET_S, gemm_n: int = GEMM_N, copy_bytes: int = 
         src = torch.ones(copy_bytes // 4)
         dst = torch.empty_like(src)
         copy = _best(lambda: dst.copy_(src), budget_s)
-    return Peak(2.0 * gemm_n ** 3 / gemm, 2.0 * copy_bytes / copy)
+    return Peak(2.0 * gemm_n**3 / gemm, 2.0 * copy_bytes / copy)

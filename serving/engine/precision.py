@@ -54,15 +54,19 @@ def measure(dims: ModelDims, rows: int = 16) -> dict[str, float]:
 def _quantized(args: ServerArgs, quantization: str) -> tuple[Precision, str]:
     quant = native_quant.load(args.cache_dir_path)
     if quant is None:
-        raise RuntimeError(f"--quantization {quantization}: the quantized kernel could not be built here (see the "
-                           "log line above); --quantization none serves the weights expanded")
+        raise RuntimeError(
+            f"--quantization {quantization}: the quantized kernel could not be built here (see the "
+            "log line above); --quantization none serves the weights expanded"
+        )
     dtype = "float32" if args.dtype == "auto" else args.dtype
     kernel, how = select_linear(args.linear_backend, dtype, "none", args.cache_dir_path)
     isa = "VNNI" if quant.vnni else "AVX2"
     native = NativeKernels.of(kernel.lib) if kernel is not None else None
-    return Precision(dtype, quantization, native=native, quant=quant), \
-        f"--quantization {args.quantization}: {quantization} on the native int8 kernel ({isa}), {dtype} " \
-        f"activations; other weights: {how}"
+    return (
+        Precision(dtype, quantization, native=native, quant=quant),
+        f"--quantization {args.quantization}: {quantization} on the native int8 kernel ({isa}), {dtype} "
+        f"activations; other weights: {how}",
+    )
 
 
 def _interleaves(args: ServerArgs) -> bool:
@@ -81,8 +85,9 @@ def choose(args: ServerArgs, dims: ModelDims, gguf: bool = False) -> tuple[Preci
         return Precision("bfloat16", "int8"), "--quantization int8 (weight-only; bfloat16 activations)"
     if quantization != "none":
         return _quantized(args, quantization)
-    kernel, how = select_linear(args.linear_backend, "float32" if args.dtype == "auto" else args.dtype,
-                                "none", args.cache_dir_path)
+    kernel, how = select_linear(
+        args.linear_backend, "float32" if args.dtype == "auto" else args.dtype, "none", args.cache_dir_path
+    )
     native = NativeKernels.of(kernel.lib) if kernel is not None else None
     if args.dtype != "auto":
         return Precision(args.dtype, native=native), f"--dtype {args.dtype}; linear layers: {how}"
@@ -91,7 +96,10 @@ def choose(args: ServerArgs, dims: ModelDims, gguf: bool = False) -> tuple[Preci
     times = measure(dims)
     best = min(times, key=times.get)
     cpu = torch.backends.cpu.get_cpu_capability()
-    why = (f"--dtype auto on a {cpu} CPU: a [16x{dims.hidden}]x[{dims.hidden}x{4 * dims.hidden}] matmul took "
-           + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()) + f"; {best} is faster; linear layers: "
-           + how)
+    why = (
+        f"--dtype auto on a {cpu} CPU: a [16x{dims.hidden}]x[{dims.hidden}x{4 * dims.hidden}] matmul took "
+        + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items())
+        + f"; {best} is faster; linear layers: "
+        + how
+    )
     return Precision(best), why

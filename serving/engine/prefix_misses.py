@@ -40,7 +40,7 @@ def chain(ids: Sequence[int], ns: str) -> Iterator[int]:
     """The chained hashes of `ids`' whole blocks: h(1), h(2), ... (h(k) ends at position k·BLOCK)."""
     h = hash(ns)
     for b in range(BLOCK, len(ids) + 1, BLOCK):
-        h = hash((h, tuple(ids[b - BLOCK:b])))
+        h = hash((h, tuple(ids[b - BLOCK : b])))
         yield h
 
 
@@ -74,10 +74,12 @@ class PrefixMiss:
 
     def attributes(self) -> dict[str, str | int]:
         """The `prefill` span's attributes."""
-        return {"sightline.prefix_cache.lookup_tokens": self.lookup_tokens,
-                "sightline.prefix_cache.matched_tokens": self.matched_tokens,
-                "sightline.prefix_cache.miss_reason": self.reason,
-                "sightline.prefix_cache.evicted_tokens": self.evicted_tokens}
+        return {
+            "sightline.prefix_cache.lookup_tokens": self.lookup_tokens,
+            "sightline.prefix_cache.matched_tokens": self.matched_tokens,
+            "sightline.prefix_cache.miss_reason": self.reason,
+            "sightline.prefix_cache.evicted_tokens": self.evicted_tokens,
+        }
 
 
 class PrefixMisses:

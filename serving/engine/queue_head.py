@@ -21,6 +21,9 @@ def queue_head(core: SchedulerCore, now: int, paused: bool = False) -> dict[str,
     if not ready:
         return {"queue_head_age_seconds": 0.0, "queue_head_fits": False}
     since = min(r.times.waiting_since or r.times.queued or now for r in ready)
-    fits = (not paused and core.num_running < core.args.max_running_requests
-            and core.policy.committed(core.running) + core.policy.need(ready[0]) <= core.cache.available)
+    fits = (
+        not paused
+        and core.num_running < core.args.max_running_requests
+        and core.policy.committed(core.running) + core.policy.need(ready[0]) <= core.cache.available
+    )
     return {"queue_head_age_seconds": max(0.0, (now - since) / 1e9), "queue_head_fits": fits}

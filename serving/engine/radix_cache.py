@@ -47,8 +47,9 @@ _EMPTY = torch.zeros(0, dtype=torch.int64)
 class TreeNode:
     __slots__ = ("key", "value", "children", "parent", "lock_ref", "pin_ref", "last_access", "ns")
 
-    def __init__(self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None,
-                 ns: str | None = None) -> None:
+    def __init__(
+        self, key: tuple[int, ...], value: torch.Tensor, parent: TreeNode | None, ns: str | None = None
+    ) -> None:
         self.key = key  # token ids of this edge
         self.value = value  # int64 KV slots of those positions, same length
         self.children: dict[int, TreeNode] = {}  # by first token of the child's key

@@ -23,8 +23,7 @@ class Retractions:
     def _step_need(self, running: list[Req], headroom: int) -> int:
         """Slots the running requests need this step: one per decode (plus `headroom` more), some prefill."""
         chunk = self.args.min_prefill_chunk if headroom else 1
-        return sum(1 + headroom if r.prefill_done else min(chunk, r.prefill_len - r.num_computed)
-                   for r in running)
+        return sum(1 + headroom if r.prefill_done else min(chunk, r.prefill_len - r.num_computed) for r in running)
 
     def make_room(self, running: list[Req], waiting: WaitQueue) -> list[Req]:
         """Retract requests from `running` to the head of `waiting` until this step fits and every decoding
@@ -34,8 +33,9 @@ class Retractions:
             return []
         order = [r for r in self.policy.victims(running) if not r.held]  # a held request keeps its KV
         victims: list[Req] = []
-        while order and len(running) > 1 and self.cache.available < self._step_need(running,
-                                                                                      self.policy.headroom_steps):
+        while (
+            order and len(running) > 1 and self.cache.available < self._step_need(running, self.policy.headroom_steps)
+        ):
             req = order.pop(0)
             running.remove(req)
             victims.append(self._retract(req))

@@ -66,8 +66,7 @@ def mask_stops(logits: torch.Tensor, row: SamplingRow, eos: frozenset[int]) -> N
 def adjust(logits: torch.Tensor, rows: Sequence[SamplingRow], eos: frozenset[int] = frozenset()) -> torch.Tensor:
     """logit_bias, penalties and the min_tokens mask of every row that has them, on a copy of `logits`
     (`logits` itself when no row has any)."""
-    touched = [i for i, r in enumerate(rows)
-               if r.params.logit_bias or r.params.has_penalties or below_min_tokens(r)]
+    touched = [i for i, r in enumerate(rows) if r.params.logit_bias or r.params.has_penalties or below_min_tokens(r)]
     if not touched:
         return logits
     logits = logits.clone()
@@ -161,8 +160,9 @@ def _normaliser(scaled: torch.Tensor, peak: torch.Tensor, masked: Sequence[bool]
 EXP_FLOOR = -700.0  # exp(-700) ≈ 1e-304: a normal float64, so exp takes its fast path
 
 
-def _from_prefix(scaled: torch.Tensor, rows: Sequence[SamplingRow], u: torch.Tensor, k: int,
-                 masked: Sequence[bool] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _from_prefix(
+    scaled: torch.Tensor, rows: Sequence[SamplingRow], u: torch.Tensor, k: int, masked: Sequence[bool] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(token, found) per row from its `k` most likely tokens: found where the draw is the full sort's."""
     vocab = scaled.shape[-1]
     top, top_ids = torch.topk(scaled, k, dim=-1)
@@ -179,8 +179,7 @@ def _from_prefix(scaled: torch.Tensor, rows: Sequence[SamplingRow], u: torch.Ten
     return _pick(top_ids, cdf, target), found
 
 
-def _random(logits: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[bool] | None = None
-            ) -> torch.Tensor:
+def _random(logits: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[bool] | None = None) -> torch.Tensor:
     """One token per row of logits [R, V] for rows that sample (see the module's docstring); `masked`: which
     rows carry a grammar's mask (-inf logits)."""
     temps = torch.tensor([r.params.temperature for r in rows], dtype=logits.dtype)[:, None]
@@ -194,8 +193,13 @@ def _random(logits: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[
         whole = len(left) == len(rows)  # no copy of the logits while every row is left
         part = scaled if whole else scaled[left]
         sub = left.tolist()
-        picks, found = _from_prefix(part, rows if whole else [rows[i] for i in sub], u[left], k,
-                                    masked if whole or masked is None else [masked[i] for i in sub])
+        picks, found = _from_prefix(
+            part,
+            rows if whole else [rows[i] for i in sub],
+            u[left],
+            k,
+            masked if whole or masked is None else [masked[i] for i in sub],
+        )
         out[left[found]] = picks[found]
         left = left[~found]
         if len(left) == 0:
@@ -205,8 +209,7 @@ def _random(logits: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[
     return out
 
 
-def pick(adjusted: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[bool] | None = None
-         ) -> torch.Tensor:
+def pick(adjusted: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[bool] | None = None) -> torch.Tensor:
     """One token per row of `adjust`ed logits [R, V]: the argmax of greedy rows, a draw for the others;
     `masked`: per row, whether a grammar's mask was added to it (None: no row)."""
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
@@ -215,8 +218,9 @@ def pick(adjusted: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[b
     out = adjusted.argmax(dim=-1)
     if random_rows:
         idx = torch.tensor(random_rows, dtype=torch.int64)
-        out[idx] = _random(adjusted[idx], [rows[i] for i in random_rows],
-                           None if masked is None else [masked[i] for i in random_rows])
+        out[idx] = _random(
+            adjusted[idx], [rows[i] for i in random_rows], None if masked is None else [masked[i] for i in random_rows]
+        )
     return out
 
 

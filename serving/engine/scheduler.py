@@ -86,15 +86,17 @@ class Scheduler:
     def __init__(self, args: ServerArgs, endpoints: Endpoints, instance_id: str = "", dp_rank: int = 0) -> None:
         self.args = args
         self.dp_rank = dp_rank
-        self.tracing = Tracing.from_args("scheduler", args, instance_id,
-                                         where={"sightline.dp_rank": dp_rank} if args.dp_size > 1 else None)
+        self.tracing = Tracing.from_args(
+            "scheduler", args, instance_id, where={"sightline.dp_rank": dp_rank} if args.dp_size > 1 else None
+        )
         self.spans = SchedulerSpans(self.tracing)
         self.kv_events = KVEvents.open(args, dp_rank)  # before the model: a taken endpoint fails the start at once
         self.ctx = zmq.Context()
         self.to_tm = make_socket(self.ctx, zmq.PUSH, endpoints.control, do_bind=False)
         self.codec = Codec("scheduler")
-        self.startup = report_phases(scheduler_role(dp_rank, args.dp_size),
-                                     lambda msg: self.to_tm.send(self.codec.encode(msg)))
+        self.startup = report_phases(
+            scheduler_role(dp_rank, args.dp_size), lambda msg: self.to_tm.send(self.codec.encode(msg))
+        )
         startup_phases.begin("model_resolve")
         loaded = load_model(args.model, cache_dir=args.cache_dir_path, served_name=args.served_model_name)
         self.model_name = loaded.name
@@ -110,8 +112,11 @@ class Scheduler:
         self.pause_epoch = 0  # the epoch of the PauseReq in effect: no step runs while it is set
         self._paused_at = 0
         runner = self.core.runner
-        shape = None if runner.encoder else ModelShape.served(loaded.hf_model.config, runner.precision.dtype,
-                                                              runner.precision.quantization)
+        shape = (
+            None
+            if runner.encoder
+            else ModelShape.served(loaded.hf_model.config, runner.precision.dtype, runner.precision.quantization)
+        )
         peak = None
         if args.peak_probe:
             startup_phases.begin("peak_probe")
@@ -120,8 +125,15 @@ class Scheduler:
         self.errors = RateLimitedLog(log)  # its count is SchedulerStats.handling_errors
         self.cpu = CpuLedger()  # each rid's share of the steps' CPU time (per-tenant usage)
         self.embeds = EmbedGroups(self.core, self.spans, self.cpu, self.errors)
-        self.outputs = Outputs(self.core, self.spans, self.cpu, self.drops, self.embeds, self.errors,
-                               timeline=self.observers.ring is not None)
+        self.outputs = Outputs(
+            self.core,
+            self.spans,
+            self.cpu,
+            self.drops,
+            self.embeds,
+            self.errors,
+            timeline=self.observers.ring is not None,
+        )
 
     # -- intake -------------------------------------------------------------------
     def recv_requests(self, timeout_ms: int) -> None:
@@ -151,9 +163,16 @@ class Scheduler:
             self._flush_cache(msg)
         elif isinstance(msg, StepTimelineReq):
             ring = self.observers.ring
-            self.to_tm.send(self.codec.encode(StepTimelineOutput(
-                id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
-                steps=ring.since(msg.seconds) if ring is not None else [])))
+            self.to_tm.send(
+                self.codec.encode(
+                    StepTimelineOutput(
+                        id=msg.id,
+                        worker=msg.worker,
+                        dp_rank=self.dp_rank,
+                        steps=ring.since(msg.seconds) if ring is not None else [],
+                    )
+                )
+            )
         elif isinstance(msg, WorkerGone):
             self._worker_gone(msg.worker)
         elif isinstance(msg, BarrierReq):
@@ -173,8 +192,9 @@ class Scheduler:
         except Exception as exc:  # noqa: BLE001 - the TM validates first; this is the last line of defence
             if not isinstance(exc, ValueError):  # ValueError: a client error, said to the client
                 self.errors.report(f"could not queue request {msg.rid[:64]!r}", exc)
-            self.outputs.refused(msg, str(exc) if isinstance(exc, ValueError)
-                                 else "the engine could not queue this request")
+            self.outputs.refused(
+                msg, str(exc) if isinstance(exc, ValueError) else "the engine could not queue this request"
+            )
             return
         self.outputs.opened(msg)
         req.times.queued = req.times.waiting_since = msg.meta.stamps.sched_recv
@@ -208,18 +228,25 @@ class Scheduler:
         rids = self.outputs.rids_of(worker)
         for rid in rids:
             ev = self.core.abort(rid)
-            self.outputs.forget(rid, AbortReason.WORKER_GONE, ev.req if ev is not None else None,
-                                FinishReason.ABORT, AbortReason.WORKER_GONE)
+            self.outputs.forget(
+                rid,
+                AbortReason.WORKER_GONE,
+                ev.req if ev is not None else None,
+                FinishReason.ABORT,
+                AbortReason.WORKER_GONE,
+            )
         log.warning("tokenizer worker %d is gone: aborted its %d requests", worker, len(rids))
 
     def _barrier(self, msg: BarrierReq) -> None:
         """Answer on both paths, behind everything this rank has to send so far (see `BarrierReq`)."""
         self.send_outputs()
         self.send_stats(force=True)
-        self.to_tm.send(self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
-                                                     path="control")))
-        self.to_detok.send(self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank,
-                                                        path="output")))
+        self.to_tm.send(
+            self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank, path="control"))
+        )
+        self.to_detok.send(
+            self.codec.encode(BarrierReq(id=msg.id, worker=msg.worker, dp_rank=self.dp_rank, path="output"))
+        )
 
     def _control(self, msg: PauseReq | ContinueReq | SetLogLevelReq) -> None:
         if isinstance(msg, SetLogLevelReq):
@@ -233,8 +260,12 @@ class Scheduler:
         elif was and not self.pause_epoch:
             self.observers.resumed(self._paused_at)
         if bool(was) != bool(self.pause_epoch):
-            log.info("%s with %d running and %d waiting requests", "paused" if self.pause_epoch else "resumed",
-                     self.core.num_running, self.core.num_waiting)
+            log.info(
+                "%s with %d running and %d waiting requests",
+                "paused" if self.pause_epoch else "resumed",
+                self.core.num_running,
+                self.core.num_waiting,
+            )
         self.send_stats(force=True)  # the front end waits for this to say the pause is in effect
 
     def _flush_cache(self, msg: FlushCacheReq) -> None:
@@ -245,9 +276,14 @@ class Scheduler:
         elif self.core.flush_cache(msg.force):
             reply = FlushCacheReqOutput(**to, success=True, flushed_tokens=before - self.core.prefix_cached_tokens)
         else:
-            reply = FlushCacheReqOutput(**to, success=False, message=(
-                f"{self.core.num_running} requests are running; flush when idle, or force it (only the prefixes "
-                "nothing uses are dropped)"))
+            reply = FlushCacheReqOutput(
+                **to,
+                success=False,
+                message=(
+                    f"{self.core.num_running} requests are running; flush when idle, or force it (only the prefixes "
+                    "nothing uses are dropped)"
+                ),
+            )
         log.info("flush_cache (force=%s): %s", msg.force, reply.message or f"freed {reply.flushed_tokens} KV slots")
         self.to_tm.send(self.codec.encode(reply))
         self.send_stats(force=True)  # the KV gauges show the flush at once
@@ -281,9 +317,13 @@ class Scheduler:
     def stats(self) -> dict[str, object]:
         """This process's part of `SchedulerStats`, by field name: its observers', drops, spans and pause."""
         return {
-            "dp_rank": self.dp_rank, **self.observers.stats(), "stale_drops": self.drops.snapshot(),
-            "undecodable": self.codec.undecodable, "spans": self.tracing.collect_spans(),
-            "handling_errors": self.errors.count, "paused": self.pause_epoch,
+            "dp_rank": self.dp_rank,
+            **self.observers.stats(),
+            "stale_drops": self.drops.snapshot(),
+            "undecodable": self.codec.undecodable,
+            "spans": self.tracing.collect_spans(),
+            "handling_errors": self.errors.count,
+            "paused": self.pause_epoch,
             **queue_head(self.core, now_ns(), bool(self.pause_epoch)),
             **KVEvents.stats_of(self.kv_events),
             **({"prefix_misses": self.core.cache.misses.snapshot()} if self.core.cache.misses is not None else {}),
@@ -329,17 +369,29 @@ class Scheduler:
         freeze_heap()
         phases = self.startup.finish()
         self.startup.record_spans(self.tracing)
-        self.to_tm.send(self.codec.encode(Ready(
-            startup_phases=phases,
-            role=scheduler_role(self.dp_rank, self.args.dp_size), pid=os.getpid(), dp_rank=self.dp_rank,
-            model_name=self.model_name, architecture=self.architecture,
-            sliding_window=self.core.runner.window or 0,
-            context_len=self.core.context_len, vocab_size=self.core.vocab_size, kv_total=self.core.pool.capacity,
-            dtype=self.core.runner.precision.dtype, quantization=self.core.runner.precision.quantization,
-            pooling=self.pooling.mode if self.pooling else "", hidden_size=self.core.runner.model.dims.hidden,
-            embedding_only=bool(self.pooling and self.pooling.embedding_only),
-            normalize=self.pooling.normalize if self.pooling else True, encoder=self.core.encoder,
-        )))
+        self.to_tm.send(
+            self.codec.encode(
+                Ready(
+                    startup_phases=phases,
+                    role=scheduler_role(self.dp_rank, self.args.dp_size),
+                    pid=os.getpid(),
+                    dp_rank=self.dp_rank,
+                    model_name=self.model_name,
+                    architecture=self.architecture,
+                    sliding_window=self.core.runner.window or 0,
+                    context_len=self.core.context_len,
+                    vocab_size=self.core.vocab_size,
+                    kv_total=self.core.pool.capacity,
+                    dtype=self.core.runner.precision.dtype,
+                    quantization=self.core.runner.precision.quantization,
+                    pooling=self.pooling.mode if self.pooling else "",
+                    hidden_size=self.core.runner.model.dims.hidden,
+                    embedding_only=bool(self.pooling and self.pooling.embedding_only),
+                    normalize=self.pooling.normalize if self.pooling else True,
+                    encoder=self.core.encoder,
+                )
+            )
+        )
         idle_ms = max(1, int(self.args.heartbeat_interval * 1000))
         while keep_running(parent):
             busy = self.core.has_work and not self.pause_epoch  # paused: wait for messages as when idle

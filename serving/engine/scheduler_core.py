@@ -126,8 +126,15 @@ class SchedulerCore:
         self.cache_flushes = 0  # cumulative (telemetry)
 
     # -- intake ---------------------------------------------------------------
-    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, priority: int = 0,
-                    namespace: str = "", pooling: str | None = None) -> Req:
+    def add_request(
+        self,
+        rid: str,
+        input_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+        namespace: str = "",
+        pooling: str | None = None,
+    ) -> Req:
         """Queue a request (an embedding one, prefill only, with `pooling`); raises ValueError (a client error)
         when it can never run."""
         if rid in self.reqs:
@@ -147,9 +154,16 @@ class SchedulerCore:
             raise ValueError(f"input_ids must be token ids in [0, {self.vocab_size})")
         params.validate(self.vocab_size)
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        req = Req(rid=rid, input_ids=list(input_ids), params=params,
-                  generator=torch.Generator().manual_seed(seed), stop_ids=frozenset(params.stop_token_ids),
-                  priority=priority, namespace=namespace, hold=self.seams.holds(params.seed))
+        req = Req(
+            rid=rid,
+            input_ids=list(input_ids),
+            params=params,
+            generator=torch.Generator().manual_seed(seed),
+            stop_ids=frozenset(params.stop_token_ids),
+            priority=priority,
+            namespace=namespace,
+            hold=self.seams.holds(params.seed),
+        )
         req.max_new_tokens = min(params.max_new_tokens, self.context_len - len(input_ids))
         if pooling is not None:
             req.pooling, req.max_new_tokens = PoolState(pooling), 0
@@ -230,15 +244,20 @@ class SchedulerCore:
         """The engine's part of `SchedulerStats`, by field name: its queues, its KV pool and admission estimate,
         its latest step, its prefix-cache and retraction counters.  The Scheduler process adds its own."""
         return {
-            "num_running": self.num_running, "num_waiting": self.num_waiting, "held": self.num_held,
+            "num_running": self.num_running,
+            "num_waiting": self.num_waiting,
+            "held": self.num_held,
             **self.pool.stats(),
-            "kv_reserved": self.kv_committed, "new_token_ratio": self.policy.ratio,
-            **self.last_step.stats(), **self.grammar.stats(),
+            "kv_reserved": self.kv_committed,
+            "new_token_ratio": self.policy.ratio,
+            **self.last_step.stats(),
+            **self.grammar.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "prefix_queries_tokens_total": self.batches.prefix_queries_tokens,
             "prefix_hits_tokens_total": self.batches.prefix_hits_tokens,
             "prefix_evicted_tokens_total": self.prefix_evicted_tokens,
-            "retractions_total": self.retractions, "retracted_tokens_total": self.retracted_tokens,
+            "retractions_total": self.retractions,
+            "retracted_tokens_total": self.retracted_tokens,
             "retraction_recomputed_tokens_total": self.batches.recomputed_tokens,
             "admissions_total": self.batches.admissions,
             "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
@@ -284,8 +303,15 @@ class SchedulerCore:
             self.policy.stepped(decoded=bool(decoding))
         return StepPlan(decoding, chunks, retracted, ended)
 
-    def _emit(self, plan: StepPlan, produced: list[Produced], failed: list[tuple[Req, Exception]], t0: int,
-              t_sched: int, starts: tuple[int, ...]) -> list[TokenEvent]:
+    def _emit(
+        self,
+        plan: StepPlan,
+        produced: list[Produced],
+        failed: list[tuple[Req, Exception]],
+        t0: int,
+        t_sched: int,
+        starts: tuple[int, ...],
+    ) -> list[TokenEvent]:
         """Step 5: the prefill chunks that ran given to the prefix cache, every produced token appended (finishes
         freeing KV at once), every failed request ended alone; the step's record in `last_step`."""
         t1 = now_ns()
@@ -303,15 +329,25 @@ class SchedulerCore:
         consume_ns = fp.grammar_ns - run_grammar_ns  # inside t1..t2: not the sample phase's
         group, chunks = plan.group, plan.chunks
         self.last_step = StepStats(
-            batch_size=len(group), num_decode=len(plan.decoding),
-            num_prefill_tokens=sum(n for _, n in chunks), num_prefill_reqs=len(chunks),
-            step_seconds=(t1 - t0) / 1e9, schedule_seconds=(t_sched - t0) / 1e9, forward_seconds=fp.forward_ns / 1e9,
-            sample_seconds=(fp.sample_ns + t2 - t1 - consume_ns) / 1e9, logprobs_seconds=fp.logprobs_ns / 1e9,
+            batch_size=len(group),
+            num_decode=len(plan.decoding),
+            num_prefill_tokens=sum(n for _, n in chunks),
+            num_prefill_reqs=len(chunks),
+            step_seconds=(t1 - t0) / 1e9,
+            schedule_seconds=(t_sched - t0) / 1e9,
+            forward_seconds=fp.forward_ns / 1e9,
+            sample_seconds=(fp.sample_ns + t2 - t1 - consume_ns) / 1e9,
+            logprobs_seconds=fp.logprobs_ns / 1e9,
             grammar_seconds=fp.grammar_ns / 1e9,
-            started_ns=t0, ended_ns=t1,
-            rids=tuple(r.rid for r, _ in group), num_retracted=len(plan.retracted),
-            prefill_rids=tuple(r.rid for r, _ in chunks), tokens=tuple(n for _, n in group), starts=starts,
-            num_sampled=len(produced))
+            started_ns=t0,
+            ended_ns=t1,
+            rids=tuple(r.rid for r, _ in group),
+            num_retracted=len(plan.retracted),
+            prefill_rids=tuple(r.rid for r, _ in chunks),
+            tokens=tuple(n for _, n in group),
+            starts=starts,
+            num_sampled=len(produced),
+        )
         return events
 
     def _fail(self, req: Req, exc: Exception) -> TokenEvent:

@@ -44,5 +44,4 @@ class Seams:
 
     def stops_admission(self, running: list) -> bool:
         """A running request carries the admission-stop seed: this step admits no one."""
-        return self.stop_admission_seed is not None and any(r.params.seed == self.stop_admission_seed
-                                                            for r in running)
+        return self.stop_admission_seed is not None and any(r.params.seed == self.stop_admission_seed for r in running)

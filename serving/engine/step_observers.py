@@ -30,8 +30,9 @@ from telemetry.step_timeline import PHASES, StepRing
 
 
 class StepObservers:
-    def __init__(self, args: ServerArgs, spans: SchedulerSpans, shape: ModelShape | None = None,
-                 peak: Peak | None = None) -> None:
+    def __init__(
+        self, args: ServerArgs, spans: SchedulerSpans, shape: ModelShape | None = None, peak: Peak | None = None
+    ) -> None:
         self.spans = spans
         self.shape = shape  # None: no work counted (an encoder's steps are not the decoder's count)
         self.peak = peak
@@ -59,9 +60,17 @@ class StepObservers:
         if self.gaps is not None:
             self.gaps.stepped(st, events)
         if st.rids:
-            self.spans.forward(list(st.rids), st.started_ns, st.ended_ns, {
-                "sightline.batch.size": st.batch_size, "sightline.batch.decode": st.num_decode,
-                "sightline.batch.prefill_tokens": st.num_prefill_tokens, "sightline.batch.retracted": st.num_retracted})
+            self.spans.forward(
+                list(st.rids),
+                st.started_ns,
+                st.ended_ns,
+                {
+                    "sightline.batch.size": st.batch_size,
+                    "sightline.batch.decode": st.num_decode,
+                    "sightline.batch.prefill_tokens": st.num_prefill_tokens,
+                    "sightline.batch.retracted": st.num_retracted,
+                },
+            )
         self.generation_tokens_total += sum(len(ev.new_token_ids) for ev in events)
         if events:
             self.last_token_at = now_ns()
@@ -70,9 +79,14 @@ class StepObservers:
         """The step's outputs went out, `output_ns` after it ran; `traces`: its requests' trace ids, in its order."""
         if not st.batch_size:
             return
-        for phase, seconds in (("schedule", st.schedule_seconds), ("forward", st.forward_seconds),
-                               ("sample", st.sample_seconds), ("grammar", st.grammar_seconds),
-                               ("logprobs", st.logprobs_seconds), ("output", output_ns / 1e9)):
+        for phase, seconds in (
+            ("schedule", st.schedule_seconds),
+            ("forward", st.forward_seconds),
+            ("sample", st.sample_seconds),
+            ("grammar", st.grammar_seconds),
+            ("logprobs", st.logprobs_seconds),
+            ("output", output_ns / 1e9),
+        ):
             self.phases.observe(phase, seconds)
         if self.ring is not None:
             self.ring.add(st, traces, output_ns)
@@ -85,9 +99,12 @@ class StepObservers:
     def stats(self) -> dict[str, object]:
         """The observers' part of `SchedulerStats`, by field name."""
         return {
-            "steps_total": self.steps, "prompt_tokens_total": self.prompt_tokens_total,
-            "generation_tokens_total": self.generation_tokens_total, "last_token_at": self.last_token_at,
-            "prefill_tokens_total": self.prefill_tokens_total, "step_phases": self.phases.snapshot(),
+            "steps_total": self.steps,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "last_token_at": self.last_token_at,
+            "prefill_tokens_total": self.prefill_tokens_total,
+            "step_phases": self.phases.snapshot(),
             **({"decode_gaps": self.gaps.snapshot()} if self.gaps is not None else {}),
             "work_flops": [PhaseWork(p, v) for p, v in self.flops.items()],
             "work_bytes": [PhaseWork(p, v) for p, v in self.bytes.items()],

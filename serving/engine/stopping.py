@@ -15,8 +15,7 @@ def eos_ids(loaded: LoadedModel) -> frozenset[int]:
     """The model's EOS ids: its config's, its generation config's and its tokenizer's."""
     ids: set[int] = set()
     gen_cfg = getattr(loaded.hf_model, "generation_config", None)
-    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None),
-                loaded.eos_token_id()):
+    for src in (loaded.hf_model.config.eos_token_id, getattr(gen_cfg, "eos_token_id", None), loaded.eos_token_id()):
         if isinstance(src, int):
             ids.add(src)
         elif src:

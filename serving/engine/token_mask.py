@@ -40,8 +40,9 @@ class MaskBias:
         self._bytes = torch.empty(0, dtype=torch.int32)
         self._out = torch.empty(0, 8)
 
-    def __call__(self, bitmask: torch.Tensor, vocab: int, width: int, dtype: torch.dtype = torch.float32
-                 ) -> torch.Tensor:
+    def __call__(
+        self, bitmask: torch.Tensor, vocab: int, width: int, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """[n, width] additive bias of bitmask [n, W] (int32, contiguous): 0.0 for the allowed ids below
         `vocab` (the tokenizer's), -inf for every other column of the logits' `width`.  Valid until the next
         call."""

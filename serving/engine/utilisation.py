@@ -19,8 +19,16 @@ from dataclasses import dataclass
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # bytes per weight of each quantization as stored (blocks' scales included); `gguf` serves a file's own mix of
 # types, counted as Q4_K's (the usual Q4_K_M file is mostly Q4_K)
-WEIGHT_BYTES = {"int8": 1.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32, "q5_0": 22 / 32, "q5_1": 24 / 32,
-                "q4_k": 144 / 256, "gguf": 144 / 256}
+WEIGHT_BYTES = {
+    "int8": 1.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+    "q4_k": 144 / 256,
+    "gguf": 144 / 256,
+}
 
 
 @dataclass(frozen=True)
@@ -41,10 +49,18 @@ class ModelShape:
     @classmethod
     def from_hf_config(cls, cfg, weight_bytes: float = 4.0, kv_bytes: int = 4, act_bytes: int = 4) -> "ModelShape":
         heads = cfg.num_attention_heads
-        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, heads,
-                   getattr(cfg, "num_key_value_heads", None) or heads,
-                   getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, cfg.vocab_size,
-                   weight_bytes, kv_bytes, act_bytes)
+        return cls(
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_hidden_layers,
+            heads,
+            getattr(cfg, "num_key_value_heads", None) or heads,
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            cfg.vocab_size,
+            weight_bytes,
+            kv_bytes,
+            act_bytes,
+        )
 
     def linears(self) -> tuple[tuple[int, int], ...]:
         """(in, out) of each linear layer of one decoder layer."""
@@ -80,8 +96,11 @@ def step_work(shape: ModelShape, tokens: int, sampled: int, attended: int, conte
     if not tokens:
         return StepWork(0.0, 0.0)
     s, layers = shape, shape.num_layers
-    flops = 2.0 * s.layer_params * layers * tokens + 2.0 * s.head_params * sampled \
+    flops = (
+        2.0 * s.layer_params * layers * tokens
+        + 2.0 * s.head_params * sampled
         + 4.0 * s.num_heads * s.head_dim * attended * layers
+    )
     kv_row = 2 * s.num_kv_heads * s.head_dim * s.kv_bytes * layers  # one position's K and V, every layer
     act = sum(a + b for a, b in s.linears()) * s.act_bytes * layers * tokens + 2 * s.hidden * s.act_bytes * sampled
     moved = (s.layer_params * layers + s.head_params) * s.weight_bytes + kv_row * (contexts + tokens) + act
@@ -93,8 +112,9 @@ def chunk_pairs(start: int, length: int) -> int:
     return length * start + length * (length + 1) // 2
 
 
-def phase_work(shape: ModelShape, num_decode: int, tokens: tuple[int, ...], starts: tuple[int, ...],
-               sampled: int) -> dict[str, StepWork]:
+def phase_work(
+    shape: ModelShape, num_decode: int, tokens: tuple[int, ...], starts: tuple[int, ...], sampled: int
+) -> dict[str, StepWork]:
     """One step's work by phase: its first `num_decode` requests decode (one token each), the rest run prefill
     chunks of `tokens[i]` tokens after `starts[i]` cached positions; `sampled` tokens came out of the step (the
     decodes' and those of prefills that completed). The weights, read once a step, are shared between the two
@@ -102,10 +122,13 @@ def phase_work(shape: ModelShape, num_decode: int, tokens: tuple[int, ...], star
     dec_ctx = sum(s + 1 for s in starts[:num_decode])
     pre_tokens = sum(tokens[num_decode:])
     pre_pairs = sum(chunk_pairs(s, n) for s, n in zip(starts[num_decode:], tokens[num_decode:]))
-    parts = {"decode": step_work(shape, num_decode, num_decode, dec_ctx, dec_ctx - num_decode),
-             "prefill": step_work(shape, pre_tokens, max(0, sampled - num_decode), pre_pairs,
-                                  sum(starts[num_decode:]))}
+    parts = {
+        "decode": step_work(shape, num_decode, num_decode, dec_ctx, dec_ctx - num_decode),
+        "prefill": step_work(shape, pre_tokens, max(0, sampled - num_decode), pre_pairs, sum(starts[num_decode:])),
+    }
     total = num_decode + pre_tokens
     weights = (shape.layer_params * shape.num_layers + shape.head_params) * shape.weight_bytes
-    return {phase: StepWork(w.flops, w.bytes - weights + weights * n / total) if n else w
-            for (phase, w), n in zip(parts.items(), (num_decode, pre_tokens))}
+    return {
+        phase: StepWork(w.flops, w.bytes - weights + weights * n / total) if n else w
+        for (phase, w), n in zip(parts.items(), (num_decode, pre_tokens))
+    }

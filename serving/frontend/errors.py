@@ -17,8 +17,16 @@ _json = msgspec.json.Encoder()
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, *, type: str | None = None, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.headers = headers or {}
         self.status = status
@@ -33,8 +41,12 @@ class APIError(Exception):
 
 def error_response(err: APIError, headers: dict[str, str] | None = None, path: str = "") -> Response:
     """The error as JSON: OpenAI's shape, or Anthropic's on the Messages API's `path`s."""
-    return Response(_json.encode(body_for(path, err)), status_code=err.status, media_type="application/json",
-                    headers={**err.headers, **(headers or {})})
+    return Response(
+        _json.encode(body_for(path, err)),
+        status_code=err.status,
+        media_type="application/json",
+        headers={**err.headers, **(headers or {})},
+    )
 
 
 # -- the 503s of a request the server cannot take now (decided by engine_state.check_available) --
@@ -45,8 +57,12 @@ def starting() -> APIError:
 
 def unavailable(reason: str) -> APIError:
     """The 503 for a request refused because the server cannot take it now (its `health` reason)."""
-    return APIError(503, f"server unavailable: {reason}", type="server_unavailable",
-                    code=SHUTTING_DOWN if reason == "shutting down" else "engine_unavailable")
+    return APIError(
+        503,
+        f"server unavailable: {reason}",
+        type="server_unavailable",
+        code=SHUTTING_DOWN if reason == "shutting down" else "engine_unavailable",
+    )
 
 
 PAUSED_RETRY_AFTER = 5  # seconds: the Retry-After of a request refused while generation is paused
@@ -54,8 +70,13 @@ PAUSED_RETRY_AFTER = 5  # seconds: the Retry-After of a request refused while ge
 
 def paused_error(mode: str | None) -> APIError:
     """The 503 for a generation request arriving while an operator paused generation."""
-    return APIError(503, f"server unavailable: generation is paused by an operator (mode {mode}); retry later",
-                    type="server_unavailable", code="paused", headers={"Retry-After": str(PAUSED_RETRY_AFTER)})
+    return APIError(
+        503,
+        f"server unavailable: generation is paused by an operator (mode {mode}); retry later",
+        type="server_unavailable",
+        code="paused",
+        headers={"Retry-After": str(PAUSED_RETRY_AFTER)},
+    )
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -82,9 +103,17 @@ def result_error(finish_reason: str | None, error: str | None, status: int) -> A
 
 
 # -- the Messages API's own error shape (POST /v1/messages, /v1/messages/count_tokens) ----
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                   404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
-                   503: "overloaded_error", 504: "timeout_error"}
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
 
 
 def anthropic_route(path: str) -> bool:

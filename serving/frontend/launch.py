@@ -40,8 +40,13 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
     instance_id = uuid.uuid4().hex
 
     def monitor_for(tel, timeline, metrics) -> EngineMonitor:
-        return EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats, dp_size=args.dp_size,
-                             queue_stuck_timeout=args.queue_stuck_timeout)
+        return EngineMonitor(
+            args.stall_timeout,
+            args.watchdog_timeout,
+            on_stats=tel.on_stats,
+            dp_size=args.dp_size,
+            queue_stuck_timeout=args.queue_stuck_timeout,
+        )
 
     front = FrontEnd(args, endpoints, name, instance_id, tokenizer, ZmqTransport(endpoints, args.dp_size), monitor_for)
     monitor, tm, metrics = front.engine, front.tm, front.metrics
@@ -52,8 +57,14 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, tokenizer, name: str) -
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    crash = CrashDumper.from_args(args, monitor, endpoints.runtime_dir, metrics, recorder=front.tel.recorder,
-                                  in_flight=lambda: front.state.in_flight_requests(1 << 20))
+    crash = CrashDumper.from_args(
+        args,
+        monitor,
+        endpoints.runtime_dir,
+        metrics,
+        recorder=front.tel.recorder,
+        in_flight=lambda: front.state.in_flight_requests(1 << 20),
+    )
     supervisor = EngineSupervisor(Supervised(args, monitor, tm, metrics, endpoints, name, crash), instance_id, stop)
     watcher = asyncio.create_task(supervisor.run())
     try:

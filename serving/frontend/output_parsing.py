@@ -65,8 +65,13 @@ class ParsingConfig:
         ids: tuple[int, ...] = ()
         if kind != "none":
             ids = tuple(tokenizer(reasoning.END, add_special_tokens=False)["input_ids"])
-        return cls(name, None if kind == "none" else kind, ids, special_ids(tokenizer, MARKERS),
-                   getattr(tokenizer, "eos_token", None) or "")
+        return cls(
+            name,
+            None if kind == "none" else kind,
+            ids,
+            special_ids(tokenizer, MARKERS),
+            getattr(tokenizer, "eos_token", None) or "",
+        )
 
     def marker(self, text: str) -> str:
         """`text` in a forced grammar: its special token by id when it is one, else the string."""
@@ -165,9 +170,9 @@ class OutputParsing:
             if sp.thinking is False:
                 self.reasoning_tokens = 0  # what was undecided turned out to be content
         self._split, self.closed = sp, sp.closed
-        self._add("reasoning_content", sp.reasoning[self.sent_reasoning:])
+        self._add("reasoning_content", sp.reasoning[self.sent_reasoning :])
         self.sent_reasoning = max(self.sent_reasoning, len(sp.reasoning))
-        piece = sp.content[self.sent_content:]
+        piece = sp.content[self.sent_content :]
         self.sent_content = max(self.sent_content, len(sp.content))
         if self.calls is None:
             self._add("content", piece)

@@ -89,5 +89,8 @@ async def unconfirmed_ranks(monitor: EngineMonitor, epoch: int) -> list[str]:
     while not monitor.ranks_paused(epoch) and loop.time() < deadline:
         await asyncio.sleep(0.02)
     stats = monitor.scheduler_stats
-    return [scheduler_role(r, monitor.dp_size) for r in range(monitor.dp_size)
-            if stats.get(r) is None or stats[r].paused != epoch]
+    return [
+        scheduler_role(r, monitor.dp_size)
+        for r in range(monitor.dp_size)
+        if stats.get(r) is None or stats[r].paused != epoch
+    ]

@@ -58,4 +58,4 @@ def split(kind: str, thinking: bool, text: str, final: bool) -> Split:
     end = text.find(END, body)
     if end < 0:
         return Split(text[body:] if final else held(text[body:], END), "", True)
-    return Split(text[body:end], text[end + len(END):].lstrip(), True, True)
+    return Split(text[body:end], text[end + len(END) :].lstrip(), True, True)

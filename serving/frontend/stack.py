@@ -44,22 +44,33 @@ log = logging.getLogger("sightline")
 EngineFactory = Callable[[RequestTelemetry, Timeline, Metrics | None], EngineState]
 
 
-def front_telemetry(args: ServerArgs, name: str, instance_id: str, where: dict[str, int] | None = None,
-                    role: str = "main") -> tuple[RequestTelemetry, Timeline, Metrics | None]:
+def front_telemetry(
+    args: ServerArgs, name: str, instance_id: str, where: dict[str, int] | None = None, role: str = "main"
+) -> tuple[RequestTelemetry, Timeline, Metrics | None]:
     """A TokenizerManager's telemetry: tracer, metrics registry, timeline, event-loop monitor
     (`tel.loop_lag`, observed as `sightline_event_loop_lag_seconds{role}`), one per tokenizer worker."""
     timeline = Timeline(args.request_timeline_size)
     sinks = [timeline.add_span]  # and the tail sampler's, when it is on
     tracing = Tracing.from_args("main", args, instance_id, sink=lambda rec: [f(rec) for f in sinks], where=where)
-    metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__,
-                      roles=tuple(engine_roles(args.dp_size))) \
-        if args.enable_metrics else None
+    metrics = (
+        Metrics(
+            name,
+            parse_bucket_overrides(args.histogram_buckets),
+            version=__version__,
+            roles=tuple(engine_roles(args.dp_size)),
+        )
+        if args.enable_metrics
+        else None
+    )
     loop_lag = LoopLagMonitor(None)
     tel = RequestTelemetry(tracing, metrics, timeline, name, args.log_requests, loop_lag)
     if metrics is not None:  # through `observe`, as every histogram of the process (the OTLP catalogue's mirror)
         loop_lag.observe = lambda lag: tel.observe(metrics.loop_lag, lag, None, role)
-    tel.gaps = DownstreamGaps(args.decode_gap_factor, args.decode_gap_floor, wall=tracing.wall) \
-        if args.step_timeline_steps else None
+    tel.gaps = (
+        DownstreamGaps(args.decode_gap_factor, args.decode_gap_floor, wall=tracing.wall)
+        if args.step_timeline_steps
+        else None
+    )
     tel.genai = GenAIMetrics.from_args(args, name, instance_id, where=where, metrics=metrics)  # None unless exported
     tel.otlp_mirror = tel.genai.mirror if tel.genai is not None else None
     tel.tail = tracing.tail_sampler(args.tail_sampling_buffer_traces, metrics.count_tail if metrics else None)
@@ -67,35 +78,62 @@ def front_telemetry(args: ServerArgs, name: str, instance_id: str, where: dict[s
     if tel.tail is not None:
         sinks.append(tel.tail.add)
     if args.dump_requests or args.crash_dump_dir:  # the flight recorder (with only a crash dir: its ring alone)
-        tel.recorder = FlightRecorder(args.dump_requests, name, content=args.dump_content,
-                                      max_file_mb=args.dump_requests_max_file_mb,
-                                      max_files=args.dump_requests_max_files, ring=args.crash_dump_requests,
-                                      prefix="requests-" if role == "main" else f"requests-w{role.rsplit('-', 1)[-1]}-",
-                                      metrics=metrics)
+        tel.recorder = FlightRecorder(
+            args.dump_requests,
+            name,
+            content=args.dump_content,
+            max_file_mb=args.dump_requests_max_file_mb,
+            max_files=args.dump_requests_max_files,
+            ring=args.crash_dump_requests,
+            prefix="requests-" if role == "main" else f"requests-w{role.rsplit('-', 1)[-1]}-",
+            metrics=metrics,
+        )
     return tel, timeline, metrics
 
 
 class FrontEnd:
     """Telemetry, a TokenizerManager over `transport`, and the state its HTTP handlers share."""
 
-    def __init__(self, args: ServerArgs, endpoints: Endpoints, name: str, instance_id: str, tokenizer: Any,
-                 transport: EngineTransport, make_engine: EngineFactory, worker: int | None = None) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        endpoints: Endpoints,
+        name: str,
+        instance_id: str,
+        tokenizer: Any,
+        transport: EngineTransport,
+        make_engine: EngineFactory,
+        worker: int | None = None,
+    ) -> None:
         where = {"sightline.worker": worker} if worker is not None else None
-        self.tel, timeline, self.metrics = front_telemetry(args, name, instance_id, where,
-                                                           "main" if worker is None else f"worker-{worker}")
+        self.tel, timeline, self.metrics = front_telemetry(
+            args, name, instance_id, where, "main" if worker is None else f"worker-{worker}"
+        )
         self.engine = make_engine(self.tel, timeline, self.metrics)
         self.keys = KeyStore(args.api_keys_file, args.api_key)  # checked before the children start (launch)
         self.tel.tenants_from(self.keys.tenants(), args.max_tenant_labels)
         self.keys.on_reload = self._keys_reloaded
         gate = LocalGate(self.keys.policy) if worker is None else HubGate(self.engine, self.keys.policy)
-        self.tm = TokenizerManager(args, transport, tokenizer, self.engine, self.tel, worker=worker or 0,
-                                   tenants=gate, policy=self.keys.policy)
+        self.tm = TokenizerManager(
+            args, transport, tokenizer, self.engine, self.tel, worker=worker or 0, tenants=gate, policy=self.keys.policy
+        )
         self.tm.start()
         single = worker is None  # this process supervises the engine; a worker's HubLink asks the hub instead
-        self.state = ServerState(args=args, tm=self.tm, engine=self.engine, tel=self.tel, timeline=timeline,
-                                 metrics=self.metrics, model_name=name, endpoints=endpoints, loop_lag=self.tel.loop_lag,
-                                 monitor=self.engine if single else None, hub=None if single else self.engine,
-                                 keys=self.keys, responses=ResponseStore(args.responses_store_size, self.metrics))
+        self.state = ServerState(
+            args=args,
+            tm=self.tm,
+            engine=self.engine,
+            tel=self.tel,
+            timeline=timeline,
+            metrics=self.metrics,
+            model_name=name,
+            endpoints=endpoints,
+            loop_lag=self.tel.loop_lag,
+            monitor=self.engine if single else None,
+            hub=None if single else self.engine,
+            keys=self.keys,
+            responses=ResponseStore(args.responses_store_size, self.metrics),
+        )
         if self.metrics is not None:  # the engine's numbers are observed where it is supervised (launch, hub)
             self.metrics.watch(None, lambda: len(self.tm.rid_to_state))
 

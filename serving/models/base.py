@@ -44,9 +44,11 @@ def attention_window(cfg: Any) -> int | None:
     if kinds == {"sliding_attention"} and window:
         return int(window)
     sliding = sum(t == "sliding_attention" for t in cfg.layer_types)
-    raise UnsupportedConfig(f"sliding-window attention on {sliding} of {len(cfg.layer_types)} layers only "
-                            f"(layer_types {sorted(kinds)}) is not supported: the engine uses one window for "
-                            "all layers")
+    raise UnsupportedConfig(
+        f"sliding-window attention on {sliding} of {len(cfg.layer_types)} layers only "
+        f"(layer_types {sorted(kinds)}) is not supported: the engine uses one window for "
+        "all layers"
+    )
 
 
 def check_config(cfg: Any) -> None:
@@ -56,8 +58,10 @@ def check_config(cfg: Any) -> None:
         raise UnsupportedConfig(f"hidden_act {act!r} is not supported: the gated MLP computes SiLU")
     for rope_type in _rope_types(cfg):
         if rope_type not in STATIC_ROPE:
-            raise UnsupportedConfig(f"rope_type {rope_type!r} is not supported (its frequencies change with the "
-                                    f"sequence length); supported: {', '.join(STATIC_ROPE)}")
+            raise UnsupportedConfig(
+                f"rope_type {rope_type!r} is not supported (its frequencies change with the "
+                f"sequence length); supported: {', '.join(STATIC_ROPE)}"
+            )
     attention_window(cfg)
 
 

@@ -61,11 +61,19 @@ class BertLayer:
     @classmethod
     def from_weights(cls, pre: str, src: Weights, dims: ModelDims, cfg: Any, p: Precision) -> "BertLayer":
         a, eps, dt = pre + "attention.", cfg.layer_norm_eps, p.torch_dtype
-        return cls(src.linear([a + "self.query", a + "self.key", a + "self.value"], p),
-                   src.linear([a + "output.dense"], p), _norm(src, a + "output.LayerNorm", eps, dt),
-                   GeluMLP(src.linear([pre + "intermediate.dense"], p), src.linear([pre + "output.dense"], p),
-                           GELU[getattr(cfg, "hidden_act", "gelu")]),
-                   _norm(src, pre + "output.LayerNorm", eps, dt), dims.num_heads, dims.head_dim)
+        return cls(
+            src.linear([a + "self.query", a + "self.key", a + "self.value"], p),
+            src.linear([a + "output.dense"], p),
+            _norm(src, a + "output.LayerNorm", eps, dt),
+            GeluMLP(
+                src.linear([pre + "intermediate.dense"], p),
+                src.linear([pre + "output.dense"], p),
+                GELU[getattr(cfg, "hidden_act", "gelu")],
+            ),
+            _norm(src, pre + "output.LayerNorm", eps, dt),
+            dims.num_heads,
+            dims.head_dim,
+        )
 
     def __call__(self, h: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         t, width = h.shape[0], self.num_heads * self.head_dim
@@ -96,18 +104,31 @@ class BertForward:
         cfg, dt = src.config, precision.torch_dtype
         check_bert_config(cfg)
         heads = cfg.num_attention_heads
-        dims = ModelDims(cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, heads, heads,
-                         cfg.hidden_size // heads, cfg.max_position_embeddings)
+        dims = ModelDims(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.num_hidden_layers,
+            heads,
+            heads,
+            cfg.hidden_size // heads,
+            cfg.max_position_embeddings,
+        )
         # a BertModel's checkpoint names its tensors bare; a BertForMaskedLM's under `bert.`
         pre = "bert." if src.has("bert.embeddings.word_embeddings.weight") else ""
         src.ignore(UNUSED)
         e = pre + "embeddings."
-        layers = [BertLayer.from_weights(f"{pre}encoder.layer.{i}.", src, dims, cfg, precision)
-                  for i in range(dims.num_layers)]
-        return cls(dims, Embedding(src.vector(e + "word_embeddings.weight", dt)),
-                   src.vector(e + "position_embeddings.weight", dt),
-                   src.vector(e + "token_type_embeddings.weight", dt)[0].clone(),
-                   _norm(src, e + "LayerNorm", cfg.layer_norm_eps, dt), layers)
+        layers = [
+            BertLayer.from_weights(f"{pre}encoder.layer.{i}.", src, dims, cfg, precision)
+            for i in range(dims.num_layers)
+        ]
+        return cls(
+            dims,
+            Embedding(src.vector(e + "word_embeddings.weight", dt)),
+            src.vector(e + "position_embeddings.weight", dt),
+            src.vector(e + "token_type_embeddings.weight", dt)[0].clone(),
+            _norm(src, e + "LayerNorm", cfg.layer_norm_eps, dt),
+            layers,
+        )
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run whole inputs side by side (`kv` is neither read nor written); returns [0, vocab] logits."""

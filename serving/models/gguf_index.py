@@ -22,10 +22,15 @@ import numpy as np
 # GGUF metadata value types -> struct format of a fixed-size value
 _FIXED = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
-_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16,
-                gguf.GGMLQuantizationType.F64: np.float64, gguf.GGMLQuantizationType.I8: np.int8,
-                gguf.GGMLQuantizationType.I16: np.int16, gguf.GGMLQuantizationType.I32: np.int32,
-                gguf.GGMLQuantizationType.I64: np.int64}
+_FLOAT_TYPES = {
+    gguf.GGMLQuantizationType.F32: np.float32,
+    gguf.GGMLQuantizationType.F16: np.float16,
+    gguf.GGMLQuantizationType.F64: np.float64,
+    gguf.GGMLQuantizationType.I8: np.int8,
+    gguf.GGMLQuantizationType.I16: np.int16,
+    gguf.GGMLQuantizationType.I32: np.int32,
+    gguf.GGMLQuantizationType.I64: np.int64,
+}
 
 
 @dataclass
@@ -74,7 +79,7 @@ class GGUFIndex:
 
     def _string(self) -> str:
         n = self._read("<Q")[0]
-        s = bytes(self._buf[self._pos:self._pos + n]).decode("utf-8", errors="replace")
+        s = bytes(self._buf[self._pos : self._pos + n]).decode("utf-8", errors="replace")
         self._pos += n
         return s
 
@@ -101,9 +106,9 @@ class GGUFIndex:
         n = int(np.prod(np_dims)) if np_dims else 1
         if ttype in _FLOAT_TYPES:
             dtype = np.dtype(_FLOAT_TYPES[ttype])
-            data = self.data[offset:offset + n * dtype.itemsize].view(dtype).reshape(np_dims)
+            data = self.data[offset : offset + n * dtype.itemsize].view(dtype).reshape(np_dims)
         else:
             block, size = gguf.GGML_QUANT_SIZES[ttype]
             shape = (*np_dims[:-1], np_dims[-1] // block * size)
-            data = self.data[offset:offset + n // block * size].reshape(shape)
+            data = self.data[offset : offset + n // block * size].reshape(shape)
         return IndexedTensor(name, ttype, np.array(dims, dtype=np.uint64), data)

@@ -86,8 +86,7 @@ class GGUFWeights:
     def _float(self, hf_name: str, t: Any) -> torch.Tensor:
         if t.tensor_type != gguf.GGMLQuantizationType.F32:
             self.expanded[t.tensor_type.name] = self.expanded.get(t.tensor_type.name, 0) + 1
-        values = torch.from_numpy(np.array(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type),
-                                           dtype=np.float32))
+        values = torch.from_numpy(np.array(gguf.quants.dequantize(np.asarray(t.data), t.tensor_type), dtype=np.float32))
         order = self._row_order(hf_name, values.shape[0])
         return values[order].contiguous() if order is not None else values
 
@@ -99,8 +98,9 @@ class GGUFWeights:
     # -- the Weights protocol -----------------------------------------------------------------
     def linear(self, modules: Sequence[str], precision: Precision) -> FusedLinear:
         weights = [self._tensor(m + ".weight") for m in modules]
-        biases = [self._float(m + ".bias", self._tensor(m + ".bias")) if self._has(m + ".bias") else None
-                  for m in modules]
+        biases = [
+            self._float(m + ".bias", self._tensor(m + ".bias")) if self._has(m + ".bias") else None for m in modules
+        ]
         bias = None
         if any(b is not None for b in biases):
             bias = torch.cat([b if b is not None else torch.zeros(int(w.shape[1])) for b, w in zip(biases, weights)])
@@ -123,8 +123,11 @@ class GGUFWeights:
     def head(self, precision: Precision) -> tuple[Embedding, FusedLinear]:
         table = self._tensor("model.embed_tokens.weight")
         quant = self._quant("model.embed_tokens.weight", table, precision)
-        embed = Embedding(None, quant, precision.quant, precision.torch_dtype) if quant is not None else \
-            Embedding(self._float("model.embed_tokens.weight", table).to(precision.torch_dtype))
+        embed = (
+            Embedding(None, quant, precision.quant, precision.torch_dtype)
+            if quant is not None
+            else Embedding(self._float("model.embed_tokens.weight", table).to(precision.torch_dtype))
+        )
         head = "lm_head" if self._has("lm_head.weight") else "model.embed_tokens"
         return embed, self.linear([head], precision)
 
@@ -146,5 +149,10 @@ class GGUFWeights:
 
     def log_expanded(self) -> None:
         for name, n in sorted(self.expanded.items()):
-            log.info("GGUF %s: %d %s tensors expanded to the compute dtype (no native kernel for %s)",
-                     self.path.name, n, name, name)
+            log.info(
+                "GGUF %s: %d %s tensors expanded to the compute dtype (no native kernel for %s)",
+                self.path.name,
+                n,
+                name,
+                name,
+            )

@@ -40,24 +40,42 @@ class LlamaLayer:
     mlp: GatedMLP
 
     @classmethod
-    def from_weights(cls, i: int, src: Weights, dims: ModelDims, eps: float, p: Precision,
-                     qk_norm: bool = False) -> "LlamaLayer":
+    def from_weights(
+        cls, i: int, src: Weights, dims: ModelDims, eps: float, p: Precision, qk_norm: bool = False
+    ) -> "LlamaLayer":
         pre, dt, norm = f"model.layers.{i}.", p.torch_dtype, _norm_kernel(p)
         a, m = pre + "self_attn.", pre + "mlp."
-        norms = (RMSNorm(src.vector(a + "q_norm.weight", dt), eps, norm),
-                 RMSNorm(src.vector(a + "k_norm.weight", dt), eps, norm)) if qk_norm else (None, None)
+        norms = (
+            (
+                RMSNorm(src.vector(a + "q_norm.weight", dt), eps, norm),
+                RMSNorm(src.vector(a + "k_norm.weight", dt), eps, norm),
+            )
+            if qk_norm
+            else (None, None)
+        )
         return cls(
             RMSNorm(src.vector(pre + "input_layernorm.weight", dt), eps, norm),
-            SelfAttention(i, src.linear([a + "q_proj", a + "k_proj", a + "v_proj"], p), src.linear([a + "o_proj"], p),
-                          dims.num_heads, dims.num_kv_heads, dims.head_dim, *norms,
-                          rope_kernel=p.native.rope if p.native is not None else None),
+            SelfAttention(
+                i,
+                src.linear([a + "q_proj", a + "k_proj", a + "v_proj"], p),
+                src.linear([a + "o_proj"], p),
+                dims.num_heads,
+                dims.num_kv_heads,
+                dims.head_dim,
+                *norms,
+                rope_kernel=p.native.rope if p.native is not None else None,
+            ),
             RMSNorm(src.vector(pre + "post_attention_layernorm.weight", dt), eps, norm),
-            GatedMLP(src.linear([m + "gate_proj", m + "up_proj"], p), src.linear([m + "down_proj"], p),
-                     p.native.silu_mul if p.native is not None else None),
+            GatedMLP(
+                src.linear([m + "gate_proj", m + "up_proj"], p),
+                src.linear([m + "down_proj"], p),
+                p.native.silu_mul if p.native is not None else None,
+            ),
         )
 
-    def __call__(self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
-                 fb: ForwardBatch) -> torch.Tensor:
+    def __call__(
+        self, h: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache, fb: ForwardBatch
+    ) -> torch.Tensor:
         h, x = self.mlp_norm.add(h, self.attn(self.attn_norm(h), rope, kv, fb))
         return h + self.mlp(x)
 
@@ -82,15 +100,26 @@ class LlamaForward:
     def from_weights(cls, src: Weights, precision: Precision = Precision()) -> "LlamaForward":
         cfg, dt = src.config, precision.torch_dtype
         dims = ModelDims.from_hf_config(cfg)
-        layers = [LlamaLayer.from_weights(i, src, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
-                  for i in range(dims.num_layers)]
+        layers = [
+            LlamaLayer.from_weights(i, src, dims, cfg.rms_norm_eps, precision, cls.QK_NORM)
+            for i in range(dims.num_layers)
+        ]
         embed, lm_head = src.head(precision)
         rotary = src.rotary(dims.max_positions).to(dt)
-        stack = DecodeStack.build(precision.native.linear.lib, layers, rotary, dims.hidden) \
-            if precision.native is not None else None
-        return cls(dims, embed, layers,
-                   RMSNorm(src.vector("model.norm.weight", dt), cfg.rms_norm_eps, _norm_kernel(precision)), lm_head,
-                   rotary, stack)
+        stack = (
+            DecodeStack.build(precision.native.linear.lib, layers, rotary, dims.hidden)
+            if precision.native is not None
+            else None
+        )
+        return cls(
+            dims,
+            embed,
+            layers,
+            RMSNorm(src.vector("model.norm.weight", dt), cfg.rms_norm_eps, _norm_kernel(precision)),
+            lm_head,
+            rotary,
+            stack,
+        )
 
     def forward(self, fb: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Run one ragged batch; returns logits [len(fb.logits_rows), vocab]."""

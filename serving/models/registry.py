@@ -30,17 +30,39 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("llama", ("LlamaForCausalLM",), LlamaForward,
-           "Llama 2/3.x, SmolLM2; RoPE default/linear/llama3/yarn; optional attention and MLP biases"),
-    Family("qwen2", ("Qwen2ForCausalLM",), LlamaForward,
-           "Qwen2/Qwen2.5; Q/K/V biases; sliding window only when every layer uses it"),
-    Family("qwen3", ("Qwen3ForCausalLM",), Qwen3Forward,
-           "Qwen3 dense; per-head Q/K RMSNorm; head_dim independent of hidden size"),
-    Family("mistral", ("MistralForCausalLM",), LlamaForward,
-           "Mistral; sliding-window attention (sliding_window) or full attention when null"),
-    Family("bert", ("BertModel", "BertForMaskedLM"), BertForward,
-           "BERT encoders (all-MiniLM, bge, e5): embeddings only; absolute positions, token type 0, "
-           "GELU; pooler and MLM head unused", encoder=True, check=check_bert_config),
+    Family(
+        "llama",
+        ("LlamaForCausalLM",),
+        LlamaForward,
+        "Llama 2/3.x, SmolLM2; RoPE default/linear/llama3/yarn; optional attention and MLP biases",
+    ),
+    Family(
+        "qwen2",
+        ("Qwen2ForCausalLM",),
+        LlamaForward,
+        "Qwen2/Qwen2.5; Q/K/V biases; sliding window only when every layer uses it",
+    ),
+    Family(
+        "qwen3",
+        ("Qwen3ForCausalLM",),
+        Qwen3Forward,
+        "Qwen3 dense; per-head Q/K RMSNorm; head_dim independent of hidden size",
+    ),
+    Family(
+        "mistral",
+        ("MistralForCausalLM",),
+        LlamaForward,
+        "Mistral; sliding-window attention (sliding_window) or full attention when null",
+    ),
+    Family(
+        "bert",
+        ("BertModel", "BertForMaskedLM"),
+        BertForward,
+        "BERT encoders (all-MiniLM, bge, e5): embeddings only; absolute positions, token type 0, "
+        "GELU; pooler and MLM head unused",
+        encoder=True,
+        check=check_bert_config,
+    ),
 )
 ARCHITECTURES: dict[str, type[CausalLM]] = {a: f.impl for f in FAMILIES for a in f.architectures}
 _FAMILY_OF: dict[str, Family] = {a: f for f in FAMILIES for a in f.architectures}

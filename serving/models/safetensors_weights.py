@@ -67,8 +67,9 @@ class SafetensorsWeights:
 
     def _refuse(self, kind: str, names: list[str]) -> None:
         more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-        raise ModelLoadError(f"weights in {self.path} do not match the architecture: {kind} "
-                             f"{', '.join(names[:3])}{more}")
+        raise ModelLoadError(
+            f"weights in {self.path} do not match the architecture: {kind} {', '.join(names[:3])}{more}"
+        )
 
     def finish(self) -> None:
         """Refuse the checkpoint if one of its tensors was never used (transformers would ignore it)."""

@@ -44,12 +44,12 @@ class Weights(Protocol):
         """The token embedding and the lm_head (one quantized table where they are tied)."""
         ...
 
-    def rotary(self, max_positions: int) -> RotaryTables:
-        ...
+    def rotary(self, max_positions: int) -> RotaryTables: ...
 
 
-def embedding_beside(table: torch.Tensor, lm_head: FusedLinear, tied: bool,
-                     precision: Precision) -> tuple[Embedding, FusedLinear]:
+def embedding_beside(
+    table: torch.Tensor, lm_head: FusedLinear, tied: bool, precision: Precision
+) -> tuple[Embedding, FusedLinear]:
     """The token embedding and its lm_head: where they are tied and the head is quantized, one
     quantized table serves both (lookups dequantize its rows)."""
     if tied and lm_head.quant is not None:

@@ -30,8 +30,17 @@ def limits() -> LLParserLimits:
 MAX_SCHEMA_DEPTH = 64  # deeper subschemas are left as written (llguidance bounds what they may cost)
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
-_SUBSCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "additionalItems",
-                  "propertyNames")
+_SUBSCHEMA_ONE = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "additionalItems",
+    "propertyNames",
+)
 
 
 def closed_schema(schema: object, close: bool = True, depth: int = 0) -> object:

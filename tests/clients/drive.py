@@ -54,11 +54,19 @@ def _model(client) -> str:
 def openai_parse(base_url: str) -> dict:
     """openai's `.parse()`: response_format from a Pydantic model (json_schema, strict), parsed back."""
     client = _openai(base_url)
-    out = client.chat.completions.parse(model=_model(client), messages=[{"role": "user", "content": PROMPT}],
-                                        response_format=City, max_tokens=64, temperature=0)
+    out = client.chat.completions.parse(
+        model=_model(client),
+        messages=[{"role": "user", "content": PROMPT}],
+        response_format=City,
+        max_tokens=64,
+        temperature=0,
+    )
     msg = out.choices[0].message
-    return {"parsed": msg.parsed.model_dump(), "type": type(msg.parsed).__name__,
-            "finish_reason": out.choices[0].finish_reason}
+    return {
+        "parsed": msg.parsed.model_dump(),
+        "type": type(msg.parsed).__name__,
+        "finish_reason": out.choices[0].finish_reason,
+    }
 
 
 def _instructor(base_url: str, mode_name: str, **extra) -> dict:
@@ -67,8 +75,15 @@ def _instructor(base_url: str, mode_name: str, **extra) -> dict:
     client = _openai(base_url)
     model = _model(client)
     patched = instructor.from_openai(client, mode=getattr(instructor.Mode, mode_name))
-    city = patched.chat.completions.create(model=model, response_model=City, max_retries=0, max_tokens=64,
-                                           temperature=0, messages=[{"role": "user", "content": PROMPT}], **extra)
+    city = patched.chat.completions.create(
+        model=model,
+        response_model=City,
+        max_retries=0,
+        max_tokens=64,
+        temperature=0,
+        messages=[{"role": "user", "content": PROMPT}],
+        **extra,
+    )
     return {"parsed": city.model_dump(), "type": type(city).__name__}
 
 
@@ -130,9 +145,13 @@ def agents_tool_turn(base_url: str) -> dict:
     async def run() -> dict:
         client = AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
         model_id = (await client.models.list()).data[0].id
-        agent = Agent(name="assistant", instructions="Use the tool to answer.", tools=[lookup_population],
-                      model=OpenAIChatCompletionsModel(model=model_id, openai_client=client),
-                      model_settings=ModelSettings(tool_choice="required", max_tokens=48, temperature=0))
+        agent = Agent(
+            name="assistant",
+            instructions="Use the tool to answer.",
+            tools=[lookup_population],
+            model=OpenAIChatCompletionsModel(model=model_id, openai_client=client),
+            model_settings=ModelSettings(tool_choice="required", max_tokens=48, temperature=0),
+        )
         result = await Runner.run(agent, "How many people lived in Paris in 2020?", max_turns=4)
         items = [type(i).__name__ for i in result.new_items]
         return {"calls": calls, "items": items, "final_output": str(result.final_output)}
@@ -144,9 +163,15 @@ def agents_tool_turn(base_url: str) -> dict:
 # x-api-key) --------------------------------------------------------------------------------------------
 QUESTION = "What is the capital of France?"
 GREEDY = {"temperature": 0}  # this SDK dropped its sampling arguments; the API (and the server) still take them
-WEATHER = {"name": "get_weather", "description": "The weather in a city now.",
-           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                            "required": ["city"]}}
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city now.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    },
+}
 
 
 def _anthropic(base_url: str):
@@ -159,17 +184,28 @@ def _anthropic(base_url: str):
 
 def _message(msg) -> dict:
     """What a test checks of a Message: its text, blocks, stop and usage."""
-    return {"id": msg.id, "model": msg.model, "text": "".join(b.text for b in msg.content if b.type == "text"),
-            "types": [b.type for b in msg.content], "stop_reason": msg.stop_reason,
-            "stop_sequence": msg.stop_sequence, "usage": msg.usage.model_dump(exclude_none=True)}
+    return {
+        "id": msg.id,
+        "model": msg.model,
+        "text": "".join(b.text for b in msg.content if b.type == "text"),
+        "types": [b.type for b in msg.content],
+        "stop_reason": msg.stop_reason,
+        "stop_sequence": msg.stop_sequence,
+        "usage": msg.usage.model_dump(exclude_none=True),
+    }
 
 
 def anthropic_create(base_url: str) -> dict:
     """messages.create, then the same request with a stop sequence taken from its answer (greedy: the same
     tokens until there)."""
     client, model = _anthropic(base_url)
-    ask = {"model": model, "max_tokens": 12, "extra_body": GREEDY, "system": "Answer in one short sentence.",
-           "messages": [{"role": "user", "content": QUESTION}]}
+    ask = {
+        "model": model,
+        "max_tokens": 12,
+        "extra_body": GREEDY,
+        "system": "Answer in one short sentence.",
+        "messages": [{"role": "user", "content": QUESTION}],
+    }
     first = _message(client.messages.create(**ask))
     words = first["text"].split()
     stop = words[1] if len(words) > 1 else words[0]
@@ -179,8 +215,9 @@ def anthropic_create(base_url: str) -> dict:
 def anthropic_stream(base_url: str) -> dict:
     """messages.stream: the text as it streams (text_stream), then the final message the SDK accumulated."""
     client, model = _anthropic(base_url)
-    with client.messages.stream(model=model, max_tokens=10, extra_body=GREEDY,
-                                messages=[{"role": "user", "content": QUESTION}]) as stream:
+    with client.messages.stream(
+        model=model, max_tokens=10, extra_body=GREEDY, messages=[{"role": "user", "content": QUESTION}]
+    ) as stream:
         pieces = list(stream.text_stream)
         final = stream.get_final_message()
     return {"pieces": pieces, "final": _message(final)}
@@ -190,15 +227,28 @@ def anthropic_tool_round_trip(base_url: str) -> dict:
     """A forced tool call (tool_choice {type: tool}), its result sent back as a tool_result block, the answer."""
     client, model = _anthropic(base_url)
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
-    first = client.messages.create(model=model, max_tokens=32, extra_body=GREEDY, tools=[WEATHER],
-                                   tool_choice={"type": "tool", "name": "get_weather"}, messages=messages)
+    first = client.messages.create(
+        model=model,
+        max_tokens=32,
+        extra_body=GREEDY,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=messages,
+    )
     calls = [b for b in first.content if b.type == "tool_use"]
     results = [{"type": "tool_result", "tool_use_id": c.id, "content": "Sunny and 21 degrees."} for c in calls]
-    second = client.messages.create(model=model, max_tokens=12, extra_body=GREEDY, tools=[WEATHER],
-                                    messages=[*messages, {"role": "assistant", "content": first.content},
-                                              {"role": "user", "content": results}])
-    return {"first": _message(first), "calls": [{"id": c.id, "name": c.name, "input": c.input} for c in calls],
-            "second": _message(second)}
+    second = client.messages.create(
+        model=model,
+        max_tokens=12,
+        extra_body=GREEDY,
+        tools=[WEATHER],
+        messages=[*messages, {"role": "assistant", "content": first.content}, {"role": "user", "content": results}],
+    )
+    return {
+        "first": _message(first),
+        "calls": [{"id": c.id, "name": c.name, "input": c.input} for c in calls],
+        "second": _message(second),
+    }
 
 
 def anthropic_count_tokens(base_url: str) -> dict:
@@ -240,8 +290,12 @@ def anthropic_types(base_url: str) -> dict:
 
 
 def _usage(usage) -> dict:
-    return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
-            "total_tokens": usage.total_tokens, "cached_tokens": usage.input_tokens_details.cached_tokens}
+    return {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "total_tokens": usage.total_tokens,
+        "cached_tokens": usage.input_tokens_details.cached_tokens,
+    }
 
 
 def responses_turns(base_url: str) -> dict:
@@ -249,16 +303,27 @@ def responses_turns(base_url: str) -> dict:
     turn's input alone for comparison; each response retrieved back by id."""
     client = _openai(base_url)
     model = _model(client)
-    first = client.responses.create(model=model, input="My name is Ada and I live in Paris.", max_output_tokens=12,
-                                    temperature=0)
-    follow = client.responses.create(model=model, input="Which city do I live in?", max_output_tokens=12,
-                                     temperature=0, previous_response_id=first.id)
-    alone = client.responses.create(model=model, input="Which city do I live in?", max_output_tokens=12,
-                                    temperature=0, store=False)
+    first = client.responses.create(
+        model=model, input="My name is Ada and I live in Paris.", max_output_tokens=12, temperature=0
+    )
+    follow = client.responses.create(
+        model=model,
+        input="Which city do I live in?",
+        max_output_tokens=12,
+        temperature=0,
+        previous_response_id=first.id,
+    )
+    alone = client.responses.create(
+        model=model, input="Which city do I live in?", max_output_tokens=12, temperature=0, store=False
+    )
     back = client.responses.retrieve(follow.id)
-    return {"turns": [{"id": r.id, "text": r.output_text, "status": r.status, "usage": _usage(r.usage)}
-                      for r in (first, follow, alone)],
-            "retrieved": {"id": back.id, "text": back.output_text, "previous": back.previous_response_id}}
+    return {
+        "turns": [
+            {"id": r.id, "text": r.output_text, "status": r.status, "usage": _usage(r.usage)}
+            for r in (first, follow, alone)
+        ],
+        "retrieved": {"id": back.id, "text": back.output_text, "previous": back.previous_response_id},
+    }
 
 
 def responses_streams(base_url: str) -> dict:
@@ -266,19 +331,35 @@ def responses_streams(base_url: str) -> dict:
     client = _openai(base_url)
     model = _model(client)
     kinds, deltas, final = [], [], None
-    for event in client.responses.create(model=model, input="Name a color.", max_output_tokens=8, temperature=0,
-                                         stream=True):
+    for event in client.responses.create(
+        model=model, input="Name a color.", max_output_tokens=8, temperature=0, stream=True
+    ):
         kinds.append(event.type)
         if event.type == "response.output_text.delta":
             deltas.append(event.delta)
         if event.type in ("response.completed", "response.incomplete"):
             final = event.response
-    with client.responses.stream(model=model, input="The sky is blue. What color is the sky?", text_format=Color,
-                                 max_output_tokens=32, temperature=0) as s:
+    with client.responses.stream(
+        model=model,
+        input="The sky is blue. What color is the sky?",
+        text_format=Color,
+        max_output_tokens=32,
+        temperature=0,
+    ) as s:
         helper = s.get_final_response()
-    return {"kinds": kinds, "text": "".join(deltas), "final_text": final.output_text, "usage": _usage(final.usage),
-            "helper": {"text": helper.output_text, "status": helper.status, "usage": _usage(helper.usage),
-                       "parsed": helper.output_parsed.model_dump(), "type": type(helper.output_parsed).__name__}}
+    return {
+        "kinds": kinds,
+        "text": "".join(deltas),
+        "final_text": final.output_text,
+        "usage": _usage(final.usage),
+        "helper": {
+            "text": helper.output_text,
+            "status": helper.status,
+            "usage": _usage(helper.usage),
+            "parsed": helper.output_parsed.model_dump(),
+            "type": type(helper.output_parsed).__name__,
+        },
+    }
 
 
 def _agents_default(base_url: str):
@@ -295,10 +376,12 @@ def _agents_default(base_url: str):
 
 def _run_result(result) -> dict:
     usage = result.context_wrapper.usage
-    return {"final_output": str(result.final_output), "items": [type(i).__name__ for i in result.new_items],
-            "response_ids": [r.response_id for r in result.raw_responses],
-            "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens,
-                      "output_tokens": usage.output_tokens}}
+    return {
+        "final_output": str(result.final_output),
+        "items": [type(i).__name__ for i in result.new_items],
+        "response_ids": [r.response_id for r in result.raw_responses],
+        "usage": {"requests": usage.requests, "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+    }
 
 
 def agents_responses_turn(base_url: str) -> dict:
@@ -310,8 +393,12 @@ def agents_responses_turn(base_url: str) -> dict:
     async def run() -> dict:
         client = _agents_default(base_url)
         model_id = (await client.models.list()).data[0].id
-        agent = Agent(name="assistant", instructions="Answer in one short sentence.", model=model_id,
-                      model_settings=ModelSettings(max_tokens=16, temperature=0))
+        agent = Agent(
+            name="assistant",
+            instructions="Answer in one short sentence.",
+            model=model_id,
+            model_settings=ModelSettings(max_tokens=16, temperature=0),
+        )
         result = await Runner.run(agent, "What is the capital of France?", max_turns=1)
         return {**_run_result(result), "model_class": type(MultiProvider().get_model(model_id)).__name__}
 
@@ -327,20 +414,42 @@ def agents_responses_tool_turn(base_url: str) -> dict:
     async def run() -> dict:
         client = _agents_default(base_url)
         model_id = (await client.models.list()).data[0].id
-        agent = Agent(name="assistant", instructions="Use the tool to answer.", tools=[lookup_population],
-                      model=model_id, model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False,
-                                                                   max_tokens=48, temperature=0))
+        agent = Agent(
+            name="assistant",
+            instructions="Use the tool to answer.",
+            tools=[lookup_population],
+            model=model_id,
+            model_settings=ModelSettings(
+                tool_choice="required", parallel_tool_calls=False, max_tokens=48, temperature=0
+            ),
+        )
         result = await Runner.run(agent, "How many people lived in Paris in 2020?", max_turns=4)
         return {**_run_result(result), "calls": calls}
 
     return asyncio.run(run())
 
 
-SCENARIOS = {f.__name__: f for f in (openai_parse, instructor_tools, instructor_json, instructor_json_schema,
-                                      langchain_json_schema, langchain_function_calling, agents_tool_turn,
-                                      anthropic_create, anthropic_stream, anthropic_tool_round_trip,
-                                      anthropic_count_tokens, anthropic_types, responses_turns, responses_streams,
-                                      agents_responses_turn, agents_responses_tool_turn)}
+SCENARIOS = {
+    f.__name__: f
+    for f in (
+        openai_parse,
+        instructor_tools,
+        instructor_json,
+        instructor_json_schema,
+        langchain_json_schema,
+        langchain_function_calling,
+        agents_tool_turn,
+        anthropic_create,
+        anthropic_stream,
+        anthropic_tool_round_trip,
+        anthropic_count_tokens,
+        anthropic_types,
+        responses_turns,
+        responses_streams,
+        agents_responses_turn,
+        agents_responses_tool_turn,
+    )
+}
 
 
 def run(name: str, base_url: str, env: dict[str, str] | None = None) -> dict:

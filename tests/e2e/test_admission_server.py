@@ -27,8 +27,10 @@ def smollm_server(tmp_path_factory):
 
 
 def chat(i: int) -> dict:
-    return {"messages": [{"role": "user", "content": f"Write a long story about a lighthouse keeper named {i}."}],
-            "stream": True}
+    return {
+        "messages": [{"role": "user", "content": f"Write a long story about a lighthouse keeper named {i}."}],
+        "stream": True,
+    }
 
 
 async def open_streams(url: str, n: int, until, timeout: float = 180.0) -> tuple[list[int], object]:

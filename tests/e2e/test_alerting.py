@@ -70,7 +70,8 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
             for case in test.get("alert_rule_test", []):
                 if case["exp_alerts"]:
                     fired.setdefault(case["alertname"], set()).update(
-                        a["exp_labels"]["severity"] for a in case["exp_alerts"])
+                        a["exp_labels"]["severity"] for a in case["exp_alerts"]
+                    )
                 else:
                     silent.add(case["alertname"])
     for rule in alert_rules():
@@ -80,8 +81,10 @@ def test_every_alert_has_a_firing_and_a_silent_unit_test():
 
 
 def test_alerts_are_documented_and_follow_the_workbook():
-    anchors = {re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), re.M)}
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", h.strip().lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), re.M)
+    }
     for rule in alert_rules():
         ann = rule["annotations"]
         assert ann.get("summary") and ann.get("description"), rule["alert"]
@@ -143,8 +146,10 @@ def test_alertmanager_routes_pages_and_inhibits_their_ticket_twins(tmp_path):
     base = {"job": "sightline", "model_name": "m"}
 
     def alert(name: str, severity: str, slo_name: str) -> dict:
-        return {"labels": {"alertname": name, "severity": severity, "slo": slo_name, **base},
-                "annotations": {"summary": "test"}}
+        return {
+            "labels": {"alertname": name, "severity": severity, "slo": slo_name, **base},
+            "annotations": {"summary": "test"},
+        }
 
     def known() -> dict[tuple[str, str], dict]:
         """(alertname, severity) → status of each alert Alertmanager holds."""
@@ -157,8 +162,9 @@ def test_alertmanager_routes_pages_and_inhibits_their_ticket_twins(tmp_path):
         with Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am:
             am.post_alerts([alert("SightlineTTFTBudgetBurn", "page", "ttft")])
             am.wait_for("the page known", lambda: ("SightlineTTFTBudgetBurn", "page") in known(), 10)
-            am.post_alerts([alert("SightlineTTFTBudgetBurn", "ticket", "ttft"),
-                            alert("SightlineTPOTBudgetBurn", "ticket", "tpot")])
+            am.post_alerts(
+                [alert("SightlineTTFTBudgetBurn", "ticket", "ttft"), alert("SightlineTPOTBudgetBurn", "ticket", "tpot")]
+            )
             am.wait_for("two notifications", lambda: len(got) >= 2, 20)
             time.sleep(2)  # clock: two more group intervals (1 s): the inhibited twin must still be missing
             status = known()
@@ -192,8 +198,13 @@ async def _load(url: str) -> list[int]:
 
         async def streamed(i: int, walk_away: bool = False) -> int:
             # a walked-away-from request is held: still running when its client goes
-            body = {"messages": [{"role": "user", "content": f"Say {i}"}], "stream": True, "max_tokens": 16,
-                    "stream_options": {"include_usage": True}, **(HOLD if walk_away else {})}
+            body = {
+                "messages": [{"role": "user", "content": f"Say {i}"}],
+                "stream": True,
+                "max_tokens": 16,
+                "stream_options": {"include_usage": True},
+                **(HOLD if walk_away else {}),
+            }
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 chunks = 0
                 async for line in r.aiter_lines():
@@ -211,16 +222,27 @@ async def _load(url: str) -> list[int]:
 
         async def structured(i: int) -> int:  # a schema of its own: a compile (a miss); asked twice: a hit
             schema = {"type": "object", "properties": {f"k{i % 4}": {"enum": ["a", "b"]}}, "required": [f"k{i % 4}"]}
-            r = await client.post("/v1/completions", json={"prompt": "JSON:", "max_tokens": 16, "structured_outputs": {
-                "json": schema, "disable_any_whitespace": True}})
+            r = await client.post(
+                "/v1/completions",
+                json={
+                    "prompt": "JSON:",
+                    "max_tokens": 16,
+                    "structured_outputs": {"json": schema, "disable_any_whitespace": True},
+                },
+            )
             return r.status_code
 
         async def broken_call() -> int:  # a regex forces half a tool call: the tool-call parser fails on it
             half = '<tool_call>\n{"name": "f", "arguments": {'
-            r = await client.post("/v1/chat/completions", json={
-                "messages": [{"role": "user", "content": "Call f."}], "max_tokens": 24,
-                "tools": [{"type": "function", "function": {"name": "f"}}],
-                "structured_outputs": {"regex": half.replace("{", r"\{")}})
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "messages": [{"role": "user", "content": "Call f."}],
+                    "max_tokens": 24,
+                    "tools": [{"type": "function", "function": {"name": "f"}}],
+                    "structured_outputs": {"regex": half.replace("{", r"\{")},
+                },
+            )
             return r.status_code
 
         async def one(job):
@@ -254,8 +276,13 @@ def _while_engine_stalled(server, action):
     got: dict = {}
 
     def stream() -> None:
-        body = {"prompt": "Stall here", "max_tokens": 8, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": "Stall here",
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
             got["status"], got["events"] = r.status_code, sse_events(r.iter_lines())
 
@@ -278,18 +305,18 @@ def _deadline_and_burst(server, pool) -> list:
     """With the engine stopped: a request with a 0.3 s deadline ends with 504, and of BURST
     requests QUEUE - 1 wait for the engine (their futures are returned; the stalled stream holds
     the queue's last place) while the rest get 429."""
-    r = server.post("/v1/completions", {"prompt": "Too slow", "max_tokens": 8},
-                    headers={"x-request-timeout": "0.3"}, timeout=30)
+    r = server.post(
+        "/v1/completions", {"prompt": "Too slow", "max_tokens": 8}, headers={"x-request-timeout": "0.3"}, timeout=30
+    )
     assert r.status_code == 504, r.text
-    burst = [pool.submit(server.post, "/v1/completions", {"prompt": f"Burst {i}", "max_tokens": 4})
-             for i in range(BURST)]
+    burst = [
+        pool.submit(server.post, "/v1/completions", {"prompt": f"Burst {i}", "max_tokens": 4}) for i in range(BURST)
+    ]
     wait_until(lambda: sum(f.done() for f in burst) >= BURST - (QUEUE - 1), 20, "the burst's overflow shed")
     shed = [f.result() for f in burst if f.done()]
     assert [r.status_code for r in shed] == [429] * (BURST - (QUEUE - 1)), [r.text for r in shed]
     assert all(int(r.headers["retry-after"]) >= 1 for r in shed)
     return burst
-
-
 
 
 def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
@@ -311,8 +338,9 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
     require_tool("prometheus"), require_tool("prometheus-alertmanager")
     t0 = time.monotonic()
     # the watchdog must not restart the stopped engine; the burst must overflow the queue
-    server = ServerProc("--watchdog-timeout", "120", "--max-queued-requests", str(QUEUE), "--pooling", "last",
-                        tmpdir=tmp_path)
+    server = ServerProc(
+        "--watchdog-timeout", "120", "--max-queued-requests", str(QUEUE), "--pooling", "last", tmpdir=tmp_path
+    )
     got: list[dict] = []
     pool = ThreadPoolExecutor(BURST)
 
@@ -328,14 +356,21 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
 
     try:
         generate.write(tmp_path, generate.rule_outputs(slo.load(overrides=LIVE_RULES)))
-        with WebhookLog(got.append) as hook, \
-                Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am:
-            prom_config = local_prometheus_config(tmp_path / "prom.yml", tmp_path / generate.RULES_DIR,
-                                                  [f"127.0.0.1:{server.port}"], f"127.0.0.1:{am.port}")
+        with (
+            WebhookLog(got.append) as hook,
+            Alertmanager(tmp_path, local_alertmanager_config(tmp_path / "am.yml", hook.port)) as am,
+        ):
+            prom_config = local_prometheus_config(
+                tmp_path / "prom.yml",
+                tmp_path / generate.RULES_DIR,
+                [f"127.0.0.1:{server.port}"],
+                f"127.0.0.1:{am.port}",
+            )
             with Prometheus(tmp_path, prom_config) as prom:
                 start = time.time()
-                prom.wait_for("sightline scraped", lambda: prom.api("query", query='up{job="sightline"} == 1')[
-                    "result"], 30)
+                prom.wait_for(
+                    "sightline scraped", lambda: prom.api("query", query='up{job="sightline"} == 1')["result"], 30
+                )
                 statuses = asyncio.run(_load(server.url))
                 assert statuses == [200] * 44 + [400] * 2 + [200] * 7, statuses
                 _send_undecodable_frame(server.runtime_dir)
@@ -345,10 +380,12 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
                 assert [f.result(60).status_code for f in burst].count(200) == QUEUE - 1  # served after SIGCONT
 
                 os.kill(server.debug()["pids"]["detokenizer"], signal.SIGKILL)
-                failed = prom.wait_for("SightlineEngineRestarting at the webhook",
-                                       lambda: paged("SightlineEngineRestarting"), 30)
+                failed = prom.wait_for(
+                    "SightlineEngineRestarting at the webhook", lambda: paged("SightlineEngineRestarting"), 30
+                )
                 assert {(a["receiver"], a["labels"]["role"], a["labels"]["cause"]) for a in failed} == {
-                    ("page", "detokenizer", "exited")}, failed
+                    ("page", "detokenizer", "exited")
+                }, failed
                 server.wait_healthy(60)  # the engine was restarted, HTTP stayed up
                 assert '"msg": "engine failure: detokenizer exited' in server.log()
                 for _ in range(2):  # a few scrapes with the engine running again
@@ -360,10 +397,13 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
                 prom.scraped_after(end, evaluated=True)
                 missing, evaluated = queries_without_data(prom, start, end)
                 assert missing == [], "no data for:\n" + "\n".join(missing)
-                exemplars = prom.api("query_exemplars", query="sightline_time_to_first_token_seconds_bucket",
-                                     start=start, end=end)
-        print(f"live: {evaluated} panel queries and recording rules returned data; alerts delivered: "
-              f"{sorted({(a['alertname'], a['receiver']) for a in got})}")
+                exemplars = prom.api(
+                    "query_exemplars", query="sightline_time_to_first_token_seconds_bucket", start=start, end=end
+                )
+        print(
+            f"live: {evaluated} panel queries and recording rules returned data; alerts delivered: "
+            f"{sorted({(a['alertname'], a['receiver']) for a in got})}"
+        )
         trace_ids = [e["labels"].get("trace_id", "") for s in exemplars for e in s["exemplars"]]
         assert trace_ids and all(re.fullmatch(r"[0-9a-f]{32}", t) for t in trace_ids), exemplars
 

@@ -19,8 +19,16 @@ def server(keyed_server):
     return keyed_server
 
 
-@pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"}, {"authorization": f"Bearer {KEY}x"},
-                                     {"authorization": KEY}, {"x-api-key": KEY[:-1]}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"authorization": "Bearer wrong"},
+        {"authorization": f"Bearer {KEY}x"},
+        {"authorization": KEY},
+        {"x-api-key": KEY[:-1]},
+    ],
+)
 def test_missing_or_wrong_key_is_401(server, headers):
     for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
         r = server.post(path, {"prompt": "x"}, headers=headers)
@@ -28,8 +36,12 @@ def test_missing_or_wrong_key_is_401(server, headers):
         assert r.json()["error"]["code"] == "invalid_api_key" and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(server.url + "/v1/models", headers=headers).status_code == 401
     assert httpx.get(server.url + "/debug/state", headers=headers).status_code == 401
-    for path, body in (("/pause_generation", {"mode": "drain"}), ("/continue_generation", {}),
-                       ("/control/tracing", {"sampling_ratio": 0.5}), ("/control/log_level", {"level": "debug"})):
+    for path, body in (
+        ("/pause_generation", {"mode": "drain"}),
+        ("/continue_generation", {}),
+        ("/control/tracing", {"sampling_ratio": 0.5}),
+        ("/control/log_level", {"level": "debug"}),
+    ):
         assert server.post(path, body, headers=headers).status_code == 401, path  # from loopback too
     assert httpx.get(server.url + "/control/config", headers=headers).status_code == 401
     assert httpx.get(server.url + "/health").json()["reason"] != "paused"

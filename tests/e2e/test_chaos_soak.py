@@ -11,10 +11,35 @@ import sys
 
 
 def test_kills_under_load_lose_and_hang_nothing():
-    res = subprocess.run([sys.executable, "-m", "loadtest.chaos", "--seconds", "18", "--users", "6",
-                          "--min-gap", "1", "--max-gap", "3", "--overlap", "--max-faults", "3", "--warmup", "3",
-                          "--interval", "2",
-                          "--max-growth", "0.25", "--deadline", "20"], capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest.chaos",
+            "--seconds",
+            "18",
+            "--users",
+            "6",
+            "--min-gap",
+            "1",
+            "--max-gap",
+            "3",
+            "--overlap",
+            "--max-faults",
+            "3",
+            "--warmup",
+            "3",
+            "--interval",
+            "2",
+            "--max-growth",
+            "0.25",
+            "--deadline",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     out = res.stdout
     assert res.returncode == 0, out + res.stderr[-3000:]
     assert "chaos passed: hung 0, lost 0, idle after the load True" in out, out

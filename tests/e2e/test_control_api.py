@@ -25,8 +25,15 @@ HELD = {**PARAMS, **HOLD}  # held one token short of max_new_tokens until releas
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--watchdog-timeout", str(WATCHDOG), "--stall-timeout", "2", "--heartbeat-interval", "0.2",
-                     tmpdir=tmp_path_factory.mktemp("control"))
+    srv = ServerProc(
+        "--watchdog-timeout",
+        str(WATCHDOG),
+        "--stall-timeout",
+        "2",
+        "--heartbeat-interval",
+        "0.2",
+        tmpdir=tmp_path_factory.mktemp("control"),
+    )
     yield srv
     srv.stop()
 
@@ -36,8 +43,9 @@ def control(srv: ServerProc, path: str, body: dict | None = None) -> httpx.Respo
 
 
 def outcomes(srv: ServerProc) -> Counter:
-    return Counter({s.labels["outcome"]: s.value for s in samples(scrape(srv))
-                    if s.name == "sightline_requests_total" and s.value})
+    return Counter(
+        {s.labels["outcome"]: s.value for s in samples(scrape(srv)) if s.name == "sightline_requests_total" and s.value}
+    )
 
 
 def generate(srv: ServerProc, prompt: str, n: int) -> httpx.Response:
@@ -104,8 +112,11 @@ def test_in_place_keeps_requests_and_kv_and_resumes_with_the_same_tokens(server)
     after = server.debug()["scheduler"]
     assert len(s.events) == seen, "tokens arrived while paused in place"
     assert after["paused"] and after["num_running"] == 1 and after["held"] == 0
-    assert (after["kv_used"], after["kv_reserved"], after["generation_tokens_total"]) == \
-        (before["kv_used"], before["kv_reserved"], before["generation_tokens_total"])
+    assert (after["kv_used"], after["kv_reserved"], after["generation_tokens_total"]) == (
+        before["kv_used"],
+        before["kv_reserved"],
+        before["generation_tokens_total"],
+    )
     assert httpx.get(server.url + "/health").json()["reason"] == "paused"
     assert server.debug()["pids"] == pids and s.is_alive()
 
@@ -115,8 +126,7 @@ def test_in_place_keeps_requests_and_kv_and_resumes_with_the_same_tokens(server)
     s.join(120)
     TALLY["length"] += 1
     assert s.events[-1] == "[DONE]" and s.tokens() == ref.tokens()
-    assert [s.value for s in samples(scrape(server)) if s.name == "sightline_engine_failures_total"] \
-        == failures_before
+    assert [s.value for s in samples(scrape(server)) if s.name == "sightline_engine_failures_total"] == failures_before
 
 
 def test_drain_lets_running_requests_finish_and_refuses_new_ones(server):
@@ -157,14 +167,20 @@ def test_runtime_sampling_ratio_and_log_level(server):
 
 def test_every_action_logged_and_counted_and_no_request_lost(server):
     text = scrape(server)
-    got = {(s.labels["action"], s.labels["result"]): s.value for s in samples(text)
-           if s.name == "sightline_control_actions_total"}
+    got = {
+        (s.labels["action"], s.labels["result"]): s.value
+        for s in samples(text)
+        if s.name == "sightline_control_actions_total"
+    }
     for action in ("pause_abort", "pause_in_place", "pause_drain"):
         assert got[(action, "ok")] == 1, got
     assert got[("continue", "ok")] == 3 and got[("tracing", "ok")] == 2 and got[("tracing", "rejected")] == 1
     assert got[("log_level", "ok")] == 2
-    assert {s.labels["mode"]: s.value for s in samples(text) if s.name == "sightline_paused"} == \
-        {"abort": 0, "in_place": 0, "drain": 0}
+    assert {s.labels["mode"]: s.value for s in samples(text) if s.name == "sightline_paused"} == {
+        "abort": 0,
+        "in_place": 0,
+        "drain": 0,
+    }
     assert outcomes(server) == TALLY  # exactly one outcome for every request sent, nothing else
     log = server.log()
     for action in ("pause_abort", "pause_in_place", "pause_drain", "continue", "tracing", "log_level"):

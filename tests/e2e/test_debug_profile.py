@@ -29,8 +29,11 @@ def test_profile_of_the_scheduler_while_it_generates_and_one_at_a_time(server):
 
     def generate() -> None:  # keep the engine busy for the whole profile
         while not stop.is_set():
-            r = server.post("/v1/completions", {"model": "tiny-random", "prompt": "hello " * 20, "max_tokens": 64,
-                                                "ignore_eos": True}, headers=AUTH)
+            r = server.post(
+                "/v1/completions",
+                {"model": "tiny-random", "prompt": "hello " * 20, "max_tokens": 64, "ignore_eos": True},
+                headers=AUTH,
+            )
             assert r.status_code == 200, r.text
 
     load = threading.Thread(target=generate, daemon=True)
@@ -61,11 +64,19 @@ def test_profile_of_the_scheduler_while_it_generates_and_one_at_a_time(server):
     assert "sandbox" in svg.headers["content-security-policy"]
 
 
-@pytest.mark.parametrize("params", [{"process": "scheduler", "seconds": "0"}, {"process": "scheduler", "seconds": "61"},
-                                    {"process": "scheduler", "seconds": "2.5"}, {"process": "nope", "seconds": "1"},
-                                    {"seconds": "1"}, {"process": "scheduler_dp1", "seconds": "1"},
-                                    {"process": "main", "seconds": "1", "format": "png"},
-                                    {"process": "main", "seconds": "1", "rate": "0"}])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"process": "scheduler", "seconds": "0"},
+        {"process": "scheduler", "seconds": "61"},
+        {"process": "scheduler", "seconds": "2.5"},
+        {"process": "nope", "seconds": "1"},
+        {"seconds": "1"},
+        {"process": "scheduler_dp1", "seconds": "1"},
+        {"process": "main", "seconds": "1", "format": "png"},
+        {"process": "main", "seconds": "1", "rate": "0"},
+    ],
+)
 def test_bad_arguments_are_400(server, params):
     r = profile(server, timeout=10, **params)
     assert r.status_code == 400, r.text

@@ -34,9 +34,19 @@ def chromium() -> str:
 
 
 def headless(browser: str, tmp: Path, url: str, *args: str) -> str:
-    cmd = [browser, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-dev-shm-usage",
-           "--disable-extensions", f"--user-data-dir={tmp / 'chromium-profile'}", "--virtual-time-budget=3000",
-           *args, url]
+    cmd = [
+        browser,
+        "--headless",
+        "--disable-gpu",
+        "--no-sandbox",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--disable-extensions",
+        f"--user-data-dir={tmp / 'chromium-profile'}",
+        "--virtual-time-budget=3000",
+        *args,
+        url,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -93,23 +103,40 @@ def test_inspector_page_draws_a_streamed_request(server, tmp_path):
     assert "script-src 'sha256-" in page.headers["content-security-policy"] and "<script>" in page.text
     assert httpx.get(server.url + "/debug/requests").status_code == 401
 
-    with httpx.stream("POST", server.url + "/v1/chat/completions", headers=AUTH, timeout=60, json={
-            "model": "tiny-random", "messages": [{"role": "user", "content": "<b>hi</b>"}], "max_tokens": 12,
-            "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/chat/completions",
+        headers=AUTH,
+        timeout=60,
+        json={
+            "model": "tiny-random",
+            "messages": [{"role": "user", "content": "<b>hi</b>"}],
+            "max_tokens": 12,
+            "stream": True,
+        },
+    ) as r:
         assert r.status_code == 200
         rid, traceparent = r.headers["x-request-id"], r.headers["traceparent"]
         assert sse_events(r.iter_lines())[-1] == "[DONE]"
     # a late output for the finished rid, as a slow Detokenizer would send it: dropped, and marked
-    push(server, "tm-detok", BatchStrOutput(outputs=[StrOut(rid=rid, text="late", output_ids=[1],
-                                                            meta=ReqMeta(trace={"traceparent": traceparent}))]))
+    push(
+        server,
+        "tm-detok",
+        BatchStrOutput(
+            outputs=[StrOut(rid=rid, text="late", output_ids=[1], meta=ReqMeta(trace={"traceparent": traceparent}))]
+        ),
+    )
 
     def complete():
         entry = httpx.get(f"{server.url}/debug/requests/{rid}", headers=AUTH).json()
         roles = {s["role"] for s in entry.get("spans", [])}
         names = {s["name"] for s in entry.get("spans", [])}
         server_span = any(s["kind"] == "SERVER" for s in entry.get("spans", []))
-        return entry if {"main", "scheduler", "detokenizer"} <= roles and "stale_message_dropped" in names \
-            and server_span else None
+        return (
+            entry
+            if {"main", "scheduler", "detokenizer"} <= roles and "stale_message_dropped" in names and server_span
+            else None
+        )
 
     server.barrier()  # the children's spans (they come with their stats) are in
     entry = wait_until(complete, 15, "the server span and the stale drop of the late output")
@@ -129,8 +156,14 @@ def test_inspector_page_draws_a_streamed_request(server, tmp_path):
     assert KEY not in dom  # the key left the address bar for sessionStorage
 
     shot = tmp_path / "inspector.png"
-    headless(browser, tmp_path, f"{server.url}/debug/ui#key={KEY}&rid={rid}", f"--screenshot={shot}",
-             "--window-size=1400,900", "--hide-scrollbars")
+    headless(
+        browser,
+        tmp_path,
+        f"{server.url}/debug/ui#key={KEY}&rid={rid}",
+        f"--screenshot={shot}",
+        "--window-size=1400,900",
+        "--hide-scrollbars",
+    )
     assert shot.exists() and shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     RESULTS.mkdir(exist_ok=True)
     shutil.copy(shot, RESULTS / "inspector.png")

@@ -28,8 +28,13 @@ class Client:
 
     def body(self, i: int) -> dict:
         held = HOLD if self.leave is not None else {}  # a leaver's request runs until its client goes
-        return {"prompt": f"storm {i}", "max_tokens": self.max_tokens, "ignore_eos": True, "stream": self.stream,
-                **held}
+        return {
+            "prompt": f"storm {i}",
+            "max_tokens": self.max_tokens,
+            "ignore_eos": True,
+            "stream": self.stream,
+            **held,
+        }
 
 
 async def _one(c: httpx.AsyncClient, i: int, client: Client, all_held: asyncio.Event) -> str:
@@ -70,6 +75,7 @@ async def _one(c: httpx.AsyncClient, i: int, client: Client, all_held: asyncio.E
 def storm(url: str, clients: list[Client], when_held=None) -> list[str]:
     """The clients' requests all at once on one client; its connections all close when it returns.
     "held" leavers go once the others have ended and `when_held()` (run in a thread) returns."""
+
     async def main():
         all_held = asyncio.Event()
         async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=300)) as c:
@@ -89,9 +95,14 @@ def idle(server) -> tuple[bool, dict]:
     server.barrier()
     st = server.debug()
     sched, detok = st["scheduler"], st["detokenizer"]
-    done = (st["in_flight"] == 0 and sched["num_running"] == 0 and sched["num_waiting"] == 0 and
-            sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0 and
-            detok["active_rids"] == 0)
+    done = (
+        st["in_flight"] == 0
+        and sched["num_running"] == 0
+        and sched["num_waiting"] == 0
+        and sched["kv_used"] == sched["prefix_cached_tokens"]
+        and sched["kv_reserved"] == 0
+        and detok["active_rids"] == 0
+    )
     return done, st
 
 
@@ -125,26 +136,34 @@ def test_disconnect_storm_leaves_no_state(tiny_server):
     def when_held() -> None:
         # every streamed leaver's abort is counted (the held leavers cannot be aborted yet), then
         # the Scheduler holds exactly the held leavers
-        wait_until(lambda: _aborts(tiny_server) - aborts_before == streamed_leavers, 20,
-                   "an abort for each streamed leaver")
+        wait_until(
+            lambda: _aborts(tiny_server) - aborts_before == streamed_leavers, 20, "an abort for each streamed leaver"
+        )
         tiny_server.wait_held(held_leavers)
 
     outcomes = storm(tiny_server.url, clients, when_held)
     expected = ["finished" if c.leave is None else "left" for c in clients]
     assert outcomes == expected, [(c, o) for c, o, e in zip(clients, outcomes, expected) if o != e]
-    wait_until(lambda: _aborts(tiny_server) - aborts_before == streamed_leavers + held_leavers, 20,
-               "an abort for each leaver")
+    wait_until(
+        lambda: _aborts(tiny_server) - aborts_before == streamed_leavers + held_leavers, 20, "an abort for each leaver"
+    )
     done, st = idle(tiny_server)  # the aborts were sent before the barrier: the engine has handled them
     sched, detok = st["scheduler"], st["detokenizer"]
     assert st["in_flight"] == 0, st  # no leaked ReqState
-    assert (sched["kv_used"] == sched["prefix_cached_tokens"] and sched["kv_reserved"] == 0
-            and sched["num_running"] == 0 and sched["num_waiting"] == 0 and sched["held"] == 0), sched
+    assert (
+        sched["kv_used"] == sched["prefix_cached_tokens"]
+        and sched["kv_reserved"] == 0
+        and sched["num_running"] == 0
+        and sched["num_waiting"] == 0
+        and sched["held"] == 0
+    ), sched
     assert detok["active_rids"] == 0, detok  # the Detokenizer dropped every rid's state too
     assert done
     after = scrape(tiny_server)
 
     def delta(name: str, **labels) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
+
     aborts = delta("sightline_request_aborts_total", reason="client_disconnect")
     drops = delta("sightline_stale_messages_dropped_total")
     # each aborted request's final output (and any token sent after its client left) arrives after
@@ -163,13 +182,18 @@ def test_disconnect_storm_rounds_free_their_connections(tmp_path):
     rng = random.Random(11)
     try:
         for round_no in range(20):
-            clients = [Client(rng.random() < 0.7, rng.choice((4, 16, 32)), rng.choice((0.0, 0.05, 0.2, None)))
-                       for _ in range(20)]
+            clients = [
+                Client(rng.random() < 0.7, rng.choice((4, 16, 32)), rng.choice((0.0, 0.05, 0.2, None)))
+                for _ in range(20)
+            ]
             outcomes = storm(server.url, clients)
             assert outcomes == ["finished" if c.leave is None else "left" for c in clients], (round_no, outcomes)
             # the scrape's own connection is the one left open
-            wait_until(lambda: value(scrape(server), "sightline_http_connections_open") <= 1, 10,
-                       f"round {round_no}'s closed connections to leave the count")
+            wait_until(
+                lambda: value(scrape(server), "sightline_http_connections_open") <= 1,
+                10,
+                f"round {round_no}'s closed connections to leave the count",
+            )
         wait_until(lambda: idle(server)[0], 20, "no request state left")
         assert server.held() == 0
         assert value(scrape(server), "sightline_http_connections_refused_total") == 0

@@ -34,21 +34,45 @@ def st_model(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("st-model") / "st-llama"
     shutil.copytree(family_models.build("llama"), out)
     (out / "1_Pooling").mkdir()
-    (out / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": 128, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-        "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False}))
+    (out / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
+    (out / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": 128,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_lasttoken": False,
+            }
+        )
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def st_server(st_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("st")
-    srv = ServerProc("--served-model-name", "st-llama", "--max-embedding-inputs", "8", "--context-length", "160",
-                     "--dump-requests", str(tmp / "dump"), "--dump-content", model=str(st_model), tmpdir=tmp)
+    srv = ServerProc(
+        "--served-model-name",
+        "st-llama",
+        "--max-embedding-inputs",
+        "8",
+        "--context-length",
+        "160",
+        "--dump-requests",
+        str(tmp / "dump"),
+        "--dump-content",
+        model=str(st_model),
+        tmpdir=tmp,
+    )
     srv.dump = tmp / "dump"
     yield srv
     srv.stop()
@@ -65,8 +89,9 @@ def test_openai_client_every_input_form(st_server):
     assert len(one.data) == 1 and len(one.data[0].embedding) == 128
     assert one.usage.prompt_tokens == one.usage.total_tokens > 0
     assert abs(np.linalg.norm(one.data[0].embedding) - 1) < 1e-5  # its Normalize module
-    many = client.embeddings.create(model="st-llama", input=["The sea is calm tonight.", "A cat."],
-                                    encoding_format="float")
+    many = client.embeddings.create(
+        model="st-llama", input=["The sea is calm tonight.", "A cat."], encoding_format="float"
+    )
     assert [d.index for d in many.data] == [0, 1]
     assert cos(many.data[0].embedding, one.data[0].embedding) > 0.99999  # batched equals alone
     ids = client.embeddings.create(model="st-llama", input=[5, 6, 7, 8])
@@ -139,16 +164,42 @@ def test_spans_in_every_process_and_the_flight_record(st_server):
     assert names.count("queue") == 2  # one per input
     record = wait_until(lambda: [x for x in read_records(st_server.dump) if x.rid == rid], 10, "the record")[0]
     assert (record.route, record.operation, record.prompt_tokens, record.outcome) == (
-        "/v1/embeddings", "embeddings", 5, "stop")
+        "/v1/embeddings",
+        "embeddings",
+        5,
+        "stop",
+    )
     assert record.params["inputs"] == 2 and record.params["dimensions"] == 8 and record.prompt == [[5, 6, 7], [8, 9]]
 
 
 def test_embed_load_at_16_clients_reconciles(st_server, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "loadtest", "--url", st_server.url, "--model", "st-llama",
-                           "--mix", "embed=1", "--levels", "16", "--stage-seconds", "3", "--out", str(out),
-                           "--require-reconcile", "--slo", "error_rate=0.0"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest",
+            "--url",
+            st_server.url,
+            "--model",
+            "st-llama",
+            "--mix",
+            "embed=1",
+            "--levels",
+            "16",
+            "--stage-seconds",
+            "3",
+            "--out",
+            str(out),
+            "--require-reconcile",
+            "--slo",
+            "error_rate=0.0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     recs = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     r = json.loads((out / "summary.json").read_text())["reconciliation"]
@@ -157,5 +208,6 @@ def test_embed_load_at_16_clients_reconciles(st_server, tmp_path):
     assert r["server_embedding_inputs"] == r["client_embedding_inputs"] == sum(x["inputs"] for x in recs)
     assert r["server_prompt_tokens"] == r["client_prompt_tokens"] == sum(x["prompt_tokens"] for x in recs)
     metrics = httpx.get(st_server.url + "/metrics", timeout=10).text
-    assert ('sightline_embedding_request_latency_seconds_count{kind="queue",model_name="st-llama",'
-            'route="/v1/embeddings"}') in metrics
+    assert (
+        'sightline_embedding_request_latency_seconds_count{kind="queue",model_name="st-llama",route="/v1/embeddings"}'
+    ) in metrics

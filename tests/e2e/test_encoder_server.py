@@ -35,6 +35,7 @@ def reference(bert_dir):
         with torch.no_grad():
             h = model(input_ids=torch.tensor([ids])).last_hidden_state[0]
         return torch.nn.functional.normalize(h.mean(dim=0), dim=0).numpy()
+
     embed.tok = tok
     return embed
 
@@ -60,8 +61,14 @@ def test_every_input_form_equals_transformers(server, reference):
     many = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
     one_ids = client.embeddings.create(model="minilm", input=ids[1])
     lists = client.embeddings.create(model="minilm", input=ids)
-    for got, want in [(one.data[0], ids[0]), (many.data[0], ids[0]), (many.data[1], ids[1]),
-                      (one_ids.data[0], ids[1]), (lists.data[0], ids[0]), (lists.data[1], ids[1])]:
+    for got, want in [
+        (one.data[0], ids[0]),
+        (many.data[0], ids[0]),
+        (many.data[1], ids[1]),
+        (one_ids.data[0], ids[1]),
+        (lists.data[0], ids[0]),
+        (lists.data[1], ids[1]),
+    ]:
         assert cos(got.embedding, reference(want)) >= 0.9999
         assert np.abs(np.asarray(got.embedding) - reference(want)).max() < 1e-5
         assert abs(np.linalg.norm(got.embedding) - 1) < 1e-5  # its Normalize module
@@ -71,8 +78,10 @@ def test_every_input_form_equals_transformers(server, reference):
 
 
 def test_generation_is_refused(server):
-    for path, body in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
-                       ("/v1/completions", {"prompt": "hi", "max_tokens": 4})]:
+    for path, body in [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 4}),
+    ]:
         r = server.post(path, {"model": "minilm", **body})
         assert r.status_code == 400, r.text
         err = r.json()["error"]

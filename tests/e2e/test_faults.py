@@ -46,8 +46,13 @@ class Streams:
         srv.wait_held(n)
 
     def _run(self, i: int) -> None:
-        body = {"prompt": f"story {i}", "max_tokens": MAX_TOKENS, "stream": True, **HOLD,
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        body = {
+            "prompt": f"story {i}",
+            "max_tokens": MAX_TOKENS,
+            "stream": True,
+            **HOLD,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
         lines: list[str] = []
         try:
             with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
@@ -63,6 +68,7 @@ class Streams:
 
 def wait_healthy(srv: ServerProc, since: float, reasons: list[str] | None = None) -> float:
     """Seconds from `since` to /health 200; `reasons` gathers what each 503 said meanwhile."""
+
     def healthy() -> bool:
         try:
             r = httpx.get(srv.url + "/health", timeout=2)
@@ -91,10 +97,16 @@ def inject(srv: ServerProc, role: str, sig: int) -> tuple[Streams, float]:
 def check_startup_phases(text: str) -> None:
     """Every process's latest start, phase by phase, each a real duration; the phases of a start sum to about
     the process's whole start (the imports of a process that imports torch take a while)."""
-    phases = {"main": ("imports", "args", "spawn"), "detokenizer": ("imports", "tokenizer_load"),
-              "scheduler": ("imports", "model_resolve", "native_kernels", "weight_load", "kv_pool")}
-    got = {(x.labels["role"], x.labels["phase"]): x.value for x in samples(text)
-           if x.name == "sightline_startup_phase_seconds"}
+    phases = {
+        "main": ("imports", "args", "spawn"),
+        "detokenizer": ("imports", "tokenizer_load"),
+        "scheduler": ("imports", "model_resolve", "native_kernels", "weight_load", "kv_pool"),
+    }
+    got = {
+        (x.labels["role"], x.labels["phase"]): x.value
+        for x in samples(text)
+        if x.name == "sightline_startup_phase_seconds"
+    }
     for role, names in phases.items():
         for phase in names:
             assert got.get((role, phase), -1) >= 0, (role, phase, got)
@@ -124,16 +136,28 @@ def test_kill_9_a_child_under_load(server, role):
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4, r.text
     text = scrape(server)
     # the restart, timed: one recovery, no longer than the client saw; /health said which phase it was in
-    assert value(text, "sightline_engine_recovery_seconds_count") - value(
-        before, "sightline_engine_recovery_seconds_count") == 1
+    assert (
+        value(text, "sightline_engine_recovery_seconds_count")
+        - value(before, "sightline_engine_recovery_seconds_count")
+        == 1
+    )
     recovery = value(text, "sightline_engine_recovery_seconds_sum") - value(
-        before, "sightline_engine_recovery_seconds_sum")
+        before, "sightline_engine_recovery_seconds_sum"
+    )
     assert 0.5 <= recovery <= restart_s, (recovery, restart_s)  # at least the first restart's backoff
-    assert any(re.search(r"starting: .*\((imports|model_resolve|native_kernels|weight_load|kv_pool|"
-                         r"tokenizer_load)\)", why) for why in reasons), reasons[-5:]
+    assert any(
+        re.search(
+            r"starting: .*\((imports|model_resolve|native_kernels|weight_load|kv_pool|"
+            r"tokenizer_load)\)",
+            why,
+        )
+        for why in reasons
+    ), reasons[-5:]
     check_startup_phases(text)
-    for name, labels, n in (("sightline_engine_failures_total", {"role": role, "cause": "exited"}, 1),
-                            ("sightline_requests_total", {"finish_reason": "abort", "status": "503"}, STREAMS)):
+    for name, labels, n in (
+        ("sightline_engine_failures_total", {"role": role, "cause": "exited"}, 1),
+        ("sightline_requests_total", {"finish_reason": "abort", "status": "503"}, STREAMS),
+    ):
         assert value(text, name, **labels) - value(before, name, **labels) == n, (name, labels)
     assert server.held() == 0  # the new engine holds nothing
     assert f'"role": "{role}"' in server.log() and "engine failure" in server.log()
@@ -179,6 +203,7 @@ def test_health_fails_while_the_engine_is_stuck_and_sigcont_recovers(tmp_path):
         wait_until(lambda: s.tokens(), 30, "the first token")
         os.kill(pid, signal.SIGSTOP)
         try:
+
             def stuck():
                 h = httpx.get(srv.url + "/health")
                 return h if h.status_code == 503 else None

@@ -26,25 +26,42 @@ def _one(url: str, i: int) -> tuple[int, str | None, str]:
         r = httpx.post(url + "/v1/completions", json={"prompt": SECRET, "max_tokens": 4, "temperature": -1}, timeout=60)
         return r.status_code, None, "rejected"
     if i == 1:  # streamed to the end
-        with httpx.stream("POST", url + "/v1/completions", timeout=60,
-                          json={"prompt": SECRET, "max_tokens": 6, "ignore_eos": True, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            url + "/v1/completions",
+            timeout=60,
+            json={"prompt": SECRET, "max_tokens": 6, "ignore_eos": True, "stream": True},
+        ) as r:
             body = b"".join(r.iter_bytes())
         assert b"[DONE]" in body
         return r.status_code, r.headers["x-request-id"], "length"
     if i == 2:  # the client goes away mid-stream (held one token short of its end: it cannot finish first)
-        with httpx.stream("POST", url + "/v1/completions", timeout=60,
-                          json={"prompt": SECRET, "max_tokens": 8, "stream": True, **HOLD}) as r:
+        with httpx.stream(
+            "POST",
+            url + "/v1/completions",
+            timeout=60,
+            json={"prompt": SECRET, "max_tokens": 8, "stream": True, **HOLD},
+        ) as r:
             next(r.iter_lines())
             return r.status_code, r.headers["x-request-id"], "client_disconnect"
     if i % 3 == 0:
-        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": f"{SECRET} {i}"}], "max_tokens": 4, "ignore_eos": True})
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": f"{SECRET} {i}"}], "max_tokens": 4, "ignore_eos": True},
+        )
     elif i % 3 == 1:
-        r = httpx.post(url + "/generate", timeout=60,
-                       json={"text": f"{SECRET} {i}", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}})
+        r = httpx.post(
+            url + "/generate",
+            timeout=60,
+            json={"text": f"{SECRET} {i}", "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}},
+        )
     else:
-        r = httpx.post(url + "/v1/completions", json={"prompt": f"{SECRET} {i}", "max_tokens": 5, "ignore_eos": True,
-                                                       "seed": i}, timeout=60)
+        r = httpx.post(
+            url + "/v1/completions",
+            json={"prompt": f"{SECRET} {i}", "max_tokens": 5, "ignore_eos": True, "seed": i},
+            timeout=60,
+        )
     return r.status_code, r.headers.get("x-request-id"), "length"
 
 
@@ -75,8 +92,11 @@ def test_every_request_is_recorded_and_a_crash_is_dumped(tmp_path):
         dump.write_text("not a directory")
         for i in range(2):
             assert srv.post("/v1/completions", {"prompt": "x", "max_tokens": 2}).status_code == 200
-        wait_until(lambda: value(scrape(srv), "sightline_request_dump_errors_total", reason="write_error")
-                   == before + 2, 10, "the write errors counted")
+        wait_until(
+            lambda: value(scrape(srv), "sightline_request_dump_errors_total", reason="write_error") == before + 2,
+            10,
+            "the write errors counted",
+        )
         dump.unlink()
         (tmp_path / "dump-moved").rename(dump)
 
@@ -85,11 +105,16 @@ def test_every_request_is_recorded_and_a_crash_is_dumped(tmp_path):
         rid = []
 
         def stream() -> None:
-            with httpx.stream("POST", srv.url + "/v1/completions", timeout=60, json={
-                    "prompt": "long", "max_tokens": 8, "stream": True, **HOLD}) as r:
+            with httpx.stream(
+                "POST",
+                srv.url + "/v1/completions",
+                timeout=60,
+                json={"prompt": "long", "max_tokens": 8, "stream": True, **HOLD},
+            ) as r:
                 rid.append(r.headers["x-request-id"])
                 for _ in r.iter_lines():
                     pass
+
         t = threading.Thread(target=stream)
         t.start()
         srv.wait_held(1)

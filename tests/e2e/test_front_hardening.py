@@ -26,16 +26,24 @@ STEP_FLOOR_MS = 10  # this module's server: tokens keep flowing, at most 100 a s
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-prompt-chars", "2100000", tmpdir=tmp_path_factory.mktemp("front"),
-                     step_floor_ms=STEP_FLOOR_MS)
+    srv = ServerProc(
+        "--max-prompt-chars", "2100000", tmpdir=tmp_path_factory.mktemp("front"), step_floor_ms=STEP_FLOOR_MS
+    )
     yield srv
     srv.stop()
 
 
 # -- rids --------------------------------------------------------------------------
 def _generate(server, rid: str, n: int) -> dict:
-    r = server.post("/generate", {"text": "The sea", "rid": rid, "stream": False,
-                                  "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    r = server.post(
+        "/generate",
+        {
+            "text": "The sea",
+            "rid": rid,
+            "stream": False,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -46,8 +54,12 @@ def test_rid_reused_right_after_a_disconnect_gets_its_own_answer(server):
     reference = _generate(server, "reference", 8)["output_ids"]
     for i in range(15):
         rid = f"dup-{i}"
-        body = {"text": f"old request {i}", "rid": rid, "stream": True,
-                "sampling_params": {"max_new_tokens": 6, **HOLD}}
+        body = {
+            "text": f"old request {i}",
+            "rid": rid,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": 6, **HOLD},
+        }
         with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
             assert r.status_code == 200
             server.wait_held(1)  # the old request is running: hang up on it
@@ -90,8 +102,9 @@ def test_huge_prompt_and_message_count_are_refused_before_tokenizing(tmp_path):
         after = scrape(srv)
         # tokenizing 4 MB takes seconds on this machine; the refusals are body parsing only
         assert elapsed < 3.0, elapsed
-        assert value(after, "sightline_request_tokenize_time_seconds_count") == \
-            value(before, "sightline_request_tokenize_time_seconds_count")
+        assert value(after, "sightline_request_tokenize_time_seconds_count") == value(
+            before, "sightline_request_tokenize_time_seconds_count"
+        )
         assert _lag_over(after, "1.0") == _lag_over(before, "1.0")
     finally:
         srv.stop()
@@ -150,9 +163,11 @@ def test_large_inputs_do_not_stall_other_streams(server):
         t.join(120)
     after = scrape(server)
     p50 = during[len(during) // 2]
-    print(f"baseline gaps p50 {baseline[len(baseline) // 2] * 1e3:.0f} ms max {baseline[-1] * 1e3:.0f} ms; "
-          f"during {busy:.1f} s of large inputs: gaps p50 {p50 * 1e3:.0f} ms max {during[-1] * 1e3:.0f} ms, "
-          f"/health max {max(health) * 1e3:.0f} ms; lag > 1 s: {_lag_over(after, '1.0') - _lag_over(before, '1.0')}")
+    print(
+        f"baseline gaps p50 {baseline[len(baseline) // 2] * 1e3:.0f} ms max {baseline[-1] * 1e3:.0f} ms; "
+        f"during {busy:.1f} s of large inputs: gaps p50 {p50 * 1e3:.0f} ms max {during[-1] * 1e3:.0f} ms, "
+        f"/health max {max(health) * 1e3:.0f} ms; lag > 1 s: {_lag_over(after, '1.0') - _lag_over(before, '1.0')}"
+    )
     assert len(during) > 20 and busy > 2.0  # the inputs really took seconds to tokenize
     # Inline tokenizing freezes the loop for each whole encode (busy / 2: measured 9.8 s gaps and /health
     # waits here).  Off the loop, only CPU sharing slows the streams (the encode takes one of 2 cores).
@@ -173,8 +188,13 @@ def test_dns_rebinding_host_is_refused(server):
     port = server.port
     for host in ("evil.example", f"evil.example:{port}", "127.0.0.1.nip.io", ""):
         for method, path in (("GET", "/debug/state"), ("GET", "/v1/models"), ("POST", "/generate")):
-            r = httpx.request(method, server.url + path, headers={"host": host, "content-type": "application/json"},
-                              content=json.dumps({"text": "x"}) if method == "POST" else None, timeout=30)
+            r = httpx.request(
+                method,
+                server.url + path,
+                headers={"host": host, "content-type": "application/json"},
+                content=json.dumps({"text": "x"}) if method == "POST" else None,
+                timeout=30,
+            )
             assert r.status_code == 400, (host, path, r.status_code)
             assert r.json()["error"]["code"] == "invalid_host"
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", "LOCALHOST", f"[::1]:{port}"):
@@ -204,8 +224,11 @@ def test_host_rules():
 
 
 def test_text_plain_body_is_415_and_bodyless_post_is_unaffected(server):
-    r = httpx.post(server.url + "/v1/completions", content=json.dumps({"prompt": "x", "max_tokens": 1}),
-                   headers={"content-type": "text/plain"})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        content=json.dumps({"prompt": "x", "max_tokens": 1}),
+        headers={"content-type": "text/plain"},
+    )
     assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
     r = httpx.post(server.url + "/v1/completions")  # no body, no content type: the usual 400, not 415
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
@@ -227,8 +250,9 @@ def test_client_chosen_methods_do_not_grow_series(server):
 
 
 def test_streams_still_fine_after_everything(server):
-    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
-                      json={"prompt": "end", "max_tokens": 5, "stream": True}) as r:
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", timeout=60, json={"prompt": "end", "max_tokens": 5, "stream": True}
+    ) as r:
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
     assert server.debug()["in_flight"] == 0

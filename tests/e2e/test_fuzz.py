@@ -16,21 +16,42 @@ from hypothesis import strategies as st
 
 from tests.server_util import ServerProc
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
-                    max_leaves=12)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+    max_leaves=12,
+)
 ANY = JSON | st.just(float("inf")) | st.integers(min_value=-(2**70), max_value=2**70)
 NUM = st.integers(-3, 70) | st.floats(-5, 300, allow_nan=False) | st.none() | st.text(max_size=3)
 SAMPLING = {
-    "max_tokens": NUM, "temperature": NUM, "top_p": NUM, "top_k": NUM, "min_p": NUM, "n": NUM, "seed": NUM,
-    "frequency_penalty": NUM, "presence_penalty": NUM, "repetition_penalty": NUM, "stream": st.booleans() | ANY,
+    "max_tokens": NUM,
+    "temperature": NUM,
+    "top_p": NUM,
+    "top_k": NUM,
+    "min_p": NUM,
+    "n": NUM,
+    "seed": NUM,
+    "frequency_penalty": NUM,
+    "presence_penalty": NUM,
+    "repetition_penalty": NUM,
+    "stream": st.booleans() | ANY,
     "stop": st.none() | st.text(max_size=5) | st.lists(st.text(max_size=5), max_size=20) | ANY,
-    "ignore_eos": st.booleans() | ANY, "logprobs": st.none() | NUM, "stream_options": st.none() | ANY,
-    "model": st.sampled_from(["tiny-random", "other"]) | ANY, "stop_token_ids": st.lists(NUM, max_size=3),
+    "ignore_eos": st.booleans() | ANY,
+    "logprobs": st.none() | NUM,
+    "stream_options": st.none() | ANY,
+    "model": st.sampled_from(["tiny-random", "other"]) | ANY,
+    "stop_token_ids": st.lists(NUM, max_size=3),
 }
 PROMPT = st.text(max_size=80) | st.lists(st.integers(-5, 60000), max_size=30) | ANY
-MESSAGES = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "x"]) | ANY,
-                                           "content": st.text(max_size=60) | ANY}), max_size=4) | ANY
+MESSAGES = (
+    st.lists(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(["user", "system", "assistant", "x"]) | ANY, "content": st.text(max_size=60) | ANY}
+        ),
+        max_size=4,
+    )
+    | ANY
+)
 
 
 def body_for(path: str):
@@ -40,8 +61,15 @@ def body_for(path: str):
     elif path == "/v1/chat/completions":
         core = st.fixed_dictionaries({}, optional={"messages": MESSAGES})
     else:
-        core = st.fixed_dictionaries({}, optional={"text": st.text(max_size=60) | ANY, "input_ids": PROMPT,
-                                                   "sampling_params": extra | ANY, "stream": st.booleans() | ANY})
+        core = st.fixed_dictionaries(
+            {},
+            optional={
+                "text": st.text(max_size=60) | ANY,
+                "input_ids": PROMPT,
+                "sampling_params": extra | ANY,
+                "stream": st.booleans() | ANY,
+            },
+        )
     return st.one_of(st.builds(lambda a, b: {**a, **b}, core, extra), JSON)
 
 
@@ -53,8 +81,9 @@ def server(tmp_path_factory):
 
 
 SENT = {"n": 0}
-FUZZ = settings(max_examples=170, deadline=None, derandomize=True, database=None,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    max_examples=170, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 FUZZ_SMALL = settings(FUZZ, max_examples=60)
 
 
@@ -83,9 +112,23 @@ def test_fuzz_json_bodies(server, path):
 
 def test_fuzz_raw_bytes_headers_and_paths(server):
     @FUZZ
-    @given(st.binary(max_size=200), st.sampled_from(["/v1/completions", "/v1/chat/completions", "/generate",
-                                                     "/v1/models", "/health", "/metrics", "/debug/requests/x", "/x"]),
-           st.sampled_from(["GET", "POST", "PUT", "DELETE"]), st.text(max_size=8))
+    @given(
+        st.binary(max_size=200),
+        st.sampled_from(
+            [
+                "/v1/completions",
+                "/v1/chat/completions",
+                "/generate",
+                "/v1/models",
+                "/health",
+                "/metrics",
+                "/debug/requests/x",
+                "/x",
+            ]
+        ),
+        st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
+        st.text(max_size=8),
+    )
     def run(raw, path, method, timeout):
         headers = {"content-type": "application/json"}
         if timeout.isprintable() and timeout.isascii() and timeout == timeout.strip():  # else httpx refuses it
@@ -96,14 +139,25 @@ def test_fuzz_raw_bytes_headers_and_paths(server):
 
 
 # -- extreme values, nesting, list lengths, content types ------------------------------
-EDGE_INT = st.sampled_from([2**31 - 1, 2**31, 2**53, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]) \
-    | st.integers(-(2**66), 2**66)
+EDGE_INT = st.sampled_from(
+    [2**31 - 1, 2**31, 2**53, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1]
+) | st.integers(-(2**66), 2**66)
 EDGE_NUM = EDGE_INT | st.sampled_from([1e308, -1e308, 5e-324, 1e-300, 0.0, -0.0])
-RANGE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty",
-                "presence_penalty", "repetition_penalty")
-RANGE_BODY = st.fixed_dictionaries({"prompt": st.just("range"), "stream": st.booleans()},
-                                   optional={f: EDGE_NUM for f in RANGE_FIELDS}
-                                   | {"stop_token_ids": st.lists(EDGE_INT, max_size=3)})
+RANGE_FIELDS = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+)
+RANGE_BODY = st.fixed_dictionaries(
+    {"prompt": st.just("range"), "stream": st.booleans()},
+    optional={f: EDGE_NUM for f in RANGE_FIELDS} | {"stop_token_ids": st.lists(EDGE_INT, max_size=3)},
+)
 
 
 class BatchMates:
@@ -120,10 +174,14 @@ class BatchMates:
         body = {"prompt": "mate", "max_tokens": 40, "temperature": 0, "ignore_eos": True, "stream": True}
         while not self.stop.is_set():
             with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=60) as r:
-                events = [json.loads(line[6:]) for line in r.iter_lines()
-                          if line.startswith("data: {")]
-            self.results.append((r.status_code, events[-1]["choices"][0]["finish_reason"] if events else None,
-                                 sum(len(e["choices"][0]["text"]) > 0 for e in events)))
+                events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            self.results.append(
+                (
+                    r.status_code,
+                    events[-1]["choices"][0]["finish_reason"] if events else None,
+                    sum(len(e["choices"][0]["text"]) > 0 for e in events),
+                )
+            )
 
     def finish(self) -> list:
         self.stop.set()
@@ -186,10 +244,23 @@ def test_fuzz_list_lengths_are_bounded(server, field, n):
 
 
 @FUZZ_SMALL
-@given(st.sampled_from(["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
-                        "application/json", "application/json; charset=utf-8", "APPLICATION/JSON",
-                        "application/vnd.api+json", "text/json", "", "application/jsonx"]),
-       st.sampled_from(["/v1/completions", "/v1/chat/completions", "/generate"]))
+@given(
+    st.sampled_from(
+        [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "application/json",
+            "application/json; charset=utf-8",
+            "APPLICATION/JSON",
+            "application/vnd.api+json",
+            "text/json",
+            "",
+            "application/jsonx",
+        ]
+    ),
+    st.sampled_from(["/v1/completions", "/v1/chat/completions", "/generate"]),
+)
 def test_fuzz_content_types(server, ctype, path):
     """A POST with a body must say it is JSON (415 otherwise): cross-site forms and text/plain fetches can't."""
     SENT["n"] += 1

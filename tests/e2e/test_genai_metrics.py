@@ -19,27 +19,40 @@ from tests.server_util import ServerProc, scrape, sse_events, value, wait_until
 
 # The conventions' advisory ExplicitBucketBoundaries, written out here independently of the code.
 SPEC = {
-    "gen_ai.server.time_to_first_token": ("s", [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
-                                                1.0, 2.5, 5.0, 7.5, 10.0]),
-    "gen_ai.server.time_per_output_token": ("s", [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                                                  1.0, 2.5]),
-    "gen_ai.server.request.duration": ("s", [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
-                                             20.48, 40.96, 81.92]),
-    "gen_ai.client.token.usage": ("{token}", [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576,
-                                              4194304, 16777216, 67108864]),
+    "gen_ai.server.time_to_first_token": (
+        "s",
+        [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0],
+    ),
+    "gen_ai.server.time_per_output_token": (
+        "s",
+        [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5],
+    ),
+    "gen_ai.server.request.duration": (
+        "s",
+        [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92],
+    ),
+    "gen_ai.client.token.usage": (
+        "{token}",
+        [1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864],
+    ),
 }
 # The latest conventions' token instruments (semantic-conventions-genai): counters by modality, histograms.
-USAGE = {"gen_ai.client.inference.usage.input_tokens": "prompt_tokens",
-         "gen_ai.client.inference.usage.output_tokens": "completion_tokens"}
-OPERATION = {"gen_ai.client.inference.operation.input_tokens": "prompt_tokens",
-             "gen_ai.client.inference.operation.output_tokens": "completion_tokens"}
+USAGE = {
+    "gen_ai.client.inference.usage.input_tokens": "prompt_tokens",
+    "gen_ai.client.inference.usage.output_tokens": "completion_tokens",
+}
+OPERATION = {
+    "gen_ai.client.inference.operation.input_tokens": "prompt_tokens",
+    "gen_ai.client.inference.operation.output_tokens": "completion_tokens",
+}
 ROUTES = {"chat": "/v1/chat/completions", "text_completion": "/v1/completions"}
 
 
 def _body(op: str, stream: bool) -> dict:
     body = {"max_tokens": 5, "stream": stream}
-    body.update({"messages": [{"role": "user", "content": "hello there"}]} if op == "chat"
-                else {"prompt": "Once upon a time"})
+    body.update(
+        {"messages": [{"role": "user", "content": "hello there"}]} if op == "chat" else {"prompt": "Once upon a time"}
+    )
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
@@ -63,10 +76,17 @@ def _by(points, *keys):
 
 def test_genai_metrics_over_otlp(tmp_path):
     receiver = OTLPReceiver()
-    srv = ServerProc("--otel-metrics-exporter", "otlp", "--otel-exporter-otlp-metrics-endpoint",
-                     receiver.endpoint + "/v1/metrics", "--otel-genai-semconv", "both", "--otel-metrics-catalogue",
-                     tmpdir=tmp_path,
-                     env={"OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_SDK_DISABLED": "", "OTEL_SERVICE_NAME": ""})
+    srv = ServerProc(
+        "--otel-metrics-exporter",
+        "otlp",
+        "--otel-exporter-otlp-metrics-endpoint",
+        receiver.endpoint + "/v1/metrics",
+        "--otel-genai-semconv",
+        "both",
+        "--otel-metrics-catalogue",
+        tmpdir=tmp_path,
+        env={"OTEL_METRIC_EXPORT_INTERVAL": "500", "OTEL_SDK_DISABLED": "", "OTEL_SERVICE_NAME": ""},
+    )
     usage: dict[str, list[dict]] = {"chat": [], "text_completion": []}
     try:
         model = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
@@ -85,7 +105,8 @@ def test_genai_metrics_over_otlp(tmp_path):
 
     latest = {name: receiver.latest_points(name) for name in SPEC}
     assert {p["name"] for p in receiver.points if p["name"].startswith("gen_ai.")} == set(SPEC) | set(USAGE) | {
-        "gen_ai.client.inference.usage.cache_read.input_tokens"} | set(OPERATION)
+        "gen_ai.client.inference.usage.cache_read.input_tokens"
+    } | set(OPERATION)
     assert {p["schema_url"] for p in receiver.points} == {SCHEMA_URL}
     for name, (unit, bounds) in SPEC.items():
         assert latest[name], name
@@ -103,7 +124,10 @@ def test_genai_metrics_over_otlp(tmp_path):
 
     duration = _by(latest["gen_ai.server.request.duration"], "gen_ai.operation.name", "error.type")
     assert {k: p["count"] for k, p in duration.items()} == {
-        ("chat", None): 2, ("text_completion", None): 2, ("chat", "invalid_json"): 1}
+        ("chat", None): 2,
+        ("text_completion", None): 2,
+        ("chat", "invalid_json"): 1,
+    }
     ttft = _by(latest["gen_ai.server.time_to_first_token"], "gen_ai.operation.name")
     assert {k: p["count"] for k, p in ttft.items()} == {("chat",): 2, ("text_completion",): 2}
     for op in ROUTES:  # TTFT within the request's duration
@@ -124,7 +148,9 @@ def test_genai_metrics_over_otlp(tmp_path):
         points = _by(receiver.latest_points(name), "gen_ai.operation.name", "gen_ai.token.modality")
         assert all(p["kind"] == "sum" and p["monotonic"] and p["unit"] == "{token}" for p in points.values())
         assert {k: p["value"] for k, p in points.items()} == {
-            **{(op, "text"): sum(u[field] for u in us) for op, us in usage.items()}, ("chat", "unknown"): 0}
+            **{(op, "text"): sum(u[field] for u in us) for op, us in usage.items()},
+            ("chat", "unknown"): 0,
+        }
     for name, field in OPERATION.items():
         points = _by(receiver.latest_points(name), "gen_ai.operation.name")
         for op, us in usage.items():
@@ -145,8 +171,9 @@ def test_genai_metrics_over_otlp(tmp_path):
     assert requests and all(p["kind"] == "sum" and p["monotonic"] for p in requests)
     assert sum(p["value"] for p in requests) == value(prometheus, "sightline_requests_total") == 5
     phases = receiver.latest_points("sightline_engine_step_phase_seconds")  # the engine's keep their buckets
-    assert phases and all(p["kind"] == "histogram" and p["bounds"] and sum(p["bucket_counts"]) == p["count"]
-                          for p in phases)
+    assert phases and all(
+        p["kind"] == "histogram" and p["bounds"] and sum(p["bucket_counts"]) == p["count"] for p in phases
+    )
     assert sum(p["count"] for p in phases) == value(prometheus, "sightline_engine_step_phase_seconds_count")
     exports = receiver.latest_points("sightline_otlp_metric_exports")
     assert [p["attributes"]["result"] for p in exports if p["value"] > 0] == ["ok"], exports

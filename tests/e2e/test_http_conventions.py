@@ -32,9 +32,20 @@ INCOMING = "00-5bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 @pytest.fixture(scope="module")
 def cors_server(tmp_path_factory):
     """API key, CORS for one origin, small limits (413, 429 and the connection cap are easy to reach)."""
-    srv = ServerProc("--allowed-origins", ORIGIN, "--max-request-bytes", "2048", "--max-inflight-tokens", "64",
-                     "--max-connections", "24", "--keep-alive-timeout", "1",
-                     tmpdir=tmp_path_factory.mktemp("conventions"), env={"SIGHTLINE_API_KEY": KEY})
+    srv = ServerProc(
+        "--allowed-origins",
+        ORIGIN,
+        "--max-request-bytes",
+        "2048",
+        "--max-inflight-tokens",
+        "64",
+        "--max-connections",
+        "24",
+        "--keep-alive-timeout",
+        "1",
+        tmpdir=tmp_path_factory.mktemp("conventions"),
+        env={"SIGHTLINE_API_KEY": KEY},
+    )
     yield srv
     srv.stop()
 
@@ -58,8 +69,12 @@ def test_generation_responses_carry_the_rid_and_the_server_span(tiny_server):
     assert r.status_code == 200 and r.json()["id"] == f"cmpl-{rid}"
     assert tp.split("-")[1] == INCOMING.split("-")[1] == r.json()["sightline"]["trace_id"] and sampled(tp)
     assert tp.split("-")[2] != INCOMING.split("-")[2]  # the server span, a child of the client's
-    with httpx.stream("POST", tiny_server.url + "/v1/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}) as s:
+    with httpx.stream(
+        "POST",
+        tiny_server.url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True},
+    ) as s:
         rid, tp = ids_of(s)
         events = sse_events(s.iter_lines())
     assert events[0]["id"] == f"chatcmpl-{rid}" and sampled(tp)
@@ -77,10 +92,17 @@ def test_incoming_x_request_id_is_not_echoed(tiny_server):
 
 def test_ops_endpoints_and_routing_errors_carry_ids(tiny_server):
     seen = set()
-    for method, path, status in [("GET", "/health", 200), ("GET", "/metrics", 200), ("GET", "/v1/models", 200),
-                                 ("GET", "/debug/state", 200), ("GET", "/debug/requests?limit=1", 200),
-                                 ("GET", "/debug/requests/nope", 404), ("GET", "/no/such/route", 404),
-                                 ("GET", "/v1/completions", 405), ("DELETE", "/health", 405)]:
+    for method, path, status in [
+        ("GET", "/health", 200),
+        ("GET", "/metrics", 200),
+        ("GET", "/v1/models", 200),
+        ("GET", "/debug/state", 200),
+        ("GET", "/debug/requests?limit=1", 200),
+        ("GET", "/debug/requests/nope", 404),
+        ("GET", "/no/such/route", 404),
+        ("GET", "/v1/completions", 405),
+        ("DELETE", "/health", 405),
+    ]:
         r = httpx.request(method, tiny_server.url + path, headers={"traceparent": INCOMING}, timeout=10)
         assert r.status_code == status, (path, r.text)
         rid, tp = ids_of(r)
@@ -97,15 +119,22 @@ def test_refusals_carry_ids(cors_server):
     cases = {
         "401 no key": httpx.post(url + "/v1/completions", json={"prompt": "x"}),
         "400 host": httpx.get(url + "/health", headers={"host": "evil.example"}),
-        "415 text/plain": httpx.post(url + "/v1/completions", content=b'{"prompt": "x"}',
-                                     headers={**AUTH, "content-type": "text/plain"}),
+        "415 text/plain": httpx.post(
+            url + "/v1/completions", content=b'{"prompt": "x"}', headers={**AUTH, "content-type": "text/plain"}
+        ),
         "413 body": httpx.post(url + "/v1/completions", json={"prompt": "x" * 3000}, headers=AUTH),
-        "400 bad json": httpx.post(url + "/v1/completions", content=b"{", headers={**AUTH,
-                                                                                   "content-type": "application/json"}),
+        "400 bad json": httpx.post(
+            url + "/v1/completions", content=b"{", headers={**AUTH, "content-type": "application/json"}
+        ),
     }
     statuses = {name: r.status_code for name, r in cases.items()}
-    assert statuses == {"401 no key": 401, "400 host": 400, "415 text/plain": 415, "413 body": 413,
-                        "400 bad json": 400}, statuses
+    assert statuses == {
+        "401 no key": 401,
+        "400 host": 400,
+        "415 text/plain": 415,
+        "413 body": 413,
+        "400 bad json": 400,
+    }, statuses
     for name, r in cases.items():
         ids_of(r)
         assert "error" in r.json(), name
@@ -118,8 +147,11 @@ def test_429_carries_ids_and_cors_headers(cors_server):
     with httpx.stream("POST", cors_server.url + "/v1/completions", json=body, headers=AUTH, timeout=60) as s:
         assert s.status_code == 200
         cors_server.wait_held(1)  # running (held until the stream closes): its tokens are in flight
-        r = httpx.post(cors_server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 8},
-                       headers={**AUTH, "origin": ORIGIN})
+        r = httpx.post(
+            cors_server.url + "/v1/completions",
+            json={"prompt": "x", "max_tokens": 8},
+            headers={**AUTH, "origin": ORIGIN},
+        )
     cors_server.wait_held(0)  # closing the stream cut it
     assert r.status_code == 429 and r.json()["error"]["code"] == "tokens_full", r.text
     ids_of(r)
@@ -173,8 +205,11 @@ def test_unhandled_error_500_carries_ids():
     async def boom(request):
         raise RuntimeError("boom")
 
-    app = Starlette(routes=[Route("/boom", boom)], middleware=[Middleware(ResponseIdsMiddleware)],
-                    exception_handlers={Exception: app_module._internal_error})
+    app = Starlette(
+        routes=[Route("/boom", boom)],
+        middleware=[Middleware(ResponseIdsMiddleware)],
+        exception_handlers={Exception: app_module._internal_error},
+    )
     r = TestClient(app, raise_server_exceptions=False).get("/boom", headers={"traceparent": INCOMING})
     assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
     assert re.fullmatch(r"[0-9a-f]{32}", r.headers["x-request-id"])
@@ -183,8 +218,14 @@ def test_unhandled_error_500_carries_ids():
 
 def test_fresh_traceparent_is_valid_for_any_input():
     trace = INCOMING.split("-")[1]
-    for incoming, keeps in [(INCOMING, True), (INCOMING.upper(), True), ("", False), ("junk", False),
-                            ("ff-" + INCOMING[3:], False), ("00-" + "0" * 32 + INCOMING[35:], False)]:
+    for incoming, keeps in [
+        (INCOMING, True),
+        (INCOMING.upper(), True),
+        ("", False),
+        ("junk", False),
+        ("ff-" + INCOMING[3:], False),
+        ("00-" + "0" * 32 + INCOMING[35:], False),
+    ]:
         tp = fresh_traceparent(incoming)
         assert TRACEPARENT.fullmatch(tp) and tp.endswith("-00") and (tp.split("-")[1] == trace) == keeps, incoming
 
@@ -219,20 +260,28 @@ def test_cors_headers_on_streaming_and_non_streaming_responses(cors_server):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     r = httpx.post(cors_server.url + "/v1/chat/completions", json=body, headers={**AUTH, "origin": ORIGIN})
     assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
-    with httpx.stream("POST", cors_server.url + "/v1/chat/completions", json={**body, "stream": True},
-                      headers={**AUTH, "origin": ORIGIN}, timeout=60) as s:
+    with httpx.stream(
+        "POST",
+        cors_server.url + "/v1/chat/completions",
+        json={**body, "stream": True},
+        headers={**AUTH, "origin": ORIGIN},
+        timeout=60,
+    ) as s:
         assert s.status_code == 200 and s.headers["access-control-allow-origin"] == ORIGIN
         assert sse_events(s.iter_lines())[-1] == "[DONE]"
     denied = httpx.post(cors_server.url + "/v1/chat/completions", json=body, headers={"origin": ORIGIN})
     assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == ORIGIN  # readable
-    other = httpx.post(cors_server.url + "/v1/chat/completions", json=body,
-                       headers={**AUTH, "origin": "http://b.example"})
+    other = httpx.post(
+        cors_server.url + "/v1/chat/completions", json=body, headers={**AUTH, "origin": "http://b.example"}
+    )
     assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
 
 
 def test_allowed_origins_flag():
-    assert allowed_origins("http://a.example/, https://b.example:8443") == ["http://a.example",
-                                                                             "https://b.example:8443"]
+    assert allowed_origins("http://a.example/, https://b.example:8443") == [
+        "http://a.example",
+        "https://b.example:8443",
+    ]
     assert allowed_origins("*") == ["*"] and allowed_origins(None) == []
     for bad in ("a.example", "http://a.example/app", "ftp://a.example"):
         with pytest.raises(ValueError, match="allowed-origins"):
@@ -252,16 +301,22 @@ def _stream(server, path: str, body: dict) -> list[dict]:
 def test_continuous_usage_stats_puts_the_running_usage_on_every_chunk(tiny_server, tiny, path):
     chat = path.endswith("chat/completions")
     prompt = "Count to ten"
-    body = {"max_tokens": 8, "ignore_eos": True, "temperature": 0,
-            **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})}
+    body = {
+        "max_tokens": 8,
+        "ignore_eos": True,
+        "temperature": 0,
+        **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}),
+    }
     n_prompt = len(chat_ids(tiny, prompt) if chat else encode(tiny, prompt))
-    chunks = _stream(tiny_server, path, {**body, "stream_options": {"include_usage": True,
-                                                                    "continuous_usage_stats": True}})
+    chunks = _stream(
+        tiny_server, path, {**body, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    )
     *deltas, final = chunks
     assert final["choices"] == [] and final["usage"]["completion_tokens"] == 8
     running = [c["usage"] for c in deltas]
-    assert all(u["prompt_tokens"] == n_prompt and u["total_tokens"] == n_prompt + u["completion_tokens"]
-               for u in running), running
+    assert all(
+        u["prompt_tokens"] == n_prompt and u["total_tokens"] == n_prompt + u["completion_tokens"] for u in running
+    ), running
     counts = [u["completion_tokens"] for u in running]
     assert counts == sorted(counts) and counts[-1] == 8 and (counts[0] == 0) == chat, counts
     assert deltas[-1]["choices"][0]["finish_reason"] == "length"

@@ -39,8 +39,13 @@ FLOOR_MS = 80  # the step floor: a stream decodes for at least (N - 1) * 80 ms, 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--pooling", "last", tmpdir=tmp_path_factory.mktemp("isolation"),
-                     env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED)}, step_floor_ms=FLOOR_MS)
+    srv = ServerProc(
+        "--pooling",
+        "last",
+        tmpdir=tmp_path_factory.mktemp("isolation"),
+        env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED)},
+        step_floor_ms=FLOOR_MS,
+    )
     yield srv
     srv.stop()
 
@@ -67,14 +72,17 @@ class Stream:
         self.thread.start()
 
     def _run(self) -> None:
-        body = {"input_ids": self.ids, "stream": True,
-                "sampling_params": {"temperature": 0, "max_new_tokens": self.n, **HOLD}}
+        body = {
+            "input_ids": self.ids,
+            "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": self.n, **HOLD},
+        }
         try:
             with httpx.stream("POST", self.srv.url + "/generate", json=body, timeout=120) as r:
                 self.rid = r.headers.get("x-request-id")
                 for line in r.iter_lines():
                     if line.startswith("data: "):
-                        data = line[len("data: "):]
+                        data = line[len("data: ") :]
                         self.events.append(data if data == "[DONE]" else json.loads(data))
                         self.started.set()
         finally:
@@ -88,8 +96,11 @@ class Stream:
 
 @functools.cache
 def _reference(url: str, i: int) -> tuple[int, ...]:
-    r = httpx.post(url + "/generate", json={"input_ids": prompt(i), "sampling_params": {
-        "temperature": 0, "ignore_eos": True, "max_new_tokens": N}}, timeout=120)
+    r = httpx.post(
+        url + "/generate",
+        json={"input_ids": prompt(i), "sampling_params": {"temperature": 0, "ignore_eos": True, "max_new_tokens": N}},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return tuple(r.json()["output_ids"])
 
@@ -189,12 +200,20 @@ def test_scheduler_survives_malformed_requests(server):
         SamplingParams(max_new_tokens=8, stop_token_ids=list(range(100_000))),
         SamplingParams(max_new_tokens=8, temperature=float("nan")),
     ]
-    push(server, "scheduler",
-         *(TokenizedGenerateReqInput(rid=f"raw-{i}", input_ids=prompt(i), sampling=sp, detok=DetokParams(),
-                                     meta=ReqMeta()) for i, sp in enumerate(bad)),
-         TokenizedGenerateReqInput(rid="raw-empty", input_ids=[], sampling=SamplingParams(), detok=DetokParams(),
-                                   meta=ReqMeta()),
-         AbortReq(rid="raw-unknown", reason="client_disconnect"))
+    push(
+        server,
+        "scheduler",
+        *(
+            TokenizedGenerateReqInput(
+                rid=f"raw-{i}", input_ids=prompt(i), sampling=sp, detok=DetokParams(), meta=ReqMeta()
+            )
+            for i, sp in enumerate(bad)
+        ),
+        TokenizedGenerateReqInput(
+            rid="raw-empty", input_ids=[], sampling=SamplingParams(), detok=DetokParams(), meta=ReqMeta()
+        ),
+        AbortReq(rid="raw-unknown", reason="client_disconnect"),
+    )
     # each refused rid got an explicit final output; the TM, which never sent them, counts it stale
     wait_for(lambda: stale(server, "tokenizer_manager", "BatchStrOutput") - before == len(bad) + 1)
     st = release_untouched(server, streams, expected)  # the streams untouched
@@ -210,10 +229,14 @@ def test_an_embedding_input_that_fails_ends_its_whole_request_alone(server):
     expected = [reference(server, i) for i in range(GOOD)]
     before = stale(server, "tokenizer_manager", "BatchStrOutput")
     streams = start_held(server)
-    bad = [TokenizedEmbeddingReqInput(rid="emb-long", inputs=[prompt(1), prompt(2), list(range(1, 5000))],
-                                      pooling="last", meta=ReqMeta()),
-           TokenizedEmbeddingReqInput(rid="emb-vocab", inputs=[prompt(3), [100, 10**9, 300], prompt(4)],
-                                      pooling="last", meta=ReqMeta())]
+    bad = [
+        TokenizedEmbeddingReqInput(
+            rid="emb-long", inputs=[prompt(1), prompt(2), list(range(1, 5000))], pooling="last", meta=ReqMeta()
+        ),
+        TokenizedEmbeddingReqInput(
+            rid="emb-vocab", inputs=[prompt(3), [100, 10**9, 300], prompt(4)], pooling="last", meta=ReqMeta()
+        ),
+    ]
     push(server, "scheduler", *bad)
     # one explicit final output per request (the TM, which never sent them, counts each stale)
     wait_for(lambda: stale(server, "tokenizer_manager", "BatchStrOutput") - before == len(bad))
@@ -231,10 +254,16 @@ def test_detokenizer_survives_undecodable_tokens(server):
     server.wait_held(2)
     assert victim.rid
     errors_before = server.debug()["detokenizer"].get("handling_errors", 0)
-    push(server, "detokenizer", BatchTokenIDOutput(outputs=[
-        TokenOut(rid=victim.rid, new_token_ids=[2**40]),  # a live rid: it must end, explicitly
-        TokenOut(rid="raw-tail", new_token_ids=[5], detok=DetokParams(prompt_tail=[2**40])),  # a new rid
-    ]))
+    push(
+        server,
+        "detokenizer",
+        BatchTokenIDOutput(
+            outputs=[
+                TokenOut(rid=victim.rid, new_token_ids=[2**40]),  # a live rid: it must end, explicitly
+                TokenOut(rid="raw-tail", new_token_ids=[5], detok=DetokParams(prompt_tail=[2**40])),  # a new rid
+            ]
+        ),
+    )
     events = victim.join()
     assert events[-1] == "[DONE]" and "could not be detokenized" in events[-2]["error"]["message"]
     server.barrier()  # the victim's abort has reached the Scheduler, the Detokenizer's counters /debug
@@ -253,8 +282,10 @@ def test_a_flood_of_bad_outputs_logs_a_line_a_second(server):
     marker = "could not detokenize the output of request"
     time.sleep(1.2)  # clock: past the previous line's one-second rate-limit window
     lines = server.log().count(marker)
-    burst = [TokenOut(rid=f"flood-{i}", new_token_ids=[2**40], finish_reason="length", detok=DetokParams())
-             for i in range(30)]
+    burst = [
+        TokenOut(rid=f"flood-{i}", new_token_ids=[2**40], finish_reason="length", detok=DetokParams())
+        for i in range(30)
+    ]
     push(server, "detokenizer", BatchTokenIDOutput(outputs=burst))
     wait_for(lambda: server.debug()["detokenizer"]["handling_errors"] >= 30 and server.log().count(marker) > lines)
     time.sleep(1.2)  # clock: past this burst's one-second rate-limit window

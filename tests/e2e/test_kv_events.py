@@ -68,6 +68,7 @@ DECODE = msgspec.msgpack.Decoder(KVEventBatch)
 
 def block_hashes(tokens: list[int]) -> list[int]:
     """llm-d's ChunkedTokenDatabase with hashSeed "": low 64 bits of sha256 over canonical CBOR, chained."""
+
     def low64(data: bytes) -> int:
         return int.from_bytes(hashlib.sha256(data).digest()[24:], "big")
 
@@ -79,7 +80,7 @@ def block_hashes(tokens: list[int]) -> list[int]:
 
     parent, out = low64(b"\x60"), []
     for k in range(len(tokens) // BLOCK):
-        block = tokens[k * BLOCK:(k + 1) * BLOCK]
+        block = tokens[k * BLOCK : (k + 1) * BLOCK]
         parent = low64(b"\x83" + uint(parent) + uint(len(block), 4) + b"".join(map(uint, block)) + b"\xf6")
         out.append(parent)
     return out
@@ -146,10 +147,20 @@ def replay_ep() -> str:
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, sub, replay_ep):
     endpoint = sub.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-    s = ServerProc("--kv-events-endpoint", endpoint, "--kv-events-replay-endpoint", replay_ep,
-                   "--kv-events-topic", TOPIC.decode(), "--kv-events-token-ids", "--max-total-tokens", "96",
-                   "--prefix-cache-sharing", "salt-only",  # un-salted requests share the namespace a router hashes
-                   tmpdir=tmp_path_factory.mktemp("kv_events"))
+    s = ServerProc(
+        "--kv-events-endpoint",
+        endpoint,
+        "--kv-events-replay-endpoint",
+        replay_ep,
+        "--kv-events-topic",
+        TOPIC.decode(),
+        "--kv-events-token-ids",
+        "--max-total-tokens",
+        "96",
+        "--prefix-cache-sharing",
+        "salt-only",  # un-salted requests share the namespace a router hashes
+        tmpdir=tmp_path_factory.mktemp("kv_events"),
+    )
     sub.warm()  # the Scheduler connected during its start: its XPUB learns the subscription now
     yield s
     s.stop()
@@ -170,8 +181,9 @@ def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
 
 
 def generate(srv: ServerProc, ids: list[int]) -> dict:
-    r = srv.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0,
-                                                                       "ignore_eos": True}})
+    r = srv.post(
+        "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}}
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -194,18 +206,18 @@ def test_a_prompt_s_blocks_are_stored_with_the_hashes_a_router_computes_from_its
     assert ev.block_hashes == block_hashes(longer)[2:] and ev.parent_block_hash == block_hashes(ids)[1]
     replayed = replay(replay_ep, 0)  # from the start: the clear every Scheduler begins with, then the stores
     assert isinstance(DECODE.decode(replayed[0][1]).events[0], AllBlocksCleared) and replayed[0][0] == 0
-    assert replayed[-len(sub.got):] == sub.got  # what the subscriber got: the very batches, in order
+    assert replayed[-len(sub.got) :] == sub.got  # what the subscriber got: the very batches, in order
     text = scrape(srv)
-    assert value(text, "sightline_kv_events_published_total") == sum(len(DECODE.decode(p).events)
-                                                                        for _, p in replayed)
+    assert value(text, "sightline_kv_events_published_total") == sum(len(DECODE.decode(p).events) for _, p in replayed)
     assert value(text, "sightline_kv_events_dropped_total") == 0
 
 
 def test_evictions_and_a_flush_are_removed_and_cleared_blocks(srv, sub):
     for base in (3000, 4000):  # a 96-slot pool: the second prompt evicts cached blocks
         generate(srv, list(range(base, base + 60)))
-    removed = [e for e in sub.until(lambda evs: any(isinstance(e, BlockRemoved) for e in evs))
-               if isinstance(e, BlockRemoved)]
+    removed = [
+        e for e in sub.until(lambda evs: any(isinstance(e, BlockRemoved) for e in evs)) if isinstance(e, BlockRemoved)
+    ]
     cached = {h for e in stored(sub.events()) for h in e.block_hashes}
     assert removed and all(h in cached for e in removed for h in e.block_hashes)
     assert srv.post("/flush_cache", {}).status_code == 200
@@ -215,6 +227,7 @@ def test_evictions_and_a_flush_are_removed_and_cleared_blocks(srv, sub):
 def test_a_gap_in_the_sequence_numbers_is_filled_from_the_replay_socket(srv, sub, replay_ep):
     """The subscriber stops listening while one prompt's blocks are published: the next batch it gets skips a
     sequence number, and the replay socket gives back the missed batch, byte for byte as published."""
+
     def published() -> float:
         return value(scrape(srv), "sightline_kv_events_published_total")
 
@@ -238,8 +251,14 @@ def test_an_endpoint_that_cannot_be_opened_fails_the_start_with_one_clear_line(s
     taken = replay_ep  # bound by the running server
     t0 = time.monotonic()
     with pytest.raises(RuntimeError) as err:
-        ServerProc("--kv-events-endpoint", sub.sock.getsockopt(zmq.LAST_ENDPOINT).decode(),
-                   "--kv-events-replay-endpoint", taken, tmpdir=tmp_path, startup=60)
+        ServerProc(
+            "--kv-events-endpoint",
+            sub.sock.getsockopt(zmq.LAST_ENDPOINT).decode(),
+            "--kv-events-replay-endpoint",
+            taken,
+            tmpdir=tmp_path,
+            startup=60,
+        )
     assert f"error: KV-events replay endpoint {taken}: Address already in use" in str(err.value)
     assert "could not open its KV-events endpoint" in str(err.value)
     assert time.monotonic() - t0 < 45  # before the model loads, not a hang

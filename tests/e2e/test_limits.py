@@ -14,20 +14,39 @@ from tests.server_util import HOLD, ServerProc, scrape, sse_events, value, wait_
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-running-requests", "2", "--max-queued-requests", "6", "--max-queue-time", "1.5",
-                     "--max-request-bytes", "20000", tmpdir=tmp_path_factory.mktemp("limits"))
+    srv = ServerProc(
+        "--max-running-requests",
+        "2",
+        "--max-queued-requests",
+        "6",
+        "--max-queue-time",
+        "1.5",
+        "--max-request-bytes",
+        "20000",
+        tmpdir=tmp_path_factory.mktemp("limits"),
+    )
     yield srv
     srv.stop()
 
 
 def wait_idle(srv: ServerProc, timeout: float = 20.0) -> dict:
     """/debug/state once nothing is in flight at the front end, and the engine (its stats in) is idle."""
+
     def idle():
         srv.barrier()
         st = srv.debug()
         sched = st["scheduler"]
-        return st if (st["in_flight"] == 0 and sched["num_running"] == 0 and sched["num_waiting"] == 0
-                      and sched["kv_used"] == sched["prefix_cached_tokens"]) else None
+        return (
+            st
+            if (
+                st["in_flight"] == 0
+                and sched["num_running"] == 0
+                and sched["num_waiting"] == 0
+                and sched["kv_used"] == sched["prefix_cached_tokens"]
+            )
+            else None
+        )
+
     return wait_until(idle, timeout, "the server to go idle")
 
 
@@ -40,8 +59,13 @@ def test_request_timeout_header_aborts_down_to_the_scheduler(server):
     took = time.monotonic() - t0
     assert r.status_code == 504 and r.json()["error"]["type"] == "timeout", r.text
     assert 0.4 < took < 3.0
-    with httpx.stream("POST", server.url + "/v1/completions", json={**HELD, "stream": True},
-                      headers={"x-request-timeout": "0.5"}, timeout=30) as s:
+    with httpx.stream(
+        "POST",
+        server.url + "/v1/completions",
+        json={**HELD, "stream": True},
+        headers={"x-request-timeout": "0.5"},
+        timeout=30,
+    ) as s:
         events = sse_events(s.iter_lines())
     assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "timeout"
     wait_idle(server)
@@ -95,8 +119,7 @@ def test_overload_sheds_with_429_and_accounting_reconciles(server):
         return f"other {r.status_code}"
 
     async def main():
-        async with httpx.AsyncClient(base_url=server.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=100)) as c:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=100)) as c:
             blockers = [asyncio.create_task(c.post("/v1/completions", json=HELD)) for _ in range(2)]
             await asyncio.to_thread(server.wait_held, 2)
             outcomes = await asyncio.gather(*(one(c, i) for i in range(sent)))
@@ -107,8 +130,9 @@ def test_overload_sheds_with_429_and_accounting_reconciles(server):
     outcomes, blocked = asyncio.run(main())
     counts = {k: outcomes.count(k) for k in set(outcomes)}
     assert counts == {"rejected": sent - queued, "timed_out": queued}, counts
-    assert all(b.status_code == 200 and b.json()["usage"]["completion_tokens"] == HELD["max_tokens"]
-               for b in blocked), [b.text for b in blocked]
+    assert all(
+        b.status_code == 200 and b.json()["usage"]["completion_tokens"] == HELD["max_tokens"] for b in blocked
+    ), [b.text for b in blocked]
     wait_idle(server)
     after = scrape(server)
 

@@ -35,8 +35,9 @@ def _evaluate(model: str, model_args: str, batch_size: int = 4) -> dict[int, lis
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tasks = TaskManager(include_path=TASK_DIR, include_defaults=False)  # indexing lm-eval's own tasks costs ~10 s
-    res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=[TASK], batch_size=batch_size,
-                                  task_manager=tasks, log_samples=True)
+    res = lm_eval.simple_evaluate(
+        model=model, model_args=model_args, tasks=[TASK], batch_size=batch_size, task_manager=tasks, log_samples=True
+    )
     out = {s["doc_id"]: [float(r[0]) for r in s["filtered_resps"]] for s in res["samples"][TASK]}
     out[-1] = [res["results"][TASK]["acc,none"]]
     return out
@@ -58,12 +59,15 @@ def hf(model_dir):
 
 
 def _served(model_dir, tmp_path_factory, quantization: str, tokenizer_backend: str) -> dict[int, list[float]]:
-    srv = ServerProc("--quantization", quantization, model="smollm2-135m",
-                     tmpdir=tmp_path_factory.mktemp(f"lm-eval-{quantization}"))
+    srv = ServerProc(
+        "--quantization", quantization, model="smollm2-135m", tmpdir=tmp_path_factory.mktemp(f"lm-eval-{quantization}")
+    )
     try:
         name = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"][0]["id"]
-        args = (f"base_url={srv.url}/v1/completions,model={name},tokenizer_backend={tokenizer_backend},"
-                f"tokenizer={model_dir},tokenized_requests=True,num_concurrent=1,max_retries=1")
+        args = (
+            f"base_url={srv.url}/v1/completions,model={name},tokenizer_backend={tokenizer_backend},"
+            f"tokenizer={model_dir},tokenized_requests=True,num_concurrent=1,max_retries=1"
+        )
         return _evaluate("local-completions", args)
     finally:
         srv.stop()

@@ -46,8 +46,9 @@ goodput: {ttft_ms: 60000, tpot_ms: 60000}
 
 
 def loadtest(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "loadtest", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "loadtest", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def requests_by_finish_reason(exposition: str, model: str) -> Counter:
@@ -65,8 +66,20 @@ def run(server, tmp_path_factory):
     (tmp / "cfg.yaml").write_text(CONFIG)
     # seed 0: the third user's first request is `oversize` (workloads are drawn from per-user
     # seeded generators), so the run always has a failure however fast the machine is
-    proc = loadtest("--url", server.url, "--config", str(tmp / "cfg.yaml"), "--scenario", "test", "--seed", "0",
-                    "--out", str(tmp / "out"), "--require-reconcile", timeout=300)
+    proc = loadtest(
+        "--url",
+        server.url,
+        "--config",
+        str(tmp / "cfg.yaml"),
+        "--scenario",
+        "test",
+        "--seed",
+        "0",
+        "--out",
+        str(tmp / "out"),
+        "--require-reconcile",
+        timeout=300,
+    )
     after = requests_by_finish_reason(httpx.get(server.url + "/metrics", timeout=10).text, "tiny-random")
     # the tool's scrape from just before Locust started (after its warm-up requests), parsed here
     before = requests_by_finish_reason((tmp / "out" / "metrics_before.txt").read_text(), "tiny-random")
@@ -80,8 +93,17 @@ def records(out: Path) -> list[dict]:
 def test_run_passes_its_loose_gate_and_writes_the_folder(run):
     out, proc, _ = run
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ("locust_stats.csv", "locust_failures.csv", "locust.html", "summary.json", "plan.json",
-                 "records.jsonl", "metrics_before.txt", "metrics_after.txt", "report.txt"):
+    for name in (
+        "locust_stats.csv",
+        "locust_failures.csv",
+        "locust.html",
+        "summary.json",
+        "plan.json",
+        "records.jsonl",
+        "metrics_before.txt",
+        "metrics_after.txt",
+        "report.txt",
+    ):
         assert (out / name).stat().st_size > 0, name
     assert "SLO gate: PASS" in proc.stdout
 
@@ -106,7 +128,8 @@ def test_csv_holds_the_custom_rows(run):
     assert rows["E2E", "oversize"]["Failure Count"] == rows["E2E", "oversize"]["Request Count"] != "0"
     failures = list(csv.DictReader(open(out / "locust_failures.csv")))
     assert [(f["Name"], f["Error"]) for f in failures] == [
-        ("oversize", "RequestFailed('http 400 context_length_exceeded')")]
+        ("oversize", "RequestFailed('http 400 context_length_exceeded')")
+    ]
 
 
 def test_summary_numbers_are_consistent(run):
@@ -123,7 +146,10 @@ def test_summary_numbers_are_consistent(run):
     assert s["output_tokens_per_s"] > 0 and 0 < s["goodput_per_s"] <= s["requests_per_s"]
     assert [st["level"] for st in s["stages"]] == [2, 4]
     assert s["slo_gate"]["passed"] and {c["name"] for c in s["slo_gate"]["checks"]} == {
-        "ttft_p99_ms", "error_rate", "reconciliation"}
+        "ttft_p99_ms",
+        "error_rate",
+        "reconciliation",
+    }
 
 
 def test_client_and_server_counts_reconcile(run):
@@ -135,8 +161,11 @@ def test_client_and_server_counts_reconcile(run):
     r = json.loads((out / "summary.json").read_text())["reconciliation"]
     assert r["available"] and r["ok"], r
     assert r["server_by_finish_reason"] == dict(client)
-    assert r["server_generation_tokens"] == r["client_generation_tokens"] == sum(
-        x["completion_tokens"] for x in recs if x["error"] is None)
+    assert (
+        r["server_generation_tokens"]
+        == r["client_generation_tokens"]
+        == sum(x["completion_tokens"] for x in recs if x["error"] is None)
+    )
     assert r["server_ttft_count"] == r["client_ttft_count"] and r["server_ttft_le_client"]
     assert r["ttft_ms"]["p50"]["server_estimate"] > 0
 
@@ -178,18 +207,33 @@ HITS = "sightline_prefix_cache_hits_tokens_total"
 
 
 def counter(exposition: str, name: str) -> float:
-    return sum(s.value for fam in text_string_to_metric_families(exposition) for s in fam.samples
-               if s.name == name and s.labels.get("model_name") == "tiny-random")
+    return sum(
+        s.value
+        for fam in text_string_to_metric_families(exposition)
+        for s in fam.samples
+        if s.name == name and s.labels.get("model_name") == "tiny-random"
+    )
 
 
 def test_shared_prefix_run_hits_the_cache_and_reconciles_cached_tokens(server, tmp_path):
     (tmp_path / "cfg.yaml").write_text(PREFIX_CONFIG)
     out = tmp_path / "out"
-    proc = loadtest("--url", server.url, "--config", str(tmp_path / "cfg.yaml"), "--scenario", "prefix",
-                    "--out", str(out), "--require-reconcile", timeout=180)
+    proc = loadtest(
+        "--url",
+        server.url,
+        "--config",
+        str(tmp_path / "cfg.yaml"),
+        "--scenario",
+        "prefix",
+        "--out",
+        str(out),
+        "--require-reconcile",
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     hits = counter(httpx.get(server.url + "/metrics", timeout=10).text, HITS) - counter(
-        (out / "metrics_before.txt").read_text(), HITS)
+        (out / "metrics_before.txt").read_text(), HITS
+    )
     recs = records(out)
     assert len(recs) >= 3 and all(r["error"] is None for r in recs)
     cached = [r["cached_tokens"] for r in recs]
@@ -218,25 +262,43 @@ scenarios:
 def slo_yaml_goodput() -> tuple[dict[str, float], float]:
     """The TTFT/TPOT thresholds (ms) and objective of dashboards/slo.yaml, read here independently."""
     slos = yaml.safe_load((REPO / "dashboards" / "slo.yaml").read_text())["slos"]
-    return ({f"{n}_ms": slos[n]["sli"]["latency"]["threshold"] * 1000 for n in ("ttft", "tpot")},
-            max(slos[n]["objective"] for n in ("ttft", "tpot")))
+    return (
+        {f"{n}_ms": slos[n]["sli"]["latency"]["threshold"] * 1000 for n in ("ttft", "tpot")},
+        max(slos[n]["objective"] for n in ("ttft", "tpot")),
+    )
 
 
 def _judged(server) -> dict[tuple[str, str], float]:
     """Requests the server judged against their objectives so far, by (objective, met) (`all`: every one)."""
     text = httpx.get(server.url + "/metrics", timeout=10).text
-    return {(slo, met): sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
-                            if s.name == "sightline_request_slo_total" and s.labels == {**s.labels, "slo": slo,
-                                                                                          "met": met})
-            for slo in ("all", "ttft") for met in ("true", "false")}
+    return {
+        (slo, met): sum(
+            s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+            if s.name == "sightline_request_slo_total" and s.labels == {**s.labels, "slo": slo, "met": met}
+        )
+        for slo in ("all", "ttft")
+        for met in ("true", "false")
+    }
 
 
 def test_goodput_search_finds_the_knee_with_slo_yaml_thresholds(server, tmp_path):
     (tmp_path / "cfg.yaml").write_text(SEARCH_CONFIG)
     out = tmp_path / "out"
     judged_before = _judged(server)
-    proc = loadtest("--url", server.url, "--config", str(tmp_path / "cfg.yaml"), "--scenario", "knee",
-                    "--out", str(out), "--require-reconcile", timeout=150)
+    proc = loadtest(
+        "--url",
+        server.url,
+        "--config",
+        str(tmp_path / "cfg.yaml"),
+        "--scenario",
+        "knee",
+        "--out",
+        str(out),
+        "--require-reconcile",
+        timeout=150,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     judged = {key: n - judged_before[key] for key, n in _judged(server).items()}
     s = json.loads((out / "summary.json").read_text())
@@ -249,9 +311,15 @@ def test_goodput_search_finds_the_knee_with_slo_yaml_thresholds(server, tmp_path
     recs = records(out)
     for st in steps:  # per-step goodput, recomputed from the step's own records
         mine = [r for r in recs if r["stage"] == st["index"]]
-        good = sum(r["error"] is None and r["ttft"] * 1000 <= thresholds["ttft_ms"]
-                   and (r["completion_tokens"] < 2 or (r["e2e"] - r["ttft"]) / (r["completion_tokens"] - 1) * 1000
-                        <= thresholds["tpot_ms"]) for r in mine)
+        good = sum(
+            r["error"] is None
+            and r["ttft"] * 1000 <= thresholds["ttft_ms"]
+            and (
+                r["completion_tokens"] < 2
+                or (r["e2e"] - r["ttft"]) / (r["completion_tokens"] - 1) * 1000 <= thresholds["tpot_ms"]
+            )
+            for r in mine
+        )
         assert (st["requests"], st["good"]) == (len(mine), good), st
         assert st["goodput_per_s"] == pytest.approx(good / 2)
         assert st["passed"] == (bool(mine) and good / len(mine) >= objective)

@@ -48,8 +48,25 @@ def cfg(tmp_path) -> Path:
 
 
 def headless(server, cfg: Path, *args: str, seconds: int = 8) -> subprocess.CompletedProcess:
-    cmd = [*locust_cmd(), "-f", str(LOCUSTFILE), "--headless", "-u", "2", "-r", "2", "-t", f"{seconds}s",
-           "--host", server.url, "--workload", "small", "--workloads-config", str(cfg), *args]
+    cmd = [
+        *locust_cmd(),
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        f"{seconds}s",
+        "--host",
+        server.url,
+        "--workload",
+        "small",
+        "--workloads-config",
+        str(cfg),
+        *args,
+    ]
     return subprocess.run(cmd, cwd=cfg.parent, env=plain_env(), capture_output=True, text=True, timeout=90)
 
 
@@ -59,8 +76,18 @@ def stats_rows(prefix: Path) -> dict[tuple[str, str], dict]:
 
 def test_headless_run_fills_the_custom_rows(server, cfg):
     prefix = cfg.parent / "run"
-    proc = headless(server, cfg, "--csv", str(prefix), "--records", str(cfg.parent / "records.jsonl"),
-                    "--slo-ttft", "60000", "--slo-tpot", "60000")
+    proc = headless(
+        server,
+        cfg,
+        "--csv",
+        str(prefix),
+        "--records",
+        str(cfg.parent / "records.jsonl"),
+        "--slo-ttft",
+        "60000",
+        "--slo-tpot",
+        "60000",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = stats_rows(prefix)
     for kind in ("TTFT", "ITL", "TPOT", "E2E", "TOKENS", "GOODPUT"):
@@ -68,10 +95,12 @@ def test_headless_run_fills_the_custom_rows(server, cfg):
         assert int(rows[kind, "small"]["Failure Count"]) == 0, kind
     e2e = int(rows["E2E", "small"]["Request Count"])
     assert int(rows["TTFT", "small"]["Request Count"]) == int(rows["GOODPUT", "small"]["Request Count"]) == e2e
-    assert (float(rows["TOKENS", "small"]["Min Response Time"])
-            == float(rows["TOKENS", "small"]["Max Response Time"]) == 8)
-    assert (0 < float(rows["TTFT", "small"]["Median Response Time"])
-            < float(rows["E2E", "small"]["Median Response Time"]))
+    assert (
+        float(rows["TOKENS", "small"]["Min Response Time"]) == float(rows["TOKENS", "small"]["Max Response Time"]) == 8
+    )
+    assert (
+        0 < float(rows["TTFT", "small"]["Median Response Time"]) < float(rows["E2E", "small"]["Median Response Time"])
+    )
     assert list(csv.DictReader(open(f"{prefix}_failures.csv"))) == []
     recs = [json.loads(line) for line in (cfg.parent / "records.jsonl").read_text().splitlines()]
     assert sum(r["error"] is None for r in recs) == e2e  # cut at the end: recorded, not reported to Locust
@@ -100,11 +129,31 @@ def test_unknown_workload_stops_before_any_load(server, cfg):
 def test_web_ui_serves_and_swarms_with_the_form_values(server, cfg):
     port = free_port()
     ui = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([*locust_cmd(), "-f", str(LOCUSTFILE), "--host", server.url, "--web-host", "127.0.0.1",
-                             "--web-port", str(port), "--workloads-config", str(cfg), "--workload", "small"],
-                            cwd=cfg.parent, env=plain_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *locust_cmd(),
+            "-f",
+            str(LOCUSTFILE),
+            "--host",
+            server.url,
+            "--web-host",
+            "127.0.0.1",
+            "--web-port",
+            str(port),
+            "--workloads-config",
+            str(cfg),
+            "--workload",
+            "small",
+        ],
+        cwd=cfg.parent,
+        env=plain_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
+
         def page():
             try:
                 r = httpx.get(ui + "/", timeout=2)
@@ -117,9 +166,18 @@ def test_web_ui_serves_and_swarms_with_the_form_values(server, cfg):
         assert "Locust" in r.text
         for arg in ("workload", "slo_ttft", "slo_tpot", "slo_objective"):  # the custom arguments' form fields
             assert f'"{arg}"' in r.text, arg
-        swarm = httpx.post(ui + "/swarm", data={"user_count": 1, "spawn_rate": 1, "host": server.url,
-                                                "workload": "small", "slo_ttft": 55555, "slo_tpot": 44444},
-                           timeout=10).json()
+        swarm = httpx.post(
+            ui + "/swarm",
+            data={
+                "user_count": 1,
+                "spawn_rate": 1,
+                "host": server.url,
+                "workload": "small",
+                "slo_ttft": 55555,
+                "slo_tpot": 44444,
+            },
+            timeout=10,
+        ).json()
         assert swarm["success"], swarm
 
         def rows():

@@ -28,16 +28,29 @@ pytestmark = pytest.mark.smollm
 MODEL = "smollm2-135m"
 QUESTION = "What is the capital of France?"
 SYSTEM = "Answer in one short sentence."
-ASK = {"model": MODEL, "max_tokens": 12, "temperature": 0, "system": SYSTEM,
-       "messages": [{"role": "user", "content": QUESTION}]}
+ASK = {
+    "model": MODEL,
+    "max_tokens": 12,
+    "temperature": 0,
+    "system": SYSTEM,
+    "messages": [{"role": "user", "content": QUESTION}],
+}
 KEY = {"x-api-key": TEST_KEY, "anthropic-version": "2023-06-01"}
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("messages")
-    s = ServerProc("--quantization", "none", "--dump-requests", str(tmp / "dump"), "--dump-content", model=MODEL,
-                   tmpdir=tmp, env={"SIGHTLINE_API_KEY": TEST_KEY})
+    s = ServerProc(
+        "--quantization",
+        "none",
+        "--dump-requests",
+        str(tmp / "dump"),
+        "--dump-content",
+        model=MODEL,
+        tmpdir=tmp,
+        env={"SIGHTLINE_API_KEY": TEST_KEY},
+    )
     s.dump = tmp / "dump"
     yield s
     s.stop()
@@ -50,8 +63,9 @@ def post(srv: ServerProc, body: dict, path: str = "/v1/messages", headers: dict 
 def events(srv: ServerProc, body: dict, headers: dict | None = None) -> list[tuple[str, dict]]:
     """A streamed answer as (event name, data) pairs, each data's `type` its event's name."""
     out, name = [], None
-    with httpx.stream("POST", srv.url + "/v1/messages", json={**body, "stream": True},
-                      headers={**KEY, **(headers or {})}, timeout=60) as r:
+    with httpx.stream(
+        "POST", srv.url + "/v1/messages", json={**body, "stream": True}, headers={**KEY, **(headers or {})}, timeout=60
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("event: "):
@@ -72,10 +86,17 @@ def test_the_answer_is_the_chat_routes_answer_to_the_same_prompt(srv):
     r = post(srv, ASK)
     assert r.status_code == 200, r.text
     msg = r.json()
-    chat = httpx.post(srv.url + "/v1/chat/completions", headers={"authorization": f"Bearer {TEST_KEY}"}, timeout=60,
-                      json={"model": MODEL, "max_tokens": 12, "temperature": 0,
-                            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]}
-                      ).json()
+    chat = httpx.post(
+        srv.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {TEST_KEY}"},
+        timeout=60,
+        json={
+            "model": MODEL,
+            "max_tokens": 12,
+            "temperature": 0,
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
+        },
+    ).json()
     assert msg["id"] == "msg_" + r.headers["x-request-id"] and msg["type"] == "message" and msg["role"] == "assistant"
     assert msg["model"] == MODEL and [b["type"] for b in msg["content"]] == ["text"]
     text = msg["content"][0]["text"]
@@ -92,7 +113,10 @@ def test_a_stream_is_anthropics_event_sequence_with_the_same_text(srv):
     evs = events(srv, ASK)
     names = [n for n, _ in evs]
     assert names[:3] == ["message_start", "ping", "content_block_start"] and names[-3:] == [
-        "content_block_stop", "message_delta", "message_stop"]
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert set(names[3:-3]) == {"content_block_delta"}
     start = evs[0][1]["message"]
     assert start["content"] == [] and start["stop_reason"] is None and start["usage"]["output_tokens"] == 0
@@ -101,8 +125,10 @@ def test_a_stream_is_anthropics_event_sequence_with_the_same_text(srv):
     end = evs[-2][1]
     assert end["delta"]["stop_reason"] == whole["stop_reason"]
     assert end["usage"]["output_tokens"] == whole["usage"]["output_tokens"]
-    assert end["usage"]["input_tokens"] + end["usage"]["cache_read_input_tokens"] == \
-        whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]
+    assert (
+        end["usage"]["input_tokens"] + end["usage"]["cache_read_input_tokens"]
+        == whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]
+    )
 
 
 def test_anthropic_client_create_and_a_stop_sequence(srv):
@@ -129,8 +155,9 @@ def test_anthropic_client_tool_call_round_trip(srv):
     assert out["first"]["stop_reason"] == "tool_use" and out["first"]["types"] == ["tool_use"]
     assert call["name"] == "get_weather" and isinstance(call["input"]["city"], str) and call["id"]
     second = out["second"]
-    assert second["types"] == ["text"] and second["text"].strip() and second["stop_reason"] in ("end_turn",
-                                                                                                "max_tokens")
+    assert (
+        second["types"] == ["text"] and second["text"].strip() and second["stop_reason"] in ("end_turn", "max_tokens")
+    )
     prompt = [m["usage"]["input_tokens"] + m["usage"]["cache_read_input_tokens"] for m in (out["first"], second)]
     assert prompt[1] > prompt[0]  # the call and its result are in the second prompt
 
@@ -151,19 +178,35 @@ def test_bodies_and_events_validate_against_the_sdks_types(srv):
 BAD = [  # (body, status, error type, words in the message): every one refused before the engine
     ({k: v for k, v in ASK.items() if k != "max_tokens"}, 400, "invalid_request_error", "max_tokens"),
     ({**ASK, "max_tokens": "12"}, 400, "invalid_request_error", "max_tokens"),
-    ({**ASK, "messages": [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": "x"}]}, 400,
-     "invalid_request_error", "first message must be a user turn"),
+    (
+        {**ASK, "messages": [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": "x"}]},
+        400,
+        "invalid_request_error",
+        "first message must be a user turn",
+    ),
     ({**ASK, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "unexpected role"),
-    ({**ASK, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
-     400, "invalid_request_error", "'image'"),
-    ({**ASK, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope"}]}]}, 400,
-     "invalid_request_error", "tool_result"),
+    (
+        {**ASK, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
+        400,
+        "invalid_request_error",
+        "'image'",
+    ),
+    (
+        {**ASK, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope"}]}]},
+        400,
+        "invalid_request_error",
+        "tool_result",
+    ),
     ({**ASK, "messages": "hi"}, 400, "invalid_request_error", "messages"),
     ({**ASK, "model": "claude-sonnet-4-5"}, 404, "not_found_error", "claude-sonnet-4-5"),
     ({**ASK, "temperature": 2}, 400, "invalid_request_error", "temperature"),
     ({**ASK, "top_logprobs": 2}, 400, "invalid_request_error", "top_logprobs"),
-    ({**ASK, "tools": [{"name": "f", "input_schema": {"type": "string"}}]}, 400, "invalid_request_error",
-     "tools[0].input_schema"),
+    (
+        {**ASK, "tools": [{"name": "f", "input_schema": {"type": "string"}}]},
+        400,
+        "invalid_request_error",
+        "tools[0].input_schema",
+    ),
     ({**ASK, "messages": [{"role": "user", "content": "x" * 300_000}]}, 400, "invalid_request_error", "characters"),
 ]
 
@@ -178,14 +221,16 @@ def test_bad_input_is_refused_in_anthropics_shape_and_the_server_keeps_serving(s
         assert words in err["error"]["message"], err
     after = scrape(srv)
     assert value(after, "sightline_requests_total", outcome="rejected") - value(
-        before, "sightline_requests_total", outcome="rejected") == len(BAD)
+        before, "sightline_requests_total", outcome="rejected"
+    ) == len(BAD)
     assert value(after, "sightline_prompt_tokens_total") == value(before, "sightline_prompt_tokens_total")
     for path, method, headers, status, kind in [
-            ("/v1/messages", "POST", {}, 401, "authentication_error"),
-            ("/v1/messages", "POST", {"x-api-key": "wrong"}, 401, "authentication_error"),
-            ("/v1/messages", "GET", KEY, 405, "invalid_request_error"),
-            ("/v1/messages/batches", "POST", KEY, 404, "not_found_error"),
-            ("/v1/messages/count_tokens", "POST", KEY, 400, "invalid_request_error")]:
+        ("/v1/messages", "POST", {}, 401, "authentication_error"),
+        ("/v1/messages", "POST", {"x-api-key": "wrong"}, 401, "authentication_error"),
+        ("/v1/messages", "GET", KEY, 405, "invalid_request_error"),
+        ("/v1/messages/batches", "POST", KEY, 404, "not_found_error"),
+        ("/v1/messages/count_tokens", "POST", KEY, 400, "invalid_request_error"),
+    ]:
         r = httpx.request(method, srv.url + path, json={"model": MODEL}, headers=headers, timeout=30)
         assert (r.status_code, r.json()["type"], r.json()["error"]["type"]) == (status, "error", kind), r.text
     bearer = post(srv, {**ASK, "max_tokens": 2}, headers={"authorization": f"Bearer {TEST_KEY}"})
@@ -209,11 +254,15 @@ def test_one_span_one_record_and_a_replay_as_it_was(srv):
     def spans():
         entry = httpx.get(f"{srv.url}/debug/requests/{rid}", headers=auth, timeout=10).json()
         return entry if "POST /v1/messages" in [s["name"] for s in entry.get("spans", [])] else None
+
     entry = wait_until(spans, 10, "the request's spans")
     assert entry["route"] == "/v1/messages"
     assert value(scrape(srv), "sightline_http_requests_total", route="/v1/messages", status="200") >= 1
-    records = wait_until(lambda: len(rs := [x for x in read_records(srv.dump) if x.rid in (rid, streamed)]) == 2
-                         and rs, 15, "the two requests' records")
+    records = wait_until(
+        lambda: len(rs := [x for x in read_records(srv.dump) if x.rid in (rid, streamed)]) == 2 and rs,
+        15,
+        "the two requests' records",
+    )
     rec = next(x for x in records if x.rid == rid)
     assert rec.prompt == [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     assert rec.operation == "chat" and rec.params["stop_strings"] == ["Berlin"] and rec.params["temperature"] == 0

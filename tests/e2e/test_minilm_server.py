@@ -33,8 +33,15 @@ MAX_INPUTS = 64
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("minilm")
-    srv = ServerProc("--max-embedding-inputs", str(MAX_INPUTS), "--dump-requests", str(tmp / "dump"),
-                     "--dump-content", model=MINILM, tmpdir=tmp)
+    srv = ServerProc(
+        "--max-embedding-inputs",
+        str(MAX_INPUTS),
+        "--dump-requests",
+        str(tmp / "dump"),
+        "--dump-content",
+        model=MINILM,
+        tmpdir=tmp,
+    )
     srv.dump = tmp / "dump"
     yield srv
     srv.stop()
@@ -89,8 +96,10 @@ def test_rerank_orders_the_documents_as_the_reference_similarity(server, ref_doc
         assert all(x["document"]["text"] == DOCS[x["index"]] for x in body["results"])
         assert body["usage"]["prompt_tokens"] == reference.tokens([query, *DOCS]) and body["model"] == MINILM
     full = server.post("/v1/rerank", {"query": QUERIES[0], "documents": DOCS[:8]}).json()["results"]
-    short = server.post("/v2/rerank", {"query": QUERIES[0], "documents": [{"text": d} for d in DOCS[:8]], "top_n": 3,
-                                       "return_documents": False}).json()["results"]
+    short = server.post(
+        "/v2/rerank",
+        {"query": QUERIES[0], "documents": [{"text": d} for d in DOCS[:8]], "top_n": 3, "return_documents": False},
+    ).json()["results"]
     assert short == [{"index": x["index"], "relevance_score": x["relevance_score"]} for x in full[:3]]
     assert server.post("/rerank", {"query": QUERIES[0], "documents": DOCS[:8]}).json()["results"] == full
 
@@ -142,8 +151,10 @@ def test_bad_input_is_refused_before_the_engine(server, tiny_server):
     engine = "sightline_embedding_request_size_count"  # observed only for requests that reached the engine
     assert value(after, engine) == value(before, engine)
     rejected = {"outcome": "rejected", "status": "400"}
-    assert value(after, "sightline_requests_total", **rejected) - value(before, "sightline_requests_total",
-                                                                        **rejected) == len(BAD) + 1
+    assert (
+        value(after, "sightline_requests_total", **rejected) - value(before, "sightline_requests_total", **rejected)
+        == len(BAD) + 1
+    )
     generation_only = tiny_server.post("/v1/rerank", {"query": "a", "documents": ["b"]})
     assert generation_only.status_code == 400 and generation_only.json()["error"]["code"] == "embeddings_not_supported"
     assert tiny_server.post("/v1/score", {"text_1": "a", "text_2": "b"}).status_code == 400
@@ -151,11 +162,16 @@ def test_bad_input_is_refused_before_the_engine(server, tiny_server):
     assert ok["data"][0]["score"] == pytest.approx(1.0, abs=1e-5)
 
 
-@pytest.mark.parametrize("path,body", [
-    ("/v1/rerank", {"query": QUERIES[0], "documents": [{"text": d} for d in DOCS[:3]], "top_n": 2,
-                    "return_documents": False}),
-    ("/score", {"text_1": QUERIES[0], "text_2": DOCS[:3]}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        (
+            "/v1/rerank",
+            {"query": QUERIES[0], "documents": [{"text": d} for d in DOCS[:3]], "top_n": 2, "return_documents": False},
+        ),
+        ("/score", {"text_1": QUERIES[0], "text_2": DOCS[:3]}),
+    ],
+)
 def test_telemetry_and_the_replay_of_each_route(server, path, body):
     r = server.post(path, body)
     assert r.status_code == 200, r.text

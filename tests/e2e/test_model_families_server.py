@@ -21,8 +21,10 @@ from tests.family_models import FAMILIES, SLIDING_WINDOW, build, gguf
 from tests.helpers import collect, greedy, make_core
 from tests.server_util import ServerProc
 
-PROMPT = ("The lighthouse keeper climbed the stairs every evening, counting each step, "
-          "and at the top he lit the lamp that guided the ships home")
+PROMPT = (
+    "The lighthouse keeper climbed the stairs every evening, counting each step, "
+    "and at the top he lit the lamp that guided the ships home"
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +80,25 @@ def test_a_model_that_cannot_be_served_stops_the_server_with_one_line(tmp_path):
     cfg = json.loads((bad / "config.json").read_text())
     cfg["hidden_act"] = "gelu"
     (bad / "config.json").write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", "serving", "serve", "--model", str(bad), "--port", str(free_port()),
-                           "--log-format", "text"], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**__import__("os").environ, "TMPDIR": str(tmp_path)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "serve",
+            "--model",
+            str(bad),
+            "--port",
+            str(free_port()),
+            "--log-format",
+            "text",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "TMPDIR": str(tmp_path)},
+    )
     assert proc.returncode == 1
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: hidden_act 'gelu' is not supported: the gated MLP computes SiLU"], proc.stderr

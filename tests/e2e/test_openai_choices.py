@@ -61,8 +61,9 @@ def test_echo_with_a_completion_appends_its_tokens_after_the_prompts(client, tin
 
 def test_chat_logprobs_streamed_and_whole_agree_with_the_greedy_tokens(client, tiny):
     messages = [{"role": "user", "content": "Say something."}]
-    whole = client.chat.completions.create(model=None, messages=messages, max_tokens=8, temperature=0,
-                                           logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(
+        model=None, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = whole.choices[0].logprobs.content
     assert len(content) == whole.usage.completion_tokens == 8
     ids = chat_ids(tiny, "Say something.")
@@ -78,8 +79,9 @@ def test_chat_logprobs_streamed_and_whole_agree_with_the_greedy_tokens(client, t
         assert len(entry.top_logprobs) == 3 and entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)
         assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token or "\ufffd" in entry.token
     streamed = []
-    for chunk in client.chat.completions.create(model=None, messages=messages, max_tokens=8, temperature=0,
-                                                logprobs=True, top_logprobs=3, stream=True):
+    for chunk in client.chat.completions.create(
+        model=None, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3, stream=True
+    ):
         if chunk.choices and chunk.choices[0].logprobs is not None:
             streamed += chunk.choices[0].logprobs.content
     assert [e.token for e in streamed] == [e.token for e in content]
@@ -92,9 +94,16 @@ def test_n_choices_stream_with_their_own_index_and_usage_counts_each(client):
     indices: dict[int, str] = {}
     finishes = {}
     usage = None
-    for chunk in client.chat.completions.create(model=None, messages=[{"role": "user", "content": "Hi"}], n=3,
-                                                max_tokens=6, temperature=1.0, seed=11, stream=True,
-                                                stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model=None,
+        messages=[{"role": "user", "content": "Hi"}],
+        n=3,
+        max_tokens=6,
+        temperature=1.0,
+        seed=11,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         for c in chunk.choices:
             indices[c.index] = indices.get(c.index, "") + (c.delta.content or "")
             if c.finish_reason:
@@ -103,10 +112,12 @@ def test_n_choices_stream_with_their_own_index_and_usage_counts_each(client):
     assert sorted(indices) == [0, 1, 2] and sorted(finishes) == [0, 1, 2]
     assert usage.completion_tokens == 18  # 6 per choice, the prompt counted once
     assert len(set(indices.values())) > 1  # seeds seed, seed+1, seed+2: different samples
-    again = client.chat.completions.create(model=None, messages=[{"role": "user", "content": "Hi"}], n=3,
-                                           max_tokens=6, temperature=1.0, seed=11)
-    assert [c.message.content for c in sorted(again.choices, key=lambda c: c.index)] == \
-        [indices[i] for i in range(3)]  # a seeded request reproduces, streamed or not
+    again = client.chat.completions.create(
+        model=None, messages=[{"role": "user", "content": "Hi"}], n=3, max_tokens=6, temperature=1.0, seed=11
+    )
+    assert [c.message.content for c in sorted(again.choices, key=lambda c: c.index)] == [
+        indices[i] for i in range(3)
+    ]  # a seeded request reproduces, streamed or not
 
 
 def test_batched_prompts_give_one_choice_per_prompt_times_n(client, tiny):
@@ -129,15 +140,17 @@ def test_siblings_reuse_the_first_choices_prefill(tiny_server, client):
     out = client.completions.create(model=None, prompt=prompt, n=4, max_tokens=2, temperature=0)
     assert len(out.choices) == 4
     # the first choice prefilled the prompt; its siblings found it in the prefix cache
-    details = tiny_server.post("/v1/completions", {"prompt": prompt, "n": 4, "max_tokens": 2,
-                                                   "temperature": 0}).json()["sightline"]["choices"]
+    details = tiny_server.post("/v1/completions", {"prompt": prompt, "n": 4, "max_tokens": 2, "temperature": 0}).json()[
+        "sightline"
+    ]["choices"]
     assert all(d["cached_tokens"] > 0 for d in details[1:])
 
 
 def test_prompt_logprobs_field_in_vllms_shape(tiny_server, tiny):
     ids = tiny.tokenizer(PROMPT)["input_ids"]
-    body = tiny_server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 2,
-                                                "temperature": 0}).json()
+    body = tiny_server.post(
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 2, "temperature": 0}
+    ).json()
     plp = body["choices"][0]["prompt_logprobs"]
     assert plp[0] is None and len(plp) == len(ids)
     ref = _log_softmax(tiny, ids)
@@ -151,8 +164,9 @@ def test_prompt_logprobs_field_in_vllms_shape(tiny_server, tiny):
 def test_streamed_echo_and_logprobs_add_up_to_the_whole_response(client, tiny):
     whole = client.completions.create(model=None, prompt=PROMPT, echo=True, logprobs=1, max_tokens=4, temperature=0)
     text, tokens, values = "", [], []
-    for chunk in client.completions.create(model=None, prompt=PROMPT, echo=True, logprobs=1, max_tokens=4,
-                                           temperature=0, stream=True):
+    for chunk in client.completions.create(
+        model=None, prompt=PROMPT, echo=True, logprobs=1, max_tokens=4, temperature=0, stream=True
+    ):
         for c in chunk.choices:
             text += c.text
             if c.logprobs is not None:

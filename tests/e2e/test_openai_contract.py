@@ -28,47 +28,131 @@ PROMPT = "Once upon a time"
 # this model; checked to be read, e.g. its range). The constraints' effect on the output (response_format,
 # structured_outputs, a forced tool_choice) is observed in test_structured_outputs.py and test_tool_calling.py.
 COVERAGE = {
-    "model": "effect", "max_tokens": "effect", "max_completion_tokens": "effect", "temperature": "effect",
-    "top_p": "effect", "n": "effect", "stream": "effect", "stream_options": "effect", "stop": "effect",
-    "seed": "effect", "presence_penalty": "effect", "frequency_penalty": "effect", "logit_bias": "effect",
-    "user": "accepted", "cache_salt": "effect", "priority": "accepted", "top_k": "effect", "min_p": "effect",
-    "repetition_penalty": "effect", "min_tokens": "effect", "ignore_eos": "accepted", "stop_token_ids": "effect",
-    "skip_special_tokens": "accepted", "include_stop_str_in_output": "effect", "prompt_logprobs": "effect",
-    "response_format": "accepted", "structured_outputs": "accepted", "guided_json": "refused",
-    "guided_regex": "refused", "guided_choice": "refused", "guided_grammar": "refused",
-    "guided_decoding_backend": "refused", "guided_whitespace_pattern": "refused", "lora_request": "refused",
+    "model": "effect",
+    "max_tokens": "effect",
+    "max_completion_tokens": "effect",
+    "temperature": "effect",
+    "top_p": "effect",
+    "n": "effect",
+    "stream": "effect",
+    "stream_options": "effect",
+    "stop": "effect",
+    "seed": "effect",
+    "presence_penalty": "effect",
+    "frequency_penalty": "effect",
+    "logit_bias": "effect",
+    "user": "accepted",
+    "cache_salt": "effect",
+    "priority": "accepted",
+    "top_k": "effect",
+    "min_p": "effect",
+    "repetition_penalty": "effect",
+    "min_tokens": "effect",
+    "ignore_eos": "accepted",
+    "stop_token_ids": "effect",
+    "skip_special_tokens": "accepted",
+    "include_stop_str_in_output": "effect",
+    "prompt_logprobs": "effect",
+    "response_format": "accepted",
+    "structured_outputs": "accepted",
+    "guided_json": "refused",
+    "guided_regex": "refused",
+    "guided_choice": "refused",
+    "guided_grammar": "refused",
+    "guided_decoding_backend": "refused",
+    "guided_whitespace_pattern": "refused",
+    "lora_request": "refused",
     # completions
-    "prompt": "effect", "echo": "effect", "best_of": "refused", "suffix": "refused", "logprobs": "effect",
+    "prompt": "effect",
+    "echo": "effect",
+    "best_of": "refused",
+    "suffix": "refused",
+    "logprobs": "effect",
     # chat
-    "messages": "effect", "top_logprobs": "effect", "tools": "effect", "tool_choice": "accepted",
-    "functions": "refused", "function_call": "refused", "parallel_tool_calls": "accepted", "audio": "refused",
-    "modalities": "refused", "prediction": "refused", "reasoning_effort": "refused", "verbosity": "refused",
-    "web_search_options": "refused", "metadata": "refused", "store": "refused", "service_tier": "refused",
-    "prompt_cache_key": "refused", "safety_identifier": "accepted", "chat_template": "effect",
-    "chat_template_kwargs": "effect", "add_generation_prompt": "effect", "continue_final_message": "effect",
+    "messages": "effect",
+    "top_logprobs": "effect",
+    "tools": "effect",
+    "tool_choice": "accepted",
+    "functions": "refused",
+    "function_call": "refused",
+    "parallel_tool_calls": "accepted",
+    "audio": "refused",
+    "modalities": "refused",
+    "prediction": "refused",
+    "reasoning_effort": "refused",
+    "verbosity": "refused",
+    "web_search_options": "refused",
+    "metadata": "refused",
+    "store": "refused",
+    "service_tier": "refused",
+    "prompt_cache_key": "refused",
+    "safety_identifier": "accepted",
+    "chat_template": "effect",
+    "chat_template_kwargs": "effect",
+    "add_generation_prompt": "effect",
+    "continue_final_message": "effect",
     "documents": "effect",
 }
 REFUSED = [  # (route, field, a value it refuses)
-    (COMP, "best_of", 2), (COMP, "suffix", "!"), (CHAT, "tool_choice", "auto"),  # tool_choice without tools
-    (CHAT, "functions", [{"name": "f"}]), (CHAT, "function_call", "auto"),
-    (COMP, "guided_json", {}), (CHAT, "guided_regex", "a+"),
-    (CHAT, "guided_choice", ["a"]), (COMP, "guided_grammar", "root ::= x"), (CHAT, "guided_decoding_backend", "x"),
-    (CHAT, "guided_whitespace_pattern", " "), (CHAT, "lora_request", {"name": "x"}), (CHAT, "audio", {}),
-    (CHAT, "modalities", ["text", "audio"]), (CHAT, "prediction", {"type": "content", "content": "x"}),
-    (CHAT, "reasoning_effort", "low"), (CHAT, "verbosity", "low"), (CHAT, "web_search_options", {}),
-    (CHAT, "metadata", {"k": "v"}), (CHAT, "store", True), (CHAT, "service_tier", "flex"),
-    (CHAT, "prompt_cache_key", "k"), (CHAT, "frobnicate", 1), (COMP, "add_special_tokens", False),
+    (COMP, "best_of", 2),
+    (COMP, "suffix", "!"),
+    (CHAT, "tool_choice", "auto"),  # tool_choice without tools
+    (CHAT, "functions", [{"name": "f"}]),
+    (CHAT, "function_call", "auto"),
+    (COMP, "guided_json", {}),
+    (CHAT, "guided_regex", "a+"),
+    (CHAT, "guided_choice", ["a"]),
+    (COMP, "guided_grammar", "root ::= x"),
+    (CHAT, "guided_decoding_backend", "x"),
+    (CHAT, "guided_whitespace_pattern", " "),
+    (CHAT, "lora_request", {"name": "x"}),
+    (CHAT, "audio", {}),
+    (CHAT, "modalities", ["text", "audio"]),
+    (CHAT, "prediction", {"type": "content", "content": "x"}),
+    (CHAT, "reasoning_effort", "low"),
+    (CHAT, "verbosity", "low"),
+    (CHAT, "web_search_options", {}),
+    (CHAT, "metadata", {"k": "v"}),
+    (CHAT, "store", True),
+    (CHAT, "service_tier", "flex"),
+    (CHAT, "prompt_cache_key", "k"),
+    (CHAT, "frobnicate", 1),
+    (COMP, "add_special_tokens", False),
 ]
-NULLABLE = ("max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed", "presence_penalty",
-            "frequency_penalty", "logit_bias", "user", "top_k", "min_p", "repetition_penalty", "min_tokens",
-            "ignore_eos", "stop_token_ids", "skip_special_tokens", "include_stop_str_in_output", "prompt_logprobs",
-            "response_format", "priority", "cache_salt", "model")
+NULLABLE = (
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "prompt_logprobs",
+    "response_format",
+    "priority",
+    "cache_salt",
+    "model",
+)
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = ServerProc("--chat-template", str(TEMPLATE), "--trust-request-chat-template",
-                   tmpdir=tmp_path_factory.mktemp("contract"))
+    s = ServerProc(
+        "--chat-template", str(TEMPLATE), "--trust-request-chat-template", tmpdir=tmp_path_factory.mktemp("contract")
+    )
     try:
         yield s
     finally:
@@ -113,15 +197,37 @@ def test_refused_by_name(srv, path, field, value):
 def test_nulls_mean_default(srv):
     nulls = dict.fromkeys(NULLABLE)
     assert text(ok(srv, COMP, {"prompt": PROMPT, **nulls, "max_tokens": 8, "temperature": 0})) == text(comp(srv))
-    chat_nulls = {**nulls, "max_completion_tokens": 2, "logprobs": None, "top_logprobs": None, "tools": None,
-                  "tool_choice": None, "chat_template_kwargs": None, "add_generation_prompt": None,
-                  "continue_final_message": None, "documents": None, "chat_template": None}
+    chat_nulls = {
+        **nulls,
+        "max_completion_tokens": 2,
+        "logprobs": None,
+        "top_logprobs": None,
+        "tools": None,
+        "tool_choice": None,
+        "chat_template_kwargs": None,
+        "add_generation_prompt": None,
+        "continue_final_message": None,
+        "documents": None,
+        "chat_template": None,
+    }
     body = ok(srv, CHAT, {"messages": MSGS, **chat_nulls})
     assert body["usage"]["completion_tokens"] >= 1
-    ok(srv, COMP, {"prompt": PROMPT, "max_tokens": 2, "echo": None, "logprobs": None, "best_of": None,
-                   "suffix": None})
-    ok(srv, CHAT, {"messages": MSGS, "max_tokens": 2, "tool_choice": "none", "modalities": ["text"], "store": False,
-                   "service_tier": "auto", "safety_identifier": "u-1", "user": "u-1", "priority": 3})
+    ok(srv, COMP, {"prompt": PROMPT, "max_tokens": 2, "echo": None, "logprobs": None, "best_of": None, "suffix": None})
+    ok(
+        srv,
+        CHAT,
+        {
+            "messages": MSGS,
+            "max_tokens": 2,
+            "tool_choice": "none",
+            "modalities": ["text"],
+            "store": False,
+            "service_tier": "auto",
+            "safety_identifier": "u-1",
+            "user": "u-1",
+            "priority": 3,
+        },
+    )
 
 
 def test_sampling_fields_take_effect(srv):
@@ -141,7 +247,7 @@ def test_length_and_stop_fields(srv):
     chat = ok(srv, CHAT, {"messages": MSGS, "max_completion_tokens": 3, "max_tokens": 9, "ignore_eos": True})
     assert chat["usage"]["completion_tokens"] == 3  # max_completion_tokens wins over max_tokens
     full = text(comp(srv, max_tokens=16))
-    stop = full[len(full) // 2:][:3]
+    stop = full[len(full) // 2 :][:3]
     stopped = comp(srv, max_tokens=16, stop=[stop])
     assert stopped["choices"][0]["finish_reason"] == "stop" and stop not in text(stopped)
     ids = ok(srv, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
@@ -152,8 +258,15 @@ def test_length_and_stop_fields(srv):
 
 
 def test_stream_fields(srv):
-    r = srv.post(COMP, {"prompt": PROMPT, "max_tokens": 4, "stream": True,
-                        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    r = srv.post(
+        COMP,
+        {
+            "prompt": PROMPT,
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     events = sse_events(r.text.splitlines())
     assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 4
     assert all(e["usage"] is not None for e in events[:-1])
@@ -183,12 +296,23 @@ def test_chat_template_options_on_tokenize(srv):
     assert "<think>" in _rendered(srv, {"messages": MSGS, "chat_template_kwargs": {"enable_thinking": False}})
     assert not _rendered(srv, {"messages": MSGS, "add_generation_prompt": False}).endswith("assistant\n")
     convo = MSGS + [
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": 7}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": 7}'}}],
+        },
         {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "lookup"},
-        {"role": "assistant", "content": "The answer is", "reasoning_content": "think first"}]
-    cont = _rendered(srv, {"messages": convo, "continue_final_message": True, "add_generation_prompt": False,
-                           "documents": [{"title": "Doc", "text": "body text"}]})
+        {"role": "assistant", "content": "The answer is", "reasoning_content": "think first"},
+    ]
+    cont = _rendered(
+        srv,
+        {
+            "messages": convo,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "documents": [{"title": "Doc", "text": "body text"}],
+        },
+    )
     assert cont.endswith("The answer is") and "<think>think first</think>" in cont
     assert "lookup(q=7)" in cont and "<tool_response id=c1 name=lookup>42" in cont and "Doc: body text" in cont
     assert _rendered(srv, {"messages": MSGS, "chat_template": "X{{ messages[0].content }}Y"}) == "XTell me a story.Y"
@@ -201,11 +325,23 @@ def test_tools_are_rendered_into_the_prompt(srv):
     template = "{{ messages[0].content }}{% for t in tools or [] %} {{ t.function.name }}{% endfor %}"
     tools = [{"type": "function", "function": {"name": "lookup_the_weather"}}]
     bare = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 1, "chat_template": template})["usage"]["prompt_tokens"]
-    shown = ok(srv, CHAT, {"messages": MSGS, "max_tokens": 1, "chat_template": template, "tools": tools,
-                           "tool_choice": "none", "parallel_tool_calls": False})
+    shown = ok(
+        srv,
+        CHAT,
+        {
+            "messages": MSGS,
+            "max_tokens": 1,
+            "chat_template": template,
+            "tools": tools,
+            "tool_choice": "none",
+            "parallel_tool_calls": False,
+        },
+    )
     assert shown["usage"]["prompt_tokens"] > bare
-    assert ok(srv, "/tokenize", {"messages": MSGS, "chat_template": template, "tools": tools})["count"] == \
-        shown["usage"]["prompt_tokens"]
+    assert (
+        ok(srv, "/tokenize", {"messages": MSGS, "chat_template": template, "tools": tools})["count"]
+        == shown["usage"]["prompt_tokens"]
+    )
 
 
 def test_chat_template_options_change_the_prompt(srv):
@@ -232,18 +368,38 @@ BAD = [  # (route, body, the param named)
     (COMP, {"prompt": PROMPT, "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     (COMP, {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
     (CHAT, {"messages": MSGS, "continue_final_message": True}, "continue_final_message"),
-    (CHAT, {"messages": MSGS + [{"role": "assistant", "content": "x"}], "continue_final_message": True,
-            "add_generation_prompt": True}, "continue_final_message"),
+    (
+        CHAT,
+        {
+            "messages": MSGS + [{"role": "assistant", "content": "x"}],
+            "continue_final_message": True,
+            "add_generation_prompt": True,
+        },
+        "continue_final_message",
+    ),
     (CHAT, {"messages": MSGS, "chat_template": "{{ raise_exception('no such role here') }}"}, "chat_template"),
     (CHAT, {"messages": MSGS, "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
-    (CHAT, {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}},
-     "response_format.json_schema.schema"),
+    (
+        CHAT,
+        {"messages": MSGS, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 3}}}},
+        "response_format.json_schema.schema",
+    ),
     (COMP, {"prompt": PROMPT, "response_format": {"type": "xml"}}, "response_format.type"),
     (COMP, {"prompt": PROMPT, "structured_outputs": {"regex": "(a"}}, "structured_outputs.regex"),
-    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}],
-            "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
-    (CHAT, {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}],
-            "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    (
+        CHAT,
+        {
+            "messages": MSGS,
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        },
+        "tool_choice",
+    ),
+    (
+        CHAT,
+        {"messages": MSGS, "tools": [{"type": "function", "function": {"name": "f"}}], "parallel_tool_calls": "yes"},
+        "parallel_tool_calls",
+    ),
     ("/tokenize", {"messages": MSGS, "continue_final_message": True}, "continue_final_message"),
     ("/tokenize", {"prompt": "x", "bogus": 1}, "bogus"),
     ("/detokenize", {"tokens": [10**9]}, "tokens"),
@@ -273,16 +429,19 @@ def test_logprobs_n_echo_bias_min_tokens_and_stop_str_take_effect(srv):
     apple = ok(srv, "/tokenize", {"prompt": " apple", "add_special_tokens": False})["tokens"][-1]
     biased = comp(srv, max_tokens=4, temperature=1.0, logit_bias={str(apple): 100})
     assert ok(srv, "/tokenize", {"prompt": text(biased), "add_special_tokens": False})["tokens"] == [apple] * 4
-    greedy_first = ok(srv, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 1,
-                                                                            "temperature": 0}})["output_ids"][0]
-    assert comp(srv, max_tokens=1, logit_bias={str(greedy_first): -100})["choices"][0]["text"] != \
-        comp(srv, max_tokens=1)["choices"][0]["text"]
+    greedy_first = ok(srv, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0}})[
+        "output_ids"
+    ][0]
+    assert (
+        comp(srv, max_tokens=1, logit_bias={str(greedy_first): -100})["choices"][0]["text"]
+        != comp(srv, max_tokens=1)["choices"][0]["text"]
+    )
     greedy = ok(srv, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
     first = greedy["output_ids"][0]
     assert comp(srv, max_tokens=6, stop_token_ids=[first])["usage"]["completion_tokens"] == 1
     assert comp(srv, max_tokens=6, min_tokens=6, stop_token_ids=[first])["usage"]["completion_tokens"] == 6
     full = text(comp(srv, max_tokens=16))
-    stop = full[len(full) // 2:][:3]
+    stop = full[len(full) // 2 :][:3]
     kept = comp(srv, max_tokens=16, stop=[stop], include_stop_str_in_output=True)
     assert kept["choices"][0]["finish_reason"] == "stop" and text(kept).endswith(stop)
 

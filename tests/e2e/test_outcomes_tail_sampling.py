@@ -36,12 +36,26 @@ TTFT_MS = 500
 
 @pytest.fixture(scope="module")
 def srv(otlp, tmp_path_factory):
-    s = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
-                   "--otel-sampling-ratio", "0", "--tail-sampling-ttft-ms", str(TTFT_MS),
-                   "--tail-sampling-tpot-ms", "0",
-                   "--max-running-requests", "1", "--max-inflight-tokens", str(BUDGET),
-                   "--startup-timeout", "120", tmpdir=tmp_path_factory.mktemp("outcomes"),
-                   env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    s = ServerProc(
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        otlp.endpoint,
+        "--otel-sampling-ratio",
+        "0",
+        "--tail-sampling-ttft-ms",
+        str(TTFT_MS),
+        "--tail-sampling-tpot-ms",
+        "0",
+        "--max-running-requests",
+        "1",
+        "--max-inflight-tokens",
+        str(BUDGET),
+        "--startup-timeout",
+        "120",
+        tmpdir=tmp_path_factory.mktemp("outcomes"),
+        env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )
     yield s
     s.stop()
 
@@ -66,7 +80,7 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     r = post({"max_tokens": 8, "temperature": 0})  # length
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
     text, traces["length"] = r.json()["choices"][0]["text"], trace_of(r)
-    stop = text[len(text) // 2:][:3] or text
+    stop = text[len(text) // 2 :][:3] or text
     r = post({"max_tokens": 8, "temperature": 0, "stop": [stop]})  # stop
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "stop", r.text
     traces["stop"] = trace_of(r)
@@ -104,8 +118,9 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     # the requests that reached the engine are exported with the spans of every process
     everywhere = {"main", "scheduler", "detokenizer"}
     for outcome in ("error", "client_disconnect", "ttft", "timeout"):
-        wait_until(lambda: roles(traces[outcome]) == everywhere, 20,
-                   f"the {outcome} request's trace from every process")
+        wait_until(
+            lambda: roles(traces[outcome]) == everywhere, 20, f"the {outcome} request's trace from every process"
+        )
 
     with held_stream(srv) as doomed:
         traces["engine_failure"] = trace_of(doomed)
@@ -120,15 +135,41 @@ def test_every_outcome_is_counted_once_and_tail_sampling_keeps_the_bad_ones(srv,
     wait_until(lambda: httpx.get(srv.url + "/health", timeout=5).status_code == 200, 120, "the engine restarted")
 
     text = httpx.get(srv.url + "/metrics", timeout=10).text
-    by_outcome = {o: value(text, "sightline_requests_total", outcome=o) for o in (
-        "stop", "length", "rejected", "shed", "unavailable", "client_disconnect", "timeout", "error",
-        "engine_failure", "shutdown", "aborted_by_operator")}
-    assert by_outcome == {"stop": 1, "length": 2, "rejected": 1, "shed": 1, "unavailable": 1, "client_disconnect": 1,
-                          "timeout": 1, "error": 1, "engine_failure": 1, "shutdown": 0, "aborted_by_operator": 0}
+    by_outcome = {
+        o: value(text, "sightline_requests_total", outcome=o)
+        for o in (
+            "stop",
+            "length",
+            "rejected",
+            "shed",
+            "unavailable",
+            "client_disconnect",
+            "timeout",
+            "error",
+            "engine_failure",
+            "shutdown",
+            "aborted_by_operator",
+        )
+    }
+    assert by_outcome == {
+        "stop": 1,
+        "length": 2,
+        "rejected": 1,
+        "shed": 1,
+        "unavailable": 1,
+        "client_disconnect": 1,
+        "timeout": 1,
+        "error": 1,
+        "engine_failure": 1,
+        "shutdown": 0,
+        "aborted_by_operator": 0,
+    }
     assert value(text, "sightline_requests_total") == sent == 10  # exactly one outcome each
 
-    kept = {r: value(text, "sightline_tail_sampling_traces_total", decision="kept", reason=r)
-            for r in ("error", "aborted", "shed", "ttft", "tpot")}
+    kept = {
+        r: value(text, "sightline_tail_sampling_traces_total", decision="kept", reason=r)
+        for r in ("error", "aborted", "shed", "ttft", "tpot")
+    }
     assert kept == {"error": 3, "aborted": 2, "shed": 1, "ttft": 1, "tpot": 0}  # error + engine_failure + unavailable
     assert value(text, "sightline_tail_sampling_traces_total", decision="dropped", reason="not_selected") == 3
     assert value(text, "sightline_tail_sampling_traces_total", decision="dropped", reason="buffer_full") == 0
@@ -151,17 +192,28 @@ def test_a_callers_unsampled_choice_is_respected(srv, otlp):
     that tail sampling keeps goes out through the same export queue: once its trace is in, the first one's
     would be too."""
     trace_id = "ab" * 16
-    total = lambda: value(httpx.get(srv.url + "/metrics", timeout=10).text,  # noqa: E731
-                          "sightline_tail_sampling_traces_total")
+
+    def total():
+        return value(httpx.get(srv.url + "/metrics", timeout=10).text, "sightline_tail_sampling_traces_total")
+
     srv.barrier()
     before = total()
-    r = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
-                 headers={"traceparent": f"00-{trace_id}-{'cd' * 8}-00"})
+    r = srv.post(
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
+        headers={"traceparent": f"00-{trace_id}-{'cd' * 8}-00"},
+    )
     assert r.status_code == 500
     marker = srv.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED})
     assert marker.status_code == 500
     srv.barrier()  # the children's spans of both are with the front end, which decided both
-    wait_until(lambda: {s["resource"]["sightline.process.role"] for s in otlp.trace(trace_of(marker))}
-               == {"main", "scheduler", "detokenizer"}, 20, "the later failure's trace from every process")
+    wait_until(
+        lambda: (
+            {s["resource"]["sightline.process.role"] for s in otlp.trace(trace_of(marker))}
+            == {"main", "scheduler", "detokenizer"}
+        ),
+        20,
+        "the later failure's trace from every process",
+    )
     assert otlp.trace(trace_id) == []
     assert total() == before + 1  # the later failure's decision only

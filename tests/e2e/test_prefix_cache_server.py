@@ -11,8 +11,10 @@ import pytest
 from tests.helpers import encode
 from tests.server_util import HOLD, ServerProc, scrape, sse_events, stream, value, wait_until
 
-SYSTEM = ("You are a careful assistant for a shipping company. Answer in one short sentence, cite the order "
-          "number when one is given, and never promise delivery dates. ") * 3
+SYSTEM = (
+    "You are a careful assistant for a shipping company. Answer in one short sentence, cite the order "
+    "number when one is given, and never promise delivery dates. "
+) * 3
 PROMPT = SYSTEM + "Where is my parcel?"
 HITS, QUERIES = "sightline_prefix_cache_hits_tokens_total", "sightline_prefix_cache_queries_tokens_total"
 
@@ -44,17 +46,25 @@ def test_cached_tokens_in_usage_metrics_and_spans(tiny_server, tiny):
     assert "".join(e["choices"][0]["text"] for e in events[:-2]) == cold["choices"][0]["text"]
     assert usage_chunk["sightline"]["cached_tokens"] == warm_cached  # the breakdown shows it too
     # a chat turn sharing only the system text still reuses a prefix (the template's header + SYSTEM)
-    chat = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello?"}],
-            "max_tokens": 4, "temperature": 0}
+    chat = {
+        "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hello?"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
     first_chat = tiny_server.post("/v1/chat/completions", chat).json()["usage"]
-    second = tiny_server.post("/v1/chat/completions", {**chat, "messages": [chat["messages"][0], {
-        "role": "user", "content": "Is my order 1234 late?"}]})
+    second = tiny_server.post(
+        "/v1/chat/completions",
+        {**chat, "messages": [chat["messages"][0], {"role": "user", "content": "Is my order 1234 late?"}]},
+    )
     chat_usage = second.json()["usage"]
     assert chat_usage["prompt_tokens_details"]["cached_tokens"] > len(encode(tiny, SYSTEM)) // 2
     tiny_server.barrier()  # the engine's counts of these four requests are in
     after = scrape(tiny_server)
-    client_cached = warm_cached + first_chat["prompt_tokens_details"]["cached_tokens"] + \
-        chat_usage["prompt_tokens_details"]["cached_tokens"]
+    client_cached = (
+        warm_cached
+        + first_chat["prompt_tokens_details"]["cached_tokens"]
+        + chat_usage["prompt_tokens_details"]["cached_tokens"]
+    )
     client_prompt = 2 * n_prompt + first_chat["prompt_tokens"] + chat_usage["prompt_tokens"]
     assert value(after, HITS) - value(before, HITS) == client_cached
     assert value(after, QUERIES) - value(before, QUERIES) == client_prompt
@@ -65,21 +75,30 @@ def test_cached_tokens_in_usage_metrics_and_spans(tiny_server, tiny):
     def prefill_span():
         entry = httpx.get(f"{tiny_server.url}/debug/requests/{rid}").json()
         return [s for s in entry.get("spans", []) if s["name"] == "prefill"]
+
     spans = wait_until(prefill_span, 10, "the prefill span")
-    assert spans[0]["attributes"]["gen_ai.usage.cache_read.input_tokens"] == chat_usage["prompt_tokens_details"][
-        "cached_tokens"]
+    assert (
+        spans[0]["attributes"]["gen_ai.usage.cache_read.input_tokens"]
+        == chat_usage["prompt_tokens_details"]["cached_tokens"]
+    )
 
 
 def test_flush_cache_refused_while_requests_run_unless_forced(tiny_server):
     tiny_server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})  # something cached
     before = scrape(tiny_server)
-    held_body = {"prompt": "count with me", "max_tokens": 8, "stream": True, **HOLD,
-                 "stream_options": {"include_usage": True}}
+    held_body = {
+        "prompt": "count with me",
+        "max_tokens": 8,
+        "stream": True,
+        **HOLD,
+        "stream_options": {"include_usage": True},
+    }
     events: list = []
 
     def run():
         with httpx.stream("POST", tiny_server.url + "/v1/completions", json=held_body, timeout=120) as r:
             events.extend(sse_events(r.iter_lines()))
+
     t = threading.Thread(target=run)
     t.start()
     try:
@@ -104,8 +123,11 @@ def test_flush_cache_refused_while_requests_run_unless_forced(tiny_server):
     assert _flush(tiny_server, force="yes").status_code == 400  # not a boolean
     after = scrape(tiny_server)
     for result, n in (("refused", 1), ("ok", 2), ("error", 1)):
-        assert value(after, "sightline_prefix_cache_flushes_total", result=result) - \
-            value(before, "sightline_prefix_cache_flushes_total", result=result) == n, result
+        assert (
+            value(after, "sightline_prefix_cache_flushes_total", result=result)
+            - value(before, "sightline_prefix_cache_flushes_total", result=result)
+            == n
+        ), result
 
 
 @pytest.fixture(scope="module")

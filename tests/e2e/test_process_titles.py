@@ -16,8 +16,12 @@ from tests.server_util import ServerProc, samples, scrape
 
 VARIANTS = {
     "single": ((), "main", {"scheduler", "detokenizer"}, 1),
-    "dp2-workers2": (("--dp-size", "2", "--tokenizer-worker-num", "2"), "hub",
-                     {"scheduler_dp0", "scheduler_dp1", "detokenizer", "worker-1", "worker-2"}, 2),
+    "dp2-workers2": (
+        ("--dp-size", "2", "--tokenizer-worker-num", "2"),
+        "hub",
+        {"scheduler_dp0", "scheduler_dp1", "detokenizer", "worker-1", "worker-2"},
+        2,
+    ),
 }
 TOUCHED_AT_STARTUP = {"sightline_health_checks_total"}  # /health is polled until the server is up
 

@@ -35,19 +35,37 @@ SPEED = 4.0
 def body(i: int) -> tuple[str, dict]:
     kind = i % 5
     if kind == 0:
-        return "/v1/completions", {"model": "tiny-random", "prompt": f"Tell me about {i} " * (1 + i % 4),
-                                   "max_tokens": 3 + i % 5, "stream": True, "stream_options": {"include_usage": True}}
+        return "/v1/completions", {
+            "model": "tiny-random",
+            "prompt": f"Tell me about {i} " * (1 + i % 4),
+            "max_tokens": 3 + i % 5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
     if kind == 1:
-        return "/v1/chat/completions", {"model": "tiny-random", "max_tokens": 5, "stream": True,
-                                        "messages": [{"role": "user", "content": f"hello {i} " * (1 + i)}]}
+        return "/v1/chat/completions", {
+            "model": "tiny-random",
+            "max_tokens": 5,
+            "stream": True,
+            "messages": [{"role": "user", "content": f"hello {i} " * (1 + i)}],
+        }
     if kind == 2:
-        return "/v1/completions", {"model": "tiny-random", "prompt": list(range(100, 110 + i)), "max_tokens": 4,
-                                   "temperature": 0}
+        return "/v1/completions", {
+            "model": "tiny-random",
+            "prompt": list(range(100, 110 + i)),
+            "max_tokens": 4,
+            "temperature": 0,
+        }
     if kind == 3:
         return "/generate", {"text": f"generate {i}", "sampling_params": {"max_new_tokens": 6}, "stream": True}
     if i % 10 == 9:
-        return "/v1/responses", {"model": "tiny-random", "input": f"respond {i} " * (1 + i % 3), "max_output_tokens": 4,
-                                 "stream": i == 19, "store": False}
+        return "/v1/responses", {
+            "model": "tiny-random",
+            "input": f"respond {i} " * (1 + i % 3),
+            "max_output_tokens": 4,
+            "stream": i == 19,
+            "store": False,
+        }
     return "/generate", {"text": f"plain {i}", "sampling_params": {"max_new_tokens": 3}}
 
 
@@ -56,6 +74,7 @@ def recorded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("replay")
     srv = ServerProc("--dump-requests", str(tmp / "live-dump"), tmpdir=tmp)
     try:
+
         def send(i: int) -> None:
             path, b = body(i)
             httpx.post(srv.url + path, json=b, timeout=60).raise_for_status()
@@ -77,9 +96,25 @@ def recorded(tmp_path_factory):
 @pytest.fixture(scope="module")
 def replay(recorded):
     srv, tmp = recorded
-    proc = subprocess.run([sys.executable, "-m", "loadtest", "--replay", str(tmp / "dump"), "--url", srv.url,
-                           "--speed", str(SPEED), "--out", str(tmp / "out")],
-                          cwd=REPO, capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "loadtest",
+            "--replay",
+            str(tmp / "dump"),
+            "--url",
+            srv.url,
+            "--speed",
+            str(SPEED),
+            "--out",
+            str(tmp / "out"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, proc, json.loads((tmp / "out" / "replay.json").read_text())
 
@@ -94,8 +129,7 @@ def test_every_record_replayed_on_schedule(replay):
         assert row["sent"] and row["route"] == rec.route and row["stream"] == rec.stream
         assert row["due_s"] == pytest.approx((rec.arrival - records[0].arrival) / SPEED, abs=1e-3)
         assert row["sent_s"] - row["due_s"] == pytest.approx(0.0, abs=0.25), row  # a loaded 2-core machine
-    assert doc["schedule"]["last_due_s"] == pytest.approx((records[-1].arrival - records[0].arrival) / SPEED,
-                                                          abs=1e-3)
+    assert doc["schedule"]["last_due_s"] == pytest.approx((records[-1].arrival - records[0].arrival) / SPEED, abs=1e-3)
     assert len((tmp / "out" / "records.jsonl").read_text().splitlines()) == N
     assert "replay of" in proc.stdout and "ttft_ms" in proc.stdout
 

@@ -47,6 +47,7 @@ async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
     completions (some with a structured output), every tenth an embeddings request instead; each result:
     status, completion tokens from `usage`, the replica that served it."""
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
         async def one(i: int) -> dict:
             tokens = 4 + i % 13
             if i % 10 == 9:  # the replicas pool (--pooling last): the embeddings panels get data too
@@ -55,21 +56,37 @@ async def _mixed_load(url: str, n: int, first: int = 0) -> list[dict]:
             if i % 2:
                 body = {"prompt": f"Replica test {i}:", "max_tokens": tokens}
                 if i % 10 == 3:  # a structured output: the grammar panels get data too (compiles in both waves)
-                    body["structured_outputs"] = {"json": {"type": "object", "properties": {
-                        f"k{i}": {"enum": ["a", "b"]}}, "required": [f"k{i}"]}, "disable_any_whitespace": True}
+                    body["structured_outputs"] = {
+                        "json": {
+                            "type": "object",
+                            "properties": {f"k{i}": {"enum": ["a", "b"]}},
+                            "required": [f"k{i}"],
+                        },
+                        "disable_any_whitespace": True,
+                    }
                 # objectives (every third one missed): the server-side goodput panels get data
                 slo = {"x-llm-d-slo-ttft-ms": "60000", **({"x-sightline-slo-e2e-ms": "0.001"} if i % 3 == 1 else {})}
                 r = await client.post("/v1/completions", json=body, headers=slo)
-                return {"status": r.status_code, "tokens": r.json()["usage"]["completion_tokens"],
-                        "replica": r.headers["x-sightline-replica"]}
-            body = {"messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": tokens, "stream": True,
-                    "stream_options": {"include_usage": True}}
+                return {
+                    "status": r.status_code,
+                    "tokens": r.json()["usage"]["completion_tokens"],
+                    "replica": r.headers["x-sightline-replica"],
+                }
+            body = {
+                "messages": [{"role": "user", "content": f"Say {i}"}],
+                "max_tokens": tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 lines = [line async for line in r.aiter_lines() if line.startswith("data: ")]
             assert lines[-1] == "data: [DONE]", lines[-3:]
-            usage = json.loads(lines[-2][len("data: "):])["usage"]
-            return {"status": r.status_code, "tokens": usage["completion_tokens"],
-                    "replica": r.headers["x-sightline-replica"]}
+            usage = json.loads(lines[-2][len("data: ") :])["usage"]
+            return {
+                "status": r.status_code,
+                "tokens": usage["completion_tokens"],
+                "replica": r.headers["x-sightline-replica"],
+            }
 
         return await asyncio.gather(*(one(i) for i in range(first, first + n)))
 
@@ -78,10 +95,15 @@ async def _deadlines(url: str, n: int) -> list[int]:
     """`n` held requests at once (so least connections spreads them evenly), each running until its
     1 s deadline (x-request-timeout) passes: 504 each."""
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+
         async def one(i: int) -> int:
-            r = await client.post("/v1/completions", headers={"x-request-timeout": "1"},
-                                  json={"prompt": f"Too slow {i}", "max_tokens": 8, **HOLD})
+            r = await client.post(
+                "/v1/completions",
+                headers={"x-request-timeout": "1"},
+                json={"prompt": f"Too slow {i}", "max_tokens": 8, **HOLD},
+            )
             return r.status_code
+
         return await asyncio.gather(*(one(i) for i in range(n)))
 
 
@@ -97,16 +119,17 @@ def _held_stream(url: str, i: int, results: dict) -> None:
                 if line == "data: [DONE]":
                     out["done"] = True
                 elif line.startswith("data: "):
-                    out["tokens"] = len(json.loads(line[len("data: "):])["output_ids"])
+                    out["tokens"] = len(json.loads(line[len("data: ") :])["output_ids"])
     except httpx.HTTPError as exc:
         out["error"] = exc
 
 
-
-
 def _alerts(prom: Prometheus, name: str | None = None) -> list[dict]:
-    return [a for a in prom.api("alerts")["alerts"]
-            if a["state"] == "firing" and (name is None or a["labels"]["alertname"] == name)]
+    return [
+        a
+        for a in prom.api("alerts")["alerts"]
+        if a["state"] == "firing" and (name is None or a["labels"]["alertname"] == name)
+    ]
 
 
 def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
@@ -130,12 +153,14 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
         names = [f"replica{i + 1}" for i in range(REPLICAS)]
         by_name = dict(zip(names, servers))
         lb = HAProxy(tmp_path, addrs)
-        prom = Prometheus(tmp_path, local_prometheus_config(tmp_path / "prom.yml", tmp_path / generate.RULES_DIR,
-                                                            addrs))
+        prom = Prometheus(
+            tmp_path, local_prometheus_config(tmp_path / "prom.yml", tmp_path / generate.RULES_DIR, addrs)
+        )
         prom.wait_ready()
         lb.wait_all("UP", names)
-        prom.wait_for("every replica scraped",
-                      lambda: len(prom.api("query", query=f"up{{{JOB}}} == 1")["result"]) == REPLICAS, 30)
+        prom.wait_for(
+            "every replica scraped", lambda: len(prom.api("query", query=f"up{{{JOB}}} == 1")["result"]) == REPLICAS, 30
+        )
         started = time.monotonic()
         start = time.time()
 
@@ -164,28 +189,45 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
             return float(result[0]["value"][1]) if result else -1
 
         # Prometheus' view: the same sums once it has scraped every replica after the load
-        prom.wait_for("Prometheus' totals equal the client's", lambda: (
-            prom_total(f"sum(sightline_requests_total{{{JOB}}})") == sent
-            and prom_total(f"sum(sightline_generation_tokens_total{{{JOB}}})") == tokens), 20)
-        per_instance = {r["metric"]["instance"]: float(r["value"][1]) for r in prom.api(
-            "query", query=f"sum by (instance) (sightline_requests_total{{{JOB}}})")["result"]}
+        prom.wait_for(
+            "Prometheus' totals equal the client's",
+            lambda: (
+                prom_total(f"sum(sightline_requests_total{{{JOB}}})") == sent
+                and prom_total(f"sum(sightline_generation_tokens_total{{{JOB}}})") == tokens
+            ),
+            20,
+        )
+        per_instance = {
+            r["metric"]["instance"]: float(r["value"][1])
+            for r in prom.api("query", query=f"sum by (instance) (sightline_requests_total{{{JOB}}})")["result"]
+        }
         assert per_instance == dict(zip(addrs, direct_requests))
-        print(f"\nreconciled: client {sent} requests / {tokens} tokens; direct scrapes {direct_requests} / "
-              f"{direct_tokens}; HAProxy per replica {[int(stats[n]['stot']) for n in names]}; Prometheus "
-              f"{prom_total(f'sum(sightline_requests_total{{{JOB}}})'):g} / "
-              f"{prom_total(f'sum(sightline_generation_tokens_total{{{JOB}}})'):g}")
+        print(
+            f"\nreconciled: client {sent} requests / {tokens} tokens; direct scrapes {direct_requests} / "
+            f"{direct_tokens}; HAProxy per replica {[int(stats[n]['stot']) for n in names]}; Prometheus "
+            f"{prom_total(f'sum(sightline_requests_total{{{JOB}}})'):g} / "
+            f"{prom_total(f'sum(sightline_generation_tokens_total{{{JOB}}})'):g}"
+        )
 
         # -- 504s on every replica: one service-level burn-rate alert ------------------------
         assert asyncio.run(_deadlines(lb.url, TIMEOUTS)) == [504] * TIMEOUTS
         timeouts = [value(scrape(s), "sightline_requests_total", status="504") for s in servers]
         assert timeouts == [TIMEOUTS // REPLICAS] * REPLICAS, timeouts
-        burn = prom.wait_for("SightlineAvailabilityBudgetBurn firing",
-                             lambda: len(_alerts(prom, "SightlineAvailabilityBudgetBurn")) == 2
-                             and _alerts(prom, "SightlineAvailabilityBudgetBurn"), 30)
+        burn = prom.wait_for(
+            "SightlineAvailabilityBudgetBurn firing",
+            lambda: (
+                len(_alerts(prom, "SightlineAvailabilityBudgetBurn")) == 2
+                and _alerts(prom, "SightlineAvailabilityBudgetBurn")
+            ),
+            30,
+        )
         assert sorted(a["labels"]["severity"] for a in burn) == ["page", "ticket"], burn
         assert all("instance" not in a["labels"] for a in burn), burn
-        prom.wait_for("Prometheus counts every 504", lambda: prom_total(
-            f'sum(sightline_requests_total{{{JOB}, status="504"}})') == TIMEOUTS, 20)  # the alert may fire on fewer
+        prom.wait_for(
+            "Prometheus counts every 504",
+            lambda: prom_total(f'sum(sightline_requests_total{{{JOB}, status="504"}})') == TIMEOUTS,
+            20,
+        )  # the alert may fire on fewer
         # the query range's last point (2 s steps from `start`) is `end` itself, after the evaluation that
         # had the alerts firing; then Prometheus holds everything up to `end`
         end = math.ceil(time.time())
@@ -197,8 +239,11 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
         # -- kill a replica with held streams in flight ---------------------------------------
         streams: dict[int, dict] = {}
         readers = [pool.submit(_held_stream, lb.url, i, streams) for i in range(STREAMS)]
-        wait_until(lambda: len(streams) == STREAMS and all(s["tokens"] == STREAM_TOKENS - 1 for s in streams.values()),
-                   60, "every stream held, its tokens read")
+        wait_until(
+            lambda: len(streams) == STREAMS and all(s["tokens"] == STREAM_TOKENS - 1 for s in streams.values()),
+            60,
+            "every stream held, its tokens read",
+        )
         # held, so least connections put two on each replica, and they are running when the kill comes
         assert [s.held() for s in servers] == [STREAMS // REPLICAS] * REPLICAS
         assert sorted(s["replica"] for s in streams.values()) == sorted(names * (STREAMS // REPLICAS)), streams
@@ -220,8 +265,10 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
             assert "incomplete chunked read" in str(s["error"]), s
         assert len(cut) == STREAMS // REPLICAS and len(whole) == STREAMS - len(cut), streams
         assert all(s["done"] and s["error"] is None and s["tokens"] == STREAM_TOKENS for s in whole), streams
-        print(f"killed {victim_name} ({victim_addr}): its streams {[(s['tokens'], repr(s['error'])) for s in cut]}; "
-              f"{len(whole)} streams on the others ended with [DONE]")
+        print(
+            f"killed {victim_name} ({victim_addr}): its streams {[(s['tokens'], repr(s['error'])) for s in cut]}; "
+            f"{len(whole)} streams on the others ended with [DONE]"
+        )
 
         lb.wait_all("DOWN", [victim_name], 10)
         before = {n: value(scrape(s), "sightline_requests_total") for n, s in survivors.items()}
@@ -239,8 +286,10 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
         slo_alerts = [a for a in _alerts(prom) if "slo" in a["labels"]]
         keys = [(a["labels"]["alertname"], a["labels"]["severity"]) for a in slo_alerts]
         assert len(keys) == len(set(keys)) and all("instance" not in a["labels"] for a in slo_alerts), slo_alerts
-        print(f"service-level alerts firing: {sorted(keys)}; {evaluated} queries and rules had data; "
-              f"{time.monotonic() - started:.1f} s from the first request, {time.monotonic() - t0:.1f} s in all")
+        print(
+            f"service-level alerts firing: {sorted(keys)}; {evaluated} queries and rules had data; "
+            f"{time.monotonic() - started:.1f} s from the first request, {time.monotonic() - t0:.1f} s in all"
+        )
     finally:
         if prom is not None:
             prom.stop()

@@ -20,8 +20,9 @@ def srv(tmp_path_factory):
     model = tmp / "tiny-with-defaults"
     shutil.copytree(prepare_model_dir("tiny-random")[0], model)
     cfg = json.loads((model / "generation_config.json").read_text())  # tiny-random's has no sampling fields
-    (model / "generation_config.json").write_text(json.dumps({**cfg, "temperature": 0.0, "top_k": 1,
-                                                             "max_new_tokens": 5}))
+    (model / "generation_config.json").write_text(
+        json.dumps({**cfg, "temperature": 0.0, "top_k": 1, "max_new_tokens": 5})
+    )
     s = ServerProc("--allow-unknown-fields", model=str(model), tmpdir=tmp)
     try:
         yield s
@@ -35,8 +36,14 @@ def test_generation_config_fills_unset_fields(srv):
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 5  # generation_config's max_new_tokens
     sources = httpx.get(f"{srv.url}/debug/requests/{r.headers['x-request-id']}", timeout=10).json()["param_sources"]
-    assert sources == {"temperature": "generation_config", "top_k": "generation_config", "top_p": "request",
-                       "min_p": "default", "repetition_penalty": "default", "max_new_tokens": "generation_config"}
+    assert sources == {
+        "temperature": "generation_config",
+        "top_k": "generation_config",
+        "top_p": "request",
+        "min_p": "default",
+        "repetition_penalty": "default",
+        "max_new_tokens": "generation_config",
+    }
     again = srv.post("/v1/chat/completions", {"messages": msgs, "ignore_eos": True, "seed": 3}).json()
     assert again["choices"][0]["message"] == r.json()["choices"][0]["message"]  # greedy: temperature 0, top_k 1
     assert "generation defaults from" in srv.log()

@@ -33,17 +33,32 @@ def srv(otlp, tmp_path_factory):
     keys = tmp_path_factory.mktemp("keys") / "keys.toml"
     keys.write_text(KEYS)
     keys.chmod(0o600)
-    s = ServerProc("--api-keys-file", str(keys), "--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint",
-                   otlp.endpoint, "--otel-sampling-ratio", "0", "--tail-sampling-ttft-ms", "0",
-                   "--tail-sampling-tpot-ms", "0", tmpdir=tmp_path_factory.mktemp("slo"),
-                   env={"OTEL_BSP_SCHEDULE_DELAY": "100", "SIGHTLINE_API_KEY": ADMIN})
+    s = ServerProc(
+        "--api-keys-file",
+        str(keys),
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        otlp.endpoint,
+        "--otel-sampling-ratio",
+        "0",
+        "--tail-sampling-ttft-ms",
+        "0",
+        "--tail-sampling-tpot-ms",
+        "0",
+        tmpdir=tmp_path_factory.mktemp("slo"),
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100", "SIGHTLINE_API_KEY": ADMIN},
+    )
     yield s
     s.stop()
 
 
 def _post(srv: ServerProc, key: str, headers: dict[str, str], **body) -> httpx.Response:
-    return srv.post("/v1/completions", {"prompt": "hello there", "max_tokens": 4, "ignore_eos": True, **body},
-                    headers={"authorization": f"Bearer {key}", **headers})
+    return srv.post(
+        "/v1/completions",
+        {"prompt": "hello there", "max_tokens": 4, "ignore_eos": True, **body},
+        headers={"authorization": f"Bearer {key}", **headers},
+    )
 
 
 def _trace(r: httpx.Response) -> str:
@@ -59,7 +74,10 @@ def test_objectives_judged_counted_and_missed_traces_kept(srv, otlp):
 
     missed = _post(srv, KEY_B, {"x-llm-d-slo-ttft-ms": TIGHT, "x-llm-d-slo-tpot-ms": EASY})
     assert missed.status_code == 200 and missed.json()["sightline"]["slo"] == {
-        "ttft": False, "tpot": True, "all": False}, missed.text
+        "ttft": False,
+        "tpot": True,
+        "all": False,
+    }, missed.text
 
     # tenant a: no header, its keys-file e2e objective; then the aliases over it (the canonical name wins)
     tenant = _post(srv, KEY_A, {})
@@ -79,10 +97,20 @@ def test_objectives_judged_counted_and_missed_traces_kept(srv, otlp):
         assert err["param"] == header and header in err["message"] and err["code"] == "invalid_slo_header", err
 
     # a streamed chat that misses: its trace is kept, with the time to first chunk on the server span
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60,
-                      headers={"authorization": f"Bearer {KEY_B}", "x-llm-d-slo-ttft-ms": TIGHT}) as r:
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 3,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/chat/completions",
+        json=body,
+        timeout=60,
+        headers={"authorization": f"Bearer {KEY_B}", "x-llm-d-slo-ttft-ms": TIGHT},
+    ) as r:
         assert r.status_code == 200
         streamed_trace = _trace(r)
         events = sse_events(r.iter_lines())
@@ -90,10 +118,20 @@ def test_objectives_judged_counted_and_missed_traces_kept(srv, otlp):
     t1 = time.time()
 
     text = scrape(srv)
-    expected = {("ttft", "true", "b"): 1, ("ttft", "false", "b"): 2, ("tpot", "true", "b"): 2,
-                ("e2e", "true", "b"): 1, ("e2e", "false", "b"): 1, ("all", "true", "b"): 1, ("all", "false", "b"): 3,
-                ("ttft", "false", "a"): 1, ("tpot", "true", "a"): 1, ("e2e", "true", "a"): 2,
-                ("all", "true", "a"): 1, ("all", "false", "a"): 1}
+    expected = {
+        ("ttft", "true", "b"): 1,
+        ("ttft", "false", "b"): 2,
+        ("tpot", "true", "b"): 2,
+        ("e2e", "true", "b"): 1,
+        ("e2e", "false", "b"): 1,
+        ("all", "true", "b"): 1,
+        ("all", "false", "b"): 3,
+        ("ttft", "false", "a"): 1,
+        ("tpot", "true", "a"): 1,
+        ("e2e", "true", "a"): 2,
+        ("all", "true", "a"): 1,
+        ("all", "false", "a"): 1,
+    }
     for slo in ("ttft", "tpot", "e2e", "all"):
         for met in ("true", "false"):
             for t in ("a", "b"):
@@ -105,14 +143,20 @@ def test_objectives_judged_counted_and_missed_traces_kept(srv, otlp):
 
     kept = {_trace(missed): ["ttft"], _trace(alias): ["ttft"], _trace(refused): ["e2e"], streamed_trace: ["ttft"]}
     for tid, why in kept.items():
-        spans = wait_until(lambda tid=tid: [s for s in otlp.trace(tid) if s["kind"] == "SERVER"], 15,
-                           f"the kept trace {tid}")
+        spans = wait_until(
+            lambda tid=tid: [s for s in otlp.trace(tid) if s["kind"] == "SERVER"], 15, f"the kept trace {tid}"
+        )
         attrs = spans[0]["attributes"]
         assert attrs["sightline.tail_sampling.reason"] == "slo" and attrs["sightline.slo.missed"] == why, attrs
         assert spans[0]["schema_url"] == SCHEMA_URL
         if tid != _trace(refused):  # the others ran in the engine: its spans are in the trace too
-            wait_until(lambda tid=tid: {"main", "scheduler"} <= {s["resource"]["sightline.process.role"]
-                                                                 for s in otlp.trace(tid)}, 15, "the engine's spans")
+            wait_until(
+                lambda tid=tid: (
+                    {"main", "scheduler"} <= {s["resource"]["sightline.process.role"] for s in otlp.trace(tid)}
+                ),
+                15,
+                "the engine's spans",
+            )
     stream_span = next(s for s in otlp.trace(streamed_trace) if s["kind"] == "SERVER")
     first_chunk = stream_span["attributes"]["gen_ai.response.time_to_first_chunk"]
     assert 0 < first_chunk <= stream_span["attributes"]["gen_ai.latency.e2e"]
@@ -121,8 +165,11 @@ def test_objectives_judged_counted_and_missed_traces_kept(srv, otlp):
 
     # the e2e histogram's exemplars name the kept traces, stamped when they were observed
     om = scrape(srv, openmetrics=True)
-    stamped = [line for line in om.splitlines()
-               if line.startswith("sightline_e2e_request_latency_seconds_bucket") and " # {" in line]
+    stamped = [
+        line
+        for line in om.splitlines()
+        if line.startswith("sightline_e2e_request_latency_seconds_bucket") and " # {" in line
+    ]
     assert stamped, "no exemplar"
     for line in stamped:
         labels, _, rest = line.partition(" # ")

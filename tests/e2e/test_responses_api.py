@@ -28,17 +28,29 @@ PATH = "/v1/responses"
 STORE = 3
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"  # the template's own default
 EVENTS = TypeAdapter(ResponseStreamEvent)
-WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                          "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]},
+}
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     need_clients_venv()
     tmp = tmp_path_factory.mktemp("responses")
-    server = ServerProc("--quantization", "none", "--responses-store-size", str(STORE), "--dump-requests",
-                        str(tmp / "dump"), "--dump-content", model="smollm2-135m", tmpdir=tmp)
+    server = ServerProc(
+        "--quantization",
+        "none",
+        "--responses-store-size",
+        str(STORE),
+        "--dump-requests",
+        str(tmp / "dump"),
+        "--dump-content",
+        model="smollm2-135m",
+        tmpdir=tmp,
+    )
     server.dump = tmp / "dump"
     yield server
     server.stop()
@@ -80,8 +92,11 @@ def test_create_answers_with_text_usage_and_the_chat_routes_telemetry(srv):
     assert r.headers["server-timing"].startswith("queue;dur=") and body["sightline"]["ttft_ms"] > 0
     text = scrape(srv)
     assert value(text, "sightline_requests_total", outcome="stop") == before + 1  # the endings table
-    for histogram in ("sightline_time_to_first_token_seconds", "sightline_e2e_request_latency_seconds",
-                      "sightline_request_generation_tokens"):  # the generation histograms, by route
+    for histogram in (
+        "sightline_time_to_first_token_seconds",
+        "sightline_e2e_request_latency_seconds",
+        "sightline_request_generation_tokens",
+    ):  # the generation histograms, by route
         assert value(text, histogram + "_count", route=PATH) == 1, histogram
     assert value(text, "sightline_request_generation_tokens_sum", route=PATH) == body["usage"]["output_tokens"]
     entry = httpx.get(f"{srv.url}/debug/requests/{r.headers['x-request-id']}").json()
@@ -90,14 +105,24 @@ def test_create_answers_with_text_usage_and_the_chat_routes_telemetry(srv):
 
 
 def test_a_stream_is_openais_typed_events_and_says_what_the_whole_response_says(srv):
-    question = {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Name three colors."}]}],
-                "max_output_tokens": 8}
+    question = {
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Name three colors."}]}],
+        "max_output_tokens": 8,
+    }
     events = streamed(srv, question)
     kinds = [ev["type"] for ev in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.incomplete"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     final = events[-1]["response"]
     deltas = "".join(ev["delta"] for ev in events if ev["type"] == "response.output_text.delta")
     assert deltas and deltas == text_of(final) == events[-4]["text"]
@@ -107,8 +132,14 @@ def test_a_stream_is_openais_typed_events_and_says_what_the_whole_response_says(
 
 
 def test_a_function_tool_is_called_streamed_or_not(srv):
-    body = {"input": "What is the weather in Paris?", "tools": [WEATHER], "tool_choice": "required",
-            "parallel_tool_calls": False, "max_output_tokens": 40, "store": False}
+    body = {
+        "input": "What is the weather in Paris?",
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 40,
+        "store": False,
+    }
     _, whole = create(srv, body)
     [call] = whole["output"]
     assert (call["type"], call["name"], call["status"]) == ("function_call", "get_weather", "completed")
@@ -123,12 +154,23 @@ def test_a_function_tool_is_called_streamed_or_not(srv):
 
 
 def test_text_format_json_schema_shapes_the_answer(srv):
-    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                               "people": {"type": "integer", "minimum": 0, "maximum": 99}},
-              "required": ["city", "people"]}
-    _, body = create(srv, {"input": "Paris has 2 million people. Extract it.", "max_output_tokens": 40,
-                           "text": {"format": {"type": "json_schema", "name": "City", "schema": schema}},
-                           "store": False})
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "people": {"type": "integer", "minimum": 0, "maximum": 99},
+        },
+        "required": ["city", "people"],
+    }
+    _, body = create(
+        srv,
+        {
+            "input": "Paris has 2 million people. Extract it.",
+            "max_output_tokens": 40,
+            "text": {"format": {"type": "json_schema", "name": "City", "schema": schema}},
+            "store": False,
+        },
+    )
     parsed = json.loads(text_of(body))
     assert set(parsed) == {"city", "people"} and 0 <= parsed["people"] <= 99
     assert body["text"]["format"]["name"] == "City" and body["status"] == "completed"
@@ -149,8 +191,7 @@ def test_stored_responses_are_retrieved_listed_deleted_and_bounded(srv):
     assert got["id"] == last and got["usage"]["output_tokens"] == 1
     items = httpx.get(f"{srv.url}{PATH}/{last}/input_items").json()
     assert [i["content"][0]["text"] for i in items["data"]] == [f"Count to {STORE}."] and not items["has_more"]
-    assert httpx.delete(f"{srv.url}{PATH}/{last}").json() == {"id": last, "object": "response.deleted",
-                                                               "deleted": True}
+    assert httpx.delete(f"{srv.url}{PATH}/{last}").json() == {"id": last, "object": "response.deleted", "deleted": True}
     gone = httpx.get(f"{srv.url}{PATH}/{last}")
     assert gone.status_code == 404 and gone.json()["error"]["message"] == f"Response with id '{last}' not found."
     unstored = create(srv, {"input": "hi", "max_output_tokens": 1, "store": False})[1]["id"]
@@ -173,10 +214,11 @@ BAD = [  # (body, the param named)
     ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice"),
     ({"input": "x", "tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "strnig"}}}},
-     "text.format.schema"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0].type"),
+    (
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "strnig"}}}},
+        "text.format.schema",
+    ),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0].type"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
@@ -202,9 +244,14 @@ def test_recorded_requests_replay_as_responses_bodies(srv):
     """The flight recorder's /v1/responses records, turned into requests by the replay's own code and sent:
     the same route, streamed or not, exactly the recorded prompt and output tokens.  A record keeps the
     messages, not the tools (as on chat): requests that had tools are left out of the comparison."""
+
     def recorded():
-        return [r for r in read_records(srv.dump) if r.route == PATH and r.outcome in ("stop", "length")
-                and "weather" not in json.dumps(r.prompt)]
+        return [
+            r
+            for r in read_records(srv.dump)
+            if r.route == PATH and r.outcome in ("stop", "length") and "weather" not in json.dumps(r.prompt)
+        ]
+
     records = wait_until(lambda: len(recorded()) >= 4 and recorded(), 10, "the records of this module's requests")
     assert {r.stream for r in records} == {True, False}
     planned, _ = plan_schedule(records[:6])

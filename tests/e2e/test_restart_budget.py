@@ -39,6 +39,7 @@ def spoof_ready(srv: ServerProc, **fields) -> None:
 
 def starting_scheduler(srv: ServerProc, not_pid: int) -> int:
     """The pid of a newly spawned Scheduler (a live child of the server) that has not reported Ready."""
+
     def probe():
         state = srv.debug()
         pid = state["pids"].get("scheduler")
@@ -46,6 +47,7 @@ def starting_scheduler(srv: ServerProc, not_pid: int) -> int:
             return None
         kids = {p.pid for p in psutil.Process(srv.proc.pid).children()}
         return pid if pid in kids else None
+
     return wait_until(probe, 30, "a new Scheduler process")
 
 
@@ -79,8 +81,15 @@ def test_a_child_dying_during_the_restart_is_retried(server):
     os.kill(old, signal.SIGKILL)
     first = starting_scheduler(server, old)
     os.kill(first, signal.SIGKILL)  # the replacement dies before it is ready
-    h = wait_until(lambda: (r := httpx.get(server.url + "/health")).status_code == 503
-                 and "restart attempt 2" in r.json()["reason"] and r, 30, "/health to name attempt 2")
+    h = wait_until(
+        lambda: (
+            (r := httpx.get(server.url + "/health")).status_code == 503
+            and "restart attempt 2" in r.json()["reason"]
+            and r
+        ),
+        30,
+        "/health to name attempt 2",
+    )
     assert "before it was ready" in h.json()["reason"], h.text
     second = starting_scheduler(server, first)
     # while the second replacement starts, a Ready under the wrong pid must not count as its
@@ -106,8 +115,11 @@ def test_sigterm_during_a_restart_exits_cleanly_and_promptly(server):
     assert server.stop(signal.SIGTERM, timeout=20) == 0
     assert time.monotonic() - t0 < 8, f"shutdown took {time.monotonic() - t0:.1f} s"
     assert not psutil.pid_exists(starting) or psutil.Process(starting).status() == psutil.STATUS_ZOMBIE
-    wait_until(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids), 5,
-             "every child to be gone")
+    wait_until(
+        lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids),
+        5,
+        "every child to be gone",
+    )
     assert not server.runtime_dir.exists()
 
 
@@ -119,8 +131,15 @@ def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
         old = srv.pids["scheduler"]
         os.kill(old, signal.SIGKILL)
         os.kill(starting_scheduler(srv, old), signal.SIGKILL)  # the one restart allowed fails too
-        h = wait_until(lambda: (r := httpx.get(srv.url + "/health")).status_code == 503
-                     and "budget is spent" in r.json()["reason"] and r, 30, "/health to report the spent budget")
+        h = wait_until(
+            lambda: (
+                (r := httpx.get(srv.url + "/health")).status_code == 503
+                and "budget is spent" in r.json()["reason"]
+                and r
+            ),
+            30,
+            "/health to report the spent budget",
+        )
         assert "--max-engine-restarts 1" in h.json()["reason"], h.text
         spent = time.monotonic()
         assert httpx.get(srv.url + "/livez").status_code == 200  # alive through the grace
@@ -135,10 +154,14 @@ def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
         assert value(text, "sightline_engine_failures_total", role="scheduler", cause="exited") == 2
         assert value(text, "sightline_engine_restarts_total") == 0
         lines = [json.loads(line) for line in srv.log().splitlines() if line.startswith("{")]
-        assert any(x["level"] == "error" and x["msg"].startswith("engine down: the restart budget is spent")
-                   for x in lines)
-        live = wait_until(lambda: (r := httpx.get(srv.url + "/livez")).status_code == 503 and r, 30,
-                          "/livez to fail once the grace is over")
+        assert any(
+            x["level"] == "error" and x["msg"].startswith("engine down: the restart budget is spent") for x in lines
+        )
+        live = wait_until(
+            lambda: (r := httpx.get(srv.url + "/livez")).status_code == 503 and r,
+            30,
+            "/livez to fail once the grace is over",
+        )
         assert time.monotonic() - spent >= grace - 1.0  # the budget was spent at most ~1 s before /health said so
         assert live.json() == {"status": "dead", "reason": h.json()["reason"]}
         t0 = time.monotonic()
@@ -150,8 +173,9 @@ def test_a_spent_restart_budget_leaves_the_server_up_answering_503(tmp_path):
 def test_a_spent_budget_fails_livez_on_every_tokenizer_worker(tmp_path):
     """With workers, /livez is answered by whichever worker takes the connection: each learns from
     the hub's status when the budget was spent."""
-    srv = ServerProc("--tokenizer-worker-num", "2", "--max-engine-restarts", "0", "--liveness-down-grace", "1",
-                     tmpdir=tmp_path)
+    srv = ServerProc(
+        "--tokenizer-worker-num", "2", "--max-engine-restarts", "0", "--liveness-down-grace", "1", tmpdir=tmp_path
+    )
     try:
         assert httpx.get(srv.url + "/livez").status_code == 200
         os.kill(srv.pids["scheduler"], signal.SIGKILL)
@@ -159,6 +183,7 @@ def test_a_spent_budget_fails_livez_on_every_tokenizer_worker(tmp_path):
         def every_worker_dead():  # new connections each: the kernel spreads them over the workers
             answers = [httpx.get(srv.url + "/livez", headers={"connection": "close"}) for _ in range(8)]
             return all(r.status_code == 503 and "budget is spent" in r.json()["reason"] for r in answers)
+
         wait_until(every_worker_dead, 30, "/livez to fail on every worker")
         assert srv.stop(signal.SIGTERM, timeout=30) == 0
     finally:

@@ -35,8 +35,12 @@ def test_a_held_request_stops_one_token_short_until_released(srv):
 
 
 def test_a_held_request_is_cut_by_its_client_and_frees_its_slot(srv):
-    with httpx.stream("POST", srv.url + "/v1/completions", timeout=30,
-                      json={"prompt": "cut me", "max_tokens": 6, "stream": True, **HOLD}) as r:
+    with httpx.stream(
+        "POST",
+        srv.url + "/v1/completions",
+        timeout=30,
+        json={"prompt": "cut me", "max_tokens": 6, "stream": True, **HOLD},
+    ) as r:
         assert r.status_code == 200
         srv.wait_held(1)
     srv.barrier()

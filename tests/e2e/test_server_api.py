@@ -45,16 +45,28 @@ def test_completion_stream_equals_nonstream_equals_engine(tiny_server, tiny, pro
     assert full["object"] == "text_completion" and full["id"].startswith("cmpl-")
     n_prompt = len(encode(tiny, prompt))
     cached = full["usage"]["prompt_tokens_details"]["cached_tokens"]  # > 0 when an earlier test sent this prompt
-    assert full["usage"] == {"prompt_tokens": n_prompt, "completion_tokens": 24, "total_tokens": n_prompt + 24,
-                             "prompt_tokens_details": {"cached_tokens": cached}} and 0 <= cached < n_prompt
+    assert (
+        full["usage"]
+        == {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": 24,
+            "total_tokens": n_prompt + 24,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        and 0 <= cached < n_prompt
+    )
     finals = [e["choices"][0]["finish_reason"] for e in events[:-1]]
     assert finals[-1] == "length" and all(f is None for f in finals[:-1])
     assert r.headers["x-request-id"] in full["id"]
 
 
 def test_chat_stream_shape_matches_openai(tiny_server, tiny):
-    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 12, "temperature": 0,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "Say hi"}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream_options": {"include_usage": True},
+    }
     events = stream(tiny_server, "/v1/chat/completions", body)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -89,8 +101,9 @@ def test_32_concurrent_streams_each_match_their_solo_text(tiny_server):
         return completion_text(events)
 
     async def main():
-        async with httpx.AsyncClient(base_url=tiny_server.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=64)) as client:
+        async with httpx.AsyncClient(
+            base_url=tiny_server.url, timeout=120, limits=httpx.Limits(max_connections=64)
+        ) as client:
             return await asyncio.gather(*(one(client, p) for p in prompts))
 
     results = asyncio.run(main())
@@ -108,23 +121,27 @@ def test_stop_strings_trim_exactly(tiny_server):
     events = stream(tiny_server, "/v1/completions", {**base, "stop": stop})
     assert completion_text(events) == cut
     assert events[-2]["choices"][0]["finish_reason"] == "stop"
-    gen = tiny_server.post("/generate", {"text": PROMPTS[1], "sampling_params": {
-        "max_new_tokens": 40, "temperature": 0, "stop": stop}}).json()
+    gen = tiny_server.post(
+        "/generate", {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 40, "temperature": 0, "stop": stop}}
+    ).json()
     assert gen["text"] == cut and gen["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert gen["meta_info"]["completion_tokens"] < 40
 
 
 def test_generate_endpoint_text_and_input_ids(tiny_server, tiny):
     ids = encode(tiny, PROMPTS[0])
-    by_text = tiny_server.post("/generate", {"text": PROMPTS[0], "sampling_params": {
-        "max_new_tokens": 10, "temperature": 0}}).json()
-    by_ids = tiny_server.post("/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": 10, "temperature": 0}}).json()
+    by_text = tiny_server.post(
+        "/generate", {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
+    ).json()
+    by_ids = tiny_server.post(
+        "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
+    ).json()
     assert by_text["output_ids"] == by_ids["output_ids"] and len(by_ids["output_ids"]) == 10
     assert by_text["text"] == tiny.tokenizer.decode(by_text["output_ids"], skip_special_tokens=True)
     assert by_text["meta_info"]["prompt_tokens"] == len(ids)
-    events = stream(tiny_server, "/generate", {"input_ids": ids, "sampling_params": {
-        "max_new_tokens": 10, "temperature": 0}})
+    events = stream(
+        tiny_server, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 10, "temperature": 0}}
+    )
     assert events[-1] == "[DONE]" and events[-2]["text"] == by_ids["text"]
     assert events[-2]["meta_info"]["finish_reason"] == {"type": "length"}
 
@@ -149,8 +166,17 @@ def test_engine_info_and_step_phases_reach_metrics(tiny_server, tiny):
     p = r.json()["usage"]["prompt_tokens"]
     tiny_server.barrier()  # the Scheduler's stats of those steps are in
     text = scrape(tiny_server)
-    assert value(text, "sightline_engine_info", dtype="float32", quantization="none", model_name="tiny-random",
-                 architecture="LlamaForCausalLM") == 1
+    assert (
+        value(
+            text,
+            "sightline_engine_info",
+            dtype="float32",
+            quantization="none",
+            model_name="tiny-random",
+            architecture="LlamaForCausalLM",
+        )
+        == 1
+    )
     for phase in ("schedule", "forward", "sample", "output"):
         count = value(text, "sightline_engine_step_phase_seconds_count", phase=phase)
         total = value(text, "sightline_engine_step_phase_seconds_sum", phase=phase)
@@ -192,8 +218,13 @@ def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
     def freed() -> bool:
         tiny_server.barrier()
         sched = tiny_server.debug()["scheduler"]
-        return (sched["num_running"] == 0 and sched["kv_used"] == sched["prefix_cached_tokens"]
-                and sched["kv_reserved"] == 0 and sched["held"] == 0)
+        return (
+            sched["num_running"] == 0
+            and sched["kv_used"] == sched["prefix_cached_tokens"]
+            and sched["kv_reserved"] == 0
+            and sched["held"] == 0
+        )
+
     wait_until(freed, 5, f"the KV of {rid} freed")
     freed_after = time.monotonic() - t0
     assert freed_after < 1.0, f"KV freed only after {freed_after:.2f} s ({rid}): {tiny_server.debug()}"
@@ -209,12 +240,17 @@ def test_client_disconnect_frees_kv_and_counts_late_outputs(tiny_server):
 def test_undecodable_message_is_counted_and_the_loop_survives(tiny_server):
     tiny_server.barrier()
     before = tiny_server.debug()["undecodable"]["scheduler"]
-    push_frames(tiny_server.runtime_dir, "scheduler", b"\x93not-a-message",
-                json.dumps({"type": "Evil", "payload": "__reduce__"}).encode())
+    push_frames(
+        tiny_server.runtime_dir,
+        "scheduler",
+        b"\x93not-a-message",
+        json.dumps({"type": "Evil", "payload": "__reduce__"}).encode(),
+    )
 
     def counted() -> int:  # our socket is not the front end's: a barrier alone may pass ahead of the frames
         tiny_server.barrier()
         return tiny_server.debug()["undecodable"]["scheduler"] - before
+
     assert wait_until(lambda: counted() >= 2, 10, "the two frames counted as undecodable")
     assert counted() == 2
     assert tiny_server.post("/v1/completions", {"prompt": "still alive", "max_tokens": 3}).status_code == 200

@@ -66,13 +66,19 @@ def test_graceful_shutdown_lets_in_flight_requests_finish(tmp_path):
     srv = ServerProc("--shutdown-grace", "30", tmpdir=tmp_path)
     children = [psutil.Process(pid) for pid in srv.pids.values()]
     events: list = []
-    t = _stream_in_thread(srv.url, {"prompt": "tell me", "max_tokens": 16, **HOLD,
-                                    "stream_options": {"include_usage": True}}, events)
+    t = _stream_in_thread(
+        srv.url, {"prompt": "tell me", "max_tokens": 16, **HOLD, "stream_options": {"include_usage": True}}, events
+    )
     srv.wait_held(1)
     srv.proc.send_signal(signal.SIGTERM)
     # while draining (the held stream keeps it draining), new work is refused with 503: the listener is still up
-    refused = wait_until(lambda: (r := srv.post("/v1/completions", {"prompt": "late", "max_tokens": 2},
-                                                timeout=5)).status_code == 503 and r, 10, "a 503 while draining")
+    refused = wait_until(
+        lambda: (
+            (r := srv.post("/v1/completions", {"prompt": "late", "max_tokens": 2}, timeout=5)).status_code == 503 and r
+        ),
+        10,
+        "a 503 while draining",
+    )
     assert srv.held() == 1 and t.is_alive()  # the refusal did not end the stream in flight
     srv.release()
     t.join(60)

@@ -79,6 +79,9 @@ def test_sigterm_with_20_streams_ends_each_explicitly_and_exits_0(tmp_path, setu
             ended["finished"].append(i)
     # the released short ones finish within the grace; the long ones, still held at its end, are cut
     assert ended == {"finished": list(range(0, 20, 2)), "shut down": list(range(1, 20, 2))}, ended
-    wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs), 10,
-               "every worker and engine process to be gone")
+    wait_until(
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs),
+        10,
+        "every worker and engine process to be gone",
+    )
     assert "Traceback" not in srv.log(), srv.log()[-3000:]

@@ -41,8 +41,16 @@ def assert_city(parsed: dict) -> None:
     assert isinstance(parsed["population_millions"], int) and 0 <= parsed["population_millions"] <= 50
 
 
-@pytest.mark.parametrize("scenario", ["openai_parse", "instructor_tools", "instructor_json_schema",
-                                      "langchain_json_schema", "langchain_function_calling"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "openai_parse",
+        "instructor_tools",
+        "instructor_json_schema",
+        "langchain_json_schema",
+        "langchain_function_calling",
+    ],
+)
 def test_client_gets_a_validated_object(server, scenario):
     result = drive(server, scenario)
     assert result["type"] == "City"
@@ -72,7 +80,10 @@ def test_agents_sdk_calls_the_tool_and_feeds_its_result_back(server):
 def test_the_clients_venv_holds_the_pinned_versions():
     """The lock is what runs: a drifted venv would test other clients than the ones pinned."""
     need_clients_venv()
-    pins = [line for line in (ROOT / "tests/clients/requirements.txt").read_text().splitlines()
-            if line and not line.startswith("#")]
+    pins = [
+        line
+        for line in (ROOT / "tests/clients/requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     frozen = subprocess.run([str(CLIENTS_PY), "-m", "pip", "freeze"], capture_output=True, text=True).stdout
     assert set(pins) <= set(frozen.splitlines()), sorted(set(pins) - set(frozen.splitlines()))

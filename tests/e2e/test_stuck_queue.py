@@ -19,9 +19,15 @@ BOUND = 1.0  # --queue-stuck-timeout
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     # the held request carries the admission-stop seed: it runs (tokens flow until it is held) and blocks admission
-    s = ServerProc("--queue-stuck-timeout", str(BOUND), "--stall-timeout", "1",
-                   env={STOP_ADMISSION_ENV: str(HOLD_SEED)}, tmpdir=tmp_path_factory.mktemp("stuck_queue"),
-                   step_floor_ms=20)
+    s = ServerProc(
+        "--queue-stuck-timeout",
+        str(BOUND),
+        "--stall-timeout",
+        "1",
+        env={STOP_ADMISSION_ENV: str(HOLD_SEED)},
+        tmpdir=tmp_path_factory.mktemp("stuck_queue"),
+        step_floor_ms=20,
+    )
     yield s
     s.stop()
 
@@ -34,8 +40,12 @@ def test_a_queue_that_admits_nothing_while_tokens_flow_degrades_health_until_it_
     blocker = Stream(srv, "block the queue", {"max_new_tokens": 24, "temperature": 0, **HOLD})
     wait_until(lambda: blocker.tokens(), 30, "the blocking request's first token")
     with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(srv.post, "/v1/completions", {"prompt": "Let me in", "max_tokens": 2,
-                                                             "temperature": 0, "ignore_eos": True}, timeout=60)
+        waiting = pool.submit(
+            srv.post,
+            "/v1/completions",
+            {"prompt": "Let me in", "max_tokens": 2, "temperature": 0, "ignore_eos": True},
+            timeout=60,
+        )
         wait_until(lambda: srv.debug()["scheduler"]["num_waiting"] == 1, 30, "the second request queued")
         r = wait_until(lambda: (h := health(srv)).status_code == 503 and h, 30, "/health degraded")
         assert r.json() == {"status": "unavailable", "reason": r.json()["reason"]}

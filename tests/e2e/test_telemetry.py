@@ -16,21 +16,44 @@ from tests.server_util import HOLD, ServerProc, scrape, sse_events, value, wait_
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_SPAN = "00f067aa0ba902b7"
-STAGES = {"tokenize", "send scheduler", "receive scheduler", "queue", "prefill", "decode", "send detokenizer",
-          "receive detokenizer", "detokenize", "send tokenizer_manager", "receive tokenizer_manager", "stream"}
+STAGES = {
+    "tokenize",
+    "send scheduler",
+    "receive scheduler",
+    "queue",
+    "prefill",
+    "decode",
+    "send detokenizer",
+    "receive detokenizer",
+    "detokenize",
+    "send tokenizer_manager",
+    "receive tokenizer_manager",
+    "stream",
+}
 
 
 @pytest.fixture(scope="module")
 def server(otlp, tmp_path_factory):
-    srv = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
-                     tmpdir=tmp_path_factory.mktemp("telemetry"), env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
+    srv = ServerProc(
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        otlp.endpoint,
+        tmpdir=tmp_path_factory.mktemp("telemetry"),
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )
     yield srv
     srv.stop()
 
 
 def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp):
-    body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     headers = {"traceparent": f"00-{PARENT_TRACE}-{PARENT_SPAN}-01"}
     with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=60) as r:
         events = sse_events(r.iter_lines())
@@ -38,10 +61,15 @@ def test_one_streaming_request_is_one_trace_across_three_processes(server, otlp)
         assert r.headers["traceparent"].startswith(f"00-{PARENT_TRACE}-")
     breakdown = events[-2]["sightline"]
     assert breakdown["trace_id"] == PARENT_TRACE
-    assert all(breakdown[k] is not None and breakdown[k] >= 0 for k in ("ttft_ms", "queue_ms", "prefill_ms",
-                                                                          "decode_ms", "tokenize_ms", "e2e_ms"))
-    spans = wait_until(lambda: (got := otlp.trace(PARENT_TRACE)) and STAGES <= {s["name"] for s in got} and got, 15,
-                       "the trace's spans at the receiver")
+    assert all(
+        breakdown[k] is not None and breakdown[k] >= 0
+        for k in ("ttft_ms", "queue_ms", "prefill_ms", "decode_ms", "tokenize_ms", "e2e_ms")
+    )
+    spans = wait_until(
+        lambda: (got := otlp.trace(PARENT_TRACE)) and STAGES <= {s["name"] for s in got} and got,
+        15,
+        "the trace's spans at the receiver",
+    )
     names = {s["name"] for s in spans}
     assert STAGES <= names, names
     roots = [s for s in spans if s["kind"] == "SERVER"]
@@ -83,8 +111,11 @@ def test_several_choices_are_one_trace_with_a_span_per_choice(server, otlp):
     def complete():
         got = otlp.trace(trace)
         names = [s["name"] for s in got]
-        return got if names.count("choice") == 3 and names.count("decode") == 3 and "POST /v1/completions" in names \
+        return (
+            got
+            if names.count("choice") == 3 and names.count("decode") == 3 and "POST /v1/completions" in names
             else None
+        )
 
     spans = wait_until(complete, 15, "the spans of the three choices at the receiver")
     root = next(s for s in spans if s["kind"] == "SERVER")
@@ -115,11 +146,17 @@ def test_disconnect_counts_stale_drop_and_records_span_in_its_trace(server, otlp
         trace_id = r.headers["traceparent"].split("-")[1]
         server.wait_held(1)
     aborts = {"name": "sightline_request_aborts_total", "reason": "client_disconnect"}
-    wait_until(lambda: value(scrape(server), **aborts) == value(before, **aborts) + 1, 10,
-               "the front end to see the client leave")
+    wait_until(
+        lambda: value(scrape(server), **aborts) == value(before, **aborts) + 1,
+        10,
+        "the front end to see the client leave",
+    )
     server.barrier()  # its abort has reached the Scheduler, and the Scheduler's answer the front end
-    stale = {"name": "sightline_stale_messages_dropped_total", "component": "tokenizer_manager",
-             "reason": "client_disconnect"}
+    stale = {
+        "name": "sightline_stale_messages_dropped_total",
+        "component": "tokenizer_manager",
+        "reason": "client_disconnect",
+    }
     assert value(scrape(server), **stale) == value(before, **stale) + 1
     drops = otlp.wait_for(lambda s: s["trace_id"] == trace_id and s["name"] == "stale_message_dropped")
     assert len(drops) == 1 and drops[0]["attributes"]["sightline.drop.reason"] == "client_disconnect"
@@ -128,8 +165,14 @@ def test_disconnect_counts_stale_drop_and_records_span_in_its_trace(server, otlp
 
 
 def test_metrics_add_up_and_exemplars_are_real_traces(tmp_path, otlp):
-    srv = ServerProc("--otel-traces-exporter", "otlp", "--otel-exporter-otlp-endpoint", otlp.endpoint,
-                     tmpdir=tmp_path, env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
+    srv = ServerProc(
+        "--otel-traces-exporter",
+        "otlp",
+        "--otel-exporter-otlp-endpoint",
+        otlp.endpoint,
+        tmpdir=tmp_path,
+        env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )
     try:
         usage, reasons = [], {}
         for i in range(8):
@@ -150,19 +193,25 @@ def test_metrics_add_up_and_exemplars_are_real_traces(tmp_path, otlp):
         assert srv.post("/v1/completions", {"prompt": ""}).status_code == 400
         srv.barrier()  # the engine's counts of those requests are in
         text = scrape(srv)
-        for h in ("sightline_time_to_first_token_seconds", "sightline_e2e_request_latency_seconds",
-                  "sightline_request_queue_time_seconds", "sightline_request_tokenize_time_seconds"):
+        for h in (
+            "sightline_time_to_first_token_seconds",
+            "sightline_e2e_request_latency_seconds",
+            "sightline_request_queue_time_seconds",
+            "sightline_request_tokenize_time_seconds",
+        ):
             assert value(text, h + "_count") == 8, h
         assert value(text, "sightline_generation_tokens_total") == sum(u["completion_tokens"] for u in usage)
         assert value(text, "sightline_prompt_tokens_total") == sum(u["prompt_tokens"] for u in usage)
         for reason, n in reasons.items():
             assert value(text, "sightline_requests_total", finish_reason=reason, status="200") == n
         assert value(text, "sightline_requests_total", finish_reason="error", status="400") == 1
-        assert value(text, "sightline_inter_token_latency_seconds_count") == \
-            sum(u["completion_tokens"] - 1 for u in usage)
+        assert value(text, "sightline_inter_token_latency_seconds_count") == sum(
+            u["completion_tokens"] - 1 for u in usage
+        )
         om = scrape(srv, openmetrics=True)
-        exemplars = {s.exemplar.labels["trace_id"] for fam in openmetrics_families(om) for s in fam.samples
-                     if s.exemplar}
+        exemplars = {
+            s.exemplar.labels["trace_id"] for fam in openmetrics_families(om) for s in fam.samples if s.exemplar
+        }
         assert exemplars
         for tid in exemplars:
             assert otlp.wait_for(lambda s, t=tid: s["trace_id"] == t and s["kind"] == "SERVER"), tid

@@ -31,8 +31,16 @@ tenant = "b"
 key = "{KEY_B}"
 """
 RECORD = "Patient record. Diagnosis: acute lymphoblastic leukemia, stage two, confidential."
-GUESSES = ["Patient record. Diagnosis: " + d + ", stage two, confidential." for d in (
-    "seasonal influenza", "acute lymphoblastic leukemia", "type two diabetes", "broken left wrist", "mild asthma")]
+GUESSES = [
+    "Patient record. Diagnosis: " + d + ", stage two, confidential."
+    for d in (
+        "seasonal influenza",
+        "acute lymphoblastic leukemia",
+        "type two diabetes",
+        "broken left wrist",
+        "mild asthma",
+    )
+]
 HITS = "sightline_prefix_cache_hits_tokens_total"
 
 
@@ -54,8 +62,9 @@ def keys_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory, keys_file):
-    s = ServerProc("--api-keys-file", str(keys_file), tmpdir=tmp_path_factory.mktemp("tenants"),
-                   env={"SIGHTLINE_API_KEY": ADMIN})
+    s = ServerProc(
+        "--api-keys-file", str(keys_file), tmpdir=tmp_path_factory.mktemp("tenants"), env={"SIGHTLINE_API_KEY": ADMIN}
+    )
     try:
         yield s
     finally:
@@ -63,8 +72,9 @@ def srv(tmp_path_factory, keys_file):
 
 
 def complete(srv, key: str, prompt: str, **extra) -> httpx.Response:
-    return srv.post("/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0, **extra},
-                    headers=auth(key))
+    return srv.post(
+        "/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0, **extra}, headers=auth(key)
+    )
 
 
 def cached(r: httpx.Response) -> int:
@@ -98,16 +108,26 @@ def test_cache_salt_isolates_inside_a_tenant(srv):
     assert len(set(seen)) == 1 and hits == sum(seen), seen
     salted, _ = probe(srv, KEY_A, KEY_A, {"cache_salt": "user-1"}, {"cache_salt": "user-1"})
     assert salted[1] > max(salted[0], *salted[2:]), salted
-    r = srv.post("/generate", {"text": RECORD, "cache_salt": "", "sampling_params": {"max_new_tokens": 1}},
-                 headers=auth(KEY_A))
+    r = srv.post(
+        "/generate", {"text": RECORD, "cache_salt": "", "sampling_params": {"max_new_tokens": 1}}, headers=auth(KEY_A)
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
 
 
 def test_only_an_admin_key_opens_debug_flush_and_control(srv):
-    for path, method in (("/debug/state", "GET"), ("/debug/requests", "GET"), ("/flush_cache", "POST"),
-                         ("/pause_generation", "POST"), ("/control/config", "GET")):
-        r = httpx.request(method, srv.url + path, headers={**auth(KEY_B), "content-type": "application/json"},
-                          content=b'{"mode": "drain"}' if path == "/pause_generation" else None)
+    for path, method in (
+        ("/debug/state", "GET"),
+        ("/debug/requests", "GET"),
+        ("/flush_cache", "POST"),
+        ("/pause_generation", "POST"),
+        ("/control/config", "GET"),
+    ):
+        r = httpx.request(
+            method,
+            srv.url + path,
+            headers={**auth(KEY_B), "content-type": "application/json"},
+            content=b'{"mode": "drain"}' if path == "/pause_generation" else None,
+        )
         assert r.status_code == 403 and r.json()["error"]["code"] == "admin_required", (path, r.text)
         assert httpx.request(method, srv.url + path).status_code == 401, path
     assert httpx.get(srv.url + "/debug/state", headers=auth(ADMIN)).status_code == 200
@@ -128,10 +148,17 @@ class Streamer(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        body = {"prompt": "Tell me a story.", "max_tokens": self.tokens, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}, **(HOLD if self.hold else {})}
-        with httpx.stream("POST", self.srv.url + "/v1/completions", json=body, headers=auth(self.key),
-                          timeout=120) as r:
+        body = {
+            "prompt": "Tell me a story.",
+            "max_tokens": self.tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **(HOLD if self.hold else {}),
+        }
+        with httpx.stream(
+            "POST", self.srv.url + "/v1/completions", json=body, headers=auth(self.key), timeout=120
+        ) as r:
             self.status = r.status_code
             for line in r.iter_lines():
                 for ev in sse_events([line]):
@@ -179,29 +206,38 @@ def test_per_tenant_counters_sum_to_the_totals(srv):
         if key == KEY_A:
             a_statuses.append(r.status_code)
 
-    threads = [threading.Thread(target=count_me, args=(key, f"count me {i}"))
-               for i in range(6) for key in (KEY_A, KEY_B, ADMIN)]
+    threads = [
+        threading.Thread(target=count_me, args=(key, f"count me {i}"))
+        for i in range(6)
+        for key in (KEY_A, KEY_B, ADMIN)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     srv.barrier()  # the engine's token counts of every request are in
     text = scrape(srv)
-    for tenant_metric, total in (("sightline_tenant_prompt_tokens_total", "sightline_prompt_tokens_total"),
-                                 ("sightline_tenant_generation_tokens_total", "sightline_generation_tokens_total")):
+    for tenant_metric, total in (
+        ("sightline_tenant_prompt_tokens_total", "sightline_prompt_tokens_total"),
+        ("sightline_tenant_generation_tokens_total", "sightline_generation_tokens_total"),
+    ):
         assert value(text, tenant_metric) == value(text, total) > 0, tenant_metric
     assert value(text, "sightline_tenant_requests_total") == value(text, "sightline_requests_total")
     for outcome in ("stop", "length", "shed", "rejected"):
-        assert value(text, "sightline_tenant_requests_total", outcome=outcome) == \
-            value(text, "sightline_requests_total", outcome=outcome), outcome
+        assert value(text, "sightline_tenant_requests_total", outcome=outcome) == value(
+            text, "sightline_requests_total", outcome=outcome
+        ), outcome
     shed = value(text, "sightline_tenant_requests_total", tenant="a", outcome="shed") - value(
-        before, "sightline_tenant_requests_total", tenant="a", outcome="shed")
+        before, "sightline_tenant_requests_total", tenant="a", outcome="shed"
+    )
     assert shed == a_statuses.count(429)  # a's six at once, two at a time: what did not fit was shed
-    tenants = {s.labels["tenant"] for s in samples(text) if s.name == "sightline_tenant_cpu_seconds_total"
-               and s.value > 0}
+    tenants = {
+        s.labels["tenant"] for s in samples(text) if s.name == "sightline_tenant_cpu_seconds_total" and s.value > 0
+    }
     assert {"a", "b", "default"} <= tenants
-    assert value(text, "sightline_tenant_cpu_seconds_total") <= \
-        value(text, "sightline_process_cpu_seconds_total", role="scheduler")
+    assert value(text, "sightline_tenant_cpu_seconds_total") <= value(
+        text, "sightline_process_cpu_seconds_total", role="scheduler"
+    )
     assert value(text, "sightline_tenant_cached_tokens_total") > 0
 
 
@@ -220,8 +256,11 @@ def test_keys_reload_without_dropping_streams(srv, keys_file):
     assert live.status == 200 and live.done and live.completion_tokens == 16  # the stream never noticed
     failed = value(scrape(srv), "sightline_api_key_reloads_total", result="failed")
     write_keys(keys_file, "not toml [")  # a broken file: the keys in force stay
-    wait_until(lambda: value(scrape(srv), "sightline_api_key_reloads_total", result="failed") == failed + 1, 10,
-               "the broken file's failed reload")
+    wait_until(
+        lambda: value(scrape(srv), "sightline_api_key_reloads_total", result="failed") == failed + 1,
+        10,
+        "the broken file's failed reload",
+    )
     assert complete(srv, KEY_B, "hi").status_code == 200
     write_keys(keys_file, KEYS)
     assert KEY_C not in srv.log()
@@ -231,14 +270,24 @@ def test_a_keys_file_others_can_read_stops_the_start(tmp_path):
     path = tmp_path / "keys.toml"
     path.write_text(KEYS)
     path.chmod(0o644)
-    out = subprocess.run([sys.executable, "-m", "serving", "serve", "--model", "tiny-random", "--api-keys-file",
-                          str(path)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "serving", "serve", "--model", "tiny-random", "--api-keys-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1 and "readable by group or others" in out.stderr and KEY_A not in out.stderr
 
 
 def test_a_limit_holds_across_tokenizer_workers(tmp_path, keys_file):
-    s = ServerProc("--api-keys-file", str(keys_file), "--tokenizer-worker-num", "2",
-                   tmpdir=tmp_path, env={"SIGHTLINE_API_KEY": ADMIN})
+    s = ServerProc(
+        "--api-keys-file",
+        str(keys_file),
+        "--tokenizer-worker-num",
+        "2",
+        tmpdir=tmp_path,
+        env={"SIGHTLINE_API_KEY": ADMIN},
+    )
     try:
         hogs = [Streamer(s, KEY_A, 8, hold=True) for _ in range(2)]
         s.wait_held(2)  # tenant a's two streams run until released

@@ -19,16 +19,22 @@ def grpc_otlp():
 
 
 def test_grpc_and_console_from_env_with_ratio_zero(tmp_path, grpc_otlp):
-    env = {"OTEL_TRACES_EXPORTER": "otlp,console", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-           "OTEL_EXPORTER_OTLP_ENDPOINT": grpc_otlp.grpc_endpoint, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-           "OTEL_TRACES_SAMPLER_ARG": "0", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp,console",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": grpc_otlp.grpc_endpoint,
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
     srv = ServerProc(tmpdir=tmp_path, env=env)
     try:
         plain = srv.post("/v1/completions", {"prompt": "not sampled", "max_tokens": 3})
         assert plain.status_code == 200 and int(plain.headers["traceparent"][-2:], 16) & 1 == 0  # not sampled
         assert "trace_id" not in plain.json()["sightline"]  # recorded for tail sampling, which dropped it
-        traced = srv.post("/v1/completions", {"prompt": "sampled upstream", "max_tokens": 3},
-                          headers={"traceparent": INCOMING})
+        traced = srv.post(
+            "/v1/completions", {"prompt": "sampled upstream", "max_tokens": 3}, headers={"traceparent": INCOMING}
+        )
         trace_id = INCOMING.split("-")[1]
         assert traced.json()["sightline"]["trace_id"] == trace_id
         spans = grpc_otlp.wait_for(lambda s: s["trace_id"] == trace_id and s["name"] == "decode", timeout=15)
@@ -44,12 +50,19 @@ def test_grpc_and_console_from_env_with_ratio_zero(tmp_path, grpc_otlp):
 
 def test_an_otlp_endpoint_alone_in_the_environment_exports_otlp(tmp_path, monkeypatch):
     """No exporter chosen by flag or OTEL_TRACES_EXPORTER: the SDKs' default, otlp, to that endpoint."""
-    for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_SERVICE_NAME"):
+    for name in (
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_SDK_DISABLED",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_SERVICE_NAME",
+    ):
         monkeypatch.delenv(name, raising=False)
     receiver = OTLPReceiver()
-    srv = ServerProc(tmpdir=tmp_path, env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-                                           "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    srv = ServerProc(
+        tmpdir=tmp_path, env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    )
     try:
         r = srv.post("/v1/completions", {"prompt": "to the collector", "max_tokens": 3})
         trace_id = r.json()["sightline"]["trace_id"]

@@ -48,9 +48,17 @@ class StalledH2:
 
     def post(self, body: dict, headers: tuple = ()) -> int:
         sid = self.conn.get_next_available_stream_id()
-        self.conn.send_headers(sid, [(b":method", b"POST"), (b":path", b"/v1/completions"), (b":scheme", b"http"),
-                                     (b":authority", b"127.0.0.1"), (b"content-type", b"application/json"),
-                                     *headers])
+        self.conn.send_headers(
+            sid,
+            [
+                (b":method", b"POST"),
+                (b":path", b"/v1/completions"),
+                (b":scheme", b"http"),
+                (b":authority", b"127.0.0.1"),
+                (b"content-type", b"application/json"),
+                *headers,
+            ],
+        )
         self.conn.send_data(sid, json.dumps(body).encode(), end_stream=True)
         self.sock.sendall(self.conn.data_to_send())
         return sid
@@ -97,8 +105,10 @@ def srv(tmp_path_factory):
 def test_idle_connections_time_out_and_cannot_exhaust_fds(tmp_path):
     with fd_limit(200):
         server = ServerProc("--keep-alive-timeout", "2", "--body-read-timeout", "3", tmpdir=tmp_path)
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-            b"content-length: 100\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"content-length: 100\r\n\r\n"
+    )
     kinds = [b"POST /v1/completions HTTP/1.1\r\nHost: 127.0", head, head + b'{"prompt": "half a bo']
     socks = []
     try:
@@ -138,14 +148,25 @@ def test_idle_connections_time_out_and_cannot_exhaust_fds(tmp_path):
 
 def test_accept_errors_log_one_line_per_interval_and_the_server_recovers(tmp_path):
     with fd_limit(200):  # a cap above what the fds allow: accept() does fail with EMFILE
-        server = ServerProc("--max-connections", "1000", "--accept-error-log-interval", "60",
-                            "--keep-alive-timeout", "2", "--body-read-timeout", "3", tmpdir=tmp_path)
+        server = ServerProc(
+            "--max-connections",
+            "1000",
+            "--accept-error-log-interval",
+            "60",
+            "--keep-alive-timeout",
+            "2",
+            "--body-read-timeout",
+            "3",
+            tmpdir=tmp_path,
+        )
     socks = []
     try:
         for _ in range(190):
             s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                      b"content-length: 100\r\n\r\n")
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"content-length: 100\r\n\r\n"
+            )
             socks.append(s)
         time.sleep(2)  # clock: asyncio retries accept() every second (up to 100 times each): two rounds of them
 
@@ -168,8 +189,10 @@ def test_client_gone_mid_upload_is_a_client_abort_not_a_500(srv):
     before, log_start = scrape(srv), len(srv.log())
     body = json.dumps({"prompt": "x" * 2000, "max_tokens": 2}).encode()
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                  b"content-length: %d\r\n\r\n%s" % (len(body), body[: len(body) // 2]))
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body[: len(body) // 2])
+        )
 
     def delta(name, **labels):
         return value(scrape(srv), name, **labels) - value(before, name, **labels)
@@ -209,12 +232,19 @@ def test_stalled_http2_stream_is_reset_and_its_request_aborted(srv):
     assert _until(lambda: srv.debug()["in_flight"] == 0, 10)
     assert srv.held() == 0 and srv.debug()["scheduler"]["num_running"] == 0  # the abort reached the engine
     after = scrape(srv)
-    assert value(after, "sightline_request_aborts_total", reason="client_disconnect") - value(
-        before, "sightline_request_aborts_total", reason="client_disconnect") == 1
+    assert (
+        value(after, "sightline_request_aborts_total", reason="client_disconnect")
+        - value(before, "sightline_request_aborts_total", reason="client_disconnect")
+        == 1
+    )
     assert value(after, "sightline_requests_total", finish_reason="length") == value(
-        before, "sightline_requests_total", finish_reason="length")  # cut off, not run to the end
-    assert value(after, "sightline_http_stream_stalls_total", cause="stalled") - value(
-        before, "sightline_http_stream_stalls_total", cause="stalled") == 1
+        before, "sightline_requests_total", finish_reason="length"
+    )  # cut off, not run to the end
+    assert (
+        value(after, "sightline_http_stream_stalls_total", cause="stalled")
+        - value(before, "sightline_http_stream_stalls_total", cause="stalled")
+        == 1
+    )
 
 
 def test_stalled_http2_stream_ends_at_its_request_deadline(srv):
@@ -231,12 +261,19 @@ def test_stalled_http2_stream_ends_at_its_request_deadline(srv):
     assert _until(lambda: srv.debug()["in_flight"] == 0, 10)
     assert srv.held() == 0 and srv.debug()["scheduler"]["num_running"] == 0
     after = scrape(srv)
-    assert value(after, "sightline_request_aborts_total", reason="timeout") - value(
-        before, "sightline_request_aborts_total", reason="timeout") == 1
+    assert (
+        value(after, "sightline_request_aborts_total", reason="timeout")
+        - value(before, "sightline_request_aborts_total", reason="timeout")
+        == 1
+    )
     assert value(after, "sightline_requests_total", finish_reason="length") == value(
-        before, "sightline_requests_total", finish_reason="length")  # cut off at its deadline, not run to the end
-    assert value(after, "sightline_http_stream_stalls_total", cause="deadline") - value(
-        before, "sightline_http_stream_stalls_total", cause="deadline") == 1
+        before, "sightline_requests_total", finish_reason="length"
+    )  # cut off at its deadline, not run to the end
+    assert (
+        value(after, "sightline_http_stream_stalls_total", cause="deadline")
+        - value(before, "sightline_http_stream_stalls_total", cause="deadline")
+        == 1
+    )
 
 
 def test_sigterm_with_a_stalled_http2_stream_exits_0(tmp_path):

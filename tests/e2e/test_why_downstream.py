@@ -30,9 +30,22 @@ TOKENS = 64  # per stream: it streams 63 (over a second at the floor's pace), th
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-prefill-tokens", "32", "--max-step-tokens", "32", "--min-prefill-chunk", "32",
-                     "--decode-gap-factor", "4", "--decode-gap-floor", "0.3", "--heartbeat-interval", "0.2",
-                     tmpdir=tmp_path_factory.mktemp("why-down"), step_floor_ms=STEP_MS)
+    srv = ServerProc(
+        "--max-prefill-tokens",
+        "32",
+        "--max-step-tokens",
+        "32",
+        "--min-prefill-chunk",
+        "32",
+        "--decode-gap-factor",
+        "4",
+        "--decode-gap-floor",
+        "0.3",
+        "--heartbeat-interval",
+        "0.2",
+        tmpdir=tmp_path_factory.mktemp("why-down"),
+        step_floor_ms=STEP_MS,
+    )
     yield srv
     srv.stop()
 
@@ -43,9 +56,11 @@ def gaps(srv: ServerProc, cause: str) -> float:
 
 def server_span_gaps(srv: ServerProc, rid: str, every: list | None = None) -> list[dict]:
     """The decode_gap events of the rid's server span (the TokenizerManager's), once its record is in."""
+
     def root():
         r = httpx.get(f"{srv.url}/debug/requests/{rid}")
         return r.status_code == 200 and [s for s in r.json()["spans"] if s["kind"] == "SERVER"]
+
     (span,) = wait_until(root, 20, f"{rid}'s server span")
     if every is not None:
         every.append((span["attributes"], [e["name"] for e in span["events"]]))
@@ -58,8 +73,9 @@ def test_a_prompt_behind_a_long_chunked_prefill_waits_for_the_step_budget(server
     done: dict = {}
     with scheduler_stopped(server):
         for n, (name, ids) in enumerate((("long", [5 + j for j in range(1400)]), ("short", [3, 4, 5])), 1):
-            threading.Thread(target=lambda n=name, i=ids: done.setdefault(n, generate(server, i, 2)),
-                             daemon=True).start()
+            threading.Thread(
+                target=lambda n=name, i=ids: done.setdefault(n, generate(server, i, 2)), daemon=True
+            ).start()
             sent_on(server, n)  # on its socket, in this order
     wait_until(lambda: len(done) == 2, 120, "both answered")
     b = entry(server, done["short"].headers["x-request-id"], "decode")

@@ -26,11 +26,25 @@ BIG = [20000 + j for j in range(480)]  # fits the empty pool, not beside the res
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-total-tokens", str(POOL), "--max-running-requests", "8",
-                     "--max-prefill-tokens", "512", "--max-step-tokens", "512",
-                     "--init-new-token-ratio", "0.05",  # admit the second stream: the estimate is far below its need
-                     "--decode-gap-factor", "3", "--decode-gap-floor", "0.005", "--heartbeat-interval", "0.2",
-                     tmpdir=tmp_path_factory.mktemp("why-kv"))
+    srv = ServerProc(
+        "--max-total-tokens",
+        str(POOL),
+        "--max-running-requests",
+        "8",
+        "--max-prefill-tokens",
+        "512",
+        "--max-step-tokens",
+        "512",
+        "--init-new-token-ratio",
+        "0.05",  # admit the second stream: the estimate is far below its need
+        "--decode-gap-factor",
+        "3",
+        "--decode-gap-floor",
+        "0.005",
+        "--heartbeat-interval",
+        "0.2",
+        tmpdir=tmp_path_factory.mktemp("why-kv"),
+    )
     yield srv
     srv.stop()
 
@@ -51,13 +65,19 @@ def first_prefill(spans: list[dict]) -> dict:
 
 
 def misses(srv: ServerProc) -> dict[str, float]:
-    return {r: counter(srv, "sightline_prefix_cache_misses_total", reason=r)
-            for r in ("evicted", "never_seen", "too_short")}
+    return {
+        r: counter(srv, "sightline_prefix_cache_misses_total", reason=r) for r in ("evicted", "never_seen", "too_short")
+    }
 
 
 def retraction_gaps(spans: list[dict]) -> int:
-    return sum(1 for s in spans if s["name"] == "decode" for e in s["events"]
-               if e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction")
+    return sum(
+        1
+        for s in spans
+        if s["name"] == "decode"
+        for e in s["events"]
+        if e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "retraction"
+    )
 
 
 def test_a_retraction_its_queue_and_the_evicted_prefix(server):
@@ -76,19 +96,22 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
     held = Stream(server, HELD_PROMPT, HELD_TOKENS, hold=True)  # its prompt evicts PROMPT's unlocked leaf
     server.wait_held(1)
     grower = Stream(server, [7000, 6, 7, 8, 9, 10, 11, 12], GROWER_TOKENS)
+
     # it runs out of KV beside the held stream (never retracted): retracted, and waits for KV until released
     def retracted() -> bool:
         server.barrier()
         sched = server.debug()["scheduler"]
         return sched["retractions_total"] - retractions == 1 and sched["num_waiting"] == 1
+
     wait_until(retracted, 30, "the second stream retracted and waiting")
     assert "[DONE]" not in grower.events
     answers: dict = {}  # a long prompt and a short one queue behind it
     big = threading.Thread(target=lambda: answers.setdefault("big", generate(server, BIG, 2)), daemon=True)
     big.start()
     waiting(server, 2)
-    behind = threading.Thread(target=lambda: answers.setdefault("behind", generate(server, [9000, 1, 2, 3], 4)),
-                              daemon=True)
+    behind = threading.Thread(
+        target=lambda: answers.setdefault("behind", generate(server, [9000, 1, 2, 3], 4)), daemon=True
+    )
     behind.start()
     waiting(server, 3)
     server.release()  # the held stream ends: the retracted one resumes, the long prompt waits for it to end
@@ -110,8 +133,11 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
     assert done[rids[3]][0]["wait_ms"].get("queue_order", 0) > 0, done[rids[3]][0]  # behind it
     server.barrier()  # the counters of every step so far
     assert counter(server, "sightline_retractions_total") - retractions == 1
-    assert counter(server, "sightline_decode_gaps_total", cause="retraction") - gaps \
-        == sum(retraction_gaps(spans) for _, spans in done.values()) == 1
+    assert (
+        counter(server, "sightline_decode_gaps_total", cause="retraction") - gaps
+        == sum(retraction_gaps(spans) for _, spans in done.values())
+        == 1
+    )
 
     before = misses(server)
     again = generate(server, PROMPT, 2)  # the held stream's prompt evicted it (least recently used, unlocked)
@@ -119,8 +145,9 @@ def test_a_retraction_its_queue_and_the_evicted_prefix(server):
     for resp, reason in ((again, "evicted"), (new, "never_seen")):
         attrs = first_prefill(summary(server, resp.headers["x-request-id"])[1])["attributes"]
         assert attrs["sightline.prefix_cache.miss_reason"] == reason, attrs
-        assert attrs["sightline.prefix_cache.matched_tokens"] == 0 and attrs["sightline.prefix_cache.lookup_tokens"] \
-            == 199
+        assert (
+            attrs["sightline.prefix_cache.matched_tokens"] == 0 and attrs["sightline.prefix_cache.lookup_tokens"] == 199
+        )
         assert "prefix_cache" not in resp.text and "evicted" not in resp.text and "never_seen" not in resp.text
         assert not any("prefix" in k.lower() or "evict" in v for k, v in resp.headers.items())
     attrs = first_prefill(summary(server, again.headers["x-request-id"])[1])["attributes"]

@@ -30,9 +30,22 @@ SEEN: dict[str, str] = {}  # what the first test made, for the inspector's
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProc("--max-running-requests", "3", "--max-prefill-tokens", "4096", "--max-step-tokens", "4096",
-                     "--decode-gap-factor", "3", "--decode-gap-floor", "0.005", "--heartbeat-interval", "0.2",
-                     model=str(family_models.build("llama")), tmpdir=tmp_path_factory.mktemp("why"))
+    srv = ServerProc(
+        "--max-running-requests",
+        "3",
+        "--max-prefill-tokens",
+        "4096",
+        "--max-step-tokens",
+        "4096",
+        "--decode-gap-factor",
+        "3",
+        "--decode-gap-floor",
+        "0.005",
+        "--heartbeat-interval",
+        "0.2",
+        model=str(family_models.build("llama")),
+        tmpdir=tmp_path_factory.mktemp("why"),
+    )
     yield srv
     srv.stop()
 
@@ -44,8 +57,11 @@ class Stream(threading.Thread):
     def __init__(self, srv: ServerProc, ids: list[int], n: int, hold: bool = False) -> None:
         super().__init__(daemon=True)
         self.srv, self.n = srv, n
-        self.body = {"input_ids": ids, "stream": True, "sampling_params": {
-            "max_new_tokens": n, "temperature": 0, "ignore_eos": True, **(HOLD if hold else {})}}
+        self.body = {
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **(HOLD if hold else {})},
+        }
         self.events: list = []
         self.rid = self.traceparent = None
         self.start()
@@ -63,8 +79,9 @@ class Stream(threading.Thread):
 
 
 def counter(srv: ServerProc, name: str, **labels: str) -> float:
-    return sum(s.value for s in samples(scrape(srv)) if s.name == name
-               and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value for s in samples(scrape(srv)) if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def entry(srv: ServerProc, rid: str, span: str) -> dict:
@@ -75,12 +92,16 @@ def entry(srv: ServerProc, rid: str, span: str) -> dict:
     def got():
         r = httpx.get(f"{srv.url}/debug/requests/{rid}")
         return r.status_code == 200 and any(s["name"] == span for s in r.json()["spans"]) and r.json()
+
     return wait_until(got, 20, f"{rid}'s {span} span")
 
 
 def generate(srv: ServerProc, ids: list[int], n: int) -> httpx.Response:
-    return srv.post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0,
-                                                                         "ignore_eos": True}}, timeout=300)
+    return srv.post(
+        "/generate",
+        {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}},
+        timeout=300,
+    )
 
 
 def waiting(srv: ServerProc, n: int) -> None:
@@ -102,8 +123,11 @@ def scheduler_stopped(srv: ServerProc):
 
 def sent_on(srv: ServerProc, n: int) -> None:
     """Wait until the front end holds `n` requests: it sends each on to the Scheduler in the step that adds it."""
-    wait_until(lambda: len(httpx.get(srv.url + "/debug/requests", params={"in_flight": 1}).json()["requests"]) == n,
-               30, f"{n} requests sent on to the Scheduler")
+    wait_until(
+        lambda: len(httpx.get(srv.url + "/debug/requests", params={"in_flight": 1}).json()["requests"]) == n,
+        30,
+        f"{n} requests sent on to the Scheduler",
+    )
 
 
 def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
@@ -137,10 +161,16 @@ def test_a_long_prefill_is_the_streams_gap_and_the_timeline_links_it(server):
     gaps, every = [], []  # the prefill gaps of every request that decoded after `before`, and all their gaps
     for rid in (done["first"].headers["x-request-id"], *(s.rid for s in streams)):
         decode = next(x for x in entry(server, rid, "decode")["spans"] if x["name"] == "decode")
-        every += [(e["attributes"]["sightline.decode_gap.cause"], e["attributes"]["sightline.decode_gap.seconds"])
-                  for e in decode["events"] if e["name"] == "decode_gap"]
-        gaps += [(rid, e) for e in decode["events"] if e["name"] == "decode_gap"
-                 and e["attributes"]["sightline.decode_gap.cause"] == "prefill"]
+        every += [
+            (e["attributes"]["sightline.decode_gap.cause"], e["attributes"]["sightline.decode_gap.seconds"])
+            for e in decode["events"]
+            if e["name"] == "decode_gap"
+        ]
+        gaps += [
+            (rid, e)
+            for e in decode["events"]
+            if e["name"] == "decode_gap" and e["attributes"]["sightline.decode_gap.cause"] == "prefill"
+        ]
     by_long = [(rid, g) for rid, g in gaps if long_rid in g["attributes"]["sightline.decode_gap.culprit_rids"]]
     assert sorted(rid for rid, _ in by_long) == sorted(s.rid for s in streams), (gaps, every)  # one each
     assert all(g["attributes"]["sightline.decode_gap.prefill_tokens"] >= LONG_PROMPT for _, g in by_long)
@@ -179,13 +209,15 @@ def test_the_inspector_marks_the_gap_and_links_the_culprit(server, tmp_path):
     gaps = [r for r in parsed.rows if r.get("data-source") == "gap"]
     assert any(r["data-cause"] == "prefill" and SEEN["long"] in r["data-culprits"].split() for r in gaps), gaps
     rows = dom.split('class="row"')
-    assert any('data-source="gap"' in r and 'data-cause="prefill"' in r and f'data-rid="{SEEN["long"]}"' in r
-               for r in rows)  # the gap's row links to the culprit's own page
+    assert any(
+        'data-source="gap"' in r and 'data-cause="prefill"' in r and f'data-rid="{SEEN["long"]}"' in r for r in rows
+    )  # the gap's row links to the culprit's own page
 
 
 def test_held_back_by_the_running_limit_and_a_pause(server):
     def reasons_count(reason):
         return counter(server, "sightline_request_wait_seconds_count", reason=reason)
+
     server.barrier()
     paused_before = reasons_count("paused")
     # the running limit, taken by three held streams: running until released, whatever the machine
@@ -223,6 +255,11 @@ def test_held_back_by_the_running_limit_and_a_pause(server):
     (root,) = [x for x in entry(server, rid, "queue")["spans"] if x["kind"] == "SERVER"]
     attrs = root["attributes"]
     assert abs(attrs["gen_ai.latency.time_in_queue"] * 1e3 - breakdown["queue_ms"]) < 0.002
-    assert {"gen_ai.latency.time_to_first_token", "gen_ai.latency.e2e", "gen_ai.latency.time_in_model_prefill",
-            "gen_ai.latency.time_in_model_decode", "gen_ai.latency.time_in_model_inference"} <= set(attrs)
+    assert {
+        "gen_ai.latency.time_to_first_token",
+        "gen_ai.latency.e2e",
+        "gen_ai.latency.time_in_model_prefill",
+        "gen_ai.latency.time_in_model_decode",
+        "gen_ai.latency.time_in_model_inference",
+    } <= set(attrs)
     assert attrs["sightline.wait.paused_seconds"] > 0

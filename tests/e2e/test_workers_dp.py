@@ -30,8 +30,16 @@ from tests.server_util import (
     wait_until,
 )
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The quick brown fox",
-           "In 1969, astronauts", "Water boils at", "My favourite colour is", "To be or not to be"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time",
+    "The quick brown fox",
+    "In 1969, astronauts",
+    "Water boils at",
+    "My favourite colour is",
+    "To be or not to be",
+]
 
 
 FAULT_SEED = 4242
@@ -40,12 +48,24 @@ HELD = 16  # max_tokens of a held stream: it sends 15 tokens, then stays running
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory, otlp):
-    srv = ServerProc("--tokenizer-worker-num", "2", "--dp-size", "2", "--max-queued-requests", "512",
-                     "--otel-exporter-otlp-endpoint", otlp.endpoint, "--tail-sampling-overrides-parent",
-                     "--otel-metrics-exporter", "otlp", "--otel-metrics-catalogue",
-                     "--otel-metric-export-interval", "2000",
-                     tmpdir=tmp_path_factory.mktemp("workers-dp"),
-                     env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "200"})
+    srv = ServerProc(
+        "--tokenizer-worker-num",
+        "2",
+        "--dp-size",
+        "2",
+        "--max-queued-requests",
+        "512",
+        "--otel-exporter-otlp-endpoint",
+        otlp.endpoint,
+        "--tail-sampling-overrides-parent",
+        "--otel-metrics-exporter",
+        "otlp",
+        "--otel-metrics-catalogue",
+        "--otel-metric-export-interval",
+        "2000",
+        tmpdir=tmp_path_factory.mktemp("workers-dp"),
+        env={"SIGHTLINE_FAULT_SEED": str(FAULT_SEED), "OTEL_BSP_SCHEDULE_DELAY": "200"},
+    )
     yield srv
     srv.stop()
 
@@ -74,8 +94,11 @@ async def _one(client: httpx.AsyncClient, kind: str, i: int, stream: bool) -> tu
         events = sse_events([line async for line in r.aiter_lines()])
     assert events[-1] == "[DONE]", events[-3:]
     usage = next(e["usage"] for e in events if isinstance(e, dict) and e.get("usage"))
-    finish = next(e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict) and e["choices"]
-                  and e["choices"][0].get("finish_reason"))
+    finish = next(
+        e["choices"][0]["finish_reason"]
+        for e in events
+        if isinstance(e, dict) and e["choices"] and e["choices"][0].get("finish_reason")
+    )
     text = chat_text(events) if kind == "chat" else completion_text(events)
     return text, usage["prompt_tokens"], usage["completion_tokens"], finish
 
@@ -85,8 +108,9 @@ def test_200_concurrent_mixed_requests_are_complete_right_and_counted_exactly(fl
     cases = [(kind, i, stream) for i in range(50) for kind in ("chat", "completion") for stream in (True, False)]
 
     async def main():
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=180,
-                                     limits=httpx.Limits(max_connections=200)) as client:
+        async with httpx.AsyncClient(
+            base_url=fleet.url, timeout=180, limits=httpx.Limits(max_connections=200)
+        ) as client:
             return await asyncio.gather(*(_one(client, *c) for c in cases))
 
     results = dict(zip(cases, asyncio.run(main())))
@@ -107,13 +131,19 @@ def test_200_concurrent_mixed_requests_are_complete_right_and_counted_exactly(fl
     # both ranks computed, both workers served (each has its own in-flight gauge)
     assert delta("sightline_scheduler_generated_tokens_total", dp_rank="0") > 0
     assert delta("sightline_scheduler_generated_tokens_total", dp_rank="1") > 0
-    assert {"1", "2"} <= {s.split('worker="')[1].split('"')[0] for s in after.splitlines()
-                          if s.startswith("sightline_requests_in_flight{")}
+    assert {"1", "2"} <= {
+        s.split('worker="')[1].split('"')[0]
+        for s in after.splitlines()
+        if s.startswith("sightline_requests_in_flight{")
+    }
     # no series twice: the text parses as one family each (the parser would raise on a duplicate TYPE)
     assert after.count("# TYPE sightline_requests_total counter") == 1
     om = scrape(fleet, openmetrics=True)
-    exemplars = [line for line in om.splitlines()
-                 if line.startswith("sightline_time_to_first_token_seconds_bucket") and "trace_id=" in line]
+    exemplars = [
+        line
+        for line in om.splitlines()
+        if line.startswith("sightline_time_to_first_token_seconds_bucket") and "trace_id=" in line
+    ]
     assert exemplars, "the merged OpenMetrics exposition lost the exemplars"
 
 
@@ -121,6 +151,7 @@ def test_the_catalogue_over_otlp_from_each_worker_and_the_hub(fleet, otlp):
     """--otel-metrics-catalogue: each worker pushes its own registry (the requests it served, TTFT as an
     exponential histogram), the hub the engine's numbers (every rank's); over the workers the requests
     add up to the merged /metrics."""
+
     def pushed():
         total = value(scrape(fleet), "sightline_requests_total")
         by_worker: dict = {}
@@ -132,19 +163,22 @@ def test_the_catalogue_over_otlp_from_each_worker_and_the_hub(fleet, otlp):
     wait_until(pushed, 20, "every worker's requests pushed")
     ttft = otlp.latest_points("sightline_time_to_first_token_seconds")
     assert {p["resource"]["sightline.worker"] for p in ttft} == {1, 2}
-    assert all(p["kind"] == "exponential_histogram" and p["resource"]["sightline.process.role"] == "main"
-               for p in ttft)
+    assert all(p["kind"] == "exponential_histogram" and p["resource"]["sightline.process.role"] == "main" for p in ttft)
     phases = otlp.latest_points("sightline_engine_step_phase_seconds")
     assert phases and {p["resource"]["sightline.process.role"] for p in phases} == {"hub"}
-    assert {p["attributes"]["dp_rank"] for p in phases} == {"0", "1"} and all(p["kind"] == "histogram"
-                                                                             for p in phases)
+    assert {p["attributes"]["dp_rank"] for p in phases} == {"0", "1"} and all(p["kind"] == "histogram" for p in phases)
 
 
 def test_any_worker_finds_any_rid_with_one_trace_across_processes(fleet):
-    rids = [fleet.post("/generate", {"text": f"{p} again", "sampling_params": {"max_new_tokens": 4}}).json()
-            ["meta_info"]["id"] for p in PROMPTS]
+    rids = [
+        fleet.post("/generate", {"text": f"{p} again", "sampling_params": {"max_new_tokens": 4}}).json()["meta_info"][
+            "id"
+        ]
+        for p in PROMPTS
+    ]
     workers, ranks = set(), set()
     for rid in rids:  # each lookup lands on some worker; the hub asks them all
+
         def entry():
             r = httpx.get(f"{fleet.url}/debug/requests/{rid}", timeout=10)
             e = r.json() if r.status_code == 200 else None
@@ -163,16 +197,21 @@ def test_tail_sampling_exports_a_failed_requests_trace_from_its_worker_and_the_h
     """Callers' sampled=0 with --tail-sampling-overrides-parent: recorded, decided at the end. The
     worker decides and exports its own spans; the hub exports the engine's."""
     failed, fine = "5e" * 16, "5f" * 16
-    r = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
-                   headers={"traceparent": f"00-{failed}-{'ab' * 8}-00"})
+    r = fleet.post(
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 4, "seed": FAULT_SEED},
+        headers={"traceparent": f"00-{failed}-{'ab' * 8}-00"},
+    )
     assert r.status_code == 500 and r.headers["traceparent"].split("-")[1] == failed
-    ok = fleet.post("/v1/completions", {"prompt": "x", "max_tokens": 4},
-                    headers={"traceparent": f"00-{fine}-{'ab' * 8}-00"})
+    ok = fleet.post(
+        "/v1/completions", {"prompt": "x", "max_tokens": 4}, headers={"traceparent": f"00-{fine}-{'ab' * 8}-00"}
+    )
     assert ok.status_code == 200 and "trace_id" not in ok.json()["sightline"]
 
     def origins():
-        got = {(s["resource"]["sightline.process.role"], s["resource"].get("sightline.worker"))
-               for s in otlp.trace(failed)}
+        got = {
+            (s["resource"]["sightline.process.role"], s["resource"].get("sightline.worker")) for s in otlp.trace(failed)
+        }
         return got if {"main", "scheduler", "detokenizer"} <= {role for role, _ in got} else None
 
     got = wait_until(origins, 20, "the failed request's trace from its worker and the engine")
@@ -198,8 +237,11 @@ def test_control_actions_reach_every_worker_and_rank(fleet):
     held = {"max_new_tokens": HELD, "temperature": 0, **HOLD}
     r = fleet.post("/control/log_level", {"level": "debug"})
     assert r.status_code == 200, r.text
-    assert r.json()["processes"] == ["hub", *(f"worker-{w}" for w in r.json()["workers"]), "scheduler_dp0",
-                                     "scheduler_dp1"] and len(r.json()["workers"]) == 2
+    assert (
+        r.json()["processes"]
+        == ["hub", *(f"worker-{w}" for w in r.json()["workers"]), "scheduler_dp0", "scheduler_dp1"]
+        and len(r.json()["workers"]) == 2
+    )
     assert fleet.post("/control/log_level", {"level": "info"}).json()["previous"] == "debug"
     r = fleet.post("/control/tracing", {"sampling_ratio": 0.25})
     assert r.status_code == 200 and fleet.post("/control/tracing", {"sampling_ratio": 1.0}).json()["previous"] == 0.25
@@ -277,11 +319,14 @@ def test_a_rank_that_does_not_confirm_is_named(fleet):
 
 def test_the_step_timeline_merges_every_rank_whichever_worker_answers(fleet):
     """Each answer comes from whichever worker accepted the connection; the replies of both ranks reach it."""
+
     async def load():  # concurrent: the rank picker spreads them over both ranks
         async with httpx.AsyncClient(base_url=fleet.url, timeout=60) as client:
-            rs = await asyncio.gather(*[client.post("/v1/completions", json={"prompt": f"timeline {i}",
-                                                                             "max_tokens": 32}) for i in range(8)])
+            rs = await asyncio.gather(
+                *[client.post("/v1/completions", json={"prompt": f"timeline {i}", "max_tokens": 32}) for i in range(8)]
+            )
         assert all(r.status_code == 200 for r in rs)
+
     asyncio.run(load())
     for _ in range(4):
         events = httpx.get(fleet.url + "/debug/timeline?seconds=600", timeout=30).json()["traceEvents"]
@@ -298,6 +343,7 @@ def _held_on_both_workers(fleet, n: int) -> dict:
     def state():  # each worker reports its in-flight count to the hub on its own schedule
         st = httpx.get(f"{fleet.url}/debug/state", timeout=10).json()  # not through the streams' pool
         return st if st["in_flight"] == n and all(w["in_flight"] for w in st["workers"].values()) else None
+
     return wait_until(state, 10, f"the {n} streams in flight on both workers")
 
 
@@ -307,8 +353,14 @@ def test_kill_9_one_worker_ends_only_its_streams_and_leaves_nothing_behind(fleet
     killed_at: list[float] = []
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"prompt": f"count {i}", "max_tokens": HELD, "temperature": 0, **HOLD, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": f"count {i}",
+            "max_tokens": HELD,
+            "temperature": 0,
+            **HOLD,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         n = 0
         try:
             async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -323,8 +375,9 @@ def test_kill_9_one_worker_ends_only_its_streams_and_leaves_nothing_behind(fleet
             done[i] = ("error", time.monotonic(), n)
 
     async def main():
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=20, max_keepalive_connections=0)) as c:
+        async with httpx.AsyncClient(
+            base_url=fleet.url, timeout=120, limits=httpx.Limits(max_connections=20, max_keepalive_connections=0)
+        ) as c:
             tasks = [asyncio.create_task(one(c, i)) for i in range(20)]
             st = await asyncio.to_thread(_held_on_both_workers, fleet, 20)
             victim = next(iter(st["workers"].values()))
@@ -348,10 +401,18 @@ def test_kill_9_one_worker_ends_only_its_streams_and_leaves_nothing_behind(fleet
     def settled():
         s = fleet.debug()
         ups = [w for w in s["workers"].values() if w["up"]]
-        return s if (len(ups) == 2 and str(victim["pid"]) not in {str(w["pid"]) for w in ups}
-                     and s["in_flight"] == 0 and s["scheduler"]["num_running"] == 0
-                     and s["detokenizer"]["active_rids"] == 0
-                     and s["scheduler"]["kv_used"] == s["scheduler"]["prefix_cached_tokens"]) else None
+        return (
+            s
+            if (
+                len(ups) == 2
+                and str(victim["pid"]) not in {str(w["pid"]) for w in ups}
+                and s["in_flight"] == 0
+                and s["scheduler"]["num_running"] == 0
+                and s["detokenizer"]["active_rids"] == 0
+                and s["scheduler"]["kv_used"] == s["scheduler"]["prefix_cached_tokens"]
+            )
+            else None
+        )
 
     s = wait_until(settled, 15, "a replacement worker, and no request, KV or decode state left")
     assert s["scheduler"]["kv_reserved"] == 0
@@ -372,8 +433,9 @@ def test_an_engine_rank_that_dies_fails_every_workers_requests_explicitly_then_s
             return sse_events([line async for line in r.aiter_lines()])
 
     async def main():
-        async with httpx.AsyncClient(base_url=fleet.url, timeout=120,
-                                     limits=httpx.Limits(max_connections=12, max_keepalive_connections=0)) as c:
+        async with httpx.AsyncClient(
+            base_url=fleet.url, timeout=120, limits=httpx.Limits(max_connections=12, max_keepalive_connections=0)
+        ) as c:
             tasks = [asyncio.create_task(one(c, i)) for i in range(12)]
             st = await asyncio.to_thread(_held_on_both_workers, fleet, 12)
             os.kill(st["pids"]["scheduler_dp1"], signal.SIGKILL)

@@ -45,8 +45,16 @@ def test_packages_by_process_import_each_other_without_cycles():
     graph_module = _import_graph()
     edges = graph_module.graph(ROOT)
     assert graph_module.cycles(edges) == []
-    ours = {"protocol", "telemetry", "serving", "serving.cli", "serving.frontend", "serving.engine",
-            "serving.models", "serving.detokenizer"}
+    ours = {
+        "protocol",
+        "telemetry",
+        "serving",
+        "serving.cli",
+        "serving.frontend",
+        "serving.engine",
+        "serving.models",
+        "serving.detokenizer",
+    }
     assert set(edges["telemetry"]) & ours == {"protocol"}
     assert set(edges["serving.engine"]) & ours <= {"protocol", "telemetry", "serving", "serving.models"}
     assert set(edges["serving.detokenizer"]) & ours <= {"protocol", "telemetry", "serving"}
@@ -56,11 +64,13 @@ def test_packages_by_process_import_each_other_without_cycles():
 
 
 def test_front_end_and_detokenizer_run_without_torch():
-    code = ("import sys, serving.frontend.launch, serving.detokenizer.manager\n"
-            "from serving.model_files import load_tokenizer\n"
-            "load_tokenizer('tiny-random')\n"
-            "print(sorted(m for m in ('torch', 'serving.engine.scheduler', 'serving.engine.scheduler_core') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, serving.frontend.launch, serving.detokenizer.manager\n"
+        "from serving.model_files import load_tokenizer\n"
+        "load_tokenizer('tiny-random')\n"
+        "print(sorted(m for m in ('torch', 'serving.engine.scheduler', 'serving.engine.scheduler_core') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
@@ -91,7 +101,8 @@ def test_hidden_back_references_are_found(tmp_path):
     (tmp_path / "serving").mkdir()
     (tmp_path / "serving" / "a.py").write_text(
         "from typing import Any\nManager = Any\n\n\nclass A:\n    def f(self, tm):\n"
-        "        self._g()\n        super()._g()\n        tm._finish(1)\n        return tm.__len__()\n")
+        "        self._g()\n        super()._g()\n        tm._finish(1)\n        return tm.__len__()\n"
+    )
     found = _import_graph().hidden_references(tmp_path)
     assert [f.split(": ", 1)[0] for f in found] == ["serving/a.py:2", "serving/a.py:9"]
     assert "`Manager = Any`" in found[0] and "`tm._finish()`" in found[1]
@@ -101,10 +112,16 @@ def _monitor_fields() -> set[str]:
     """The fields EngineMonitor keeps its state in: every private attribute its methods assign on `self`."""
     tree = ast.parse((ROOT / "serving/frontend/supervision/engine_monitor.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "EngineMonitor")
-    return {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
-            for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
-            and t.attr.startswith("_")}
+    return {
+        t.attr
+        for n in ast.walk(cls)
+        if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        if isinstance(t, ast.Attribute)
+        and isinstance(t.value, ast.Name)
+        and t.value.id == "self"
+        and t.attr.startswith("_")
+    }
 
 
 def test_engine_state_is_written_only_by_the_monitor():
@@ -117,29 +134,54 @@ def test_engine_state_is_written_only_by_the_monitor():
     fields = _monitor_fields()
     assert {"_paused", "_failure", "_down", "_shutting_down", "_procs", "_restart_status", "_ready"} <= fields
     mon = EngineMonitor(stall_timeout=1.0, watchdog_timeout=1.0)
-    for name in sorted(f.lstrip("_") for f in fields if isinstance(getattr(EngineMonitor, f.lstrip("_"), None),
-                                                                    property)):
+    for name in sorted(
+        f.lstrip("_") for f in fields if isinstance(getattr(EngineMonitor, f.lstrip("_"), None), property)
+    ):
         with pytest.raises(AttributeError):
             setattr(mon, name, None)
     public = {n for n in vars(mon) if not n.startswith("_")}
-    assert public <= {"dp_size", "roles", "stall_timeout", "queue_stuck_timeout", "watchdog_timeout", "on_stats",
-                      "ready_log"}, \
-        f"engine state kept in public attributes (make them private behind a property): {public}"
+    assert public <= {
+        "dp_size",
+        "roles",
+        "stall_timeout",
+        "queue_stuck_timeout",
+        "watchdog_timeout",
+        "on_stats",
+        "ready_log",
+    }, f"engine state kept in public attributes (make them private behind a property): {public}"
     offenders = []
     for path in sorted((ROOT / "serving").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
-                       if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
             for sub in (s for t in targets for s in ast.walk(t)):  # tuple targets too
-                if isinstance(sub, ast.Attribute) and sub.attr in fields and not (
-                        isinstance(sub.value, ast.Name) and sub.value.id == "self"):
+                if (
+                    isinstance(sub, ast.Attribute)
+                    and sub.attr in fields
+                    and not (isinstance(sub.value, ast.Name) and sub.value.id == "self")
+                ):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} assigns .{sub.attr}")
                 elif isinstance(sub, ast.Attribute) and f"_{sub.attr}" in fields and "mon" in ast.unparse(sub.value):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} assigns monitor field .{sub.attr}")
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
-                    and len(node.args) > 1 and not isinstance(node.args[1], ast.Constant):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and len(node.args) > 1
+                and not isinstance(node.args[1], ast.Constant)
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} setattr with a computed name")
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" \
-                    and len(node.args) > 1 and str(node.args[1].value).lstrip("_") in {f.lstrip("_") for f in fields}:
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "setattr"
+                and len(node.args) > 1
+                and str(node.args[1].value).lstrip("_") in {f.lstrip("_") for f in fields}
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} setattr {node.args[1].value}")
     assert offenders == []

@@ -74,19 +74,26 @@ async def _api_error(request: Request, exc: APIError) -> Response:
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
-    msg = {404: f"no route for {request.url.path}",
-           405: f"method {request.method} is not allowed on {request.url.path}"}
-    return error_response(APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), type=kind),
-                          headers=getattr(exc, "headers", None), path=request.url.path)
+    msg = {
+        404: f"no route for {request.url.path}",
+        405: f"method {request.method} is not allowed on {request.url.path}",
+    }
+    return error_response(
+        APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), type=kind),
+        headers=getattr(exc, "headers", None),
+        path=request.url.path,
+    )
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """Runs outside the middleware stack (Starlette's ServerErrorMiddleware), so the response ids
     are added here."""
     log.exception("unhandled error on %s", request.url.path)
-    return error_response(APIError(500, "internal server error", type="internal_error"),
-                          headers={k.decode(): v.decode() for k, v in response_ids(request.scope)},
-                          path=request.url.path)
+    return error_response(
+        APIError(500, "internal server error", type="internal_error"),
+        headers={k.decode(): v.decode() for k, v in response_ids(request.scope)},
+        path=request.url.path,
+    )
 
 
 def _cors(args) -> list[Middleware]:
@@ -96,21 +103,29 @@ def _cors(args) -> list[Middleware]:
     origins = allowed_origins(args.allowed_origins)
     if not origins:
         return []
-    return [Middleware(CORSMiddleware, allow_origins=origins, allow_methods=("GET", "POST", "DELETE"),
-                       allow_headers=("*",), expose_headers=("x-request-id", "traceparent", "retry-after"),
-                       allow_private_network=True)]
+    return [
+        Middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=("GET", "POST", "DELETE"),
+            allow_headers=("*",),
+            expose_headers=("x-request-id", "traceparent", "retry-after"),
+            allow_private_network=True,
+        )
+    ]
 
 
 def build_app(state: ServerState) -> Starlette:
     app = Starlette(
         routes=ROUTES,
         exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error},
-        middleware=[Middleware(HTTPMetricsMiddleware, state=state, routes=ROUTES),
-                    Middleware(ResponseIdsMiddleware),
-                    *_cors(state.args),
-                    Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
-                    Middleware(AuthMiddleware, args=state.args, keys=state.keys)],
+        middleware=[
+            Middleware(HTTPMetricsMiddleware, state=state, routes=ROUTES),
+            Middleware(ResponseIdsMiddleware),
+            *_cors(state.args),
+            Middleware(GuardMiddleware, hosts=allowed_hosts(state.args.host, state.args.allowed_hosts)),
+            Middleware(AuthMiddleware, args=state.args, keys=state.keys),
+        ],
     )
     app.state.server = state
     return app
-

@@ -68,8 +68,10 @@ LINGER_S = 2.0  # a connection the server closes: how long it waits, half-closed
 # asyncio's messages when accept() fails for want of fds: one per queued connection (up to the
 # backlog) each second, and as many retry timers that fail once the listener is closed
 ACCEPT_ERRORS = ("socket.accept() out of system resource", "Exception in callback BaseSelectorEventLoop._start_serving")
-REFUSAL = b'{"error": {"message": "too many open connections; retry later", "type": "server_unavailable", ' \
-          b'"param": null, "code": "too_many_connections"}}'
+REFUSAL = (
+    b'{"error": {"message": "too many open connections; retry later", "type": "server_unavailable", '
+    b'"param": null, "code": "too_many_connections"}}'
+)
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
@@ -86,15 +88,19 @@ def fresh_traceparent(incoming: str = "") -> str:
 def id_headers(incoming_traceparent: str = "") -> list[tuple[bytes, bytes]]:
     """`x-request-id` and `traceparent` for a response that reached no generation: a fresh id
     (the format of a rid) and `fresh_traceparent`."""
-    return [(b"x-request-id", uuid.uuid4().hex.encode()),
-            (b"traceparent", fresh_traceparent(incoming_traceparent).encode())]
+    return [
+        (b"x-request-id", uuid.uuid4().hex.encode()),
+        (b"traceparent", fresh_traceparent(incoming_traceparent).encode()),
+    ]
 
 
 def refusal_response() -> bytes:
     """The 503 for a connection over the limit, written before any request is read."""
     ids = b"".join(b"%s: %s\r\n" % pair for pair in id_headers())
-    return (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n%s"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (ids, len(REFUSAL), REFUSAL))
+    return (
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n%s"
+        b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (ids, len(REFUSAL), REFUSAL)
+    )
 
 
 def default_max_connections(soft_limit: int | None = None) -> int:
@@ -171,8 +177,11 @@ class Stream:
             return
         self.ended = cause
         self.conn.server.count_stall(cause)
-        log.info("response stream cut off (%s): the client took no data for %s", cause,
-                 "the request's deadline" if cause == "deadline" else f"{self.conn.stall:g} s")
+        log.info(
+            "response stream cut off (%s): the client took no data for %s",
+            cause,
+            "the request's deadline" if cause == "deadline" else f"{self.conn.stall:g} s",
+        )
         await self.conn.end_stream(self.stream_id)
 
 
@@ -304,8 +313,7 @@ class HTTPServer:
     def _refuse(self, writer: asyncio.StreamWriter) -> None:
         if self.metrics is not None:
             self.metrics.connections_refused.inc()
-        refusal_log.warning("refusing a connection: %d open (--max-connections %d)", len(self.connections),
-                            self.limit)
+        refusal_log.warning("refusing a connection: %d open (--max-connections %d)", len(self.connections), self.limit)
         with contextlib.suppress(Exception):
             writer.write(refusal_response())
             writer.close()
@@ -337,8 +345,11 @@ class HTTPServer:
         try:
             for sock in self.config.create_sockets().insecure_sockets:
                 servers.append(await asyncio.start_server(self._on_connect, backlog=self.config.backlog, sock=sock))
-                log.info("Running on http://%s (at most %d connections)",
-                         repr_socket_addr(sock.family, sock.getsockname()), self.limit)
+                log.info(
+                    "Running on http://%s (at most %d connections)",
+                    repr_socket_addr(sock.family, sock.getsockname()),
+                    self.limit,
+                )
             await shutdown_trigger()
         finally:
             await self.context.terminated.set()  # idle connections close now; no new requests start

@@ -28,11 +28,19 @@ class SSEResponse(StreamingResponse):
     `on_close` aborts the request (`serving.frontend.http.server.Stream`).
     """
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str],
-                 timeout: float | None) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        on_close: Callable[[], None],
+        headers: dict[str, str],
+        timeout: float | None,
+    ) -> None:
         self._timeout = timeout
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers})
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
+        )
         self._on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:

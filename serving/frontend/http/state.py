@@ -44,15 +44,31 @@ class ServerState:
         now = now_ns()
         states = sorted(self.tm.rid_to_state.values(), key=lambda s: s.arrival)[:limit]
         worker = {"worker": self.hub.worker} if self.hub is not None else {}
-        return [{"rid": s.rid, "route": s.route, "state": "running" if s.started else "queued",
-                 "age_ms": round((now - s.arrival) / 1e6, 3), "stream": s.stream, "prompt_tokens": s.prompt_tokens,
-                 "completion_tokens": s.completion_tokens, "cached_tokens": s.cached_tokens, "dp_rank": s.dp_rank,
-                 "tenant": s.tenant,
-                 "trace_id": s.trace.trace_id, **worker} for s in states]
+        return [
+            {
+                "rid": s.rid,
+                "route": s.route,
+                "state": "running" if s.started else "queued",
+                "age_ms": round((now - s.arrival) / 1e6, 3),
+                "stream": s.stream,
+                "prompt_tokens": s.prompt_tokens,
+                "completion_tokens": s.completion_tokens,
+                "cached_tokens": s.cached_tokens,
+                "dp_rank": s.dp_rank,
+                "tenant": s.tenant,
+                "trace_id": s.trace.trace_id,
+                **worker,
+            }
+            for s in states
+        ]
 
     def debug_state(self) -> dict:
         """/debug/state of a single-process server (with workers the hub answers it)."""
-        return {"in_flight": len(self.tm.rid_to_state), **self.monitor.debug_state(self.tm.counts()),
-                "runtime_dir": self.endpoints.runtime_dir, "model": self.model_name,
-                "event_loop_lag_seconds": {"last": self.loop_lag.last, "worst": self.loop_lag.worst},
-                "tenants": self.tm.tenants.limiter.snapshot() if hasattr(self.tm.tenants, "limiter") else {}}
+        return {
+            "in_flight": len(self.tm.rid_to_state),
+            **self.monitor.debug_state(self.tm.counts()),
+            "runtime_dir": self.endpoints.runtime_dir,
+            "model": self.model_name,
+            "event_loop_lag_seconds": {"last": self.loop_lag.last, "worst": self.loop_lag.worst},
+            "tenants": self.tm.tenants.limiter.snapshot() if hasattr(self.tm.tenants, "limiter") else {},
+        }

@@ -37,16 +37,21 @@ def run_child(kind: str, role: str, *args) -> None:
 
 
 def _start(name: str, kind: str, *args) -> mp.process.BaseProcess:
-    p = mp.get_context("spawn").Process(target=run_child, args=(kind, name, *args), name=f"sightline-{name}",
-                                        daemon=True)
+    p = mp.get_context("spawn").Process(
+        target=run_child, args=(kind, name, *args), name=f"sightline-{name}", daemon=True
+    )
     p.start()
     return p
 
 
 def spawn(args: ServerArgs, endpoints: Endpoints, instance_id: str) -> dict[str, mp.process.BaseProcess]:
     """The engine: every Scheduler rank and the Detokenizer, by role."""
-    procs = {scheduler_role(r, args.dp_size): _start(scheduler_role(r, args.dp_size), "scheduler", args, endpoints,
-                                                       instance_id, r) for r in range(args.dp_size)}
+    procs = {
+        scheduler_role(r, args.dp_size): _start(
+            scheduler_role(r, args.dp_size), "scheduler", args, endpoints, instance_id, r
+        )
+        for r in range(args.dp_size)
+    }
     procs["detokenizer"] = _start("detokenizer", "detokenizer", args, endpoints, instance_id)
     return procs
 

@@ -60,10 +60,20 @@ class Pending:
 
 
 class CrashDumper:
-    def __init__(self, directory: str, monitor: Any, runtime_dir: str, metrics: Any = None, *, recorder: Any = None,
-                 in_flight: Callable[[], list] | None = None,
-                 in_flight_async: Callable[[], Awaitable[list]] | None = None, records_dir: str | None = None,
-                 records: int = 200, role: str = "main") -> None:
+    def __init__(
+        self,
+        directory: str,
+        monitor: Any,
+        runtime_dir: str,
+        metrics: Any = None,
+        *,
+        recorder: Any = None,
+        in_flight: Callable[[], list] | None = None,
+        in_flight_async: Callable[[], Awaitable[list]] | None = None,
+        records_dir: str | None = None,
+        records: int = 200,
+        role: str = "main",
+    ) -> None:
         self.dir, self.monitor, self.runtime_dir, self.m = Path(directory), monitor, runtime_dir, metrics
         self.recorder, self.in_flight, self.in_flight_async = recorder, in_flight, in_flight_async
         self.records_dir, self.records, self.role = records_dir, records, role
@@ -72,8 +82,9 @@ class CrashDumper:
     @classmethod
     def from_args(cls, args: Any, monitor: Any, runtime_dir: str, metrics: Any = None, **kw) -> "CrashDumper | None":
         directory = args.crash_dump_dir or args.dump_requests
-        return cls(directory, monitor, runtime_dir, metrics, records=args.crash_dump_requests, **kw) \
-            if directory else None
+        return (
+            cls(directory, monitor, runtime_dir, metrics, records=args.crash_dump_requests, **kw) if directory else None
+        )
 
     async def begin(self, role: str, cause: str, detail: str) -> Pending | None:
         """Take what the failure will erase: the children's last stats and the requests in flight."""
@@ -81,15 +92,22 @@ class CrashDumper:
             mon, now = self.monitor, time.monotonic_ns()
             proc = mon.procs.get(role)
             code = proc.exitcode if proc is not None else None
-            failure = {"role": role, "cause": cause, "detail": detail,
-                       "time": _utc(time.time(), "%Y-%m-%dT%H:%M:%S.%fZ"),
-                       "pid": proc.pid if proc is not None else None, "exit_code": code,
-                       "signal": signal.Signals(-code).name if code is not None and code < 0 else None,
-                       "restart_status": mon.restart_status}
-            stats = {"schedulers": [msgspec.to_builtins(s) for s in mon.ranks()],
-                     "detokenizer": msgspec.to_builtins(mon.detok_stats) if mon.detok_stats else None,
-                     "heartbeat_age_seconds": {r: round((now - t) / 1e9, 3) for r, t in mon.last_heartbeat.items()},
-                     "pids": {r: p.pid for r, p in mon.procs.items()}}
+            failure = {
+                "role": role,
+                "cause": cause,
+                "detail": detail,
+                "time": _utc(time.time(), "%Y-%m-%dT%H:%M:%S.%fZ"),
+                "pid": proc.pid if proc is not None else None,
+                "exit_code": code,
+                "signal": signal.Signals(-code).name if code is not None and code < 0 else None,
+                "restart_status": mon.restart_status,
+            }
+            stats = {
+                "schedulers": [msgspec.to_builtins(s) for s in mon.ranks()],
+                "detokenizer": msgspec.to_builtins(mon.detok_stats) if mon.detok_stats else None,
+                "heartbeat_age_seconds": {r: round((now - t) / 1e9, 3) for r, t in mon.last_heartbeat.items()},
+                "pids": {r: p.pid for r, p in mon.procs.items()},
+            }
             pending = Pending(failure, stats, None)
             if self.in_flight is not None:
                 pending.in_flight = self.in_flight()
@@ -165,8 +183,9 @@ class CrashDumper:
                 lines = [self.recorder.line(item) for item in records]
             elif self.records_dir is not None:
                 lines = _records_from_files(Path(self.records_dir), self.records)
-                pending.missing.append("requests: read back from the workers' request files (those still queued "
-                                       "in a worker are not in it)")
+                pending.missing.append(
+                    "requests: read back from the workers' request files (those still queued in a worker are not in it)"
+                )
             else:
                 lines = []
                 pending.missing.append("requests: held by the tokenizer workers; set --dump-requests to have them")
@@ -190,7 +209,7 @@ class CrashDumper:
 
     def _prune(self) -> None:
         dumps = sorted(d for d in self.dir.glob("crash-*") if d.is_dir())
-        for d in dumps[:max(0, len(dumps) - KEPT)]:
+        for d in dumps[: max(0, len(dumps) - KEPT)]:
             shutil.rmtree(d, ignore_errors=True)
 
     def _count(self, result: str) -> None:

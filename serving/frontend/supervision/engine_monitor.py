@@ -77,16 +77,24 @@ def sum_stats(stats: list[SchedulerStats]) -> dict:
     out: dict[str, int | float] = {}
     for st in stats:
         for k, v in msgspec.structs.asdict(st).items():
-            if (isinstance(v, (int, float)) and not isinstance(v, bool)
-                    and k not in ("sent_at", "dp_rank", "last_token_at")):
+            if (
+                isinstance(v, (int, float))
+                and not isinstance(v, bool)
+                and k not in ("sent_at", "dp_rank", "last_token_at")
+            ):
                 out[k] = out.get(k, 0) + v
     return out
 
 
 class EngineMonitor:
-    def __init__(self, stall_timeout: float, watchdog_timeout: float,
-                 on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None, dp_size: int = 1,
-                 queue_stuck_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        stall_timeout: float,
+        watchdog_timeout: float,
+        on_stats: Callable[[Any, int | None], None] = lambda msg, recv: None,
+        dp_size: int = 1,
+        queue_stuck_timeout: float = 30.0,
+    ) -> None:
         self.dp_size = dp_size
         self.roles = engine_roles(dp_size)
         self.stall_timeout = stall_timeout
@@ -114,7 +122,9 @@ class EngineMonitor:
         self._resumed_at = 0  # monotonic ns of the latest in_place pause's end: the stall clock restarts there
         self._ps: dict[int, psutil.Process] = {}
         self._dispatch: dict[type, Callable[[Any], bool]] = {
-            SchedulerStats: self._on_scheduler_stats, DetokenizerStats: self._on_detok_stats, Ready: self._on_ready,
+            SchedulerStats: self._on_scheduler_stats,
+            DetokenizerStats: self._on_detok_stats,
+            Ready: self._on_ready,
             StartupProgress: self._on_progress,
         }
         self._starting: dict[str, str] = {}  # role -> the phase of its start under way (until its Ready)
@@ -159,8 +169,11 @@ class EngineMonitor:
         if expected is None or msg.pid != expected:
             reason = "not_starting" if expected is None else "wrong_pid"
             self._ready_rejected[reason] = self._ready_rejected.get(reason, 0) + 1
-            why = "no start of that role is awaiting one" if expected is None \
+            why = (
+                "no start of that role is awaiting one"
+                if expected is None
                 else f"the {msg.role} just spawned has pid {expected}"
+            )
             self.ready_log.report(f"ignored a Ready(role={msg.role[:32]!r}, pid={msg.pid}): {why}")
             return False
         del self._awaiting_ready[msg.role]  # once per start
@@ -300,8 +313,10 @@ class EngineMonitor:
 
     def ranks_paused(self, epoch: int) -> bool:
         """Every Scheduler rank's latest stats say pause `epoch` is in effect (no step runs)."""
-        return all(self._scheduler_stats.get(r) is not None and self._scheduler_stats[r].paused == epoch
-                   for r in range(self.dp_size))
+        return all(
+            self._scheduler_stats.get(r) is not None and self._scheduler_stats[r].paused == epoch
+            for r in range(self.dp_size)
+        )
 
     def missing(self) -> list[str]:
         return [r for r in self.roles if r not in self._ready]
@@ -351,14 +366,17 @@ class EngineMonitor:
             return False, f"engine stuck: requests in flight and no token for {stuck:.0f} s"
         for s in self._scheduler_stats.values():
             if s.queue_head_fits and s.queue_head_age_seconds > self.queue_stuck_timeout:
-                return False, (f"queue stuck on rank {s.dp_rank}: its oldest request has waited "
-                               f"{s.queue_head_age_seconds:.0f} s with KV and batch room to admit it")
+                return False, (
+                    f"queue stuck on rank {s.dp_rank}: its oldest request has waited "
+                    f"{s.queue_head_age_seconds:.0f} s with KV and batch room to admit it"
+                )
         return True, "ok"
 
     def _waiting_for(self) -> str:
         """The children not ready yet, each with the phase of its start under way when it said."""
-        return ", ".join(f"{role} ({self._starting[role]})" if role in self._starting else role
-                         for role in self.missing())
+        return ", ".join(
+            f"{role} ({self._starting[role]})" if role in self._starting else role for role in self.missing()
+        )
 
     def seconds_without_token(self, oldest_arrival: int | None) -> float:
         """With requests in flight: seconds since the later of the last token, the oldest arrival and the
@@ -378,12 +396,17 @@ class EngineMonitor:
         ranks, d = self.ranks_or_zero(), self._detok_stats
         rss, cpu = self._resources()
         return EngineView(
-            schedulers=ranks, detokenizer=d, throughput=self._throughput.rate(now),
+            schedulers=ranks,
+            detokenizer=d,
+            throughput=self._throughput.rate(now),
             seconds_since_last_token=self.seconds_without_token(front.oldest_arrival),
-            stale_drops=self.stale_drops(front), undecodable=self._per_component(front.undecodable, "undecodable"),
+            stale_drops=self.stale_drops(front),
+            undecodable=self._per_component(front.undecodable, "undecodable"),
             handling_errors=self._per_component(front.handling_errors, "handling_errors"),
             heartbeat_age={role: (now - t) / 1e9 for role, t in self._last_heartbeat.items()},
-            rss=rss, cpu=cpu, startup_phases=self.startup_phases(),
+            rss=rss,
+            cpu=cpu,
+            startup_phases=self.startup_phases(),
             engine_info=[r for r in self._ready.values() if r.role != "detokenizer"],
             decode_gaps=[GapCount(g.cause, g.count, s.dp_rank) for s in ranks for g in s.decode_gaps]
             + merge_gaps(front.decode_gaps, tuple(s.dp_rank for s in ranks)),
@@ -399,13 +422,19 @@ class EngineMonitor:
 
     def ranks_or_zero(self) -> list[SchedulerStats]:
         """Every rank's latest stats; zeros for a rank not heard from yet (its series exist from the start)."""
-        return [self._scheduler_stats.get(r) or SchedulerStats(dp_rank=r, num_running=0, num_waiting=0, kv_used=0,
-                                                              kv_reserved=0, kv_total=0) for r in range(self.dp_size)]
+        return [
+            self._scheduler_stats.get(r)
+            or SchedulerStats(dp_rank=r, num_running=0, num_waiting=0, kv_used=0, kv_reserved=0, kv_total=0)
+            for r in range(self.dp_size)
+        ]
 
     def _per_component(self, front: int, name: str) -> dict[str, int]:
         d = self._detok_stats
-        return {"tokenizer_manager": front, "scheduler": sum(getattr(s, name) for s in self._scheduler_stats.values()),
-                "detokenizer": getattr(d, name) if d else 0}
+        return {
+            "tokenizer_manager": front,
+            "scheduler": sum(getattr(s, name) for s in self._scheduler_stats.values()),
+            "detokenizer": getattr(d, name) if d else 0,
+        }
 
     def stale_drops(self, front: FrontCounts) -> list[DropCount]:
         """Stale-drop counters of every process (the children's from their latest stats), ranks summed."""
@@ -432,8 +461,10 @@ class EngineMonitor:
 
     def _resources(self) -> tuple[dict[str, float], dict[str, float]]:
         rss, cpu = {}, {}
-        pids = {"main": os.getpid(), **{role: p.pid for role, p in {**self.procs, **self.workers}.items()
-                                        if p.is_alive()}}
+        pids = {
+            "main": os.getpid(),
+            **{role: p.pid for role, p in {**self.procs, **self.workers}.items() if p.is_alive()},
+        }
         for role, pid in pids.items():
             try:
                 p = self._ps.get(pid) or self._ps.setdefault(pid, psutil.Process(pid))

@@ -154,10 +154,15 @@ class EngineSupervisor:
                 return True
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** len(self.attempts))
             attempt = len(self.attempts) + 1
-            mon.restarting(f"restart attempt {attempt} of at most {args.max_engine_restarts} per "
-                           f"{args.engine_restart_window:g} s")
-            log.warning("restarting the engine in %.1f s (%s)", delay, mon.restart_status,
-                        extra={"attempt": attempt, "backoff_seconds": delay})
+            mon.restarting(
+                f"restart attempt {attempt} of at most {args.max_engine_restarts} per {args.engine_restart_window:g} s"
+            )
+            log.warning(
+                "restarting the engine in %.1f s (%s)",
+                delay,
+                mon.restart_status,
+                extra={"attempt": attempt, "backoff_seconds": delay},
+            )
             try:
                 await asyncio.wait_for(self.stop.wait(), delay)
                 return False  # stopping: the server's shutdown stops what is left
@@ -175,8 +180,13 @@ class EngineSupervisor:
         if self.state.metrics is not None:
             self.state.metrics.engine_restarts.inc()
             self.state.metrics.engine_recovery.observe(time.monotonic() - t0)
-        log.warning("engine restarted in %.1f s after %s %s", time.monotonic() - t0, role, cause,
-                    extra={"role": role, "cause": cause, "restart_seconds": round(time.monotonic() - t0, 2)})
+        log.warning(
+            "engine restarted in %.1f s after %s %s",
+            time.monotonic() - t0,
+            role,
+            cause,
+            extra={"role": role, "cause": cause, "restart_seconds": round(time.monotonic() - t0, 2)},
+        )
         return True
 
     def _failed(self, role: str, cause: str, detail: str) -> None:
@@ -191,9 +201,11 @@ class EngineSupervisor:
     def _give_up(self) -> None:
         """The budget is spent: leave the engine down and say so, in /health, every 503, a metric and the log."""
         mon, args = self.monitor, self.args
-        mon.give_up(f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
-                    f"{args.engine_restart_window:g} s, --max-engine-restarts {args.max_engine_restarts}); "
-                    f"last failure: {mon.failure}; restart the server")
+        mon.give_up(
+            f"engine down: the restart budget is spent ({len(self.attempts)} restart attempts within "
+            f"{args.engine_restart_window:g} s, --max-engine-restarts {args.max_engine_restarts}); "
+            f"last failure: {mon.failure}; restart the server"
+        )
         if self.state.metrics is not None:
             self.state.metrics.restart_budget_exhausted.set(1)
         log.error("%s", mon.down, extra={"restart_attempts": len(self.attempts)})

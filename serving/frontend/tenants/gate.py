@@ -17,8 +17,13 @@ from serving.frontend.tenants.limits import Refusal, TenantLimiter
 
 
 def refused(r: Refusal) -> APIError:
-    return APIError(429, f"{r.message}; retry after {r.retry_after} s", type="overloaded_error",
-                    code=f"tenant_{r.limit}", headers={"retry-after": str(r.retry_after)})
+    return APIError(
+        429,
+        f"{r.message}; retry after {r.retry_after} s",
+        type="overloaded_error",
+        code=f"tenant_{r.limit}",
+        headers={"retry-after": str(r.retry_after)},
+    )
 
 
 class TenantGate(Protocol):
@@ -51,8 +56,9 @@ class HubGate:
     async def acquire(self, tenant: str, rid: str, prompt_tokens: int) -> Refusal | None:
         if not self.policy(tenant).limited:
             return None
-        reply = await self.link.query("tenant_acquire", json.dumps({"tenant": tenant, "rid": rid,
-                                                                    "prompt_tokens": prompt_tokens}))
+        reply = await self.link.query(
+            "tenant_acquire", json.dumps({"tenant": tenant, "rid": rid, "prompt_tokens": prompt_tokens})
+        )
         if reply.status == 200:
             self.held.add(rid)
             return None
@@ -61,5 +67,11 @@ class HubGate:
     def release(self, tenant: str, rid: str, output_tokens: int) -> None:
         if rid in self.held:
             self.held.discard(rid)
-            self.link.send(HubQuery(id="", worker=self.link.worker, kind="tenant_release",
-                                    arg=json.dumps({"rid": rid, "output_tokens": output_tokens})))
+            self.link.send(
+                HubQuery(
+                    id="",
+                    worker=self.link.worker,
+                    kind="tenant_release",
+                    arg=json.dumps({"rid": rid, "output_tokens": output_tokens}),
+                )
+            )

@@ -132,8 +132,10 @@ def check_permissions(path: Path, plaintext: bool) -> None:
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise KeysFileError(f"{path} is writable by group or others (mode {stat.S_IMODE(mode):o}); chmod 600 it")
     if plaintext and mode & (stat.S_IRGRP | stat.S_IROTH):
-        raise KeysFileError(f"{path} holds plaintext keys and is readable by group or others (mode "
-                            f"{stat.S_IMODE(mode):o}); chmod 600 it, or list the keys as sha256")
+        raise KeysFileError(
+            f"{path} holds plaintext keys and is readable by group or others (mode "
+            f"{stat.S_IMODE(mode):o}); chmod 600 it, or list the keys as sha256"
+        )
 
 
 def parse(text: str, where: str = "keys file") -> tuple[KeyTable, bool]:
@@ -150,11 +152,14 @@ def parse(text: str, where: str = "keys file") -> tuple[KeyTable, bool]:
             raise KeysFileError(f"{where}: tenants.{name}: fields are {sorted(_TENANT_FIELDS)}")
         table.tenants[name] = TenantPolicy(
             priority=_int_field(f"tenants.{name}", "priority", spec.get("priority", 0), -1000, 1000),
-            max_concurrent_requests=None if "max_concurrent_requests" not in spec else
-            _int_field(f"tenants.{name}", "max_concurrent_requests", spec["max_concurrent_requests"], 1),
-            tokens_per_minute=None if "tokens_per_minute" not in spec else
-            _int_field(f"tenants.{name}", "tokens_per_minute", spec["tokens_per_minute"], 1),
-            objectives=_slo_fields(f"tenants.{name}", spec))
+            max_concurrent_requests=None
+            if "max_concurrent_requests" not in spec
+            else _int_field(f"tenants.{name}", "max_concurrent_requests", spec["max_concurrent_requests"], 1),
+            tokens_per_minute=None
+            if "tokens_per_minute" not in spec
+            else _int_field(f"tenants.{name}", "tokens_per_minute", spec["tokens_per_minute"], 1),
+            objectives=_slo_fields(f"tenants.{name}", spec),
+        )
     seen: set[bytes] = set()
     for i, entry in enumerate(doc.get("keys") or []):
         at = f"{where}: keys[{i}]"

@@ -60,16 +60,22 @@ class TenantLimiter:
         p = self.policy(tenant)
         running = self.in_flight.get(tenant, 0)
         if p.max_concurrent_requests is not None and running >= p.max_concurrent_requests:
-            return Refusal(CONCURRENCY, f"tenant {tenant!r} has {running} requests in flight, its limit is "
-                                        f"{p.max_concurrent_requests}", 1)
+            return Refusal(
+                CONCURRENCY,
+                f"tenant {tenant!r} has {running} requests in flight, its limit is {p.max_concurrent_requests}",
+                1,
+            )
         if p.tokens_per_minute is not None:
             b = self._bucket(tenant, p.tokens_per_minute)
             need = min(prompt_tokens, p.tokens_per_minute)
             if b.level < need:
                 wait = (need - b.level) * 60 / p.tokens_per_minute
-                return Refusal(TOKENS, f"tenant {tenant!r} is over its {p.tokens_per_minute} tokens per minute: "
-                                       f"{max(0, int(b.level))} tokens left, this prompt needs {prompt_tokens}",
-                               max(1, min(60, math.ceil(wait))))
+                return Refusal(
+                    TOKENS,
+                    f"tenant {tenant!r} is over its {p.tokens_per_minute} tokens per minute: "
+                    f"{max(0, int(b.level))} tokens left, this prompt needs {prompt_tokens}",
+                    max(1, min(60, math.ceil(wait))),
+                )
             b.level -= prompt_tokens
         self.in_flight[tenant] = running + 1
         self.leases[lease] = tenant
@@ -93,5 +99,7 @@ class TenantLimiter:
         return len(gone)
 
     def snapshot(self) -> Mapping[str, dict]:
-        return {t: {"in_flight": n, **({"tokens_left": int(self.buckets[t].level)} if t in self.buckets else {})}
-                for t, n in sorted(self.in_flight.items())}
+        return {
+            t: {"in_flight": n, **({"tokens_left": int(self.buckets[t].level)} if t in self.buckets else {})}
+            for t, n in sorted(self.in_flight.items())
+        }

@@ -32,9 +32,12 @@ def cache_namespace(sharing: str, tenant: str, salt: str | None) -> str:
     """The digest the Scheduler keys the request's cached prefixes by ("" is the shared namespace)."""
     if sharing == "global":
         if salt is not None:
-            raise bad_request("cache_salt has no effect on this server: it shares its prefix cache between all "
-                              "requests (--prefix-cache-sharing global)", param="cache_salt",
-                              code="cache_salt_unsupported")
+            raise bad_request(
+                "cache_salt has no effect on this server: it shares its prefix cache between all "
+                "requests (--prefix-cache-sharing global)",
+                param="cache_salt",
+                code="cache_salt_unsupported",
+            )
         return ""
     parts = ([tenant] if sharing == "tenant" else []) + ([salt] if salt is not None else [])
     if not parts:

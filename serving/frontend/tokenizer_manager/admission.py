@@ -19,8 +19,9 @@ from telemetry.clock import now_ns
 
 
 class Admission:
-    def __init__(self, max_queued: int, max_tokens: int, token_rate: Callable[[int], float],
-                 on_shed: Callable[[str], None]) -> None:
+    def __init__(
+        self, max_queued: int, max_tokens: int, token_rate: Callable[[int], float], on_shed: Callable[[str], None]
+    ) -> None:
         self.max_queued = max_queued
         self.max_tokens = max_tokens
         self.token_rate = token_rate  # tokens/s at a monotonic ns time (EngineMonitor.throughput.rate)
@@ -55,5 +56,10 @@ class Admission:
         wait = self.inflight_tokens / rate if rate > 0 else 1.0
         retry_after = str(max(1, min(60, int(wait) + 1)))
         self.on_shed(reason)
-        return APIError(429, f"server overloaded: {detail}; retry after {retry_after} s", type="overloaded_error",
-                        code=reason, headers={"retry-after": retry_after})
+        return APIError(
+            429,
+            f"server overloaded: {detail}; retry after {retry_after} s",
+            type="overloaded_error",
+            code=reason,
+            headers={"retry-after": retry_after},
+        )

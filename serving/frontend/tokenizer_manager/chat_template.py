@@ -20,11 +20,26 @@ from serving.frontend.errors import bad_request
 log = logging.getLogger(__name__)
 
 # apply_chat_template's own arguments: a `chat_template_kwargs` naming one would change how we call it
-RESERVED_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens",
-})
+RESERVED_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "sanitize_control_tokens",
+    }
+)
 
 
 @dataclass
@@ -43,15 +58,20 @@ def check_options(opts: ChatTemplateOptions, messages: list[dict[str, Any]]) -> 
     """The 400s vLLM answers before rendering (field-named, so a client can tell what to fix)."""
     reserved = sorted(RESERVED_KWARGS & set(opts.kwargs))
     if reserved:
-        raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)}: use the request field instead",
-                          param="chat_template_kwargs")
+        raise bad_request(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: use the request field instead",
+            param="chat_template_kwargs",
+        )
     if opts.continue_final_message:
         if opts.add_generation_prompt:
-            raise bad_request("continue_final_message and add_generation_prompt cannot both be true",
-                              param="continue_final_message")
+            raise bad_request(
+                "continue_final_message and add_generation_prompt cannot both be true", param="continue_final_message"
+            )
         if not messages or messages[-1]["role"] != "assistant":
-            raise bad_request("continue_final_message needs the last message to be an assistant message",
-                              param="continue_final_message")
+            raise bad_request(
+                "continue_final_message needs the last message to be an assistant message",
+                param="continue_final_message",
+            )
 
 
 def load_template(spec: str | None) -> str | None:
@@ -69,22 +89,33 @@ def load_template(spec: str | None) -> str | None:
     return spec
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], opts: ChatTemplateOptions | None,
-           server_template: str | None) -> str:
+def render(
+    tokenizer: Any, messages: list[dict[str, Any]], opts: ChatTemplateOptions | None, server_template: str | None
+) -> str:
     """The prompt text of `messages`, or a 400 naming the field at fault."""
     opts = opts or ChatTemplateOptions()
     check_options(opts, messages)
     template = opts.chat_template or server_template or getattr(tokenizer, "chat_template", None)
     if not template:  # base models ship none
-        raise bad_request("this model's tokenizer has no chat template, so messages cannot be rendered; "
-                          "send a prompt to /v1/completions instead, or a chat_template", param="messages",
-                          code="chat_template_missing")
+        raise bad_request(
+            "this model's tokenizer has no chat template, so messages cannot be rendered; "
+            "send a prompt to /v1/completions instead, or a chat_template",
+            param="messages",
+            code="chat_template_missing",
+        )
     try:
         return tokenizer.apply_chat_template(
-            messages, tokenize=False, chat_template=template, add_generation_prompt=opts.add_generation_prompt,
-            continue_final_message=opts.continue_final_message, documents=opts.documents, tools=opts.tools,
-            **opts.kwargs)
+            messages,
+            tokenize=False,
+            chat_template=template,
+            add_generation_prompt=opts.add_generation_prompt,
+            continue_final_message=opts.continue_final_message,
+            documents=opts.documents,
+            tools=opts.tools,
+            **opts.kwargs,
+        )
     except Exception as exc:  # noqa: BLE001 - a template that rejects these messages (or a broken template)
         param = "chat_template" if opts.chat_template else "messages"
-        raise bad_request(f"the chat template failed to render these messages: {exc}", param=param,
-                          code="chat_template_error") from None
+        raise bad_request(
+            f"the chat template failed to render these messages: {exc}", param=param, code="chat_template_error"
+        ) from None

@@ -64,9 +64,14 @@ class EmbedReqInput:
 
     def record_params(self) -> dict[str, Any]:
         """What the flight recorder keeps of it (and replay sends again)."""
-        return {"inputs": len(self.inputs), "normalize": self.normalize, "dimensions": self.dimensions,
-                "truncate_prompt_tokens": self.truncate_prompt_tokens, "encoding_format": self.encoding_format,
-                **self.route_params}
+        return {
+            "inputs": len(self.inputs),
+            "normalize": self.normalize,
+            "dimensions": self.dimensions,
+            "truncate_prompt_tokens": self.truncate_prompt_tokens,
+            "encoding_format": self.encoding_format,
+            **self.route_params,
+        }
 
 
 class _Text:
@@ -85,19 +90,26 @@ def truncate(ids: list[int], keep: int, encoder: bool) -> list[int]:
         return ids
     if not encoder:
         return ids[-keep:]
-    return ids[:keep - 1] + ids[-1:] if keep > 1 else ids[:1]
+    return ids[: keep - 1] + ids[-1:] if keep > 1 else ids[:1]
 
 
 def check(obj: EmbedReqInput, ready: Ready, max_inputs: int) -> None:
     """What can be checked before tokenizing (400s); sets `normalize` to the model's default if unset."""
     if not ready.pooling:
-        raise bad_request("this model does not serve embeddings: start the server with --pooling last|mean|cls, or "
-                          "serve an embedding model", param=obj.param, code="embeddings_not_supported")
+        raise bad_request(
+            "this model does not serve embeddings: start the server with --pooling last|mean|cls, or "
+            "serve an embedding model",
+            param=obj.param,
+            code="embeddings_not_supported",
+        )
     if not obj.inputs:
         raise bad_request(f"{obj.param} is empty", param=obj.param, code="empty_prompt")
     if len(obj.inputs) > max_inputs:
-        raise bad_request(f"at most {max_inputs} inputs per request (--max-embedding-inputs), got "
-                          f"{len(obj.inputs)}", param=obj.param, code="too_many_inputs")
+        raise bad_request(
+            f"at most {max_inputs} inputs per request (--max-embedding-inputs), got {len(obj.inputs)}",
+            param=obj.param,
+            code="too_many_inputs",
+        )
     if obj.dimensions is not None and not 1 <= obj.dimensions <= ready.hidden_size:
         raise bad_request(f"dimensions must be in [1, {ready.hidden_size}] for this model", param="dimensions")
     if obj.normalize is None:
@@ -116,8 +128,11 @@ async def tokenize(prompts: PromptTokenizer, obj: EmbedReqInput, ready: Ready, m
         name, param = obj.where(i)
         if isinstance(item, str):
             if len(item) > max_chars:
-                raise bad_request(f"{name} has {len(item)} characters; it cannot fit the {context_len}-token "
-                                  "context", param=param, code="context_length_exceeded")
+                raise bad_request(
+                    f"{name} has {len(item)} characters; it cannot fit the {context_len}-token context",
+                    param=param,
+                    code="context_length_exceeded",
+                )
             ids = await prompts.encode(_Text(item), vocab_size)
         else:
             ids = list(item)
@@ -128,9 +143,12 @@ async def tokenize(prompts: PromptTokenizer, obj: EmbedReqInput, ready: Ready, m
         if keep is not None:
             ids = truncate(ids, keep, ready.encoder)
         if len(ids) > context_len:
-            raise bad_request(f"This model's maximum context length is {context_len} tokens, but {name} has "
-                              f"{len(ids)} tokens; shorten it or set truncate_prompt_tokens", param=param,
-                              code="context_length_exceeded")
+            raise bad_request(
+                f"This model's maximum context length is {context_len} tokens, but {name} has "
+                f"{len(ids)} tokens; shorten it or set truncate_prompt_tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
         out.append(ids)
     return out
 
@@ -143,8 +161,9 @@ async def collect(outputs: AsyncIterator[StrOut], state: ReqState) -> tuple[Embe
         last = out
     if state.embedding is not None:
         return state.embedding, None
-    err = result_error(last.finish_reason if last else "error", last.error if last else "the request was aborted",
-                       state.status)
+    err = result_error(
+        last.finish_reason if last else "error", last.error if last else "the request was aborted", state.status
+    )
     return None, err or APIError(500, "the request ended without its embeddings", type="internal_error")
 
 

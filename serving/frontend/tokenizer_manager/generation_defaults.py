@@ -18,8 +18,14 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FIELDS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repetition_penalty": float,
-          "max_new_tokens": int}
+FIELDS = {
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "repetition_penalty": float,
+    "max_new_tokens": int,
+}
 SOURCED = tuple(FIELDS)  # the sampling fields whose source a request records
 
 
@@ -48,8 +54,7 @@ def load(model_dir: str | Path | None, mode: str) -> dict[str, Any]:
     return found
 
 
-def resolve(name: str, requested: Any, defaults: dict[str, Any], fallback: Any,
-            sources: dict[str, str]) -> Any:
+def resolve(name: str, requested: Any, defaults: dict[str, Any], fallback: Any, sources: dict[str, str]) -> Any:
     """The effective value of a sampling field, recording its source in `sources`."""
     if requested is not None:
         sources[name] = "request"

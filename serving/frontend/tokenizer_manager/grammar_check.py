@@ -75,8 +75,11 @@ class GrammarChecker:
         try:
             return backend_tokenizer(self.hf_tokenizer)
         except Exception as exc:  # noqa: BLE001 - a slow tokenizer, say: the check goes on without the lexer
-            log.warning("structured outputs are checked without the tokenizer (%s): an exploding regex is only "
-                        "caught by the engine", exc)
+            log.warning(
+                "structured outputs are checked without the tokenizer (%s): an exploding regex is only "
+                "caught by the engine",
+                exc,
+            )
             return None
 
     async def check(self, constraints: list[Constraint]) -> None:
@@ -84,8 +87,9 @@ class GrammarChecker:
         for c in constraints:
             size = len(c.so.spec.encode())
             if size > MAX_GRAMMAR_BYTES:
-                raise bad_request(f"{c.param} is {size} bytes; the limit is {MAX_GRAMMAR_BYTES}", param=c.param,
-                                  code=c.code)
+                raise bad_request(
+                    f"{c.param} is {size} bytes; the limit is {MAX_GRAMMAR_BYTES}", param=c.param, code=c.code
+                )
             key = hashlib.sha256(json.dumps([c.so.kind, c.so.spec]).encode()).digest()
             if key in self._passed:
                 self._passed.move_to_end(key)

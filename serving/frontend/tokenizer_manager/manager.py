@@ -69,9 +69,17 @@ PROMPT_TAIL = 5  # prompt tokens the Detokenizer decodes the first output token 
 
 
 class TokenizerManager:
-    def __init__(self, args: ServerArgs, transport: EngineTransport, tokenizer: Any, engine: EngineState,
-                 telemetry: RequestTelemetry, worker: int = 0, tenants: TenantGate | None = None,
-                 policy: Any = None) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        transport: EngineTransport,
+        tokenizer: Any,
+        engine: EngineState,
+        telemetry: RequestTelemetry,
+        worker: int = 0,
+        tenants: TenantGate | None = None,
+        policy: Any = None,
+    ) -> None:
         self.args = args
         self.worker = worker
         self.tenants = tenants  # per-tenant limits (None: none), decided for the whole server
@@ -82,8 +90,9 @@ class TokenizerManager:
         self.prompts = PromptTokenizer(tokenizer, args)
         self.transport = transport
         self.engine = engine
-        self.admission = Admission(args.max_queued_requests, args.inflight_token_limit, engine.throughput.rate,
-                                   telemetry.shed)
+        self.admission = Admission(
+            args.max_queued_requests, args.inflight_token_limit, engine.throughput.rate, telemetry.shed
+        )
         self.drops = DropCounter("tokenizer_manager", on_drop=telemetry.tracing.stale_drop)
         self.handling_errors = RateLimitedLog(log)
         self.rid_to_state: dict[str, ReqState] = {}
@@ -117,8 +126,13 @@ class TokenizerManager:
         return min((s.arrival for s in self.rid_to_state.values()), default=None)
 
     def counts(self) -> FrontCounts:
-        return FrontCounts(self.drops.snapshot(), self.transport.codec.undecodable, self.handling_errors.count,
-                           self.oldest_arrival(), self.tel.gaps.snapshot() if self.tel.gaps is not None else [])
+        return FrontCounts(
+            self.drops.snapshot(),
+            self.transport.codec.undecodable,
+            self.handling_errors.count,
+            self.oldest_arrival(),
+            self.tel.gaps.snapshot() if self.tel.gaps is not None else [],
+        )
 
     # -- receiving ------------------------------------------------------------------
     def on_message(self, msg: Message) -> None:
@@ -185,8 +199,9 @@ class TokenizerManager:
         if out.finish_reason is not None:
             self._finish(state, out.finish_reason, out.abort_reason, out.error)
             if out.abort_in_engine:  # the Detokenizer ended it (a stop string, or it failed there)
-                self._send_abort(state, AbortReason.STOP_STRING if out.finish_reason == "stop"
-                                  else AbortReason.DETOKENIZER_ERROR)
+                self._send_abort(
+                    state, AbortReason.STOP_STRING if out.finish_reason == "stop" else AbortReason.DETOKENIZER_ERROR
+                )
 
     def _handle_embedding_output(self, batch: BatchEmbeddingOutput) -> None:
         """Each `EmbeddingOut` finishes its request (one message, the whole answer)."""
@@ -238,8 +253,10 @@ class TokenizerManager:
         """Tokenize, validate and send; raises APIError (4xx/503) before anything is sent."""
         ready = check_available(self.engine, self.oldest_arrival())
         if ready.embedding_only:
-            raise bad_request("this is an embedding model: it serves POST /v1/embeddings and /encode, not generation",
-                              code="generation_not_supported")
+            raise bad_request(
+                "this is an embedding model: it serves POST /v1/embeddings and /encode, not generation",
+                code="generation_not_supported",
+            )
         _check_rid(obj.rid)
         namespace, priority = self._options(obj, state)
         self.admission.check_queue()
@@ -255,14 +272,33 @@ class TokenizerManager:
         if obj.echo or obj.sampling.prompt_logprobs is not None:
             state.prompt_ids = ids
         state.param_sources = obj.param_sources
-        detok = DetokParams(stop=obj.stop, skip_special_tokens=obj.skip_special_tokens, prompt_tail=ids[-PROMPT_TAIL:],
-                            include_stop_str_in_output=obj.include_stop_str_in_output)
+        detok = DetokParams(
+            stop=obj.stop,
+            skip_special_tokens=obj.skip_special_tokens,
+            prompt_tail=ids[-PROMPT_TAIL:],
+            include_stop_str_in_output=obj.include_stop_str_in_output,
+        )
         budget = self.args.expected_tokens(len(ids), obj.sampling.max_new_tokens)  # what the Scheduler first expects
         return await self._admit_and_send(
-            state, obj.rid, obj.timeout, ids, len(ids), budget, namespace, (t0, t1),
+            state,
+            obj.rid,
+            obj.timeout,
+            ids,
+            len(ids),
+            budget,
+            namespace,
+            (t0, t1),
             lambda rid, meta: TokenizedGenerateReqInput(
-                rid=rid, input_ids=ids, sampling=obj.sampling, detok=detok, meta=meta, worker=self.worker,
-                priority=priority, cache_namespace=namespace))
+                rid=rid,
+                input_ids=ids,
+                sampling=obj.sampling,
+                detok=detok,
+                meta=meta,
+                worker=self.worker,
+                priority=priority,
+                cache_namespace=namespace,
+            ),
+        )
 
     async def submit_embeddings(self, obj: embeddings.EmbedReqInput, state: ReqState) -> ReqState:
         """`submit` for an embeddings request: every input tokenized, one message for all of them."""
@@ -278,14 +314,37 @@ class TokenizerManager:
         tokens = sum(map(len, inputs))
         state.embed_inputs = len(inputs)
         return await self._admit_and_send(
-            state, obj.rid, obj.timeout, inputs[0], tokens, tokens, namespace, (t0, t1),
-            lambda rid, meta: TokenizedEmbeddingReqInput(rid=rid, inputs=inputs, pooling=ready.pooling, meta=meta,
-                                                         worker=self.worker, priority=priority,
-                                                         cache_namespace=namespace))
+            state,
+            obj.rid,
+            obj.timeout,
+            inputs[0],
+            tokens,
+            tokens,
+            namespace,
+            (t0, t1),
+            lambda rid, meta: TokenizedEmbeddingReqInput(
+                rid=rid,
+                inputs=inputs,
+                pooling=ready.pooling,
+                meta=meta,
+                worker=self.worker,
+                priority=priority,
+                cache_namespace=namespace,
+            ),
+        )
 
-    async def _admit_and_send(self, state: ReqState, client_rid: str | None, timeout: float | None,
-                              first_ids: list[int], prompt_tokens: int, budget: int, namespace: str,
-                              tokenize_ns: tuple[int, int], message: Callable[[str, ReqMeta], Message]) -> ReqState:
+    async def _admit_and_send(
+        self,
+        state: ReqState,
+        client_rid: str | None,
+        timeout: float | None,
+        first_ids: list[int],
+        prompt_tokens: int,
+        budget: int,
+        namespace: str,
+        tokenize_ns: tuple[int, int],
+        message: Callable[[str, ReqMeta], Message],
+    ) -> ReqState:
         """Admit a tokenized request (429 when full, the tenant's limits) and send it to the rank picked for it.
 
         The internal rid is always fresh (a client's `rid` is only echoed back): a client reusing its rid
@@ -307,7 +366,8 @@ class TokenizerManager:
         state.dp_rank = self.rank_picker.pick(first_ids, budget, namespace)
         if timeout:
             state.timer = asyncio.get_running_loop().call_later(
-                timeout, self.abort, rid, AbortReason.TIMEOUT, f"the request timed out after {timeout:g} s")
+                timeout, self.abort, rid, AbortReason.TIMEOUT, f"the request timed out after {timeout:g} s"
+            )
         self.transport.send(message(rid, state.meta), state.dp_rank)
         if producer is not None:
             producer.end()
@@ -347,9 +407,19 @@ class TokenizerManager:
             last = out
         if last is None:  # aborted before any output (shutdown, engine failure)
             return Collected(state.client_rid, "", [], "error", None, state.prompt_tokens, 0, "the request was aborted")
-        return Collected(state.client_rid, "".join(text), ids, last.finish_reason, last.matched_stop,
-                         state.prompt_tokens, last.completion_tokens, last.error, state.cached_tokens,
-                         join_logprobs(logprobs), prompt_logprobs)
+        return Collected(
+            state.client_rid,
+            "".join(text),
+            ids,
+            last.finish_reason,
+            last.matched_stop,
+            state.prompt_tokens,
+            last.completion_tokens,
+            last.error,
+            state.cached_tokens,
+            join_logprobs(logprobs),
+            prompt_logprobs,
+        )
 
     async def flush_cache(self, force: bool, timeout: float = 10.0) -> FlushCacheReqOutput:
         """Ask every Scheduler rank to empty its prefix cache; one reply for all (a success when every rank
@@ -400,9 +470,19 @@ class TokenizerManager:
         if state is None:
             return
         if error is not None:
-            state.out_list.append(StrOut(rid=rid, text="", output_ids=[], finish_reason="abort", error=error,
-                                         abort_reason=reason, prompt_tokens=state.prompt_tokens,
-                                         completion_tokens=state.completion_tokens, meta=state.meta))
+            state.out_list.append(
+                StrOut(
+                    rid=rid,
+                    text="",
+                    output_ids=[],
+                    finish_reason="abort",
+                    error=error,
+                    abort_reason=reason,
+                    prompt_tokens=state.prompt_tokens,
+                    completion_tokens=state.completion_tokens,
+                    meta=state.meta,
+                )
+            )
         self._finish(state, "abort", reason, error)
         state.event.set()
         self._send_abort(state, reason)

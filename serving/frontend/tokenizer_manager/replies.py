@@ -30,5 +30,9 @@ class RankReplies:
 def combine_flushes(replies: list[FlushCacheReqOutput]) -> FlushCacheReqOutput:
     """Every rank's FlushCacheReqOutput as one: a success when every rank flushed."""
     failed = [r for r in replies if not r.success]
-    return FlushCacheReqOutput(id=replies[0].id, success=not failed, message=failed[0].message if failed else "",
-                               flushed_tokens=sum(r.flushed_tokens for r in replies))
+    return FlushCacheReqOutput(
+        id=replies[0].id,
+        success=not failed,
+        message=failed[0].message if failed else "",
+        flushed_tokens=sum(r.flushed_tokens for r in replies),
+    )

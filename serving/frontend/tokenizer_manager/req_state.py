@@ -132,6 +132,8 @@ def join_logprobs(parts: list[Logprobs]) -> Logprobs | None:
         return None
     if len(parts) == 1:
         return parts[0]
-    return Logprobs(token_logprobs=[x for p in parts for x in p.token_logprobs],
-                    top_ids=[x for p in parts for x in p.top_ids],
-                    top_logprobs=[x for p in parts for x in p.top_logprobs])
+    return Logprobs(
+        token_logprobs=[x for p in parts for x in p.token_logprobs],
+        top_ids=[x for p in parts for x in p.top_ids],
+        top_logprobs=[x for p in parts for x in p.top_logprobs],
+    )

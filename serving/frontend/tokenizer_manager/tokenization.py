@@ -43,37 +43,49 @@ class InputLimits:
 
     @classmethod
     def for_context(cls, context_len: int, max_chars: int | None, max_messages: int | None) -> "InputLimits":
-        return cls(max_chars or CHARS_PER_TOKEN * context_len,
-                   max_messages or max(16, context_len // MIN_TOKENS_PER_MESSAGE))
+        return cls(
+            max_chars or CHARS_PER_TOKEN * context_len, max_messages or max(16, context_len // MIN_TOKENS_PER_MESSAGE)
+        )
 
 
 def prompt_too_long(context_len: int, tokens: int, param: str) -> APIError:
-    return bad_request(f"This model's maximum context length is {context_len} tokens, but the prompt has {tokens} "
-                       "tokens (at least one token must be generated).", param=param, code="context_length_exceeded")
+    return bad_request(
+        f"This model's maximum context length is {context_len} tokens, but the prompt has {tokens} "
+        "tokens (at least one token must be generated).",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def input_chars(obj: Any) -> int:
     """Characters the tokenizer would see (prompt string, or every message's content)."""
     if obj.messages is not None:
         tools = getattr(getattr(obj, "template", None), "tools", None)  # rendered into the prompt too
-        return sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in obj.messages) + \
-            len(str(tools or ""))
+        return sum(len(m.get("content") or "") + len(str(m.get("tool_calls") or "")) for m in obj.messages) + len(
+            str(tools or "")
+        )
     return len(obj.prompt) if isinstance(obj.prompt, str) else 0
 
 
 def check_size(obj: Any, context_len: int, limits: InputLimits) -> None:
     """Raise a 400 for an input that is too large to be worth tokenizing."""
     if obj.messages is not None and len(obj.messages) > limits.max_messages:
-        raise bad_request(f"at most {limits.max_messages} messages are allowed, got {len(obj.messages)}",
-                          param="messages", code="too_many_messages")
+        raise bad_request(
+            f"at most {limits.max_messages} messages are allowed, got {len(obj.messages)}",
+            param="messages",
+            code="too_many_messages",
+        )
     if isinstance(obj.prompt, list) and len(obj.prompt) >= context_len:
         raise prompt_too_long(context_len, len(obj.prompt), "prompt")
     chars = input_chars(obj)
     if chars > limits.max_chars:
         param = "messages" if obj.messages is not None else "prompt"
-        raise bad_request(f"the {param} has {chars} characters; the limit is {limits.max_chars} "
-                          f"(see --max-prompt-chars); it could not fit the {context_len}-token context",
-                          param=param, code="context_length_exceeded")
+        raise bad_request(
+            f"the {param} has {chars} characters; the limit is {limits.max_chars} "
+            f"(see --max-prompt-chars); it could not fit the {context_len}-token context",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def check_tokens(obj: Any, ids: list[int], ready: Ready) -> None:
@@ -81,8 +93,9 @@ def check_tokens(obj: Any, ids: list[int], ready: Ready) -> None:
     vocabulary; sets `max_new_tokens` to what the window leaves when the request named none."""
     names = obj.param_names
     if not ids:
-        raise bad_request("prompt is empty", param="messages" if obj.messages is not None else "prompt",
-                          code="empty_prompt")
+        raise bad_request(
+            "prompt is empty", param="messages" if obj.messages is not None else "prompt", code="empty_prompt"
+        )
     ctx = ready.context_len
     if len(ids) >= ctx:
         raise prompt_too_long(ctx, len(ids), "messages" if obj.messages is not None else "prompt")
@@ -90,9 +103,12 @@ def check_tokens(obj: Any, ids: list[int], ready: Ready) -> None:
     # 0 (completions with echo: the prompt's logprobs alone): the engine runs one token, the route drops it
     obj.sampling.max_new_tokens = ctx - len(ids) if want is None else max(want, 1)
     if want is not None and len(ids) + want > ctx:
-        raise bad_request(f"This model's maximum context length is {ctx} tokens. However, you requested "
-                          f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
-                          param=names.get("max_new_tokens", "max_new_tokens"), code="context_length_exceeded")
+        raise bad_request(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{len(ids) + want} tokens ({len(ids)} in the prompt, {want} for the completion).",
+            param=names.get("max_new_tokens", "max_new_tokens"),
+            code="context_length_exceeded",
+        )
     try:
         obj.sampling.validate(ready.vocab_size)
     except ValueError as exc:
@@ -115,8 +131,9 @@ class PromptTokenizer:
         self.tokenizer = tokenizer
         self.chat_template = load_template(getattr(args, "chat_template", None))
         if self.chat_template is not None:
-            log.info("chat template from --chat-template (%d characters) instead of the tokenizer's",
-                     len(self.chat_template))
+            log.info(
+                "chat template from --chat-template (%d characters) instead of the tokenizer's", len(self.chat_template)
+            )
         mode = getattr(args, "generation_config", "none")
         self.defaults = generation_defaults.load(getattr(tokenizer, "name_or_path", None), mode)
         self.parsing = ParsingConfig.load(args, tokenizer, self.chat_template)

@@ -53,8 +53,9 @@ class ZmqTransport:
         self._tasks: list[asyncio.Task] = []
 
     def _connect(self) -> list[zmq.asyncio.Socket]:
-        return [make_socket(self.ctx, zmq.PUSH, self.endpoints.scheduler_in(r), do_bind=False)
-                for r in range(self.dp_size)]
+        return [
+            make_socket(self.ctx, zmq.PUSH, self.endpoints.scheduler_in(r), do_bind=False) for r in range(self.dp_size)
+        ]
 
     def start(self, on_message: Callable[[Message], None]) -> None:
         self._tasks = [asyncio.create_task(self._recv_loop(s, on_message)) for s in self.pulls]

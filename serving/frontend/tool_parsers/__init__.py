@@ -15,8 +15,12 @@ PARSERS: dict[str, type[ToolParser]] = {p.name: p for p in (HermesParser, Llama3
 assert tuple(PARSERS) == TOOL_CALL_PARSERS, "telemetry.metrics.TOOL_CALL_PARSERS lists the parsers' metric labels"
 CHOICES = ("auto", *PARSERS, "none")
 # what in a chat template's text says which format the model was trained on, checked in this order
-_SIGNS = (("[TOOL_CALLS]", "mistral"), ("<|python_tag|>", "llama3_json"), ("ipython", "llama3_json"),
-          ("<tool_call>", "hermes"))
+_SIGNS = (
+    ("[TOOL_CALLS]", "mistral"),
+    ("<|python_tag|>", "llama3_json"),
+    ("ipython", "llama3_json"),
+    ("<tool_call>", "hermes"),
+)
 
 
 def detect(template: str | None) -> tuple[str, str]:

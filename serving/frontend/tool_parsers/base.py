@@ -70,14 +70,14 @@ def read_call(text: str, i: int, args_keys: tuple[str, ...], final: bool) -> tup
     obj = scan_object(text, i)
     name, args = None, ""
     if (span := next((obj.fields[k] for k in NAME_KEYS if k in obj.fields), None)) and span[1] is not None:
-        name = json.loads(text[span[0]:span[1]])
+        name = json.loads(text[span[0] : span[1]])
         if not isinstance(name, str):
             raise ScanError("the call's name is not a string")
     key = next((k for k in args_keys if k in obj.fields), None)
     if key is not None:
         start, end = obj.fields[key]
         if text[start] == "{":  # streamed as written
-            args = text[start:end if end is not None else len(text)]
+            args = text[start : end if end is not None else len(text)]
         elif end is not None:  # a JSON string holding the object: known once complete
             args = json.loads(text[start:end])
             if not isinstance(args, str):
@@ -97,8 +97,9 @@ def read_call(text: str, i: int, args_keys: tuple[str, ...], final: bool) -> tup
     return CallProgress(name, args, True), obj.end
 
 
-def read_calls(text: str, pos: int, out: Scan, args_keys: tuple[str, ...], final: bool, separator: str | None,
-               after: str) -> Scan:
+def read_calls(
+    text: str, pos: int, out: Scan, args_keys: tuple[str, ...], final: bool, separator: str | None, after: str
+) -> Scan:
     """Call objects from `text[pos]` on, separated by `separator` (None: one only), appended to `out.calls`;
     raises ScanError when what follows `after` (the marker, for the message) is not a call."""
     while True:
@@ -153,8 +154,9 @@ class ToolParser:
             rules.append(f"call_{i}: {self.call_rule(tool, f'args_{i}')}")
         expr, extra = self.layout(parallel, marker)
         one = " | ".join(f"call_{i}" for i in range(len(tools)))
-        return "\n".join([f"start: {prefix} {expr}" if prefix else f"start: {expr}", *extra, f"one: {one}",
-                          *rules]) + "\n"
+        return (
+            "\n".join([f"start: {prefix} {expr}" if prefix else f"start: {expr}", *extra, f"one: {one}", *rules]) + "\n"
+        )
 
 
 def guarded(scan: Callable[[], Scan], text: str, final: bool, partial: Scan) -> Scan:

@@ -35,11 +35,15 @@ class ToolCallStream:
         scan = self.parser.scan(self.text, True)
         if scan.failed and truncated:
             partial = self.parser.scan(self.text, False)
-            done = [c for c in partial.calls[:next((i for i, c in enumerate(partial.calls) if not c.done),
-                                                   len(partial.calls))]]
+            done = [
+                c
+                for c in partial.calls[
+                    : next((i for i, c in enumerate(partial.calls) if not c.done), len(partial.calls))
+                ]
+            ]
             if done:
                 scan = type(scan)(partial.content, done, started=True)
-        scan.calls = scan.calls[:self.max_calls]
+        scan.calls = scan.calls[: self.max_calls]
         self.final = scan
         return self._diff(scan)
 
@@ -49,23 +53,31 @@ class ToolCallStream:
         return self.ids[i]
 
     def _diff(self, scan: Scan) -> tuple[str, list[dict]]:
-        content = scan.content[self.sent_content:]
+        content = scan.content[self.sent_content :]
         self.sent_content = max(self.sent_content, len(scan.content))
         deltas = []
-        for i, call in enumerate(scan.calls[:self.max_calls]):
+        for i, call in enumerate(scan.calls[: self.max_calls]):
             if i < len(self.sent_args):
-                piece = call.arguments[self.sent_args[i]:]
+                piece = call.arguments[self.sent_args[i] :]
                 if piece:
                     deltas.append({"index": i, "function": {"arguments": piece}})
                     self.sent_args[i] = len(call.arguments)
             elif call.name is not None and i == len(self.sent_args):
-                deltas.append({"index": i, "id": self._id(i), "type": "function",
-                               "function": {"name": call.name, "arguments": call.arguments}})
+                deltas.append(
+                    {
+                        "index": i,
+                        "id": self._id(i),
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                )
                 self.sent_args.append(len(call.arguments))
         return content, deltas
 
     def tool_calls(self) -> list[dict]:
         """The final answer's calls, as `message.tool_calls` (the ids the stream used)."""
         calls = self.final.calls if self.final is not None else []
-        return [{"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for i, c in enumerate(calls)]
+        return [
+            {"id": self._id(i), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)
+        ]

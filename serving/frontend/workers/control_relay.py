@@ -32,8 +32,13 @@ log = logging.getLogger("sightline.control")
 class ControlRelay:
     """The hub's pieces it uses: its monitor, its fleet, `Hub.gather` and `Hub.send_status`."""
 
-    def __init__(self, monitor: EngineMonitor, fleet: WorkerFleet,
-                 gather: Callable[[str, str], Awaitable[dict[int, Snapshot]]], send_status: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        monitor: EngineMonitor,
+        fleet: WorkerFleet,
+        gather: Callable[[str, str], Awaitable[dict[int, Snapshot]]],
+        send_status: Callable[[], None],
+    ) -> None:
         self.monitor, self.fleet, self.gather, self.send_status = monitor, fleet, gather, send_status
         self._lock = asyncio.Lock()  # one action at a time: a pause and a resume never interleave
         self.pauses = PauseController(monitor, HubPause(self))
@@ -60,8 +65,11 @@ class ControlRelay:
         result = {**params, "previous": previous, "workers": sorted(answers)}
         if action == "log_level":
             logging.getLogger().setLevel(params["level"].upper())  # the hub's own too
-            result["processes"] = ["hub", *(f"worker-{w}" for w in sorted(answers)),
-                                   *engine_roles(self.monitor.dp_size)[:-1]]
+            result["processes"] = [
+                "hub",
+                *(f"worker-{w}" for w in sorted(answers)),
+                *engine_roles(self.monitor.dp_size)[:-1],
+            ]
         return result
 
     # -- ordering and confirming ------------------------------------------------------------------
@@ -76,9 +84,13 @@ class ControlRelay:
         if rank_epoch is not None:
             missing += await unconfirmed_ranks(self.monitor, rank_epoch)
         if missing:
-            raise APIError(503, f"the {what} was not confirmed by {', '.join(missing)}; what the others confirmed "
-                                "stays applied, retry to confirm", type="server_unavailable",
-                           code="control_unconfirmed")
+            raise APIError(
+                503,
+                f"the {what} was not confirmed by {', '.join(missing)}; what the others confirmed "
+                "stays applied, retry to confirm",
+                type="server_unavailable",
+                code="control_unconfirmed",
+            )
         return answers
 
 
@@ -94,10 +106,16 @@ class HubPause:
         """Nothing yet: the status sent ahead of the order carries it."""
 
     async def apply(self, order: PauseOrder, what: str) -> dict:
-        answers = await self.relay.order({"abort": order.abort, "engine": order.engine, "epoch": order.epoch},
-                                          order.epoch if order.engine else None, what)
-        return {"aborted": _sum(answers, "aborted"), "in_flight": _sum(answers, "in_flight"),
-                "workers": sorted(answers)}
+        answers = await self.relay.order(
+            {"abort": order.abort, "engine": order.engine, "epoch": order.epoch},
+            order.epoch if order.engine else None,
+            what,
+        )
+        return {
+            "aborted": _sum(answers, "aborted"),
+            "in_flight": _sum(answers, "in_flight"),
+            "workers": sorted(answers),
+        }
 
 
 def _sum(answers: dict[int, dict], key: str) -> int:

@@ -46,8 +46,15 @@ class Worker:
 
 
 class WorkerFleet:
-    def __init__(self, args: ServerArgs, endpoints: Endpoints, instance_id: str, ctx: zmq.asyncio.Context,
-                 codec: Codec, on_failure: Callable[[str], None] = lambda cause: None) -> None:
+    def __init__(
+        self,
+        args: ServerArgs,
+        endpoints: Endpoints,
+        instance_id: str,
+        ctx: zmq.asyncio.Context,
+        codec: Codec,
+        on_failure: Callable[[str], None] = lambda cause: None,
+    ) -> None:
         self.args, self.endpoints, self.instance_id = args, endpoints, instance_id
         self.ctx, self.codec = ctx, codec
         self.on_failure = on_failure  # a metric: a worker died (cause)
@@ -60,9 +67,9 @@ class WorkerFleet:
         self.stopping = False
         self.respawn_at: list[float] = []  # monotonic times replacements are due
         # the engine's inputs, for WorkerGone: every Scheduler rank and the Detokenizer
-        self.engine = [make_socket(ctx, zmq.PUSH, endpoints.scheduler_in(r), do_bind=False)
-                       for r in range(args.dp_size)] + [make_socket(ctx, zmq.PUSH, endpoints.detokenizer_in,
-                                                                    do_bind=False)]
+        self.engine = [
+            make_socket(ctx, zmq.PUSH, endpoints.scheduler_in(r), do_bind=False) for r in range(args.dp_size)
+        ] + [make_socket(ctx, zmq.PUSH, endpoints.detokenizer_in, do_bind=False)]
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self, n: int) -> None:
@@ -72,19 +79,30 @@ class WorkerFleet:
     def _spawn(self) -> Worker:
         wid, self.next_id = self.next_id, self.next_id + 1
         proc = spawn_worker(self.args, self.endpoints, self.instance_id, wid)
-        w = self.workers[wid] = Worker(wid, proc, make_socket(self.ctx, zmq.PUSH, self.endpoints.worker_in(wid),
-                                                               do_bind=False))
+        w = self.workers[wid] = Worker(
+            wid, proc, make_socket(self.ctx, zmq.PUSH, self.endpoints.worker_in(wid), do_bind=False)
+        )
         log.info("tokenizer worker %d started (pid %d)", wid, proc.pid)
         return w
 
     def kill_stalled(self, now: float) -> list[int]:
         """SIGKILL every worker up but silent for --watchdog-timeout (a hung event loop serves no one);
         `reap` then replaces it like any dead worker."""
-        stalled = [w for w in self.workers.values() if w.stats is not None and w.cause != "stalled"
-                   and now - w.heard_at > self.args.watchdog_timeout and w.proc.is_alive()]
+        stalled = [
+            w
+            for w in self.workers.values()
+            if w.stats is not None
+            and w.cause != "stalled"
+            and now - w.heard_at > self.args.watchdog_timeout
+            and w.proc.is_alive()
+        ]
         for w in stalled:
-            log.error("tokenizer worker %d sent no heartbeat for %.1f s; killing it", w.id, now - w.heard_at,
-                      extra={"worker": w.id})
+            log.error(
+                "tokenizer worker %d sent no heartbeat for %.1f s; killing it",
+                w.id,
+                now - w.heard_at,
+                extra={"worker": w.id},
+            )
             w.cause = "stalled"
             w.proc.kill()
         return [w.id for w in stalled]
@@ -119,8 +137,12 @@ class WorkerFleet:
             f.handling_errors += w.stats.handling_errors
             f.decode_gaps = merge_gaps(f.decode_gaps + list(w.stats.decode_gaps))
         if not self.stopping:
-            log.error("tokenizer worker %d exited with code %s; its requests were aborted; replacing it",
-                      w.id, w.proc.exitcode, extra={"worker": w.id})
+            log.error(
+                "tokenizer worker %d exited with code %s; its requests were aborted; replacing it",
+                w.id,
+                w.proc.exitcode,
+                extra={"worker": w.id},
+            )
             self.on_failure(w.cause)
 
     def stop(self, force: bool = False) -> None:
@@ -167,7 +189,10 @@ class WorkerFleet:
         drops: list[DropCount] = list(self.retired_front.stale_drops)
         for s in stats:
             drops += s.stale_drops
-        return FrontCounts(merge_drops(drops), self.retired_front.undecodable + sum(s.undecodable for s in stats),
-                           self.retired_front.handling_errors + sum(s.handling_errors for s in stats),
-                           min(arrivals, default=None),
-                           merge_gaps(self.retired_front.decode_gaps + [g for s in stats for g in s.decode_gaps]))
+        return FrontCounts(
+            merge_drops(drops),
+            self.retired_front.undecodable + sum(s.undecodable for s in stats),
+            self.retired_front.handling_errors + sum(s.handling_errors for s in stats),
+            min(arrivals, default=None),
+            merge_gaps(self.retired_front.decode_gaps + [g for s in stats for g in s.decode_gaps]),
+        )

@@ -79,12 +79,27 @@ class Hub:
         self.timeline = Timeline(args.request_timeline_size)  # the engine's spans, for /debug/requests
         # the engine's spans of requests tail sampling recorded; the workers decide, the hub exports
         self.tracing = Tracing.from_args("hub", args, self.instance_id)
-        self.metrics = Metrics(name, parse_bucket_overrides(args.histogram_buckets), version=__version__, hub=True,
-                               roles=tuple(engine_roles(args.dp_size))) if args.enable_metrics else None
-        self.tail = self.tracing.tail_sampler(args.tail_sampling_buffer_traces,
-                                              self.metrics.count_tail if self.metrics else None)
-        self.monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=self._on_stats,
-                                     dp_size=args.dp_size, queue_stuck_timeout=args.queue_stuck_timeout)
+        self.metrics = (
+            Metrics(
+                name,
+                parse_bucket_overrides(args.histogram_buckets),
+                version=__version__,
+                hub=True,
+                roles=tuple(engine_roles(args.dp_size)),
+            )
+            if args.enable_metrics
+            else None
+        )
+        self.tail = self.tracing.tail_sampler(
+            args.tail_sampling_buffer_traces, self.metrics.count_tail if self.metrics else None
+        )
+        self.monitor = EngineMonitor(
+            args.stall_timeout,
+            args.watchdog_timeout,
+            on_stats=self._on_stats,
+            dp_size=args.dp_size,
+            queue_stuck_timeout=args.queue_stuck_timeout,
+        )
         self.ctx = zmq.asyncio.Context()
         self.codec = Codec("tokenizer_manager")  # the control socket's: as the single TM's, counted as the front's
         self.control = make_socket(self.ctx, zmq.PULL, endpoints.control, do_bind=True)
@@ -98,8 +113,11 @@ class Hub:
             self.metrics.watch(lambda: self.monitor.view(self._front_counts()), None)
             self.metrics.workers_up.set_function(lambda: len(self.fleet.up()))
         # --otel-metrics-catalogue: the engine's numbers (held here) over OTLP beside each worker's own
-        self.otlp = GenAIMetrics.from_args(args, name, self.instance_id, metrics=self.metrics, role="hub") \
-            if args.otel_metrics_catalogue and self.metrics is not None else None
+        self.otlp = (
+            GenAIMetrics.from_args(args, name, self.instance_id, metrics=self.metrics, role="hub")
+            if args.otel_metrics_catalogue and self.metrics is not None
+            else None
+        )
 
     # -- the supervisor's Front --------------------------------------------------------
     def has_in_flight(self) -> bool:
@@ -167,12 +185,21 @@ class Hub:
     def send_status(self) -> None:
         """Every worker's `EngineStatus` now (each heartbeat, and ahead of a control order)."""
         ok, reason = self.monitor.health(self.fleet.front_counts().oldest_arrival)
-        ready = sorted(self.monitor.ready.values(), key=lambda r: (r.role == "detokenizer", r.dp_rank)) \
-            if self.monitor.all_ready.is_set() else []
-        self.fleet.broadcast(self.fleet.status(ready=ready, unavailable=None if ok else reason,
-                                               throughput=self.monitor.throughput.rate(now_ns()),
-                                               last_token_at=self.monitor.last_token_at,
-                                               down_at=self.monitor.down_at, paused=self.monitor.paused))
+        ready = (
+            sorted(self.monitor.ready.values(), key=lambda r: (r.role == "detokenizer", r.dp_rank))
+            if self.monitor.all_ready.is_set()
+            else []
+        )
+        self.fleet.broadcast(
+            self.fleet.status(
+                ready=ready,
+                unavailable=None if ok else reason,
+                throughput=self.monitor.throughput.rate(now_ns()),
+                last_token_at=self.monitor.last_token_at,
+                down_at=self.monitor.down_at,
+                paused=self.monitor.paused,
+            )
+        )
 
     def _tenant_query(self, q: HubQuery) -> None:
         """A worker's `tenant_acquire` (answered: 200, or 429 with the refusal) or `tenant_release`."""
@@ -217,16 +244,22 @@ class Hub:
             if expected:
                 await asyncio.wait_for(done, GATHER_TIMEOUT)
         except asyncio.TimeoutError:
-            log.warning("workers %s did not answer a %s snapshot in %.0f s", sorted(expected - got.keys()), kind,
-                        GATHER_TIMEOUT)
+            log.warning(
+                "workers %s did not answer a %s snapshot in %.0f s", sorted(expected - got.keys()), kind, GATHER_TIMEOUT
+            )
         finally:
             del self.gathering[sid]
         return got
 
     async def answer(self, q: HubQuery) -> None:
         try:
-            reply = await {"metrics": self._metrics, "debug_state": self._debug_state, "request": self._request,
-                           "requests": self._requests, "control": self.controls.answer}[q.kind](q.arg)
+            reply = await {
+                "metrics": self._metrics,
+                "debug_state": self._debug_state,
+                "request": self._request,
+                "requests": self._requests,
+                "control": self.controls.answer,
+            }[q.kind](q.arg)
         except Exception:
             log.exception("failed to answer a %s query", q.kind)
             reply = _error(500, "internal error in the hub", "internal_error")
@@ -245,12 +278,19 @@ class Hub:
 
     async def _debug_state(self, _: str) -> HubReply:
         front = self._front_counts()
-        workers = {str(w.id): {"pid": w.proc.pid, "up": w.stats is not None,
-                               "in_flight": w.stats.in_flight if w.stats else 0}
-                   for w in self.fleet.workers.values()}
-        state = {"in_flight": sum(w["in_flight"] for w in workers.values()), **self.monitor.debug_state(front),
-                 "workers": workers, "engine_generation": self.fleet.generation,
-                 "runtime_dir": self.endpoints.runtime_dir, "model": self.name, "tenants": self.limiter.snapshot()}
+        workers = {
+            str(w.id): {"pid": w.proc.pid, "up": w.stats is not None, "in_flight": w.stats.in_flight if w.stats else 0}
+            for w in self.fleet.workers.values()
+        }
+        state = {
+            "in_flight": sum(w["in_flight"] for w in workers.values()),
+            **self.monitor.debug_state(front),
+            "workers": workers,
+            "engine_generation": self.fleet.generation,
+            "runtime_dir": self.endpoints.runtime_dir,
+            "model": self.name,
+            "tenants": self.limiter.snapshot(),
+        }
         return HubReply(id="", body=json.dumps(state).encode())
 
     async def _request(self, rid: str) -> HubReply:
@@ -258,8 +298,9 @@ class Hub:
             if snap.entry:
                 entry = json.loads(snap.entry)
                 seen = {s["span_id"] for s in entry["spans"]}
-                entry["spans"] += [msgspec.to_builtins(s) for s in self.timeline.spans_of(entry["trace_id"])
-                                   if s.span_id not in seen]
+                entry["spans"] += [
+                    msgspec.to_builtins(s) for s in self.timeline.spans_of(entry["trace_id"]) if s.span_id not in seen
+                ]
                 entry["spans"].sort(key=lambda s: (s["start_ns"], s["end_ns"]))
                 return HubReply(id="", body=json.dumps(entry).encode())
         return _error(404, f"no finished request {rid!r} in the timeline buffer", "not_found_error", "rid")
@@ -274,7 +315,7 @@ class Hub:
             for r in found:  # the engine's spans of the request are the hub's
                 r["spans"] += len(self.timeline.spans_of(r["trace_id"]))
             found.sort(key=lambda r: -r.get("finished_at", 0.0))
-        return HubReply(id="", body=json.dumps({"requests": found[:q["limit"]]}).encode())
+        return HubReply(id="", body=json.dumps({"requests": found[: q["limit"]]}).encode())
 
     async def in_flight(self) -> list[dict]:
         """Every worker's requests in flight (for a crash dump)."""
@@ -308,13 +349,26 @@ async def run_hub(args: ServerArgs, endpoints: Endpoints, name: str) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hub.reload_keys)
-    crash = CrashDumper.from_args(args, hub.monitor, endpoints.runtime_dir, hub.metrics, role="hub",
-                                  in_flight_async=hub.in_flight, records_dir=args.dump_requests)
-    supervisor = EngineSupervisor(Supervised(args, hub.monitor, hub, hub.metrics, endpoints, name, crash),
-                                  hub.instance_id, stop)
+    crash = CrashDumper.from_args(
+        args,
+        hub.monitor,
+        endpoints.runtime_dir,
+        hub.metrics,
+        role="hub",
+        in_flight_async=hub.in_flight,
+        records_dir=args.dump_requests,
+    )
+    supervisor = EngineSupervisor(
+        Supervised(args, hub.monitor, hub, hub.metrics, endpoints, name, crash), hub.instance_id, stop
+    )
     hub.fleet.start(args.tokenizer_worker_num)
-    log.info("hub: %d tokenizer workers, %d Scheduler ranks, serving on http://%s:%d", args.tokenizer_worker_num,
-             args.dp_size, args.host, args.port)
+    log.info(
+        "hub: %d tokenizer workers, %d Scheduler ranks, serving on http://%s:%d",
+        args.tokenizer_worker_num,
+        args.dp_size,
+        args.host,
+        args.port,
+    )
     tasks = [asyncio.create_task(t) for t in (hub.receive(), hub.relay(), supervisor.run(), hub.keys.watch())]
     try:
         await stop.wait()

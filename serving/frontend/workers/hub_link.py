@@ -39,8 +39,14 @@ class _Rate:
 
 
 class HubLink:
-    def __init__(self, worker: int, send: Callable[[Any], None], metrics: Metrics | None, timeline: Timeline,
-                 tail: TailSampler | None = None) -> None:
+    def __init__(
+        self,
+        worker: int,
+        send: Callable[[Any], None],
+        metrics: Metrics | None,
+        timeline: Timeline,
+        tail: TailSampler | None = None,
+    ) -> None:
         self.worker = worker
         self.tail = tail  # its decisions go to the hub, which holds the engine's spans of this worker's requests
         if tail is not None:
@@ -81,8 +87,9 @@ class HubLink:
 
     def _snapshot(self, req: SnapshotReq) -> Snapshot:
         if req.kind == "metrics":
-            return Snapshot(id=req.id, worker=self.worker,
-                            families=snapshot(self.metrics.registry) if self.metrics else [])
+            return Snapshot(
+                id=req.id, worker=self.worker, families=snapshot(self.metrics.registry) if self.metrics else []
+            )
         if req.kind == "requests":  # arg: {"limit": n, "in_flight": bool}
             q = json.loads(req.arg)
             found = self.in_flight(q["limit"]) if q["in_flight"] else self.timeline.recent(q["limit"])
@@ -101,10 +108,20 @@ class HubLink:
             self._finished = finished
             self.send(Snapshot(id="", worker=self.worker, families=snapshot(self.metrics.registry)))
         kept, dropped = self.tail.take_outbox() if self.tail is not None else ([], [])
-        self.send(WorkerStats(worker=self.worker, pid=os.getpid(), in_flight=in_flight,
-                              oldest_arrival=front.oldest_arrival, stale_drops=front.stale_drops,
-                              undecodable=front.undecodable, handling_errors=front.handling_errors,
-                              decode_gaps=front.decode_gaps, tail_kept=kept, tail_dropped=dropped))
+        self.send(
+            WorkerStats(
+                worker=self.worker,
+                pid=os.getpid(),
+                in_flight=in_flight,
+                oldest_arrival=front.oldest_arrival,
+                stale_drops=front.stale_drops,
+                undecodable=front.undecodable,
+                handling_errors=front.handling_errors,
+                decode_gaps=front.decode_gaps,
+                tail_kept=kept,
+                tail_dropped=dropped,
+            )
+        )
 
     async def query(self, kind: str, arg: str = "") -> HubReply:
         qid = uuid.uuid4().hex

@@ -31,9 +31,16 @@ async def _serve(args: ServerArgs, endpoints: Endpoints, instance_id: str, worke
     tokenizer, path = load_tokenizer(args.model, args.cache_dir_path)
     name = model_name(args.model, path, args.served_model_name)
     transport = ZmqTransport(endpoints, args.dp_size, worker=worker)
-    front = FrontEnd(args, endpoints, name, instance_id, tokenizer, transport,
-                     lambda tel, timeline, metrics: HubLink(worker, transport.to_hub, metrics, timeline, tel.tail),
-                     worker=worker)
+    front = FrontEnd(
+        args,
+        endpoints,
+        name,
+        instance_id,
+        tokenizer,
+        transport,
+        lambda tel, timeline, metrics: HubLink(worker, transport.to_hub, metrics, timeline, tel.tail),
+        worker=worker,
+    )
     link, tm = front.engine, front.tm
     link.on_failure = tm.engine_failed
     link.in_flight = front.state.in_flight_requests  # the hub's `/debug/requests?in_flight=1` asks here

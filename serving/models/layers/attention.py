@@ -26,8 +26,9 @@ from serving.models.layers.norm import RMSNorm
 from serving.models.layers.rope import NativeRope, apply_rotary
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv: KVCache, layer: int,
-                    fb: ForwardBatch) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, kv: KVCache, layer: int, fb: ForwardBatch
+) -> torch.Tensor:
     """Store this step's k, v [T, kv_heads, d] in `layer`'s slots (None: already stored), attend q [T, heads, d];
     returns [T, heads, d]."""
     k_pool, v_pool = kv.k[layer], kv.v[layer]
@@ -43,8 +44,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | N
         qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
         ks = gather(k_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
         vs = gather(v_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None,
-                                           enable_gqa=True)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None, enable_gqa=True)
         out[sl] = o[0].transpose(0, 1)
     return out
 
@@ -57,8 +57,9 @@ def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, f
     out = torch.empty_like(q)
     for seg in fb.extends:
         sl = slice(seg.start, seg.start + seg.length)
-        out[sl] = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1),
-                                                 v[sl].transpose(0, 1)).transpose(0, 1)
+        out[sl] = F.scaled_dot_product_attention(
+            q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1)
+        ).transpose(0, 1)
     return out
 
 
@@ -80,8 +81,9 @@ class SelfAttention:
     k_norm: RMSNorm | None = None
     rope_kernel: NativeRope | None = None
 
-    def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache,
-                 fb: ForwardBatch) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], kv: KVCache, fb: ForwardBatch
+    ) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim
         q_end = self.num_heads * d
         k_end = q_end + self.num_kv_heads * d

@@ -60,8 +60,20 @@ class NativeDecode:
         out = torch.empty((b, h, d), dtype=torch.float32)
         idx, lens = fb.decode_kv_idx, fb.decode_lens
         assert idx is not None and lens is not None and idx.is_contiguous() and k_pool.is_contiguous()
-        self._fns[k_pool.dtype](qf.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), idx.data_ptr(), lens.data_ptr(),
-                                out.data_ptr(), b, h, k_pool.shape[1], d, idx.shape[1], d ** -0.5)
+        self._fns[k_pool.dtype](
+            qf.data_ptr(),
+            k_pool.data_ptr(),
+            v_pool.data_ptr(),
+            idx.data_ptr(),
+            lens.data_ptr(),
+            out.data_ptr(),
+            b,
+            h,
+            k_pool.shape[1],
+            d,
+            idx.shape[1],
+            d**-0.5,
+        )
         return out.to(q.dtype)
 
 

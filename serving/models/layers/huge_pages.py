@@ -61,7 +61,7 @@ def empty(shape: tuple[int, ...] | int, dtype: torch.dtype) -> torch.Tensor:
     nbytes = _nbytes(shape, dtype)
     raw = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     off = -raw.data_ptr() % HUGE_PAGE
-    out = raw[off:off + nbytes]
+    out = raw[off : off + nbytes]
     advise(out)
     return _typed(out, shape, dtype)
 
@@ -81,7 +81,7 @@ class Arena:
             return empty(nbytes, torch.uint8)
         if self._slab is None or self._used + nbytes > self._slab.numel():
             self._slab, self._used = empty(self._slab_bytes, torch.uint8), 0
-        out = self._slab[self._used:self._used + nbytes]
+        out = self._slab[self._used : self._used + nbytes]
         self._used = -(-(self._used + nbytes) // ALIGN) * ALIGN
         return out
 

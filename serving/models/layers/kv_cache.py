@@ -22,8 +22,9 @@ class KVCache:
     v: list[torch.Tensor]
 
     @classmethod
-    def zeros(cls, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int,
-              dtype: torch.dtype = torch.float32) -> "KVCache":
+    def zeros(
+        cls, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, dtype: torch.dtype = torch.float32
+    ) -> "KVCache":
         """`num_slots` usable slots plus PAD_SLOT."""
         shape = (num_slots + 1, num_kv_heads, head_dim)
         # one buffer on huge pages (a decode step reads slots all over it), so the 2 MiB rounding

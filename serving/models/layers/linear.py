@@ -87,8 +87,11 @@ class FusedLinear:
         if precision.quantization == "int8":
             q, scales = _int8_weight(weight)
             return cls(q, bias, scales)
-        qw = quantize_for(weight, precision.quantization) \
-            if precision.quant is not None and precision.quantization not in ("none", "gguf") else None
+        qw = (
+            quantize_for(weight, precision.quantization)
+            if precision.quant is not None and precision.quantization not in ("none", "gguf")
+            else None
+        )
         if qw is not None:
             return cls(None, bias, quant=QuantLinear(precision.quant, [qw], bias), out_features=qw.rows)
         k = precision.native.linear if precision.native is not None else None

@@ -73,10 +73,17 @@ def build(cache_dir: Path | None = None, march: str | None = None, kernels: Path
     sources = sorted(kernels.glob("*.cpp"))
     headers = sorted(kernels.glob("*.h"))
     flags = (*FLAGS, f"-march={_march(march)}")
-    key = hashlib.sha256(b"\0".join(
-        [*(p.name.encode() + p.read_bytes() for p in sources + headers), " ".join(flags).encode(),
-         _compiler_version(cxx).encode(), _cpu_flags().encode(), torch.__version__.encode()]
-    )).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                *(p.name.encode() + p.read_bytes() for p in sources + headers),
+                " ".join(flags).encode(),
+                _compiler_version(cxx).encode(),
+                _cpu_flags().encode(),
+                torch.__version__.encode(),
+            ]
+        )
+    ).hexdigest()[:16]
     out_dir = _cache_dir(cache_dir)
     lib = out_dir / f"{LIBRARY}-{key}.so"
     if lib.exists():

@@ -57,13 +57,21 @@ class NativeLinear:
             rows = rows.float().contiguous()
         out = torch.empty((rows.shape[0], n), dtype=torch.float32)
         if rows.shape[0]:
-            self._fn(rows.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                     rows.shape[0], n, k)
+            self._fn(
+                rows.data_ptr(),
+                packed.data_ptr(),
+                0 if bias is None else bias.data_ptr(),
+                out.data_ptr(),
+                rows.shape[0],
+                n,
+                k,
+            )
         return out.view(*x.shape[:-1], n)
 
 
-def select(backend: str, dtype: str, quantization: str, cache_dir: Path | None = None
-           ) -> tuple[NativeLinear | None, str]:
+def select(
+    backend: str, dtype: str, quantization: str, cache_dir: Path | None = None
+) -> tuple[NativeLinear | None, str]:
     """The kernel for `--linear-backend` (None: torch's matmul) and a line saying why, for the log."""
     if backend not in BACKENDS:
         raise ValueError(f"linear backend must be one of {', '.join(BACKENDS)}")
@@ -71,10 +79,13 @@ def select(backend: str, dtype: str, quantization: str, cache_dir: Path | None =
         return None, "torch (asked for)"
     if dtype != "float32" or quantization != "none":
         if backend == "native":
-            raise RuntimeError("--linear-backend native computes in float32: use it with --dtype float32 and no "
-                               "--quantization")
-        return None, f"torch (auto: the native kernel is float32 only; computing in {dtype}, quantization "\
-                     f"{quantization})"
+            raise RuntimeError(
+                "--linear-backend native computes in float32: use it with --dtype float32 and no --quantization"
+            )
+        return (
+            None,
+            f"torch (auto: the native kernel is float32 only; computing in {dtype}, quantization {quantization})",
+        )
     lib = native.load(cache_dir)
     if lib is not None and lib.linear_f32_panel() > 0:
         kernel = NativeLinear(lib)

@@ -100,8 +100,17 @@ class QuantKernel:
         """x [M, K] fp32 contiguous → [M, N]."""
         out = torch.empty((x.shape[0], parts.n), dtype=torch.float32)
         if x.shape[0]:
-            self._linear(x.data_ptr(), x.shape[0], x.shape[1], parts.count, parts.types, parts.ptrs, parts.rows,
-                         out.data_ptr(), parts.n)
+            self._linear(
+                x.data_ptr(),
+                x.shape[0],
+                x.shape[1],
+                parts.count,
+                parts.types,
+                parts.ptrs,
+                parts.rows,
+                out.data_ptr(),
+                parts.n,
+            )
         return out
 
     def dequant_rows(self, w: QuantWeight | PackedWeight, ids: torch.Tensor) -> torch.Tensor:

@@ -32,8 +32,9 @@ class NativeNorm:
         self._fn.argtypes = [_PTR] * 5 + [_I64] * 2 + [ctypes.c_float]
         self._fn.restype = None
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def __call__(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(h, y): h = x + residual (None without a residual), y = the norm of h (of x without one)."""
         x = x.contiguous()
         d = x.shape[-1]
@@ -42,8 +43,16 @@ class NativeNorm:
         if residual is not None:
             residual = residual.contiguous()
             h = torch.empty_like(x)
-        self._fn(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
-                 0 if h is None else h.data_ptr(), y.data_ptr(), x.numel() // d, d, eps)
+        self._fn(
+            x.data_ptr(),
+            0 if residual is None else residual.data_ptr(),
+            weight.data_ptr(),
+            0 if h is None else h.data_ptr(),
+            y.data_ptr(),
+            x.numel() // d,
+            d,
+            eps,
+        )
         return h, y
 
 

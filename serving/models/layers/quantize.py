@@ -19,8 +19,15 @@ from serving.models.layers.native_quant import QuantWeight
 
 log = logging.getLogger(__name__)
 Q = gguf.GGMLQuantizationType
-AT_LOAD = {"q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q4_1": Q.Q4_1, "q5_0": Q.Q5_0, "q5_1": Q.Q5_1, "q4_k": Q.Q4_K,
-           "q6_k": Q.Q6_K}
+AT_LOAD = {
+    "q8_0": Q.Q8_0,
+    "q4_0": Q.Q4_0,
+    "q4_1": Q.Q4_1,
+    "q5_0": Q.Q5_0,
+    "q5_1": Q.Q5_1,
+    "q4_k": Q.Q4_K,
+    "q6_k": Q.Q6_K,
+}
 # For a weight whose input size is no multiple of 256, as llama.cpp's quantizer falls back
 FALLBACK = {"q4_k": "q5_0", "q6_k": "q8_0"}
 
@@ -64,12 +71,21 @@ def _q6_k(w: torch.Tensor) -> np.ndarray:
     sc = _ratio(sub, d.float()[..., None]).round().clamp(0, 127)
     eff = (d.float()[..., None] * sc)[..., None]
     qv = (_ratio(x, eff).round().clamp(-32, 31) + 32).to(torch.uint8).view(n, k // 256, 2, 4, 32)  # [.., h, t, l]
-    ql = torch.cat([(qv[:, :, :, 0] & 15) | ((qv[:, :, :, 2] & 15) << 4),
-                    (qv[:, :, :, 1] & 15) | ((qv[:, :, :, 3] & 15) << 4)], dim=-1)  # [n, sb, 2, 64]
+    ql = torch.cat(
+        [(qv[:, :, :, 0] & 15) | ((qv[:, :, :, 2] & 15) << 4), (qv[:, :, :, 1] & 15) | ((qv[:, :, :, 3] & 15) << 4)],
+        dim=-1,
+    )  # [n, sb, 2, 64]
     hi = qv >> 4
     qh = hi[:, :, :, 0] | (hi[:, :, :, 1] << 2) | (hi[:, :, :, 2] << 4) | (hi[:, :, :, 3] << 6)
-    blocks = torch.cat([ql.reshape(n, -1, 128), qh.reshape(n, -1, 64), sc.to(torch.int8).view(torch.uint8),
-                        d.view(torch.uint8).view(n, -1, 2)], dim=-1)
+    blocks = torch.cat(
+        [
+            ql.reshape(n, -1, 128),
+            qh.reshape(n, -1, 64),
+            sc.to(torch.int8).view(torch.uint8),
+            d.view(torch.uint8).view(n, -1, 2),
+        ],
+        dim=-1,
+    )
     return blocks.reshape(n, -1).numpy()
 
 
@@ -91,8 +107,13 @@ def quantize_for(weight: torch.Tensor, name: str) -> QuantWeight | None:
     None (the caller keeps it unquantized) where it fits no 32-value block either.  Both logged."""
     n, k = weight.shape
     if k % gguf.GGML_QUANT_SIZES[AT_LOAD[name]][0] and name in FALLBACK:
-        log.info("a [%d, %d] weight in %s: its input size is no multiple of %s's 256-value blocks", n, k,
-                 FALLBACK[name], name)
+        log.info(
+            "a [%d, %d] weight in %s: its input size is no multiple of %s's 256-value blocks",
+            n,
+            k,
+            FALLBACK[name],
+            name,
+        )
         name = FALLBACK[name]
     if k % gguf.GGML_QUANT_SIZES[AT_LOAD[name]][0]:
         log.info("a [%d, %d] weight stays unquantized: its input size is no multiple of 32", n, k)

@@ -74,8 +74,17 @@ class NativeRope:
         self._fn.argtypes = [_PTR, _I64] * 3 + [_PTR] * 6 + [_I64] * 4
         self._fn.restype = None
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
         """q [T, H, d], k and v [T, KVH, d] (heads contiguous in each token's row), cos/sin as `RotaryTables.at`
         gives them; writes rope(k) and v into the pools' `slots`, returns rope(q) [T, H, d]."""
         t, h, d = q.shape
@@ -86,6 +95,22 @@ class NativeRope:
         assert k_pool.is_contiguous() and v_pool.is_contiguous() and k_pool.dtype == v_pool.dtype == torch.float32
         assert slots.is_contiguous() and slots.dtype == torch.int64
         out = torch.empty((t, h, d), dtype=torch.float32)
-        self._fn(q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), cos.data_ptr(),
-                 sin.data_ptr(), slots.data_ptr(), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), t, h, kvh, d)
+        self._fn(
+            q.data_ptr(),
+            q.stride(0),
+            k.data_ptr(),
+            k.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            slots.data_ptr(),
+            out.data_ptr(),
+            k_pool.data_ptr(),
+            v_pool.data_ptr(),
+            t,
+            h,
+            kvh,
+            d,
+        )
         return out

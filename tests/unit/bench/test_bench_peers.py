@@ -74,8 +74,13 @@ def test_only_chunks_with_text_count_as_token_arrivals():
 
 def test_arguments():
     a = parse_args(["--concurrency", "1,16", "--gen-len", "32", "--peers", "llama-server-Q8_0"])
-    assert (a.levels, a.gen_len, a.peer_names, a.skip_peers, a.pp_len) == ([1, 16], 32, ["llama-server-Q8_0"],
-                                                                           False, 512)
+    assert (a.levels, a.gen_len, a.peer_names, a.skip_peers, a.pp_len) == (
+        [1, 16],
+        32,
+        ["llama-server-Q8_0"],
+        False,
+        512,
+    )
     assert parse_args(["--peers", "llama-server"]).peer_names == [f"llama-server-{t}" for t in GGUF_TYPES]
     assert parse_args(["--skip-peers"]).peer_names == list(PEER_NAMES)
     for bad in (["--peers", "vllm"], ["--peers", "llama-cpp"], ["--concurrency", "1,128"]):
@@ -88,46 +93,109 @@ def level(ttft: list[float], itl: list[float], tok_s: float) -> dict:
 
 
 def _http(flags: list[str], info: dict, levels: dict, model: str = "smollm2-135m") -> dict:
-    return {"model": model, "prompt_len": 128, "gen_len": 32, "server_args": flags, "engine_info": info,
-            "levels": levels}
+    return {
+        "model": model,
+        "prompt_len": 128,
+        "gen_len": 32,
+        "server_args": flags,
+        "engine_info": info,
+        "levels": levels,
+    }
 
 
 def test_pp_is_prompt_tokens_over_the_median_ttft():
-    assert pp_summary([400.0, 250.0, 260.0], 512) == {"prompt_tokens": 512, "ttft": [400.0, 250.0, 260.0],
-                                                      "ttft_p50_ms": 260.0, "tok_s": pytest.approx(1969.2, 0.01)}
+    assert pp_summary([400.0, 250.0, 260.0], 512) == {
+        "prompt_tokens": 512,
+        "ttft": [400.0, 250.0, 260.0],
+        "ttft_p50_ms": 260.0,
+        "tok_s": pytest.approx(1969.2, 0.01),
+    }
 
 
 def test_one_table_puts_each_precision_pair_side_by_side():
     s = summary(level([10.0, 30.0, 20.0], [5.0] * 99 + [50.0], 12.5))
     assert (s["ttft_p50_ms"], s["ttft_max_ms"], s["itl_p50_ms"], s["itl_p99_ms"]) == (20.0, 30.0, 5.0, 50.0)
-    engine = {"prompt_len": 128, "gen_len": 32, "rows": [{"mode": "int8", "concurrency": 16, "out_tok_s": 99.04},
-                                                         {"mode": "gguf", "concurrency": 16, "out_tok_s": 120.0}]}
-    f32 = _http(["--dtype=float32"], {"dtype": "float32", "quantization": "none"},
-                {"1": {"engine": level([1.0], [], 20.0), "http": level([40.0], [50.0, 52.0], 10.0)},
-                 "16": {"http": level([400.0], [60.0], 40.0)}})
-    int8 = _http(["--quantization=int8"], {"dtype": "bfloat16", "quantization": "int8"},
-                 {"16": {"http": level([300.0], [30.0], 50.0)}})
-    q8 = _http([], {"dtype": "float32", "quantization": "gguf"}, {"16": {"http": level([300.0], [30.0], 90.0)}},
-               model="/r/gguf-0.3.36/SmolLM2-135M-Instruct-Q8_0.gguf")
-    q41 = _http([], {"dtype": "float32", "quantization": "gguf"}, {"16": {"http": level([200.0], [25.0], 60.0)}},
-                model="/wheel/SmolLM2-135M-Instruct.Q4_1.gguf")
-    peers = {"prompt_len": 128, "gen_len": 32, "pp_len": 512, "cpus": 2, "peers": {
-        "transformers": {"label": "transformers serve", "precision": "float32", "pair": "float32",
-                         "levels": {"16": level([300.0], [80.0], 20.0)}},
-        "llama-server-F32": {"label": "llama-server", "precision": "GGUF F32", "pair": "float32",
-                             "command": "/x/bin/llama-server -m /y/m-F32.gguf --host 127.0.0.1 -np 64",
-                             "levels": {"1": level([30.0], [20.0], 25.0), "16": level([200.0], [40.0], 80.0)},
-                             "pp": {"tok_s": 1024.0, "ttft_p50_ms": 500.0, "ttft": [500.0]}},
-        "llama-server-Q8_0": {"label": "llama-server", "precision": "GGUF Q8_0", "pair": "GGUF Q8_0",
-                              "levels": {"16": level([100.0], [20.0], 100.0)}},
-        "llama-server-Q4_K_M": {"label": "llama-server", "precision": "GGUF Q4_K_M", "pair": "GGUF Q4_K_M",
-                                "skipped": "its server exited with 1 on startup"},
-        "llama-server-Q4_1": {"label": "llama-server", "precision": "GGUF Q4_1 (bundled)", "pair": "GGUF Q4_1",
-                              "levels": {"16": level([100.0], [20.0], 45.0)}}},
-        "sightline_pp": {"float32": {"server_args": ["--dtype=float32"], "tok_s": 512.0, "ttft_p50_ms": 1000.0,
-                                     "ttft": [1000.0]},
-                         "GGUF Q8_0": {"server_args": [], "model": "/r/gguf-0.3.36/SmolLM2-135M-Instruct-Q8_0.gguf",
-                                       "skipped": "no port"}}}
+    engine = {
+        "prompt_len": 128,
+        "gen_len": 32,
+        "rows": [
+            {"mode": "int8", "concurrency": 16, "out_tok_s": 99.04},
+            {"mode": "gguf", "concurrency": 16, "out_tok_s": 120.0},
+        ],
+    }
+    f32 = _http(
+        ["--dtype=float32"],
+        {"dtype": "float32", "quantization": "none"},
+        {
+            "1": {"engine": level([1.0], [], 20.0), "http": level([40.0], [50.0, 52.0], 10.0)},
+            "16": {"http": level([400.0], [60.0], 40.0)},
+        },
+    )
+    int8 = _http(
+        ["--quantization=int8"],
+        {"dtype": "bfloat16", "quantization": "int8"},
+        {"16": {"http": level([300.0], [30.0], 50.0)}},
+    )
+    q8 = _http(
+        [],
+        {"dtype": "float32", "quantization": "gguf"},
+        {"16": {"http": level([300.0], [30.0], 90.0)}},
+        model="/r/gguf-0.3.36/SmolLM2-135M-Instruct-Q8_0.gguf",
+    )
+    q41 = _http(
+        [],
+        {"dtype": "float32", "quantization": "gguf"},
+        {"16": {"http": level([200.0], [25.0], 60.0)}},
+        model="/wheel/SmolLM2-135M-Instruct.Q4_1.gguf",
+    )
+    peers = {
+        "prompt_len": 128,
+        "gen_len": 32,
+        "pp_len": 512,
+        "cpus": 2,
+        "peers": {
+            "transformers": {
+                "label": "transformers serve",
+                "precision": "float32",
+                "pair": "float32",
+                "levels": {"16": level([300.0], [80.0], 20.0)},
+            },
+            "llama-server-F32": {
+                "label": "llama-server",
+                "precision": "GGUF F32",
+                "pair": "float32",
+                "command": "/x/bin/llama-server -m /y/m-F32.gguf --host 127.0.0.1 -np 64",
+                "levels": {"1": level([30.0], [20.0], 25.0), "16": level([200.0], [40.0], 80.0)},
+                "pp": {"tok_s": 1024.0, "ttft_p50_ms": 500.0, "ttft": [500.0]},
+            },
+            "llama-server-Q8_0": {
+                "label": "llama-server",
+                "precision": "GGUF Q8_0",
+                "pair": "GGUF Q8_0",
+                "levels": {"16": level([100.0], [20.0], 100.0)},
+            },
+            "llama-server-Q4_K_M": {
+                "label": "llama-server",
+                "precision": "GGUF Q4_K_M",
+                "pair": "GGUF Q4_K_M",
+                "skipped": "its server exited with 1 on startup",
+            },
+            "llama-server-Q4_1": {
+                "label": "llama-server",
+                "precision": "GGUF Q4_1 (bundled)",
+                "pair": "GGUF Q4_1",
+                "levels": {"16": level([100.0], [20.0], 45.0)},
+            },
+        },
+        "sightline_pp": {
+            "float32": {"server_args": ["--dtype=float32"], "tok_s": 512.0, "ttft_p50_ms": 1000.0, "ttft": [1000.0]},
+            "GGUF Q8_0": {
+                "server_args": [],
+                "model": "/r/gguf-0.3.36/SmolLM2-135M-Instruct-Q8_0.gguf",
+                "skipped": "no port",
+            },
+        },
+    }
     lines = render(engine, [f32, int8, q8, q41], peers).splitlines()
     assert lines[0].startswith("| pair | concurrency | server | precision | output tok/s | × sightline HTTP |")
     table = [ln for ln in lines if ln.startswith("| ") and not ln.startswith("| pair")]
@@ -149,23 +217,39 @@ def test_one_table_puts_each_precision_pair_side_by_side():
         "| int8 | 16 | sightline engine, in-process | int8 | 99.0 | 1.98× | – | – | – |",
         "| int8 | 16 | sightline HTTP (--quantization=int8) | bfloat16+int8 | 50.0 | 1.00× | 300 | 30.0 | 30.0 |",
     ]
-    notes = lines[len(table) + 2:]
+    notes = lines[len(table) + 2 :]
     assert "llama-server-Q4_K_M: skipped: its server exited with 1 on startup" in notes  # one line, with why
     assert "sightline HTTP (SmolLM2-135M-Instruct-Q8_0.gguf): pp skipped: no port" in notes
     assert "llama-server command: llama-server -m m-F32.gguf --host 127.0.0.1 -np 64" in notes
 
 
 def test_the_table_works_with_files_missing():
-    assert render(None, [], None).splitlines() == [*render(None, [], None).splitlines()[:2], "",
-                                                   "peers: no peers.json (run `python -m bench.peers`); no peer rows"]
-    skipped = {"prompt_len": 128, "gen_len": 64, "pp_len": 512, "sightline_pp": {},
-               "peers": {name: {"label": name, "precision": "?", "skipped": "--skip-peers"} for name in PEER_NAMES}}
+    assert render(None, [], None).splitlines() == [
+        *render(None, [], None).splitlines()[:2],
+        "",
+        "peers: no peers.json (run `python -m bench.peers`); no peer rows",
+    ]
+    skipped = {
+        "prompt_len": 128,
+        "gen_len": 64,
+        "pp_len": 512,
+        "sightline_pp": {},
+        "peers": {name: {"label": name, "precision": "?", "skipped": "--skip-peers"} for name in PEER_NAMES},
+    }
     lines = render(None, [], skipped).splitlines()
     assert len([ln for ln in lines if ln.startswith("|")]) == 2  # the head, no rows
     assert [ln for ln in lines if "skipped" in ln] == [f"{name}: skipped: --skip-peers" for name in PEER_NAMES]
     # a peer without our run of its precision still shows, with a line saying ours is missing
-    only_peer = {**skipped, "peers": {"llama-server-Q8_0": {"label": "llama-server", "precision": "GGUF Q8_0",
-                                                            "levels": {"1": level([10.0], [5.0], 50.0)}}}}
+    only_peer = {
+        **skipped,
+        "peers": {
+            "llama-server-Q8_0": {
+                "label": "llama-server",
+                "precision": "GGUF Q8_0",
+                "levels": {"1": level([10.0], [5.0], 50.0)},
+            }
+        },
+    }
     lines = render(None, [], only_peer).splitlines()
     assert "| GGUF Q8_0 | 1 | llama-server | GGUF Q8_0 | 50.0 | – | 10 | 5.0 | 5.0 |" in lines
     assert "GGUF Q8_0: no sightline HTTP run of this precision among the http*.json files" in lines
@@ -187,11 +271,19 @@ def test_a_peer_that_dies_of_a_signal_on_startup_is_started_again_with_its_retry
 
     script = tmp_path / "server.py"
     script.write_text(_CRASHY_SERVER)
-    peer = peers_mod.Peer(name="crashy", label="crashy", precision="x", pair="x", requirement="",
-                          prepare=lambda: (tmp_path, None),
-                          command=lambda _p, port, _s: [sys.executable, str(script), str(port)],
-                          ignore_eos=lambda n: {}, health_path="/health", home=tmp_path,
-                          retry_args=("--no-repack",))
+    peer = peers_mod.Peer(
+        name="crashy",
+        label="crashy",
+        precision="x",
+        pair="x",
+        requirement="",
+        prepare=lambda: (tmp_path, None),
+        command=lambda _p, port, _s: [sys.executable, str(script), str(port)],
+        ignore_eos=lambda n: {},
+        health_path="/health",
+        home=tmp_path,
+        retry_args=("--no-repack",),
+    )
     server = peers_mod.PeerServer(peer, tmp_path, 128, startup_s=30)
     try:
         assert server.argv[-1] == "--no-repack"  # what the result's `command` records

@@ -35,8 +35,11 @@ def extractor_params(config: dict) -> dict:
 def test_pool_selects_the_server_pods_on_their_port_through_the_picker_service():
     [pool] = [d for d in DOCS if d["kind"] == "InferencePool"]
     assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
-    deploy = [d for d in yaml.safe_load_all((REPO / "deploy/kubernetes/manifests/sightline.yaml").read_text())
-              if d and d["kind"] == "Deployment"][0]
+    deploy = [
+        d
+        for d in yaml.safe_load_all((REPO / "deploy/kubernetes/manifests/sightline.yaml").read_text())
+        if d and d["kind"] == "Deployment"
+    ][0]
     pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
     assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     port = deploy["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
@@ -49,8 +52,9 @@ def test_picker_config_is_valid_and_reads_one_gauge_per_pod():
     config = picker_config()
     jsonschema.Draft4Validator(_schema("endpointpickerconfig-inference-v1alpha1.json")).validate(config)
     params = extractor_params(config)
-    jsonschema.Draft4Validator(_schema("endpointpickerconfig-inference-v1alpha1.json")["definitions"][
-        "coreMetricsExtractorParameters"]).validate(params)
+    jsonschema.Draft4Validator(
+        _schema("endpointpickerconfig-inference-v1alpha1.json")["definitions"]["coreMetricsExtractorParameters"]
+    ).validate(params)
     [engine] = params["engineConfigs"]
     assert params["defaultEngine"] == engine["name"]  # every pod of the pool, with no engine label needed
     for field in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec"):

@@ -26,15 +26,22 @@ from tests.prom_util import promtool
 MANIFESTS = REPO / "deploy/kubernetes/manifests"
 SCHEMAS = REPO / "deploy/kubernetes/schemas"
 K8S_VERSIONS = ("1.30", "1.37")  # the oldest docs/deploy.md names and the newest the wheel ships
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
-               ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1.json",
-               ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda-v1alpha1.json",
-               ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference-v1.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor-monitoring-v1.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-monitoring-v1.json",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject-keda-v1alpha1.json",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool-inference-v1.json",
+}
 
 
 def objects() -> list[dict]:
-    return [doc for name in generate.outputs() if name != "kustomization.yaml"
-            for doc in yaml.safe_load_all((MANIFESTS / name).read_text()) if doc]
+    return [
+        doc
+        for name in generate.outputs()
+        if name != "kustomization.yaml"
+        for doc in yaml.safe_load_all((MANIFESTS / name).read_text())
+        if doc
+    ]
 
 
 OBJECTS = objects()
@@ -50,8 +57,11 @@ def crd_validator(api_version: str, kind: str) -> jsonschema.Draft4Validator:
 
 
 def rule_file_groups() -> list[dict]:
-    return [g for p in sorted((REPO / "dashboards/prometheus/rules").glob("*.yml"))
-            for g in yaml.safe_load(p.read_text())["groups"]]
+    return [
+        g
+        for p in sorted((REPO / "dashboards/prometheus/rules").glob("*.yml"))
+        for g in yaml.safe_load(p.read_text())["groups"]
+    ]
 
 
 def server() -> dict:
@@ -75,8 +85,9 @@ def test_check_mode_reports_a_hand_edit_and_a_stale_file(tmp_path):
 
 def test_kustomization_lists_every_manifest():
     kust = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
-    assert sorted(kust["resources"]) == sorted(p.name for p in MANIFESTS.glob("*.yaml")
-                                               if p.name != "kustomization.yaml")
+    assert sorted(kust["resources"]) == sorted(
+        p.name for p in MANIFESTS.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
     assert {o["metadata"].get("namespace") for o in OBJECTS if o["kind"] != "Namespace"} == {generate.CONFIG.namespace}
 
 
@@ -109,10 +120,12 @@ def test_crd_schemas_refuse_a_misspelt_field_and_a_wrong_type():
     so = one("ScaledObject")
     trigger = {**so["spec"]["triggers"][0], "metadata": {**so["spec"]["triggers"][0]["metadata"], "threshold": 4}}
     assert not crd_validator(so["apiVersion"], "ScaledObject").is_valid(
-        {**so, "spec": {**so["spec"], "triggers": [trigger]}})
+        {**so, "spec": {**so["spec"], "triggers": [trigger]}}
+    )
     rule = one("PrometheusRule")
     assert not crd_validator(rule["apiVersion"], "PrometheusRule").is_valid(
-        {**rule, "apiVersion": "monitoring.coreos.com/v2"})
+        {**rule, "apiVersion": "monitoring.coreos.com/v2"}
+    )
 
 
 # -- the rules and the dashboards are the repo's ---------------------------------------
@@ -173,14 +186,20 @@ def test_service_monitor_budget_and_autoscaler_select_the_server_pods():
 
     def selects(sel: dict) -> bool:
         return sel.items() <= pod_labels.items()
-    svc, pdb, mon, so = one("Service", generate.CONFIG.name), one("PodDisruptionBudget"), one("PodMonitor"), \
-        one("ScaledObject")
+
+    svc, pdb, mon, so = (
+        one("Service", generate.CONFIG.name),
+        one("PodDisruptionBudget"),
+        one("PodMonitor"),
+        one("ScaledObject"),
+    )
     assert selects(svc["spec"]["selector"]) and selects(pdb["spec"]["selector"]["matchLabels"])
     assert selects(deploy["spec"]["selector"]["matchLabels"]) and selects(mon["spec"]["selector"]["matchLabels"])
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
     [ep] = mon["spec"]["podMetricsEndpoints"]
-    assert ((ep["port"], ep["path"]) == ("http", "/metrics")
-            and mon["spec"]["scrapeProtocols"][0].startswith("OpenMetrics"))
+    assert (ep["port"], ep["path"]) == ("http", "/metrics") and mon["spec"]["scrapeProtocols"][0].startswith(
+        "OpenMetrics"
+    )
     relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
     assert relabel["job"]["replacement"] == job
     assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_name"]
@@ -194,8 +213,10 @@ def test_traces_flow_server_to_collector_to_tempo_with_the_slo_threshold():
     env = {e["name"]: e.get("value") for e in server()["env"]}
     svc = one("Service", generate.CONFIG.collector_name)
     http_port = {p["name"]: p["port"] for p in svc["spec"]["ports"]}["otlp-http"]
-    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == \
-        f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{http_port}"
+    assert (
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        == f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{http_port}"
+    )
     config = yaml.safe_load(one("ConfigMap", generate.CONFIG.collector_name)["data"]["config.yaml"])
     assert config["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(f":{http_port}")
     pipeline = config["service"]["pipelines"]["traces"]
@@ -204,7 +225,8 @@ def test_traces_flow_server_to_collector_to_tempo_with_the_slo_threshold():
     assert policies["errors"]["status_code"]["status_codes"] == ["ERROR"]
     ttft = yaml.safe_load((REPO / "dashboards/slo.yaml").read_text())["slos"]["ttft"]["sli"]["latency"]["threshold"]
     assert policies["slow-first-token"]["ottl_condition"]["span"] == [
-        f'attributes["sightline.ttft_seconds"] > {float(ttft)}']
+        f'attributes["sightline.ttft_seconds"] > {float(ttft)}'
+    ]
     collector = one("Deployment", generate.CONFIG.collector_name)
     assert collector["spec"]["replicas"] == 1  # tail sampling: every span of a trace in one collector
     assert config["exporters"][pipeline["exporters"][0]]["endpoint"] == generate.CONFIG.tempo_endpoint

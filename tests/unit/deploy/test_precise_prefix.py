@@ -37,8 +37,9 @@ def apply(doc: dict, patch: list[dict]) -> dict:
 
 
 def overlay() -> dict[str, list[dict]]:
-    return {name: yaml.safe_load((ex.OUT / name).read_text()) for name in ("server-kv-events.yaml",
-                                                                          "picker-config.yaml")}
+    return {
+        name: yaml.safe_load((ex.OUT / name).read_text()) for name in ("server-kv-events.yaml", "picker-config.yaml")
+    }
 
 
 def base_doc(file: str, kind: str) -> dict:

@@ -59,8 +59,10 @@ def test_chat_requests_share_one_system_prompt_of_about_n_tokens(tok):
     # the prefix draws nothing from the request's generator: the user turns are those of the same
     # workload without it
     plain = plan_for(Workload("p", "chat", (32, 32), prompts=w.prompts, temperature=0))
-    assert build_request(plain.workloads[0], plain, random.Random(7))[1]["messages"] == \
-        build_request(plan.workloads[0], plan, random.Random(7))[1]["messages"][1:]
+    assert (
+        build_request(plain.workloads[0], plain, random.Random(7))[1]["messages"]
+        == build_request(plan.workloads[0], plan, random.Random(7))[1]["messages"][1:]
+    )
 
 
 def test_completions_prefix_is_exact_and_counted_in_context():
@@ -70,8 +72,9 @@ def test_completions_prefix_is_exact_and_counted_in_context():
     prefix = list(shared_prefix_ids(50, plan.token_id_range))
     assert all(p[:50] == prefix and 54 <= len(p) <= 58 for p in prompts)
     assert len({tuple(p[50:]) for p in prompts}) == 3
-    long = Workload.from_dict("l", {"endpoint": "completions", "prompt_tokens": "context", "max_tokens": 32,
-                                    "system_prompt_tokens": 100})
+    long = Workload.from_dict(
+        "l", {"endpoint": "completions", "prompt_tokens": "context", "max_tokens": 32, "system_prompt_tokens": 100}
+    )
     assert long.resolve(2048).prompt_tokens == (2048 - 32 - 8 - 100,) * 2
 
 
@@ -82,8 +85,9 @@ def usage_event(details) -> bytes:
     return f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
 
 
-@pytest.mark.parametrize("details, cached", [({"cached_tokens": 1008}, 1008), ({"cached_tokens": 0}, 0),
-                                             (None, None), (..., None)])
+@pytest.mark.parametrize(
+    "details, cached", [({"cached_tokens": 1008}, 1008), ({"cached_tokens": 0}, 0), (None, None), (..., None)]
+)
 def test_usage_chunk_gives_cached_tokens(details, cached, tmp_path):
     rec = RequestRecord("w", "chat", 0, 1.0, 0.0, 0.0, 200)
     r = StreamReader(rec, 0.0)
@@ -99,18 +103,24 @@ def test_usage_chunk_gives_cached_tokens(details, cached, tmp_path):
 
 def exposition(hits: int | None, queries: int, gen: int = 4) -> Scrape:
     m = 'model_name="m"'
-    lines = ["# TYPE sightline_requests_total counter",
-             f'sightline_requests_total{{{m},finish_reason="length",status="200"}} {2 if gen else 0}',
-             "# TYPE sightline_prompt_tokens_total counter", f"sightline_prompt_tokens_total{{{m}}} {gen and 2060}",
-             "# TYPE sightline_generation_tokens_total counter", f"sightline_generation_tokens_total{{{m}}} {gen}",
-             "# TYPE sightline_time_to_first_token_seconds histogram",
-             f'sightline_time_to_first_token_seconds_bucket{{{m},le="1.0"}} {2 if gen else 0}',
-             f'sightline_time_to_first_token_seconds_bucket{{{m},le="+Inf"}} {2 if gen else 0}']
+    lines = [
+        "# TYPE sightline_requests_total counter",
+        f'sightline_requests_total{{{m},finish_reason="length",status="200"}} {2 if gen else 0}',
+        "# TYPE sightline_prompt_tokens_total counter",
+        f"sightline_prompt_tokens_total{{{m}}} {gen and 2060}",
+        "# TYPE sightline_generation_tokens_total counter",
+        f"sightline_generation_tokens_total{{{m}}} {gen}",
+        "# TYPE sightline_time_to_first_token_seconds histogram",
+        f'sightline_time_to_first_token_seconds_bucket{{{m},le="1.0"}} {2 if gen else 0}',
+        f'sightline_time_to_first_token_seconds_bucket{{{m},le="+Inf"}} {2 if gen else 0}',
+    ]
     if hits is not None:
-        lines += ["# TYPE sightline_prefix_cache_hits_tokens_total counter",
-                  f"sightline_prefix_cache_hits_tokens_total{{{m}}} {hits}",
-                  "# TYPE sightline_prefix_cache_queries_tokens_total counter",
-                  f"sightline_prefix_cache_queries_tokens_total{{{m}}} {queries}"]
+        lines += [
+            "# TYPE sightline_prefix_cache_hits_tokens_total counter",
+            f"sightline_prefix_cache_hits_tokens_total{{{m}}} {hits}",
+            "# TYPE sightline_prefix_cache_queries_tokens_total counter",
+            f"sightline_prefix_cache_queries_tokens_total{{{m}}} {queries}",
+        ]
     return Scrape.parse("\n".join(lines) + "\n")
 
 

@@ -24,11 +24,20 @@ T0 = 1_750_000_000.0
 
 
 def rec(i: int, arrival: float, route: str = COMPLETIONS, **kw) -> RequestRecord:
-    base = dict(arrival=T0 + arrival, rid=f"r{i}", route=route,
-                operation={CHAT: "chat", GENERATE: "generate"}.get(route, "text_completion"),
-                model="tiny-random", stream=True, prompt_tokens=20, completion_tokens=8, outcome="length",
-                finish_reason="length", params={"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0},
-                breakdown={"ttft_ms": 40.0, "tpot_ms": 10.0, "e2e_ms": 110.0})
+    base = dict(
+        arrival=T0 + arrival,
+        rid=f"r{i}",
+        route=route,
+        operation={CHAT: "chat", GENERATE: "generate"}.get(route, "text_completion"),
+        model="tiny-random",
+        stream=True,
+        prompt_tokens=20,
+        completion_tokens=8,
+        outcome="length",
+        finish_reason="length",
+        params={"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0},
+        breakdown={"ttft_ms": 40.0, "tpot_ms": 10.0, "e2e_ms": 110.0},
+    )
     base.update(kw)
     return RequestRecord(**base)
 
@@ -70,9 +79,15 @@ def test_speed_divides_every_offset():
 
 
 def test_refused_requests_are_skipped_unless_asked_and_rejected_ones_always():
-    records = [rec(0, 0.0), rec(1, 0.1, outcome="shed", status=429), rec(2, 0.2, outcome="unavailable", status=503),
-               rec(3, 0.3, outcome="rejected", status=400), rec(4, 0.4, route="/encode"),
-               rec(5, 0.5, prompt_tokens=0), rec(6, 0.6, outcome="client_disconnect", completion_tokens=0)]
+    records = [
+        rec(0, 0.0),
+        rec(1, 0.1, outcome="shed", status=429),
+        rec(2, 0.2, outcome="unavailable", status=503),
+        rec(3, 0.3, outcome="rejected", status=400),
+        rec(4, 0.4, route="/encode"),
+        rec(5, 0.5, prompt_tokens=0),
+        rec(6, 0.6, outcome="client_disconnect", completion_tokens=0),
+    ]
     planned, skipped = plan_schedule(records)
     assert [r.rid for r, _ in planned] == ["r0", "r6"]  # a client that left still loaded the engine
     assert {r.rid for r, _ in skipped} == {"r1", "r2", "r3", "r4", "r5"}
@@ -112,11 +127,13 @@ def test_without_a_tokenizer_completions_get_exact_token_ids():
 
 def test_recorded_prompts_are_sent_exactly(tok):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
-    records = [rec(0, 0.0, prompt="The capital of France is"),
-               rec(1, 0.1, route=CHAT, prompt=messages),
-               rec(2, 0.2, prompt=[11, 22, 33, 44]),
-               rec(3, 0.3, route=GENERATE, prompt="Once upon a time", stream=False),
-               rec(4, 0.4, route=GENERATE, prompt=[5, 6, 7])]
+    records = [
+        rec(0, 0.0, prompt="The capital of France is"),
+        rec(1, 0.1, route=CHAT, prompt=messages),
+        rec(2, 0.2, prompt=[11, 22, 33, 44]),
+        rec(3, 0.3, route=GENERATE, prompt="Once upon a time", stream=False),
+        rec(4, 0.4, route=GENERATE, prompt=[5, 6, 7]),
+    ]
     items = make_items(plan_schedule(records)[0], "tiny-random", PromptCounter(tok))
     assert [it.prompt_source for it in items] == ["recorded"] * 5
     assert items[0].body["prompt"] == "The capital of France is"
@@ -127,14 +144,38 @@ def test_recorded_prompts_are_sent_exactly(tok):
 
 
 def test_request_bodies_exact_and_recorded_output_lengths():
-    r = rec(0, 0.0, route=CHAT, completion_tokens=13,
-            params={"max_new_tokens": 64, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 7,
-                    "ignore_eos": False, "stop_token_ids": 0, "stop": 1, "stop_strings": ["\n\n"]})
+    r = rec(
+        0,
+        0.0,
+        route=CHAT,
+        completion_tokens=13,
+        params={
+            "max_new_tokens": 64,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 20,
+            "seed": 7,
+            "ignore_eos": False,
+            "stop_token_ids": 0,
+            "stop": 1,
+            "stop_strings": ["\n\n"],
+        },
+    )
     msgs = [{"role": "user", "content": "x"}]
     path, body = build_request(r, msgs, "served")
     assert path == CHAT
-    assert body == {"model": "served", "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 7, "stream": True,
-                    "max_tokens": 13, "ignore_eos": True, "stream_options": {"include_usage": True}, "messages": msgs}
+    assert body == {
+        "model": "served",
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "seed": 7,
+        "stream": True,
+        "max_tokens": 13,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "messages": msgs,
+    }
     _, body = build_request(r, msgs, "served", "recorded")
     assert body["max_tokens"] == 64 and "ignore_eos" not in body and body["stop"] == ["\n\n"]
     g = rec(1, 0.0, route=GENERATE, stream=False, completion_tokens=0, params={"max_new_tokens": 4})
@@ -172,11 +213,24 @@ def _feed(reader, events: list, step: float = 0.01):
 def test_generate_stream_reader():
     r = ReplayStreamReader(ClientRecord("replay-generate", "generate", 0, 1.0, T0, 0.0), 100.0)
     bd = {"ttft_ms": 12.0, "e2e_ms": 50.0}
-    out = _feed(r, [{"text": "Hel", "meta_info": {"finish_reason": None, "prompt_tokens": 5, "completion_tokens": 1}},
-                    {"text": "Hello", "meta_info": {"finish_reason": None, "prompt_tokens": 5, "completion_tokens": 2}},
-                    {"text": "Hello!", "meta_info": {"finish_reason": {"type": "length"}, "prompt_tokens": 5,
-                                                     "completion_tokens": 3, "cached_tokens": 0, "sightline": bd}},
-                    "[DONE]"])
+    out = _feed(
+        r,
+        [
+            {"text": "Hel", "meta_info": {"finish_reason": None, "prompt_tokens": 5, "completion_tokens": 1}},
+            {"text": "Hello", "meta_info": {"finish_reason": None, "prompt_tokens": 5, "completion_tokens": 2}},
+            {
+                "text": "Hello!",
+                "meta_info": {
+                    "finish_reason": {"type": "length"},
+                    "prompt_tokens": 5,
+                    "completion_tokens": 3,
+                    "cached_tokens": 0,
+                    "sightline": bd,
+                },
+            },
+            "[DONE]",
+        ],
+    )
     assert out.ok, out.error
     assert out.finish_reason == "length" and out.completion_tokens == 3 and out.prompt_tokens == 5
     assert out.ttft == pytest.approx(0.01) and len(out.chunk_times) == 3
@@ -186,19 +240,38 @@ def test_generate_stream_reader():
 def test_openai_stream_reader_keeps_the_server_breakdown():
     r = ReplayStreamReader(ClientRecord("replay-completions", "completions", 0, 1.0, T0, 0.0), 0.0)
     bd = {"ttft_ms": 9.0, "e2e_ms": 30.0}
-    out = _feed(r, [{"choices": [{"text": "a", "finish_reason": None}]},
-                    {"choices": [{"text": "b", "finish_reason": "length"}]},
-                    {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}, "sightline": bd},
-                    "[DONE]"])
+    out = _feed(
+        r,
+        [
+            {"choices": [{"text": "a", "finish_reason": None}]},
+            {"choices": [{"text": "b", "finish_reason": "length"}]},
+            {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}, "sightline": bd},
+            "[DONE]",
+        ],
+    )
     assert out.ok and out.completion_tokens == 2 and r.server == bd
 
 
-@pytest.mark.parametrize("body", [
-    {"choices": [{"text": "ab", "finish_reason": "length"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2},
-     "sightline": {"ttft_ms": 5.0}},
-    {"text": "ab", "output_ids": [1, 2], "meta_info": {"finish_reason": {"type": "length"}, "prompt_tokens": 4,
-                                                        "completion_tokens": 2, "sightline": {"ttft_ms": 5.0}}},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {
+            "choices": [{"text": "ab", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 2},
+            "sightline": {"ttft_ms": 5.0},
+        },
+        {
+            "text": "ab",
+            "output_ids": [1, 2],
+            "meta_info": {
+                "finish_reason": {"type": "length"},
+                "prompt_tokens": 4,
+                "completion_tokens": 2,
+                "sightline": {"ttft_ms": 5.0},
+            },
+        },
+    ],
+)
 def test_body_reader(body):
     r = ReplayBodyReader(ClientRecord("replay", "completions", 0, 1.0, T0, 0.0), 1.0)
     r.feed(json.dumps(body).encode()[:10], 1.1)
@@ -211,17 +284,33 @@ def test_body_reader(body):
 
 # -- the report --------------------------------------------------------------------------------
 def test_report_pairs_recorded_and_replayed_requests(tmp_path):
-    records = [rec(i, i * 0.5, breakdown={"ttft_ms": 10.0 * (i + 1), "tpot_ms": 5.0, "e2e_ms": 50.0 + i})
-               for i in range(4)]
+    records = [
+        rec(i, i * 0.5, breakdown={"ttft_ms": 10.0 * (i + 1), "tpot_ms": 5.0, "e2e_ms": 50.0 + i}) for i in range(4)
+    ]
     records.append(rec(9, 0.2, outcome="shed", status=429, prompt_tokens=0))
     planned, skipped = plan_schedule(records, speed=2.0)
     items = make_items(planned, "tiny-random", None)
     lines = []
     for it in reversed(items[:3]):  # written in the order they ended; the last one never sent
-        c = ClientRecord("replay-completions", "completions", 0, 3.0, T0 + it.due, 0.2, 200, "length", None,
-                         0.05, [0.05, 0.1, 0.15], 20, 8, 0)
-        reader = SimpleNamespace(rec=c, request_id=f"new-{it.index}",
-                                 server={"ttft_ms": 40.0 + it.index, "e2e_ms": 180.0})
+        c = ClientRecord(
+            "replay-completions",
+            "completions",
+            0,
+            3.0,
+            T0 + it.due,
+            0.2,
+            200,
+            "length",
+            None,
+            0.05,
+            [0.05, 0.1, 0.15],
+            20,
+            8,
+            0,
+        )
+        reader = SimpleNamespace(
+            rec=c, request_id=f"new-{it.index}", server={"ttft_ms": 40.0 + it.index, "e2e_ms": 180.0}
+        )
         lines.append(sent_line(it, it.due + 0.003 * it.index, reader))
     (tmp_path / "replay_sent.jsonl").write_text("\n".join(lines) + "\n")
     run = {"url": "http://x", "model": "tiny-random", "speed": 2.0, "max_tokens": "exact", "users": 2}
@@ -237,8 +326,11 @@ def test_report_pairs_recorded_and_replayed_requests(tmp_path):
     assert rows[1]["replayed"]["client"]["ttft_ms"] == pytest.approx(50.0)
     assert rows[1]["request_id"] == "new-1"
     assert doc["sent"] == 3 and doc["replayed"] == 4 and doc["skipped"] == 1
-    assert doc["outcomes"] == {"recorded_all": {"length": 4, "shed": 1}, "recorded": {"length": 4},
-                               "replayed": {"length": 3}}
+    assert doc["outcomes"] == {
+        "recorded_all": {"length": 4, "shed": 1},
+        "recorded": {"length": 4},
+        "replayed": {"length": 3},
+    }
     lat = doc["latency"]["ttft_ms"]
     assert lat["recorded"]["count"] == 4 and lat["replayed_server"]["count"] == 3
     assert lat["recorded"]["max"] == 40.0 and lat["replayed_server"]["max"] == 42.0
@@ -265,20 +357,50 @@ def test_embeddings_records_are_replayed_with_their_inputs():
     from loadtest.replay.run import synthetic_prompt
     from loadtest.replay.schedule import EMBEDDINGS
 
-    r = rec(0, 0.0, EMBEDDINGS, operation="embeddings", stream=False, prompt_tokens=23, completion_tokens=0,
-            outcome="ok", finish_reason="stop", params={"inputs": 3, "normalize": True, "dimensions": 16,
-                                                       "truncate_prompt_tokens": None, "encoding_format": "float"})
+    r = rec(
+        0,
+        0.0,
+        EMBEDDINGS,
+        operation="embeddings",
+        stream=False,
+        prompt_tokens=23,
+        completion_tokens=0,
+        outcome="ok",
+        finish_reason="stop",
+        params={
+            "inputs": 3,
+            "normalize": True,
+            "dimensions": 16,
+            "truncate_prompt_tokens": None,
+            "encoding_format": "float",
+        },
+    )
     prompt, sent = synthetic_prompt(r, None)
     assert len(prompt) == 3 and sent == 23 == sum(map(len, prompt))
     path, body = build_request(r, prompt, "m")
-    assert path == EMBEDDINGS and body == {"model": "m", "input": prompt, "normalize": True, "dimensions": 16,
-                                           "encoding_format": "float"}
-    (item,) = make_items([(rec(1, 0.0, EMBEDDINGS, stream=False, prompt=["a b", "c"], params={"inputs": 2}), 0.0)],
-                         "m", None)
+    assert path == EMBEDDINGS and body == {
+        "model": "m",
+        "input": prompt,
+        "normalize": True,
+        "dimensions": 16,
+        "encoding_format": "float",
+    }
+    (item,) = make_items(
+        [(rec(1, 0.0, EMBEDDINGS, stream=False, prompt=["a b", "c"], params={"inputs": 2}), 0.0)], "m", None
+    )
     assert item.body["input"] == ["a b", "c"] and item.endpoint == "embeddings"
     reader = ReplayBodyReader(ClientRecord("replay", "embeddings", 0, 1.0, T0, 0.0), 1.0)
-    reader.feed(json.dumps({"object": "list", "data": [{"embedding": [0.1]}], "usage": {"prompt_tokens": 4},
-                            "sightline": {"e2e_ms": 3.0}}).encode(), 1.1)
+    reader.feed(
+        json.dumps(
+            {
+                "object": "list",
+                "data": [{"embedding": [0.1]}],
+                "usage": {"prompt_tokens": 4},
+                "sightline": {"e2e_ms": 3.0},
+            }
+        ).encode(),
+        1.1,
+    )
     out = reader.finish(1.2)
     assert out.ok and (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (4, 0, "stop")
     assert reader.server == {"e2e_ms": 3.0}
@@ -291,14 +413,25 @@ def test_rerank_and_score_records_are_replayed_as_their_bodies_were(tok):
     from loadtest.replay.run import synthetic_prompt
 
     kw = dict(operation="embeddings", stream=False, completion_tokens=0, outcome="stop", finish_reason="stop")
-    rerank = rec(0, 0.0, "/v2/rerank", prompt=["q", "d0", "d1"], params={
-        "inputs": 3, "top_n": 1, "return_documents": False, "document_objects": True}, **kw)
+    rerank = rec(
+        0,
+        0.0,
+        "/v2/rerank",
+        prompt=["q", "d0", "d1"],
+        params={"inputs": 3, "top_n": 1, "return_documents": False, "document_objects": True},
+        **kw,
+    )
     score = rec(1, 0.1, "/v1/score", prompt=["a", "b", "c"], params={"inputs": 3, "text_1": None, "text_2": 2}, **kw)
     pairs = rec(2, 0.2, "/score", prompt=["a", "b", "c", "d"], params={"inputs": 4, "text_1": 2, "text_2": 2}, **kw)
     items = make_items(plan_schedule([rerank, score, pairs])[0], "m", None)
     assert (items[0].path, items[0].endpoint) == ("/v2/rerank", "rerank")
-    assert items[0].body == {"model": "m", "query": "q", "documents": [{"text": "d0"}, {"text": "d1"}], "top_n": 1,
-                             "return_documents": False}
+    assert items[0].body == {
+        "model": "m",
+        "query": "q",
+        "documents": [{"text": "d0"}, {"text": "d1"}],
+        "top_n": 1,
+        "return_documents": False,
+    }
     assert items[1].body == {"model": "m", "text_1": "a", "text_2": ["b", "c"]} and items[1].endpoint == "score"
     assert items[2].body == {"model": "m", "text_1": ["a", "b"], "text_2": ["c", "d"]}
     synthetic = rec(3, 0.0, "/v1/rerank", prompt_tokens=40, params={"inputs": 4, "top_n": None}, **kw)
@@ -308,9 +441,17 @@ def test_rerank_and_score_records_are_replayed_as_their_bodies_were(tok):
     (item,) = make_items([(synthetic, 0.0)], "m", None)
     assert item.prompt_tokens_sent is None and len(item.body["documents"]) == 3  # no tokenizer: about a word a token
     reader = ReplayBodyReader(ClientRecord("replay", "rerank", 0, 1.0, T0, 0.0), 1.0)
-    reader.feed(json.dumps({"id": "rerank-x", "results": [{"index": 0, "relevance_score": 0.5}],
-                            "usage": {"prompt_tokens": 7, "total_tokens": 7}, "sightline": {"e2e_ms": 2.0}}).encode(),
-                1.1)
+    reader.feed(
+        json.dumps(
+            {
+                "id": "rerank-x",
+                "results": [{"index": 0, "relevance_score": 0.5}],
+                "usage": {"prompt_tokens": 7, "total_tokens": 7},
+                "sightline": {"e2e_ms": 2.0},
+            }
+        ).encode(),
+        1.1,
+    )
     out = reader.finish(1.2)
     assert out.ok and (out.prompt_tokens, out.finish_reason) == (7, "stop") and reader.server == {"e2e_ms": 2.0}
 
@@ -320,39 +461,92 @@ def test_messages_records_are_replayed_as_messages_bodies():
     tool_use and tool_result blocks), only the Messages API's sampling fields; its stream and body read back."""
     from loadtest.replay.schedule import MESSAGES
 
-    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "t1", "type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}]},
-            {"role": "tool", "tool_call_id": "t1", "content": "Sunny"}, {"role": "user", "content": "Thanks"}]
-    r = rec(0, 0.0, MESSAGES, operation="chat", prompt=chat, completion_tokens=5,
-            params={"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0,
-                    "stop_strings": ["END"]})
+    chat = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "Sunny"},
+        {"role": "user", "content": "Thanks"},
+    ]
+    r = rec(
+        0,
+        0.0,
+        MESSAGES,
+        operation="chat",
+        prompt=chat,
+        completion_tokens=5,
+        params={
+            "max_new_tokens": 16,
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "min_p": 0.0,
+            "stop_strings": ["END"],
+        },
+    )
     (item,) = make_items([(r, 0.0)], "m", None)
     assert item.path == MESSAGES and item.endpoint == "messages"
-    assert item.body == {"model": "m", "max_tokens": 5, "stream": True, "temperature": 0.0, "top_p": 1.0,
-                         "system": "Be brief.", "ignore_eos": True, "messages": [
-                             {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
-                             {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "w",
-                                                                "input": {"city": "Paris"}}]},
-                             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                                           "content": "Sunny"}, {"type": "text", "text": "Thanks"}]}]}
+    assert item.body == {
+        "model": "m",
+        "max_tokens": 5,
+        "stream": True,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "system": "Be brief.",
+        "ignore_eos": True,
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Weather?"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {"city": "Paris"}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "Sunny"},
+                    {"type": "text", "text": "Thanks"},
+                ],
+            },
+        ],
+    }
     _, recorded = build_request(r, chat, "m", "recorded")
     assert recorded["max_tokens"] == 16 and recorded["stop_sequences"] == ["END"] and "ignore_eos" not in recorded
     bd = {"ttft_ms": 9.0, "e2e_ms": 30.0}
     stream = ReplayStreamReader(ClientRecord("replay-messages", "messages", 0, 1.0, T0, 0.0), 0.0)
-    out = _feed(stream, [
-        {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 0}}},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
-        {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "sightline": bd,
-         "usage": {"input_tokens": 2, "cache_read_input_tokens": 7, "output_tokens": 5}},
-        {"type": "message_stop"}])
+    out = _feed(
+        stream,
+        [
+            {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 0}}},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+            {"type": "content_block_stop", "index": 0},
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "max_tokens"},
+                "sightline": bd,
+                "usage": {"input_tokens": 2, "cache_read_input_tokens": 7, "output_tokens": 5},
+            },
+            {"type": "message_stop"},
+        ],
+    )
     assert out.ok, out.error
     assert (out.prompt_tokens, out.cached_tokens, out.completion_tokens, out.finish_reason) == (9, 7, 5, "length")
     assert out.ttft == pytest.approx(0.03) and stream.server == bd
     body = ReplayBodyReader(ClientRecord("replay", "messages", 0, 1.0, T0, 0.0), 1.0)
-    body.feed(json.dumps({"type": "message", "stop_reason": "end_turn", "sightline": bd, "usage": {
-        "input_tokens": 3, "cache_read_input_tokens": 0, "output_tokens": 2}}).encode(), 1.1)
+    body.feed(
+        json.dumps(
+            {
+                "type": "message",
+                "stop_reason": "end_turn",
+                "sightline": bd,
+                "usage": {"input_tokens": 3, "cache_read_input_tokens": 0, "output_tokens": 2},
+            }
+        ).encode(),
+        1.1,
+    )
     out = body.finish(1.2)
     assert out.ok and (out.prompt_tokens, out.completion_tokens, out.finish_reason) == (3, 2, "stop")

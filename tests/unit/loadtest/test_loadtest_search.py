@@ -50,14 +50,18 @@ def test_goodput_defaults_come_from_slo_yaml_and_the_config_overrides_them(tmp_p
     assert shipped.goodput == thresholds and shipped.objective == objective
     assert shipped.scenario("goodput_search").search.objective == objective
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text("workloads: {w: {endpoint: chat}}\n"
-                   "scenarios:\n  s: {mix: {w: 1}, arrival: poisson, search: {start: 0.5},"
-                   " goodput: {tpot_ms: 40, objective: 0.9}}\n"
-                   "goodput: {ttft_ms: 300}\n")
+    cfg.write_text(
+        "workloads: {w: {endpoint: chat}}\n"
+        "scenarios:\n  s: {mix: {w: 1}, arrival: poisson, search: {start: 0.5},"
+        " goodput: {tpot_ms: 40, objective: 0.9}}\n"
+        "goodput: {ttft_ms: 300}\n"
+    )
     sc = Config.load(cfg).scenario("s")
     assert sc.goodput == {"ttft_ms": 300.0, "tpot_ms": 40.0} and sc.search.objective == 0.9
-    assert Config.load(cfg, slo_spec=tmp_path / "absent.yaml").scenario("s").goodput == {"ttft_ms": 300.0,
-                                                                                          "tpot_ms": 40.0}
+    assert Config.load(cfg, slo_spec=tmp_path / "absent.yaml").scenario("s").goodput == {
+        "ttft_ms": 300.0,
+        "tpot_ms": 40.0,
+    }
     assert slo_spec_goodput(tmp_path / "absent.yaml") == ({}, None)
 
 

@@ -26,7 +26,7 @@ MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 def chunkings(body: bytes, seed: int = 0):
     """Whole; one byte at a time; every two-piece cut; random cuts."""
     yield [body]
-    yield [body[i:i + 1] for i in range(len(body))]
+    yield [body[i : i + 1] for i in range(len(body))]
     for i in range(1, len(body)):
         yield [body[:i], body[i:]]
     rng = random.Random(seed)
@@ -64,11 +64,17 @@ def test_recorded_stream_reads_as_the_request_says(name):
     body = (FIXTURES / f"{name}.sse").read_bytes()
     expect = MANIFEST[name]["expect"]
     events = sse_events(body.decode().splitlines())
-    texts = [i for i, e in enumerate(events) if isinstance(e, dict) and e.get("choices")
-             and ((e["choices"][0].get("delta") or {}).get("content") or e["choices"][0].get("text"))]
+    texts = [
+        i
+        for i, e in enumerate(events)
+        if isinstance(e, dict)
+        and e.get("choices")
+        and ((e["choices"][0].get("delta") or {}).get("content") or e["choices"][0].get("text"))
+    ]
     # one event per read: event i arrives at t = i + 1, so TTFT names the first event with text
-    chunks = [b"data: " + line.encode() + b"\n\n" for line in (
-        ev if ev == "[DONE]" else json.dumps(ev) for ev in events)]
+    chunks = [
+        b"data: " + line.encode() + b"\n\n" for line in (ev if ev == "[DONE]" else json.dumps(ev) for ev in events)
+    ]
     rec, reader = read(chunks)
     assert reader.done is expect["done"]
     assert rec.finish_reason == expect["finish_reason"]
@@ -89,8 +95,11 @@ def test_recorded_stream_reads_as_the_request_says(name):
 
 
 def _chunk(text: str, finish: str | None = None) -> bytes:
-    body = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": text},
-                                                            "finish_reason": finish}], "usage": None}
+    body = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}],
+        "usage": None,
+    }
     return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
 
@@ -99,19 +108,29 @@ DONE = b"data: [DONE]\n\n"
 
 
 def test_keepalive_comments_and_crlf_in_any_chunking():
-    body = (b": ping\r\n\r\n" + _chunk("a").replace(b"\n", b"\r\n") + b": ping\n"
-            + _chunk("b", "stop") + b":\n\n" + USAGE + DONE)
+    body = (
+        b": ping\r\n\r\n"
+        + _chunk("a").replace(b"\n", b"\r\n")
+        + b": ping\n"
+        + _chunk("b", "stop")
+        + b":\n\n"
+        + USAGE
+        + DONE
+    )
     for chunks in chunkings(body):
         rec, reader = read(chunks)
         assert rec.ok and rec.finish_reason == "stop" and len(rec.chunk_times) == 2
         assert rec.completion_tokens == 3 and reader.comments == 3
 
 
-@pytest.mark.parametrize("kind, finish_reason, status", [
-    ("internal_error", "error", 500),  # the engine failed the request
-    ("server_unavailable", "abort", 503),  # the server gave up on it: shutdown, engine restart
-    ("timeout", "abort", 504),
-])
+@pytest.mark.parametrize(
+    "kind, finish_reason, status",
+    [
+        ("internal_error", "error", 500),  # the engine failed the request
+        ("server_unavailable", "abort", 503),  # the server gave up on it: shutdown, engine restart
+        ("timeout", "abort", 504),
+    ],
+)
 def test_error_event_then_done_counts_as_the_server_does(kind, finish_reason, status):
     event = {"error": {"message": "boom", "type": kind, "param": None, "code": None}}
     rec, reader = read([_chunk("a") + b"data: " + json.dumps(event).encode() + b"\n\n" + DONE])
@@ -119,13 +138,16 @@ def test_error_event_then_done_counts_as_the_server_does(kind, finish_reason, st
     assert (rec.finish_reason, rec.status, rec.error) == (finish_reason, status, f"error event: {kind}")
 
 
-@pytest.mark.parametrize("body, error", [
-    (_chunk("a") + _chunk("b", "length")[:-1], "broken stream: closed mid-event"),
-    (_chunk("a") + b"data: {\"choi", "broken stream: closed mid-event"),
-    (_chunk("a", "length") + USAGE, "broken stream: closed before [DONE]"),
-    (b"data: {not json}\n\n" + DONE, "broken stream: invalid JSON in an event"),
-    (_chunk("a") + DONE, "broken stream: [DONE] without a finish_reason"),
-])
+@pytest.mark.parametrize(
+    "body, error",
+    [
+        (_chunk("a") + _chunk("b", "length")[:-1], "broken stream: closed mid-event"),
+        (_chunk("a") + b'data: {"choi', "broken stream: closed mid-event"),
+        (_chunk("a", "length") + USAGE, "broken stream: closed before [DONE]"),
+        (b"data: {not json}\n\n" + DONE, "broken stream: invalid JSON in an event"),
+        (_chunk("a") + DONE, "broken stream: [DONE] without a finish_reason"),
+    ],
+)
 def test_broken_streams_say_why(body, error):
     rec, _ = read([body])
     assert rec.error == error and not rec.ok

@@ -12,10 +12,18 @@ from loadtest.records import RequestRecord
 from loadtest.stats import meets, summarize
 
 
-def rec(ttft: float, chunks: list[float], e2e: float, tokens: int, error: str | None = None,
-        stage: int = 0, start: float = 100.0) -> RequestRecord:
-    return RequestRecord("w", "chat", stage, 1.0 + stage, start, e2e, 200, "error" if error else "length", error,
-                         ttft, chunks, 5, tokens)
+def rec(
+    ttft: float,
+    chunks: list[float],
+    e2e: float,
+    tokens: int,
+    error: str | None = None,
+    stage: int = 0,
+    start: float = 100.0,
+) -> RequestRecord:
+    return RequestRecord(
+        "w", "chat", stage, 1.0 + stage, start, e2e, 200, "error" if error else "length", error, ttft, chunks, 5, tokens
+    )
 
 
 def test_definitions_tpot_itl_and_chunks_carrying_several_tokens():
@@ -26,8 +34,10 @@ def test_definitions_tpot_itl_and_chunks_carrying_several_tokens():
 
 
 def test_summary_percentiles_goodput_and_stages():
-    recs = [rec(0.1 * i, [0.1 * i, 0.1 * i + 0.05], e2e=0.1 * i + 0.5, tokens=2, stage=i // 5, start=100 + i)
-            for i in range(1, 11)]
+    recs = [
+        rec(0.1 * i, [0.1 * i, 0.1 * i + 0.05], e2e=0.1 * i + 0.5, tokens=2, stage=i // 5, start=100 + i)
+        for i in range(1, 11)
+    ]
     recs.append(rec(None, [], e2e=0.2, tokens=0, error="http 400 context_length_exceeded", start=100))
     s = summarize(recs, {"ttft_ms": 550}, stage_seconds=5)
     assert (s.requests, s.failures) == (11, 1)
@@ -43,8 +53,9 @@ def test_summary_percentiles_goodput_and_stages():
 
 def test_gate_passes_fails_and_refuses_unknown_keys():
     s = summarize([rec(0.2, [0.2, 0.3], 0.4, 2)], {}, 1.0)
-    checks = {c.name: c for c in evaluate(s, {"ttft_p99_ms": 250, "itl_max_ms": 50, "goodput_min": 0.1,
-                                              "error_rate": 0})}
+    checks = {
+        c.name: c for c in evaluate(s, {"ttft_p99_ms": 250, "itl_max_ms": 50, "goodput_min": 0.1, "error_rate": 0})
+    }
     assert checks["ttft_p99_ms"].passed and not checks["itl_max_ms"].passed
     assert checks["goodput_min"].op == ">=" and checks["error_rate"].passed
     assert not evaluate(summarize([], {}, 1.0), {"ttft_p99_ms": 1e9})[0].passed  # nothing to judge: fail
@@ -64,18 +75,26 @@ def test_histogram_quantile_like_promql():
 
 
 def test_scrape_deltas_by_label():
-    text = ('# TYPE sightline_requests_total counter\n'
-            'sightline_requests_total{model_name="m",finish_reason="stop",status="200"} {}\n'
-            'sightline_requests_total{model_name="m",finish_reason="error",status="400"} {}\n')
+    text = (
+        "# TYPE sightline_requests_total counter\n"
+        'sightline_requests_total{model_name="m",finish_reason="stop",status="200"} {}\n'
+        'sightline_requests_total{model_name="m",finish_reason="error",status="400"} {}\n'
+    )
     before = Scrape.parse(text.replace("{}", "1", 1).replace("{}", "0"))
     after = Scrape.parse(text.replace("{}", "4", 1).replace("{}", "2"))
-    assert after.minus(before).by("sightline_requests_total", "finish_reason", model_name="m") == \
-        {"stop": 3.0, "error": 2.0}
+    assert after.minus(before).by("sightline_requests_total", "finish_reason", model_name="m") == {
+        "stop": 3.0,
+        "error": 2.0,
+    }
 
 
 def test_config_shapes_and_refusals(tmp_path):
-    assert Shape.from_dict({"kind": "steps", "start": 1, "step": 2, "stop": 7, "stage_seconds": 5}).levels == \
-        (1, 3, 5, 7)
+    assert Shape.from_dict({"kind": "steps", "start": 1, "step": 2, "stop": 7, "stage_seconds": 5}).levels == (
+        1,
+        3,
+        5,
+        7,
+    )
     cfg = Config.load()
     assert cfg.scenario("default").arrival == "closed" and cfg.scenario("poisson").arrival == "poisson"
     long = cfg.workloads["long"].resolve(2048)
@@ -93,9 +112,15 @@ def test_config_shapes_and_refusals(tmp_path):
 def exposition(counts: dict[tuple[str, str], int], gen: int, ttft_le: dict[str, int]) -> Scrape:
     """A /metrics text with the four families reconciliation reads (model "m", 10 prompt tokens)."""
     m = 'model_name="m"'
-    lines = [f"# TYPE sightline_{n} {kind}" for n, kind in (("requests_total", "counter"),
-             ("prompt_tokens_total", "counter"), ("generation_tokens_total", "counter"),
-             ("time_to_first_token_seconds", "histogram"))]
+    lines = [
+        f"# TYPE sightline_{n} {kind}"
+        for n, kind in (
+            ("requests_total", "counter"),
+            ("prompt_tokens_total", "counter"),
+            ("generation_tokens_total", "counter"),
+            ("time_to_first_token_seconds", "histogram"),
+        )
+    ]
     lines += [f'sightline_requests_total{{{m},finish_reason="{f}",status="{st}"}} {n}' for (f, st), n in counts.items()]
     lines += [f"sightline_prompt_tokens_total{{{m}}} 10", f"sightline_generation_tokens_total{{{m}}} {gen}"]
     lines += [f'sightline_time_to_first_token_seconds_bucket{{{m},le="{le}"}} {n}' for le, n in ttft_le.items()]

@@ -55,8 +55,13 @@ def collector_encoding(doc: dict) -> dict:
     """protobuf JSON (MessageToJson: base64 ids, enum names) → the Collector's file exporter's JSON
     (hex ids, enum numbers)."""
     doc = copy.deepcopy(doc)
-    kinds = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4,
-             "SPAN_KIND_CONSUMER": 5}
+    kinds = {
+        "SPAN_KIND_INTERNAL": 1,
+        "SPAN_KIND_SERVER": 2,
+        "SPAN_KIND_CLIENT": 3,
+        "SPAN_KIND_PRODUCER": 4,
+        "SPAN_KIND_CONSUMER": 5,
+    }
     codes = {"STATUS_CODE_UNSET": 0, "STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}
     for rs in doc["resourceSpans"]:
         for ss in rs["scopeSpans"]:
@@ -106,8 +111,11 @@ def test_otlp_protobuf_json_gives_the_same_spans_as_the_dump(from_dump):
     for rid, row in otlp.items():
         check_guidellm_shape(row)
         d = dump[rid]
-        assert (row["trace_id"], row["input_length"], row["output_length"]) == \
-               (d["trace_id"], d["input_length"], d["output_length"])
+        assert (row["trace_id"], row["input_length"], row["output_length"]) == (
+            d["trace_id"],
+            d["input_length"],
+            d["output_length"],
+        )
         assert row["attributes"]["gen_ai.operation.name"] == d["attributes"]["gen_ai.operation.name"]
         assert row["timestamp"] == pytest.approx(d["timestamp"], abs=0.01)  # two clocks of one process
         assert row["duration"] == pytest.approx(d["duration"], abs=0.05)
@@ -145,11 +153,19 @@ def test_token_counts_missing_on_the_server_span_come_from_its_children():
 
 
 def test_failed_requests_are_error_spans_and_only_ok_drops_them(tmp_path):
-    base = dict(route="/v1/completions", operation="text_completion", model="m", prompt_tokens=10, completion_tokens=3,
-                breakdown={"e2e_ms": 100.0})
-    records = [RequestRecord(arrival=1.0, rid="a", outcome="stop", finish_reason="stop", trace_id="1" * 32, **base),
-               RequestRecord(arrival=2.0, rid="b", outcome="client_disconnect", finish_reason="abort", **base),
-               RequestRecord(arrival=3.0, rid="c", outcome="length", finish_reason="length", trace_id="1" * 32, **base)]
+    base = dict(
+        route="/v1/completions",
+        operation="text_completion",
+        model="m",
+        prompt_tokens=10,
+        completion_tokens=3,
+        breakdown={"e2e_ms": 100.0},
+    )
+    records = [
+        RequestRecord(arrival=1.0, rid="a", outcome="stop", finish_reason="stop", trace_id="1" * 32, **base),
+        RequestRecord(arrival=2.0, rid="b", outcome="client_disconnect", finish_reason="abort", **base),
+        RequestRecord(arrival=3.0, rid="c", outcome="length", finish_reason="length", trace_id="1" * 32, **base),
+    ]
     rows, _ = from_records(records)
     assert [r["status"]["code"] for r in rows] == [0, STATUS_ERROR, 0]
     assert len(rows[1]["trace_id"]) == 32 and len(rows[1]["span_id"]) == 16

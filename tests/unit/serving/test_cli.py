@@ -21,8 +21,9 @@ def test_every_server_arg_is_a_documented_flag():
 
 
 def test_flags_round_trip_into_server_args():
-    ns = build_parser().parse_args(["generate", "--prompt", "x", "--max-running-requests", "3",
-                                    "--context-length", "99", "--model", "tiny-random"])
+    ns = build_parser().parse_args(
+        ["generate", "--prompt", "x", "--max-running-requests", "3", "--context-length", "99", "--model", "tiny-random"]
+    )
     args = ServerArgs.from_cli(ns)
     assert (args.max_running_requests, args.context_length, args.model) == (3, 99, "tiny-random")
 
@@ -44,8 +45,12 @@ RUNS = {
 def sightline(tiny) -> dict[str, subprocess.CompletedProcess]:
     """`python -m serving` with each of RUNS, the processes started together (each is mostly imports);
     tiny-random is converted before any starts."""
-    procs = {name: subprocess.Popen([sys.executable, "-m", "serving", *args], stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True) for name, args in RUNS.items()}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "serving", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for name, args in RUNS.items()
+    }
     done = {}
     try:
         for name, p in procs.items():
@@ -80,10 +85,16 @@ def test_models_lists_every_registered_family_and_the_bundled_models(capsys):
 
     assert main(["models", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [f["family"] for f in out["families"]] == [f.name for f in FAMILIES] == ["llama", "qwen2", "qwen3",
-                                                                                     "mistral", "bert"]
-    assert {a for f in out["families"] for a in f["architectures"]} >= {"Qwen3ForCausalLM", "MistralForCausalLM",
-                                                                         "BertModel"}
+    assert (
+        [f["family"] for f in out["families"]]
+        == [f.name for f in FAMILIES]
+        == ["llama", "qwen2", "qwen3", "mistral", "bert"]
+    )
+    assert {a for f in out["families"] for a in f["architectures"]} >= {
+        "Qwen3ForCausalLM",
+        "MistralForCausalLM",
+        "BertModel",
+    }
     served = [q for q in QUANTIZATIONS if q != "auto"]
     decoders, (bert,) = out["families"][:-1], out["families"][-1:]
     assert all(f["quantization"] == served and f["prefix_cache"] for f in decoders)

@@ -51,8 +51,9 @@ class Pipeline:
 
     def __init__(self, tmp_path, **sched_flags) -> None:
         self.front: Front = ready_front()
-        self.sched = Scheduler(ServerArgs(model="tiny-random", dtype="float32", **sched_flags),
-                               Endpoints.create(str(tmp_path)))
+        self.sched = Scheduler(
+            ServerArgs(model="tiny-random", dtype="float32", **sched_flags), Endpoints.create(str(tmp_path))
+        )
         self.sched.to_detok, self.sched.to_tm = Wire(), Wire()
         self.detok = DetokenizerManager(tokenizer())
         self.codec = Codec("pipeline")
@@ -90,12 +91,19 @@ class Pipeline:
     def assert_empty(self) -> None:
         s, d, tm = self.sched, self.detok, self.tm
         tables = {
-            "tm.rid_to_state": tm.rid_to_state, "tm.rank_picker.load": [n for n in tm.rank_picker.load if n],
+            "tm.rid_to_state": tm.rid_to_state,
+            "tm.rank_picker.load": [n for n in tm.rank_picker.load if n],
             "tm.admission": [n for n in (tm.admission.num_queued, tm.admission.inflight_tokens) if n],
-            "detok.reqs": d.reqs, "detok.spans": d.spans.rids,
-            "sched.outputs": s.outputs.reqs, "sched.outbox": s.outputs.outbox, "sched.cpu": s.cpu.ns,
-            "sched.spans": s.spans.ctx, "sched.embeds": s.embeds.groups, "engine.reqs": s.core.reqs,
-            "engine.running": s.core.running, "engine.waiting": list(s.core.waiting),
+            "detok.reqs": d.reqs,
+            "detok.spans": d.spans.rids,
+            "sched.outputs": s.outputs.reqs,
+            "sched.outbox": s.outputs.outbox,
+            "sched.cpu": s.cpu.ns,
+            "sched.spans": s.spans.ctx,
+            "sched.embeds": s.embeds.groups,
+            "engine.reqs": s.core.reqs,
+            "engine.running": s.core.running,
+            "engine.waiting": list(s.core.waiting),
         }
         left = {name: table for name, table in tables.items() if table}
         assert not left, f"left behind: {left}"
@@ -123,6 +131,7 @@ def test_finished(pipe):
         st = await pipe.submit(6)
         _ends_as(pipe, st, "length", 200)
         assert st.completion_tokens == 6
+
     asyncio.run(body())
 
 
@@ -146,6 +155,7 @@ def test_aborted_by_an_operator(pipe):
         st = await _running(pipe)
         pipe.tm.abort_all(AbortReason.OPERATOR, "paused")
         _ends_as(pipe, st, "abort", 503)
+
     asyncio.run(body())
 
 
@@ -154,15 +164,18 @@ def test_stop_string_ends_it_in_the_engine_too(pipe):
         free = await pipe.submit(12)
         pipe.pump()
         text = _ended(free)[2]
-        stop = text[len(text) // 4:len(text) // 4 + 3]
+        stop = text[len(text) // 4 : len(text) // 4 + 3]
         assert stop.strip(), text
         st = await pipe.submit(12, stop=[stop])
         pipe.pump()
         finish, status, got = _ended(st)
-        assert (finish, status) == ("stop", 200) and got == text[:text.index(stop)]
-        assert any(isinstance(m, AbortReq) and m.reason == AbortReason.STOP_STRING and m.rid == st.rid
-                   for m in pipe.to_scheduler), "the Scheduler was not told to stop it"
+        assert (finish, status) == ("stop", 200) and got == text[: text.index(stop)]
+        assert any(
+            isinstance(m, AbortReq) and m.reason == AbortReason.STOP_STRING and m.rid == st.rid
+            for m in pipe.to_scheduler
+        ), "the Scheduler was not told to stop it"
         pipe.assert_empty()
+
     asyncio.run(body())
 
 
@@ -174,6 +187,7 @@ def test_engine_error(pipe):
         assert (st.finish_reason, st.status) == ("error", 500) and st.out_list[-1].error
         assert (ok.finish_reason, ok.completion_tokens) == ("length", 6)  # its batch mate is unaffected
         pipe.assert_empty()
+
     asyncio.run(body())
 
 
@@ -182,6 +196,7 @@ def test_deadline_in_the_front_end(pipe):
         st = await _running(pipe, timeout=0.05)
         await asyncio.sleep(0.1)  # clock: the request's own 50 ms deadline passes
         _ends_as(pipe, st, "abort", 504)
+
     asyncio.run(body())
 
 
@@ -195,6 +210,7 @@ def test_timed_out_in_the_engine_queue(pipe):
         pipe.sched.expire_queue()
         _ends_as(pipe, st, "abort", 504)
         assert "queue" in st.out_list[-1].error
+
     asyncio.run(body())
 
 
@@ -205,6 +221,7 @@ def test_client_went_away_mid_stream(pipe):
         assert (await reader.__anext__()).output_ids
         await reader.aclose()  # the reader's `finally` aborts it
         _ends_as(pipe, st, "abort", 499)
+
     asyncio.run(body())
 
 
@@ -220,4 +237,5 @@ def test_retracted_then_finished(tmp_path):
             pipe.assert_empty()
         finally:
             pipe.sched.close()
+
     asyncio.run(body())

@@ -17,7 +17,10 @@ def test_phases_are_contiguous_and_finish_is_idempotent():
     c.begin("kv_pool", at=4_000_000_000)
     c._end(4_250_000_000)
     assert [(p.role, p.phase, p.seconds) for p in c.phases()] == [
-        ("scheduler", "imports", 2.5), ("scheduler", "weight_load", 0.5), ("scheduler", "kv_pool", 0.25)]
+        ("scheduler", "imports", 2.5),
+        ("scheduler", "weight_load", 0.5),
+        ("scheduler", "kv_pool", 0.25),
+    ]
     assert seen == ["imports", "weight_load", "kv_pool"]
     assert c.finish() == c.phases() and not c.current  # nothing under way: a second finish adds nothing
 

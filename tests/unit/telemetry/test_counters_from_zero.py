@@ -40,8 +40,11 @@ def expected_series(dp_size: int) -> dict[str, list[dict[str, str]]]:
 
 
 def exported(text: str) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def assert_all_zero(text: str, dp_size: int) -> None:
@@ -63,8 +66,9 @@ def test_every_labelled_counter_lists_its_series_or_says_why_not():
         own = [label for label in spec.labels if label not in SERVER_LABELS]
         if not own:  # the server fills every label in
             continue
-        assert (spec.name in ZERO_SERIES) != (spec.name in LAZY_SERIES), \
+        assert (spec.name in ZERO_SERIES) != (spec.name in LAZY_SERIES), (
             f"{spec.name} has labels {own}: list its series in ZERO_SERIES, or say in LAZY_SERIES why not"
+        )
         for labels in ZERO_SERIES.get(spec.name, ()):
             assert sorted(labels) == sorted(own), f"{spec.name}: {labels} does not give exactly {own}"
     names = {s.name for s in COUNTERS}
@@ -115,6 +119,11 @@ def test_a_counted_series_is_not_doubled_by_its_zero():
     drop = DropCount("tokenizer_manager", "BatchStrOutput", "client_disconnect", 3)
     metrics.watch(lambda: monitor.view(FrontCounts(stale_drops=[drop])), None)
     text = generate_latest(metrics.registry).decode()
-    lines = [line for line in text.splitlines() if line.startswith("sightline_stale_messages_dropped_total{")
-             and 'reason="client_disconnect"' in line and "BatchStrOutput" in line]
+    lines = [
+        line
+        for line in text.splitlines()
+        if line.startswith("sightline_stale_messages_dropped_total{")
+        and 'reason="client_disconnect"' in line
+        and "BatchStrOutput" in line
+    ]
     assert len(lines) == 1 and lines[0].endswith(" 3.0"), lines

@@ -59,8 +59,10 @@ def test_the_functions_read_the_rows():
 
 def test_every_ending_exists_at_zero():
     series = {tuple(sorted(s.items())) for s in ZERO_SERIES["sightline_requests_total"]}
-    rows = {tuple(sorted({"finish_reason": e.finish_reason, "status": str(e.status), "outcome": e.outcome}.items()))
-            for e in ENDINGS}
+    rows = {
+        tuple(sorted({"finish_reason": e.finish_reason, "status": str(e.status), "outcome": e.outcome}.items()))
+        for e in ENDINGS
+    }
     assert series == rows
     assert [s["reason"] for s in ZERO_SERIES["sightline_request_aborts_total"]] == [e.abort_reason for e in ABORTS]
 

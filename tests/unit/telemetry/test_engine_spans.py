@@ -21,8 +21,9 @@ def test_a_retracted_request_has_a_queue_span_per_wait_and_a_retracted_event(tin
     core = make_core(tiny, max_total_tokens=120)
     reqs = []
     for i in range(4):
-        req = core.add_request(f"r{i}", [5 + i] * 10, SamplingParams(max_new_tokens=80, temperature=0.0,
-                                                                     ignore_eos=True))
+        req = core.add_request(
+            f"r{i}", [5 + i] * 10, SamplingParams(max_new_tokens=80, temperature=0.0, ignore_eos=True)
+        )
         root = tr.start("POST /generate", None)
         spans.received(req.rid, ReqMeta(trace=tr.carrier(root)), 0, 0)
         reqs.append(req)

@@ -34,14 +34,24 @@ PROMPT = "The secret prompt"
 
 def finished(i: int = 0, outputs=("Hello", " world"), stream: bool = False) -> ReqState:
     """A request that ran: built, tokenized, produced `outputs`, finished with a breakdown."""
-    obj = GenerateReqInput(sampling=SamplingParams(max_new_tokens=8, temperature=0.5, seed=7, stop_token_ids=[3, 4]),
-                           prompt=PROMPT, stop=["\n"], stream=stream)
+    obj = GenerateReqInput(
+        sampling=SamplingParams(max_new_tokens=8, temperature=0.5, seed=7, stop_token_ids=[3, 4]),
+        prompt=PROMPT,
+        stop=["\n"],
+        stream=stream,
+    )
     rt = ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns() - 50_000_000, stream=stream)
     rt.rid, rt.prompt_tokens, rt.completion_tokens, rt.cached_tokens = f"rid{i}", 5, len(outputs), 2
     rt.retractions = 1
     rt.trace.dump_input = obj
-    rt.breakdown = {"ttft_ms": 10.0, "queue_ms": 1.0, "e2e_ms": 40.0, "cached_tokens": 2, "retractions": 1,
-                    "trace_id": "x"}
+    rt.breakdown = {
+        "ttft_ms": 10.0,
+        "queue_ms": 1.0,
+        "e2e_ms": 40.0,
+        "cached_tokens": 2,
+        "retractions": 1,
+        "trace_id": "x",
+    }
     return rt
 
 
@@ -173,8 +183,7 @@ def test_a_crash_dump_has_a_stopped_childs_stack(tmp_path):
     """The stall path: the child is stopped (SIGSTOP), its stack is still had (continued, then asked)."""
     runtime = tmp_path / "run"
     runtime.mkdir()
-    child = subprocess.Popen([sys.executable, "-c", STALLED, str(runtime)], stdout=subprocess.PIPE,
-                             cwd=REPO)
+    child = subprocess.Popen([sys.executable, "-c", STALLED, str(runtime)], stdout=subprocess.PIPE, cwd=REPO)
     try:
         assert child.stdout.readline() == b"ready\n"
         os.kill(child.pid, signal.SIGSTOP)
@@ -183,18 +192,30 @@ def test_a_crash_dump_has_a_stopped_childs_stack(tmp_path):
             time.sleep(0.01)  # SIGSTOP takes effect when the child is next scheduled
         proc = SimpleNamespace(pid=child.pid, exitcode=None, is_alive=lambda: child.poll() is None)
         dead = SimpleNamespace(pid=1 << 22, exitcode=-9, is_alive=lambda: False)
-        monitor = SimpleNamespace(procs={"scheduler": proc, "detokenizer": dead}, restart_status=None,
-                                  ranks=lambda: [], detok_stats=None, last_heartbeat={})
+        monitor = SimpleNamespace(
+            procs={"scheduler": proc, "detokenizer": dead},
+            restart_status=None,
+            ranks=lambda: [],
+            detok_stats=None,
+            last_heartbeat={},
+        )
         metrics = Metrics("m")
         recorder = FlightRecorder(None, "m", ring=3)
         for i in range(5):
             run(recorder, finished(i))
-        dumper = CrashDumper(str(tmp_path / "dumps"), monitor, str(runtime), metrics, recorder=recorder,
-                             in_flight=lambda: [{"rid": "r1", "state": "running"}])
+        dumper = CrashDumper(
+            str(tmp_path / "dumps"),
+            monitor,
+            str(runtime),
+            metrics,
+            recorder=recorder,
+            in_flight=lambda: [{"rid": "r1", "state": "running"}],
+        )
 
         async def crash():
             pending = await dumper.begin("scheduler", "stalled", "sent no heartbeat")
             await dumper.finish(pending)
+
         asyncio.run(crash())
         for t in dumper.threads:
             t.join(10)
@@ -216,7 +237,8 @@ def test_a_crash_dump_has_a_stopped_childs_stack(tmp_path):
 @pytest.mark.parametrize("code,name", [(-9, "SIGKILL"), (1, None)])
 def test_the_failure_names_the_signal(tmp_path, code, name):
     proc = SimpleNamespace(pid=123, exitcode=code, is_alive=lambda: False)
-    monitor = SimpleNamespace(procs={"scheduler": proc}, restart_status=None, ranks=lambda: [], detok_stats=None,
-                              last_heartbeat={})
+    monitor = SimpleNamespace(
+        procs={"scheduler": proc}, restart_status=None, ranks=lambda: [], detok_stats=None, last_heartbeat={}
+    )
     pending = asyncio.run(CrashDumper(str(tmp_path), monitor, str(tmp_path)).begin("scheduler", "exited", "x"))
     assert pending.failure["exit_code"] == code and pending.failure["signal"] == name

@@ -60,8 +60,11 @@ def test_stalls_kept_are_bounded_and_matched_by_overlap():
 
 
 def _server_spans(exporter: InMemorySpanExporter) -> dict[str, dict]:
-    return {s.attributes["sightline.rid"]: dict(s.attributes) for s in exporter.get_finished_spans()
-            if s.name == "POST /v1/completions"}
+    return {
+        s.attributes["sightline.rid"]: dict(s.attributes)
+        for s in exporter.get_finished_spans()
+        if s.name == "POST /v1/completions"
+    }
 
 
 def test_the_server_span_carries_the_worst_stall_during_its_request():
@@ -105,8 +108,10 @@ def test_each_front_end_process_observes_its_own_lag_series():
         tel, _, metrics = front_telemetry(args, "m", "instance", role=role)
         tel.loop_lag.record(now_ns(), 0.2)
         assert metrics.registry.get_sample_value("sightline_event_loop_lag_seconds_count", {"role": role}) == 1
-        assert metrics.registry.get_sample_value("sightline_event_loop_lag_seconds_bucket",
-                                                 {"role": role, "le": "0.1"}) == 0
+        assert (
+            metrics.registry.get_sample_value("sightline_event_loop_lag_seconds_bucket", {"role": role, "le": "0.1"})
+            == 0
+        )
         tel.tracing.shutdown()
 
 

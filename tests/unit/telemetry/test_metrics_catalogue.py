@@ -25,7 +25,8 @@ def test_every_metric_is_either_a_typed_handle_or_read_from_the_engine_view():
 
 def test_every_engine_read_path_exists():
     view_fields = set(typing.get_type_hints(EngineView)) | {
-        name for name, v in vars(EngineView).items() if isinstance(v, property)}  # the whole server's numbers
+        name for name, v in vars(EngineView).items() if isinstance(v, property)
+    }  # the whole server's numbers
     sched = set(SchedulerStats.__struct_fields__) | {"kv_usage_ratio"}
     for spec in SPECS:
         if not spec.read:
@@ -35,4 +36,3 @@ def test_every_engine_read_path_exists():
             assert leaf in sched and spec.labels[-1:] == ("dp_rank",) or "dp_rank" in spec.labels, spec.name
         else:
             assert root in view_fields, spec.name
-

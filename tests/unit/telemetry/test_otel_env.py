@@ -16,10 +16,19 @@ from serving.args import ServerArgs
 from telemetry.tracing import Tracing, resolve_exporters, resolve_ratio, sdk_disabled, service_name, tracing_enabled
 from tests.helpers import REPO
 
-OTEL_VARS = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
-             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
-             "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_METRICS_EXPORTER",
-             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_METRIC_EXPORT_INTERVAL")
+OTEL_VARS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_METRICS_EXPORTER",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    "OTEL_METRIC_EXPORT_INTERVAL",
+)
 ENDPOINT = "http://collector:4318"
 
 
@@ -30,18 +39,21 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.mark.parametrize("env, expected", [
-    ({}, []),  # no endpoint: nothing to export to
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, ["otlp"]),  # the SDKs' default exporter is otlp
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ENDPOINT + "/v1/traces"}, ["otlp"]),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, []),  # empty is unset
-    ({"OTEL_TRACES_EXPORTER": "console"}, ["console"]),
-    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, ["otlp", "console"]),
-    ({"OTEL_TRACES_EXPORTER": "OTLP, otlp,"}, ["otlp"]),
-    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),  # chosen: none
-    ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, ["console"]),
-    ({"OTEL_TRACES_EXPORTER": "", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, ["otlp"]),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, []),  # no endpoint: nothing to export to
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, ["otlp"]),  # the SDKs' default exporter is otlp
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ENDPOINT + "/v1/traces"}, ["otlp"]),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": " "}, []),  # empty is unset
+        ({"OTEL_TRACES_EXPORTER": "console"}, ["console"]),
+        ({"OTEL_TRACES_EXPORTER": "otlp,console"}, ["otlp", "console"]),
+        ({"OTEL_TRACES_EXPORTER": "OTLP, otlp,"}, ["otlp"]),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),  # chosen: none
+        ({"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, ["console"]),
+        ({"OTEL_TRACES_EXPORTER": "", "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, ["otlp"]),
+    ],
+)
 def test_exporters_from_the_environment(env, expected):
     assert resolve_exporters(None, env=env) == expected
 
@@ -63,22 +75,26 @@ def test_an_unknown_exporter_is_refused_at_startup(monkeypatch):
         ServerArgs(model="tiny-random")
 
 
-@pytest.mark.parametrize("value, disabled", [("true", True), (" TRUE ", True), ("True", True), ("false", False),
-                                             ("1", False), ("", False)])
+@pytest.mark.parametrize(
+    "value, disabled", [("true", True), (" TRUE ", True), ("True", True), ("false", False), ("1", False), ("", False)]
+)
 def test_sdk_disabled_reads_as_the_sdks_do(value, disabled):
     assert sdk_disabled({"OTEL_SDK_DISABLED": value}) is disabled
 
 
-@pytest.mark.parametrize("flags, env, enabled", [
-    ({}, {}, True),
-    ({}, {"OTEL_SDK_DISABLED": "true"}, False),
-    ({}, {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, False),  # env against env: disabled
-    ({"otel_traces_exporter": "console"}, {"OTEL_SDK_DISABLED": "true"}, True),  # an explicit flag wins
-    ({"otel_exporter_otlp_endpoint": ENDPOINT}, {"OTEL_SDK_DISABLED": "true"}, True),
-    ({"otel_traces_exporter": "none"}, {"OTEL_SDK_DISABLED": "true"}, False),  # no export asked: no conflict
-    ({"enable_tracing": False}, {}, False),
-    ({"enable_tracing": False, "otel_traces_exporter": "console"}, {}, False),
-])
+@pytest.mark.parametrize(
+    "flags, env, enabled",
+    [
+        ({}, {}, True),
+        ({}, {"OTEL_SDK_DISABLED": "true"}, False),
+        ({}, {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, False),  # env against env: disabled
+        ({"otel_traces_exporter": "console"}, {"OTEL_SDK_DISABLED": "true"}, True),  # an explicit flag wins
+        ({"otel_exporter_otlp_endpoint": ENDPOINT}, {"OTEL_SDK_DISABLED": "true"}, True),
+        ({"otel_traces_exporter": "none"}, {"OTEL_SDK_DISABLED": "true"}, False),  # no export asked: no conflict
+        ({"enable_tracing": False}, {}, False),
+        ({"enable_tracing": False, "otel_traces_exporter": "console"}, {}, False),
+    ],
+)
 def test_tracing_enabled(flags, env, enabled):
     assert tracing_enabled(ServerArgs(model="tiny-random", **flags), env) is enabled
 
@@ -105,21 +121,24 @@ def test_an_exporter_flag_traces_despite_sdk_disabled(monkeypatch):
     assert tracing.enabled and [r.name for r in records] == ["GET /x"]
 
 
-@pytest.mark.parametrize("flag, env, ratio", [
-    (None, {}, 1.0),
-    (0.5, {"OTEL_TRACES_SAMPLER": "always_off"}, 0.5),  # the flag wins
-    (None, {"OTEL_TRACES_SAMPLER": "always_off"}, 0.0),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, 0.0),
-    (None, {"OTEL_TRACES_SAMPLER": "always_on"}, 1.0),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, 1.0),
-    (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}, 0.25),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, 0.0),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, 1.0),  # no argument: the SDKs' 1.0
-    (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, 1.0),
-    (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}, 1.0),
-    (None, {"OTEL_TRACES_SAMPLER": "jaeger_remote"}, 1.0),
-    (None, {"OTEL_TRACES_SAMPLER_ARG": "0.1"}, 1.0),  # an argument without a ratio sampler
-])
+@pytest.mark.parametrize(
+    "flag, env, ratio",
+    [
+        (None, {}, 1.0),
+        (0.5, {"OTEL_TRACES_SAMPLER": "always_off"}, 0.5),  # the flag wins
+        (None, {"OTEL_TRACES_SAMPLER": "always_off"}, 0.0),
+        (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, 0.0),
+        (None, {"OTEL_TRACES_SAMPLER": "always_on"}, 1.0),
+        (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, 1.0),
+        (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25"}, 0.25),
+        (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0"}, 0.0),
+        (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, 1.0),  # no argument: the SDKs' 1.0
+        (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, 1.0),
+        (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}, 1.0),
+        (None, {"OTEL_TRACES_SAMPLER": "jaeger_remote"}, 1.0),
+        (None, {"OTEL_TRACES_SAMPLER_ARG": "0.1"}, 1.0),  # an argument without a ratio sampler
+    ],
+)
 def test_sampling_ratio(flag, env, ratio):
     assert resolve_ratio(flag, env) == ratio
 
@@ -152,22 +171,24 @@ def test_the_docs_table_names_every_variable_the_code_reads():
     documented = _doc_table_vars()
     assert read_here <= documented, f"read in telemetry/tracing.py, not in docs/tracing.md: {read_here - documented}"
     # the rest of the table is read by the OpenTelemetry SDK or its exporters, not invented
-    sdk = "".join(p.read_text(errors="replace") for root in opentelemetry.__path__
-                  for p in Path(root).rglob("*.py"))
+    sdk = "".join(p.read_text(errors="replace") for root in opentelemetry.__path__ for p in Path(root).rglob("*.py"))
     invented = {name for name in documented - read_here if name not in sdk}
     assert not invented, f"documented but read by neither sightline nor the SDK: {invented}"
 
 
 # -- OpenTelemetry GenAI metrics (telemetry/genai_metrics.py) -------------------------------------
-@pytest.mark.parametrize("env, expected", [
-    ({}, []),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),  # the shared endpoint (spans) alone: /metrics is enough
-    ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ENDPOINT + "/v1/metrics"}, ["otlp"]),  # asked for metrics there
-    ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": " "}, []),  # empty is unset
-    ({"OTEL_METRICS_EXPORTER": "otlp"}, ["otlp"]),
-    ({"OTEL_METRICS_EXPORTER": "Console, otlp,console"}, ["console", "otlp"]),
-    ({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ENDPOINT}, []),
-])
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, []),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, []),  # the shared endpoint (spans) alone: /metrics is enough
+        ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ENDPOINT + "/v1/metrics"}, ["otlp"]),  # asked for metrics there
+        ({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": " "}, []),  # empty is unset
+        ({"OTEL_METRICS_EXPORTER": "otlp"}, ["otlp"]),
+        ({"OTEL_METRICS_EXPORTER": "Console, otlp,console"}, ["console", "otlp"]),
+        ({"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": ENDPOINT}, []),
+    ],
+)
 def test_metrics_exporters_from_the_environment(env, expected):
     from telemetry.genai_metrics import resolve_metrics_exporters
 
@@ -194,24 +215,32 @@ def test_an_unknown_metrics_exporter_or_interval_is_refused_at_startup(monkeypat
         ServerArgs(model="tiny-random", otel_metric_export_interval=0)
 
 
-@pytest.mark.parametrize("flags, env, expected", [
-    ({}, {}, []),  # off by default
-    ({}, {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),  # env against env: disabled
-    ({"otel_metrics_exporter": "console"}, {"OTEL_SDK_DISABLED": "true"}, ["console"]),  # a flag wins
-    ({"otel_exporter_otlp_metrics_endpoint": ENDPOINT}, {"OTEL_SDK_DISABLED": "TRUE"}, ["otlp"]),
-    ({"otel_exporter_otlp_endpoint": ENDPOINT}, {}, []),  # the shared endpoint flag is the spans'
-])
+@pytest.mark.parametrize(
+    "flags, env, expected",
+    [
+        ({}, {}, []),  # off by default
+        ({}, {"OTEL_METRICS_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, []),  # env against env: disabled
+        ({"otel_metrics_exporter": "console"}, {"OTEL_SDK_DISABLED": "true"}, ["console"]),  # a flag wins
+        ({"otel_exporter_otlp_metrics_endpoint": ENDPOINT}, {"OTEL_SDK_DISABLED": "TRUE"}, ["otlp"]),
+        ({"otel_exporter_otlp_endpoint": ENDPOINT}, {}, []),  # the shared endpoint flag is the spans'
+    ],
+)
 def test_metrics_exporters_and_sdk_disabled(flags, env, expected):
     from telemetry.genai_metrics import metrics_exporters
 
     assert metrics_exporters(ServerArgs(model="tiny-random", **flags), env) == expected
 
 
-@pytest.mark.parametrize("flag, env, ms", [
-    (None, {}, 60000), (250, {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, 250),
-    (None, {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, 1000), (None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, 60000),
-    (None, {"OTEL_METRIC_EXPORT_INTERVAL": "-5"}, 60000),
-])
+@pytest.mark.parametrize(
+    "flag, env, ms",
+    [
+        (None, {}, 60000),
+        (250, {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, 250),
+        (None, {"OTEL_METRIC_EXPORT_INTERVAL": "1000"}, 1000),
+        (None, {"OTEL_METRIC_EXPORT_INTERVAL": "soon"}, 60000),
+        (None, {"OTEL_METRIC_EXPORT_INTERVAL": "-5"}, 60000),
+    ],
+)
 def test_metric_export_interval(flag, env, ms):
     from telemetry.genai_metrics import resolve_interval
 
@@ -223,14 +252,24 @@ def test_genai_metrics_built_only_when_exported(monkeypatch):
 
     assert GenAIMetrics.from_args(ServerArgs(model="tiny-random"), "m", "i") is None
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # the SDK's MeterProvider reads it too: the flag must win there
-    genai = GenAIMetrics.from_args(ServerArgs(model="tiny-random", otel_metrics_exporter="none,otlp",
-                                              otel_exporter_otlp_endpoint="http://127.0.0.1:9",
-                                              otel_metric_export_interval=600000), "m", "inst")
+    genai = GenAIMetrics.from_args(
+        ServerArgs(
+            model="tiny-random",
+            otel_metrics_exporter="none,otlp",
+            otel_exporter_otlp_endpoint="http://127.0.0.1:9",
+            otel_metric_export_interval=600000,
+        ),
+        "m",
+        "inst",
+    )
     try:
         assert genai is not None and not genai.provider._disabled
         assert genai.provider._sdk_config.resource.attributes["service.instance.id"] == "inst"
-        assert genai.base == {"gen_ai.provider.name": "sightline", "gen_ai.request.model": "m",
-                              "gen_ai.response.model": "m"}
+        assert genai.base == {
+            "gen_ai.provider.name": "sightline",
+            "gen_ai.request.model": "m",
+            "gen_ai.response.model": "m",
+        }
     finally:
         genai.provider.shutdown(timeout_millis=1)  # nothing recorded: nothing to send
 

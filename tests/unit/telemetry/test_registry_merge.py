@@ -29,8 +29,11 @@ def wire(reg):
 
 
 def samples(text: str) -> dict:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_counters_and_histograms_are_summed_and_gauges_kept_per_worker():
@@ -72,4 +75,3 @@ def test_a_dead_workers_counters_stay_and_its_gauges_go():
     assert got[("app_requests_total", (("status", "200"),))] == 7  # never goes backwards
     assert got[("app_ttft_seconds_count", ())] == 1
     assert [k for k in got if k[0] == "app_in_flight"] == [("app_in_flight", (("worker", "2"),))]
-

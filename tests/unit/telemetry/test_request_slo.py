@@ -13,16 +13,30 @@ from telemetry.tail_sampling import TailPolicy
 
 def test_headers_in_milliseconds_the_canonical_name_winning_over_its_alias():
     assert parse_headers({}) == Objectives() and not Objectives()
-    got = parse_headers({"x-llm-d-slo-ttft-ms": "250", "x-slo-ttft-ms": "9", "x-slo-tpot-ms": "12.5",
-                         "x-sightline-slo-e2e-ms": " 3000 "})
+    got = parse_headers(
+        {
+            "x-llm-d-slo-ttft-ms": "250",
+            "x-slo-ttft-ms": "9",
+            "x-slo-tpot-ms": "12.5",
+            "x-sightline-slo-e2e-ms": " 3000 ",
+        }
+    )
     assert got == Objectives(ttft=0.25, tpot=0.0125, e2e=3.0)
 
 
-@pytest.mark.parametrize("header, raw", [
-    ("x-llm-d-slo-ttft-ms", "fast"), ("x-llm-d-slo-tpot-ms", "0"), ("x-slo-ttft-ms", "-1"),
-    ("x-sightline-slo-e2e-ms", "nan"), ("x-sightline-slo-e2e-ms", "inf"), ("x-slo-tpot-ms", "86400001"),
-    ("x-llm-d-slo-ttft-ms", "100, 200"), ("x-llm-d-slo-ttft-ms", ""),
-])
+@pytest.mark.parametrize(
+    "header, raw",
+    [
+        ("x-llm-d-slo-ttft-ms", "fast"),
+        ("x-llm-d-slo-tpot-ms", "0"),
+        ("x-slo-ttft-ms", "-1"),
+        ("x-sightline-slo-e2e-ms", "nan"),
+        ("x-sightline-slo-e2e-ms", "inf"),
+        ("x-slo-tpot-ms", "86400001"),
+        ("x-llm-d-slo-ttft-ms", "100, 200"),
+        ("x-llm-d-slo-ttft-ms", ""),
+    ],
+)
 def test_a_malformed_header_is_refused_by_name(header, raw):
     with pytest.raises(SLOHeaderError) as exc:
         parse_headers({header: raw})
@@ -53,11 +67,17 @@ def test_judged_only_when_successful_tpot_only_with_two_tokens():
 
 
 def test_a_tenants_objectives_in_the_keys_file():
-    table, _ = parse('[tenants.a]\nslo_ttft_ms = 500\nslo_e2e_ms = 10000.5\n[tenants.b]\npriority = 1\n')
+    table, _ = parse("[tenants.a]\nslo_ttft_ms = 500\nslo_e2e_ms = 10000.5\n[tenants.b]\npriority = 1\n")
     assert table.policy("a").objectives == Objectives(ttft=0.5, e2e=10.0005)
     assert table.policy("b").objectives is None and table.policy("nobody").objectives is None
-    for bad in ("slo_ttft_ms = 0", "slo_tpot_ms = -3", 'slo_e2e_ms = "1s"', "slo_ttft_ms = true",
-                "slo_ttft_ms = 1e12", "slo_latency_ms = 5"):
+    for bad in (
+        "slo_ttft_ms = 0",
+        "slo_tpot_ms = -3",
+        'slo_e2e_ms = "1s"',
+        "slo_ttft_ms = true",
+        "slo_ttft_ms = 1e12",
+        "slo_latency_ms = 5",
+    ):
         with pytest.raises(KeysFileError, match="tenants.a"):
             parse(f"[tenants.a]\n{bad}\n")
 

@@ -15,14 +15,19 @@ from telemetry.tracing import TAIL_KEY, Tracing, tail_trace_id_of, trace_id_of
 
 
 def record(trace: str, span: str, sampled: bool = False, **kw) -> SpanRecord:
-    return SpanRecord(name=kw.pop("name", "s"), trace_id=trace, span_id=span, start_ns=1, end_ns=2, sampled=sampled,
-                      **kw)
+    return SpanRecord(
+        name=kw.pop("name", "s"), trace_id=trace, span_id=span, start_ns=1, end_ns=2, sampled=sampled, **kw
+    )
 
 
 def sampler(max_traces: int = 8):
     exp, counts = InMemorySpanExporter(), []
-    tail = TailSampler([SimpleSpanProcessor(exp)], {"service.name": "sightline", "service.instance.id": "i"},
-                       max_traces, lambda d, r: counts.append((d, r)))
+    tail = TailSampler(
+        [SimpleSpanProcessor(exp)],
+        {"service.name": "sightline", "service.instance.id": "i"},
+        max_traces,
+        lambda d, r: counts.append((d, r)),
+    )
     return tail, exp, counts
 
 
@@ -71,8 +76,18 @@ def test_records_wait_for_the_decision_and_late_ones_follow_it():
     assert exp.get_finished_spans() == () and set(tail.pending) == {"a" * 32, "b" * 32}
     tail.decide("a" * 32, "error")
     tail.decide("b" * 32, None)
-    tail.add(record("a" * 32, "4" * 16, role="main", kind="SERVER", parent_span_id=None, status="ERROR",
-                    status_message="boom", link_ids=[f"{'e' * 32}-{'f' * 16}"]))
+    tail.add(
+        record(
+            "a" * 32,
+            "4" * 16,
+            role="main",
+            kind="SERVER",
+            parent_span_id=None,
+            status="ERROR",
+            status_message="boom",
+            link_ids=[f"{'e' * 32}-{'f' * 16}"],
+        )
+    )
     tail.add(record("b" * 32, "5" * 16))  # dropped: late spans too
     spans = exp.get_finished_spans()
     assert [s.name for s in spans] == ["s", "s"] and not tail.pending
@@ -108,8 +123,11 @@ def test_the_policy_keeps_failures_and_slow_requests():
     assert policy.keep_reason(outcomes.LENGTH, 1.5, 0.05) == "ttft"
     assert policy.keep_reason(outcomes.LENGTH, 0.5, 0.2) == "tpot"
     assert policy.keep_reason(outcomes.REJECTED, None, None) is None
-    assert [policy.keep_reason(o, None, None) for o in (outcomes.SHED, outcomes.TIMEOUT, outcomes.ENGINE_FAILURE)] \
-        == ["shed", "aborted", "error"]
+    assert [policy.keep_reason(o, None, None) for o in (outcomes.SHED, outcomes.TIMEOUT, outcomes.ENGINE_FAILURE)] == [
+        "shed",
+        "aborted",
+        "error",
+    ]
     assert slo_policy(None, None) == TailPolicy(1.0, 0.1)  # dashboards/slo.yaml's thresholds
     assert slo_policy(0, 250) == TailPolicy(None, 0.25)
 

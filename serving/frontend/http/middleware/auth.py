@@ -31,9 +31,16 @@ from serving.frontend.errors import refusal_for
 from serving.frontend.tenants.keys import ANONYMOUS, Principal
 from serving.frontend.tenants.store import KeyStore
 
-_BODY = msgspec.json.encode({"error": {
-    "message": "Incorrect or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
-    "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}})
+_BODY = msgspec.json.encode(
+    {
+        "error": {
+            "message": "Incorrect or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>').",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+)
 
 
 def key_matches(expected_digest: bytes, presented: str | None) -> bool:
@@ -49,14 +56,31 @@ def presented_key(headers: dict[bytes, bytes]) -> str | None:
     return key.decode("latin-1") if key is not None else None
 
 
-_FORBIDDEN = msgspec.json.encode({"error": {
-    "message": "The control endpoints answer only loopback clients when no API key is set (set SIGHTLINE_API_KEY, "
-               "or start the server with --control-from-anywhere).",
-    "type": "permission_error", "param": None, "code": "control_forbidden"}})
+_FORBIDDEN = msgspec.json.encode(
+    {
+        "error": {
+            "message": "The control endpoints answer only loopback clients when no API key is set "
+            "(set SIGHTLINE_API_KEY, or start the server with --control-from-anywhere).",
+            "type": "permission_error",
+            "param": None,
+            "code": "control_forbidden",
+        }
+    }
+)
 CONTROL_PATHS = ("/pause_generation", "/continue_generation")
 PROBE_PATHS = ("/health", "/livez")  # kubelet and load-balancer probes send no key
-API_PATHS = ("/generate", "/encode", "/rerank", "/v2/rerank", "/score", "/flush_cache", "/tokenize", "/detokenize",
-             "/version", "/tokenizer_info")  # besides /v1/*
+API_PATHS = (
+    "/generate",
+    "/encode",
+    "/rerank",
+    "/v2/rerank",
+    "/score",
+    "/flush_cache",
+    "/tokenize",
+    "/detokenize",
+    "/version",
+    "/tokenizer_info",
+)  # besides /v1/*
 
 
 def is_control(path: str) -> bool:
@@ -91,9 +115,16 @@ def protected(path: str, args: ServerArgs) -> bool:
 
 
 PRINCIPAL = "sightline.principal"  # the scope key the request's Principal is kept under (tenant, role)
-_ADMIN_ONLY = msgspec.json.encode({"error": {
-    "message": "This endpoint needs an admin key: it shows or changes what every tenant's requests see.",
-    "type": "permission_error", "param": None, "code": "admin_required"}})
+_ADMIN_ONLY = msgspec.json.encode(
+    {
+        "error": {
+            "message": "This endpoint needs an admin key: it shows or changes what every tenant's requests see.",
+            "type": "permission_error",
+            "param": None,
+            "code": "admin_required",
+        }
+    }
+)
 
 
 def admin_only(path: str) -> bool:
@@ -108,8 +139,13 @@ def principal_of(scope) -> Principal:
 
 async def _refuse(scope, send, status: int, body: bytes, extra: tuple = ()) -> None:
     body = refusal_for(scope["path"], status, body)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), *extra, (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), *extra, (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -131,8 +167,9 @@ class AuthMiddleware:
             await _refuse(scope, send, 403, _FORBIDDEN)
             return
         if not enabled or not protected(path, self.args):
-            scope[PRINCIPAL] = ANONYMOUS if not enabled else self.keys.table.lookup(
-                presented_key(dict(scope["headers"]))) or ANONYMOUS
+            scope[PRINCIPAL] = (
+                ANONYMOUS if not enabled else self.keys.table.lookup(presented_key(dict(scope["headers"]))) or ANONYMOUS
+            )
             await self.app(scope, receive, send)
             return
         who = self.keys.table.lookup(presented_key(dict(scope["headers"])))

@@ -70,8 +70,13 @@ def has_body(headers: dict[bytes, bytes]) -> bool:
 
 async def send_error(scope, send, err: APIError) -> None:
     body = msgspec.json.encode(body_for(scope["path"], err))
-    await send({"type": "http.response.start", "status": err.status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": err.status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -88,14 +93,32 @@ class GuardMiddleware:
         if self.hosts is not None:
             host = host_name(headers.get(b"host", b"").decode("latin-1"))
             if host not in self.hosts:
-                await send_error(scope, send, APIError(
-                    400, f"Host {host!r} is not allowed on this server (see --allowed-hosts)", param="host",
-                    code="invalid_host"))
+                await send_error(
+                    scope,
+                    send,
+                    APIError(
+                        400,
+                        f"Host {host!r} is not allowed on this server (see --allowed-hosts)",
+                        param="host",
+                        code="invalid_host",
+                    ),
+                )
                 return
-        if scope["method"] == "POST" and has_body(headers) \
-                and not is_json(headers.get(b"content-type", b"").decode("latin-1")):
-            await send_error(scope, send, APIError(
-                415, "Content-Type must be application/json", type="invalid_request_error",
-                param="content-type", code="unsupported_media_type"))
+        if (
+            scope["method"] == "POST"
+            and has_body(headers)
+            and not is_json(headers.get(b"content-type", b"").decode("latin-1"))
+        ):
+            await send_error(
+                scope,
+                send,
+                APIError(
+                    415,
+                    "Content-Type must be application/json",
+                    type="invalid_request_error",
+                    param="content-type",
+                    code="unsupported_media_type",
+                ),
+            )
             return
         await self.app(scope, receive, send)

@@ -36,8 +36,10 @@ class ResponseIdsMiddleware:
                 headers = message.get("headers", ())
                 have = {name.lower() for name, _ in headers}
                 if b"x-request-id" not in have or b"traceparent" not in have:
-                    message = {**message, "headers": [*headers, *((k, v) for k, v in response_ids(scope)
-                                                                  if k not in have)]}
+                    message = {
+                        **message,
+                        "headers": [*headers, *((k, v) for k, v in response_ids(scope) if k not in have)],
+                    }
             await send(message)
 
         await self.app(scope, receive, send_with_ids)

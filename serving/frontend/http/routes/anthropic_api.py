@@ -35,12 +35,28 @@ from serving.frontend.tokenizer_manager.req_state import GenerateReqInput
 
 PARAMS = {"stop": "stop_sequences", "user": "metadata.user_id", "response_format": "output_config.format"}
 ROUTE, COUNT_ROUTE = "/v1/messages", "/v1/messages/count_tokens"
-TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control", "strict", "input_examples",
-                         "defer_loading", "allowed_callers", "eager_input_streaming"})  # those not rendered: ignored
+TOOL_FIELDS = frozenset(
+    {
+        "name",
+        "description",
+        "input_schema",
+        "type",
+        "cache_control",
+        "strict",
+        "input_examples",
+        "defer_loading",
+        "allowed_callers",
+        "eager_input_streaming",
+    }
+)  # those not rendered: ignored
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # Anthropic's tool_choice type → OpenAI's
 # the chat builder's names for what this API calls otherwise (in its messages)
-RENAMES = ((".function.parameters", ".input_schema"), (".function.name", ".name"), ("max_completion_tokens",
-           "max_tokens"), ("response_format.json_schema.schema", "output_config.format.schema"))
+RENAMES = (
+    (".function.parameters", ".input_schema"),
+    (".function.name", ".name"),
+    ("max_completion_tokens", "max_tokens"),
+    ("response_format.json_schema.schema", "output_config.format.schema"),
+)
 
 
 def _text(where: str, blocks: str | list[Block] | None) -> str:
@@ -79,19 +95,32 @@ def _turn(i: int, role: str, blocks: list[Block], called: set[str]) -> list[Chat
             calls.append(_tool_use(where, b))
         elif b.type == "tool_result":
             if b.tool_use_id not in called:
-                raise bad_request(f"{where}: tool_result for {b.tool_use_id!r}, which is not a tool_use id of the "
-                                  "assistant turn just before", param=where)
-            results.append(ChatMessage(role="tool", tool_call_id=b.tool_use_id, content=_text(f"{where}.content",
-                                                                                               b.content)))
+                raise bad_request(
+                    f"{where}: tool_result for {b.tool_use_id!r}, which is not a tool_use id of the "
+                    "assistant turn just before",
+                    param=where,
+                )
+            results.append(
+                ChatMessage(role="tool", tool_call_id=b.tool_use_id, content=_text(f"{where}.content", b.content))
+            )
         elif b.type == "thinking":
             thought = (thought or "") + (b.thinking or "")
         else:
-            raise bad_request(f"{where}: content blocks of type {b.type!r} are not supported by this server "
-                              "(text, tool_use, tool_result, thinking)", param=where)
+            raise bad_request(
+                f"{where}: content blocks of type {b.type!r} are not supported by this server "
+                "(text, tool_use, tool_result, thinking)",
+                param=where,
+            )
     out = results
     if texts or calls or thought is not None or not results:
-        out.append(ChatMessage(role=role, content=texts or ("" if role == "user" else None),
-                               tool_calls=calls or None, reasoning_content=thought))
+        out.append(
+            ChatMessage(
+                role=role,
+                content=texts or ("" if role == "user" else None),
+                tool_calls=calls or None,
+                reasoning_content=thought,
+            )
+        )
     return out
 
 
@@ -111,13 +140,19 @@ def turns(body: CountTokensRequest | MessagesRequest) -> list[ChatMessage]:
     kept = body.messages[:-1] if last.role == "assistant" and not last.content else body.messages
     for i, m in enumerate(kept):
         if m.role not in ("user", "assistant"):
-            raise bad_request(f"messages[{i}].role: unexpected role {m.role!r}: the roles are user and assistant "
-                              "(a system prompt is the top-level `system`)", param=f"messages[{i}].role")
+            raise bad_request(
+                f"messages[{i}].role: unexpected role {m.role!r}: the roles are user and assistant "
+                "(a system prompt is the top-level `system`)",
+                param=f"messages[{i}].role",
+            )
         if i == 0 and m.role != "user":
             raise bad_request("messages[0].role: the first message must be a user turn", param="messages[0].role")
         if not m.content:
-            raise bad_request(f"messages[{i}].content: all messages must have non-empty content except for an "
-                              "optional final assistant message", param=f"messages[{i}].content")
+            raise bad_request(
+                f"messages[{i}].content: all messages must have non-empty content except for an "
+                "optional final assistant message",
+                param=f"messages[{i}].content",
+            )
         blocks = [Block(type="text", text=m.content)] if isinstance(m.content, str) else m.content
         out.extend(_turn(i, m.role, blocks, called))
         called = {b.id for b in blocks if b.type == "tool_use" and b.id} if m.role == "assistant" else set()
@@ -131,8 +166,10 @@ def _tools(raw: list[dict[str, Any]] | None) -> list[dict] | None:
     out = []
     for i, t in enumerate(raw):
         if t.get("type") not in (None, "custom"):
-            raise bad_request(f"tools[{i}].type: {t.get('type')!r} tools are not supported by this server (custom "
-                              "tools only)", param=f"tools[{i}].type")
+            raise bad_request(
+                f"tools[{i}].type: {t.get('type')!r} tools are not supported by this server (custom tools only)",
+                param=f"tools[{i}].type",
+            )
         unknown = sorted(set(t) - TOOL_FIELDS)
         if unknown:
             raise bad_request(f"tools[{i}].{unknown[0]}: Extra inputs are not permitted", param=f"tools[{i}]")
@@ -155,8 +192,9 @@ def _tool_choice(raw: dict[str, Any] | None) -> tuple[Any, bool | None]:
         return CHOICES[kind], parallel
     if kind == "tool" and isinstance(raw.get("name"), str):
         return {"type": "function", "function": {"name": raw["name"]}}, parallel
-    raise bad_request('tool_choice must be {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}',
-                      param="tool_choice")
+    raise bad_request(
+        'tool_choice must be {"type": "auto" | "any" | "none"} or {"type": "tool", "name": ...}', param="tool_choice"
+    )
 
 
 def _output_format(cfg: dict[str, Any] | None) -> ResponseFormat | None:
@@ -168,29 +206,52 @@ def _output_format(cfg: dict[str, Any] | None) -> ResponseFormat | None:
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or "schema" not in fmt:
-        raise bad_request('output_config.format must be {"type": "json_schema", "schema": {...}}',
-                          param="output_config.format")
+        raise bad_request(
+            'output_config.format must be {"type": "json_schema", "schema": {...}}', param="output_config.format"
+        )
     return ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="output", schema=fmt["schema"]))
 
 
 def _refusals(body: CountTokensRequest | MessagesRequest, front: Front) -> None:
     if body.model != front.served:
-        raise APIError(404, f"model: {body.model}: this server serves `{front.served}`", type="not_found_error",
-                       param="model", code="model_not_found")
-    for name in ("mcp_servers", "context_management", "container", "inference_geo", "speed", "diagnostics",
-                 "user_profile_id", "workspace_id"):
+        raise APIError(
+            404,
+            f"model: {body.model}: this server serves `{front.served}`",
+            type="not_found_error",
+            param="model",
+            code="model_not_found",
+        )
+    for name in (
+        "mcp_servers",
+        "context_management",
+        "container",
+        "inference_geo",
+        "speed",
+        "diagnostics",
+        "user_profile_id",
+        "workspace_id",
+    ):
         unsupported(getattr(body, name, None) is not None, name, name)
-    unsupported(body.thinking is not None and body.thinking.get("type") != "disabled", "thinking",
-                "extended thinking (thinking other than {\"type\": \"disabled\"})")
+    unsupported(
+        body.thinking is not None and body.thinking.get("type") != "disabled",
+        "thinking",
+        'extended thinking (thinking other than {"type": "disabled"})',
+    )
 
 
 def _chat_request(body: CountTokensRequest | MessagesRequest, front: Front) -> ChatCompletionRequest:
     _refusals(body, front)
     choice, parallel = _tool_choice(body.tool_choice)
     messages = turns(body)
-    req = ChatCompletionRequest(messages=messages, model=body.model, tools=_tools(body.tools), tool_choice=choice,
-                                parallel_tool_calls=parallel, response_format=_output_format(body.output_config),
-                                continue_final_message=prefill(body) or None)
+    req = ChatCompletionRequest(
+        messages=messages,
+        model=body.model,
+        tools=_tools(body.tools),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+        response_format=_output_format(body.output_config),
+        continue_final_message=prefill(body) or None,
+    )
     req.ignored_fields = list(getattr(body, "ignored_fields", []))
     return req
 
@@ -214,15 +275,27 @@ def messages_input(body: MessagesRequest, front: Front) -> GenerateReqInput:
             raise bad_request(f"temperature: must be in [0, 1], got {body.temperature}", param="temperature")
         if body.stop_sequences is not None and any(not s for s in body.stop_sequences):
             raise bad_request("stop_sequences: each stop sequence must be non-empty", param="stop_sequences")
-        unsupported(body.service_tier not in (None, "auto", "standard_only"), "service_tier",
-                    "service_tier other than auto or standard_only")
+        unsupported(
+            body.service_tier not in (None, "auto", "standard_only"),
+            "service_tier",
+            "service_tier other than auto or standard_only",
+        )
         user = (body.metadata or {}).get("user_id")
         if user is not None and not isinstance(user, str):
             raise bad_request("metadata.user_id must be a string", param="metadata.user_id")
-        req.max_tokens, req.stop, req.temperature, req.top_p = body.max_tokens, body.stop_sequences, \
-            body.temperature, body.top_p
-        req.top_k, req.stream, req.user, req.ignore_eos, req.seed = body.top_k, body.stream, user, body.ignore_eos, \
-            body.seed
+        req.max_tokens, req.stop, req.temperature, req.top_p = (
+            body.max_tokens,
+            body.stop_sequences,
+            body.temperature,
+            body.top_p,
+        )
+        req.top_k, req.stream, req.user, req.ignore_eos, req.seed = (
+            body.top_k,
+            body.stream,
+            user,
+            body.ignore_eos,
+            body.seed,
+        )
         return chat_input(req, front, ROUTE)
     except APIError as err:
         raise _renamed(err) from None

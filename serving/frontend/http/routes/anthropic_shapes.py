@@ -32,8 +32,12 @@ def event(kind: str, obj: dict) -> bytes:
 
 
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": prompt_tokens - cached_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached_tokens}
+    return {
+        "input_tokens": prompt_tokens - cached_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
+    }
 
 
 def stop_reason(finish: str | None, matched: str | int | None, stops: list[str]) -> tuple[str, str | None]:
@@ -78,19 +82,29 @@ class MessageShape:
         self.call = -1  # the chat delta's index of the open tool call
 
     def message(self, blocks: list[dict], reason: str | None, sequence: str | None, use: dict) -> dict:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": blocks,
-                "stop_reason": reason, "stop_sequence": sequence, "usage": use}
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": blocks,
+            "stop_reason": reason,
+            "stop_sequence": sequence,
+            "usage": use,
+        }
 
     def start(self, use: dict) -> bytes:
-        return event("message_start", {"type": "message_start", "message": self.message([], None, None, use)}) + \
-            event("ping", {"type": "ping"})
+        return event("message_start", {"type": "message_start", "message": self.message([], None, None, use)}) + event(
+            "ping", {"type": "ping"}
+        )
 
     def _block(self, kind: str, block: dict) -> bytes:
         """Close the open block if it is another, open `block`."""
         out = self._close()
         self.index, self.open = self.index + 1, kind
-        return out + event("content_block_start", {"type": "content_block_start", "index": self.index,
-                                                   "content_block": block})
+        return out + event(
+            "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+        )
 
     def _close(self) -> bytes:
         if self.open is None:
@@ -115,8 +129,15 @@ class MessageShape:
         for call in d.get("tool_calls") or ():
             if self.open != "tool_use" or call["index"] != self.call:
                 self.call = call["index"]
-                out += self._block("tool_use", {"type": "tool_use", "id": call.get("id", ""),
-                                                "name": call["function"].get("name", ""), "input": {}})
+                out += self._block(
+                    "tool_use",
+                    {
+                        "type": "tool_use",
+                        "id": call.get("id", ""),
+                        "name": call["function"].get("name", ""),
+                        "input": {},
+                    },
+                )
             if call["function"].get("arguments"):
                 out += self._delta({"type": "input_json_delta", "partial_json": call["function"]["arguments"]})
         return out

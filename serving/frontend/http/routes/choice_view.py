@@ -35,8 +35,9 @@ class ChoiceView:
             return text, None
         return text, self.lp.echo(ids, prompt_lp)
 
-    def piece(self, text: str, ids: list[int], logprobs: Logprobs | None, prompt_lp: Logprobs | None
-              ) -> tuple[str, dict | None]:
+    def piece(
+        self, text: str, ids: list[int], logprobs: Logprobs | None, prompt_lp: Logprobs | None
+    ) -> tuple[str, dict | None]:
         """The next part of this choice: (text, logprobs object or None)."""
         head, head_lp = "", None
         if self.echo_pending:

@@ -46,10 +46,22 @@ def expand(obj: GenerateReqInput) -> list[tuple[int, int, GenerateReqInput]]:
         for j in range(obj.n):
             sp = obj.sampling
             seed = None if sp.seed is None else (sp.seed + j) % SEED_SPAN
-            sampling = msgspec.structs.replace(sp, seed=seed, prompt_logprobs=sp.prompt_logprobs if j == 0 else None,
-                                               stop_token_ids=list(sp.stop_token_ids), logit_bias=dict(sp.logit_bias))
-            out.append((i * obj.n + j, i, dataclasses.replace(obj, prompt=prompt, batch=None, n=1, sampling=sampling,
-                                                              stop=list(obj.stop), rid=None)))
+            sampling = msgspec.structs.replace(
+                sp,
+                seed=seed,
+                prompt_logprobs=sp.prompt_logprobs if j == 0 else None,
+                stop_token_ids=list(sp.stop_token_ids),
+                logit_bias=dict(sp.logit_bias),
+            )
+            out.append(
+                (
+                    i * obj.n + j,
+                    i,
+                    dataclasses.replace(
+                        obj, prompt=prompt, batch=None, n=1, sampling=sampling, stop=list(obj.stop), rid=None
+                    ),
+                )
+            )
     return out
 
 
@@ -77,8 +89,13 @@ async def submit_choices(state: ServerState, parent: ReqState, obj: GenerateReqI
         return [Choice(0, 0, sub, parent)]
     choices = []
     for index, prompt_index, sub in subs:
-        child = ReqState(route=parent.route, operation=parent.operation, arrival=parent.arrival, stream=parent.stream,
-                         tenant=parent.tenant)
+        child = ReqState(
+            route=parent.route,
+            operation=parent.operation,
+            arrival=parent.arrival,
+            stream=parent.stream,
+            tenant=parent.tenant,
+        )
         state.tel.begin_choice(parent, child, index)
         _read_answers(state, child, sub)
         choices.append(Choice(index, prompt_index, sub, child))

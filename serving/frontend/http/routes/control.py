@@ -62,8 +62,9 @@ DEFAULT_MODE = "abort"  # SGLang's default
 LOG_LEVELS = ("debug", "info", "warning", "error")
 ABORT_MESSAGE = "the request was aborted by an operator (POST /pause_generation, mode abort)"
 # names of settings whose values are never shown (the API key, OTLP headers carrying tokens...)
-SECRET_NAME = re.compile(r"(^|_)(api_?key|key|secret|password|passwd|token|credentials?|headers?|authorization)$",
-                         re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(^|_)(api_?key|key|secret|password|passwd|token|credentials?|headers?|authorization)$", re.IGNORECASE
+)
 URL_USERINFO = re.compile(r"(?<=//)[^/@\s]+@")
 HIDDEN = "***"
 
@@ -72,8 +73,9 @@ HIDDEN = "***"
 Parse = Callable[[ServerState, dict], tuple[str, dict]]  # (action name, checked parameters), or APIError
 
 
-async def _act(request: Request, name: str, parse: Parse, run: Callable[[ServerState, dict], Awaitable[dict]]) \
-        -> Response:
+async def _act(
+    request: Request, name: str, parse: Parse, run: Callable[[ServerState, dict], Awaitable[dict]]
+) -> Response:
     """One control action `name`: its body read and checked (`parse`, which may name the action more
     precisely), then `run` here, or with several workers by the hub over all of them; logged and
     counted either way ("pause" with no valid mode: logged only)."""
@@ -109,8 +111,9 @@ def _parse_ratio(state: ServerState, body: dict) -> tuple[str, dict]:
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
         raise bad_request("sampling_ratio must be a number in [0, 1]", param="sampling_ratio")
     if state.tel.tracing.sampler is None:  # every worker runs with the same flags and environment
-        raise APIError(409, "tracing is off in this server (--no-enable-tracing or OTEL_SDK_DISABLED)",
-                       code="tracing_disabled")
+        raise APIError(
+            409, "tracing is off in this server (--no-enable-tracing or OTEL_SDK_DISABLED)", code="tracing_disabled"
+        )
     return "tracing", {"sampling_ratio": float(ratio)}
 
 
@@ -132,13 +135,18 @@ async def continue_generation(request: Request) -> Response:
 async def set_tracing(request: Request) -> Response:
     async def run(state: ServerState, p: dict) -> dict:
         return {"sampling_ratio": p["sampling_ratio"], "previous": _set_ratio(state, p["sampling_ratio"])}
+
     return await _act(request, "tracing", _parse_ratio, run)
 
 
 async def set_log_level(request: Request) -> Response:
     async def run(state: ServerState, p: dict) -> dict:
-        return {"level": p["level"], "previous": _set_level(state, p["level"]),
-                "processes": ["main"] + engine_roles(state.args.dp_size)[:-1]}
+        return {
+            "level": p["level"],
+            "previous": _set_level(state, p["level"]),
+            "processes": ["main"] + engine_roles(state.args.dp_size)[:-1],
+        }
+
     return await _act(request, "log_level", _parse_level, run)
 
 
@@ -183,9 +191,13 @@ class LocalPause:
         if order.engine is not None:
             tm.broadcast(PauseReq(epoch=order.epoch) if order.engine == "pause" else ContinueReq())
             if await unconfirmed_ranks(self.state.monitor, order.epoch):
-                raise APIError(503, f"the engine did not confirm the {what} within {CONFIRM_TIMEOUT:g} s; "
-                                    "admission stays as requested, retry to confirm", type="server_unavailable",
-                               code="control_unconfirmed")
+                raise APIError(
+                    503,
+                    f"the engine did not confirm the {what} within {CONFIRM_TIMEOUT:g} s; "
+                    "admission stays as requested, retry to confirm",
+                    type="server_unavailable",
+                    code="control_unconfirmed",
+                )
         return {"aborted": aborted, "in_flight": len(tm.rid_to_state)}
 
 
@@ -241,12 +253,16 @@ def hide(name: str, value):
 def effective_config(state: ServerState) -> dict:
     args = {f.name: hide(f.name, getattr(state.args, f.name)) for f in dataclasses.fields(state.args)}
     env = {k: hide(k, v) for k, v in sorted(os.environ.items()) if k.startswith(("SIGHTLINE_", "OTEL_"))}
-    return {"args": args, "environment": env, "runtime": {
-        "paused": state.engine.paused,
-        "sampling_ratio": state.tel.tracing.sampling_ratio,
-        "log_level": logging.getLevelName(logging.getLogger().level).lower(),
-        "tokenizer_worker": state.hub.worker if state.hub is not None else None,
-    }}
+    return {
+        "args": args,
+        "environment": env,
+        "runtime": {
+            "paused": state.engine.paused,
+            "sampling_ratio": state.tel.tracing.sampling_ratio,
+            "log_level": logging.getLevelName(logging.getLogger().level).lower(),
+            "tokenizer_worker": state.hub.worker if state.hub is not None else None,
+        },
+    }
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -273,13 +289,26 @@ def _count(state: ServerState, action: str, result: str) -> None:
 
 def _done(request: Request, state: ServerState, action: str, result: str, detail: dict) -> None:
     _count(state, action, result)
-    log.info("control %s by %s: %s %s", action, _client(request), result, json.dumps(detail, sort_keys=True),
-             extra={"client": _client(request), "action": action, "result": result})
+    log.info(
+        "control %s by %s: %s %s",
+        action,
+        _client(request),
+        result,
+        json.dumps(detail, sort_keys=True),
+        extra={"client": _client(request), "action": action, "result": result},
+    )
 
 
 def _refused(request: Request, state: ServerState, action: str, err: APIError) -> Response:
     result = "error" if err.status >= 500 else "rejected"
     _count(state, action, result)
-    log.info("control %s by %s: %s (%d %s)", action, _client(request), result, err.status, err.message,
-             extra={"client": _client(request), "action": action, "result": result})
+    log.info(
+        "control %s by %s: %s (%d %s)",
+        action,
+        _client(request),
+        result,
+        err.status,
+        err.message,
+        extra={"client": _client(request), "action": action, "result": result},
+    )
     return error_response(err)

@@ -44,8 +44,17 @@ async def debug_request(request: Request) -> Response:
         return _hub_json(await state.hub.query("request", rid))
     entry = state.timeline.get(rid)
     if entry is None:
-        return JSONResponse({"error": {"message": f"no finished request {rid!r} in the timeline buffer",
-                                       "type": "not_found_error", "param": "rid", "code": None}}, status_code=404)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": f"no finished request {rid!r} in the timeline buffer",
+                    "type": "not_found_error",
+                    "param": "rid",
+                    "code": None,
+                }
+            },
+            status_code=404,
+        )
     return JSONResponse(entry)
 
 
@@ -55,8 +64,17 @@ async def debug_timeline(request: Request) -> Response:
     try:
         seconds = min(max(float(request.query_params.get("seconds", "10")), 0.0), MAX_TIMELINE_SECONDS)
     except ValueError:
-        return JSONResponse({"error": {"message": "seconds must be a number", "type": "invalid_request_error",
-                                       "param": "seconds", "code": None}}, status_code=400)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": "seconds must be a number",
+                    "type": "invalid_request_error",
+                    "param": "seconds",
+                    "code": None,
+                }
+            },
+            status_code=400,
+        )
     try:
         replies = await state.tm.step_timeline(seconds)
     except TimeoutError:
@@ -75,8 +93,10 @@ async def debug_barrier(request: Request) -> Response:
 
 
 def _rank_unavailable() -> Response:
-    return JSONResponse({"error": {"message": "an engine rank did not answer", "type": "unavailable",
-                                   "param": None, "code": None}}, status_code=503)
+    return JSONResponse(
+        {"error": {"message": "an engine rank did not answer", "type": "unavailable", "param": None, "code": None}},
+        status_code=503,
+    )
 
 
 def _hub_json(reply) -> Response:

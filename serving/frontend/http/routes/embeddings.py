@@ -68,22 +68,30 @@ def input_list(value: Any, param: str) -> tuple[list, bool]:
     if isinstance(value, str):
         return [value], False
     if not isinstance(value, list) or not value:
-        raise bad_request(f"{param} must be a string, a list of strings, a list of token ids or a list of them",
-                          param=param, code="invalid_type")
+        raise bad_request(
+            f"{param} must be a string, a list of strings, a list of token ids or a list of them",
+            param=param,
+            code="invalid_type",
+        )
     if all(isinstance(v, str) for v in value):
         return value, True
     if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return [value], False
     if all(isinstance(v, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in v) for v in value):
         return value, True
-    raise bad_request(f"{param} mixes forms: give strings, or token ids, or lists of token ids", param=param,
-                      code="invalid_type")
+    raise bad_request(
+        f"{param} mixes forms: give strings, or token ids, or lists of token ids", param=param, code="invalid_type"
+    )
 
 
 def check_model(model: str | None, state: ServerState) -> None:
     if model is not None and model != state.model_name:
-        raise APIError(400, f"The model `{model}` does not exist; this server serves `{state.model_name}`",
-                       param="model", code="model_not_found")
+        raise APIError(
+            400,
+            f"The model `{model}` does not exist; this server serves `{state.model_name}`",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def openai_input(body: EmbeddingRequest, state: ServerState) -> tuple[EmbedReqInput, bool]:
@@ -91,8 +99,18 @@ def openai_input(body: EmbeddingRequest, state: ServerState) -> tuple[EmbedReqIn
     if body.encoding_format not in ("float", "base64"):
         raise bad_request("encoding_format must be float or base64", param="encoding_format")
     inputs, _ = input_list(body.input, "input")
-    return EmbedReqInput(inputs, "input", body.normalize, body.dimensions, body.truncate_prompt_tokens, body.rid,
-                         body.cache_salt, body.priority, body.user, encoding_format=body.encoding_format), True
+    return EmbedReqInput(
+        inputs,
+        "input",
+        body.normalize,
+        body.dimensions,
+        body.truncate_prompt_tokens,
+        body.rid,
+        body.cache_salt,
+        body.priority,
+        body.user,
+        encoding_format=body.encoding_format,
+    ), True
 
 
 def encode_input(body: EncodeRequest, state: ServerState) -> tuple[EmbedReqInput, bool]:
@@ -100,8 +118,9 @@ def encode_input(body: EncodeRequest, state: ServerState) -> tuple[EmbedReqInput
         raise bad_request("give exactly one of text and input_ids", param="text")
     param = "text" if body.text is not None else "input_ids"
     inputs, many = input_list(body.text if body.text is not None else body.input_ids, param)
-    return EmbedReqInput(inputs, param, body.normalize, None, body.truncate_prompt_tokens, body.rid, body.cache_salt,
-                         body.priority), many
+    return EmbedReqInput(
+        inputs, param, body.normalize, None, body.truncate_prompt_tokens, body.rid, body.cache_salt, body.priority
+    ), many
 
 
 # (body, state) → (the request, what the answer needs besides the vectors); raises APIError for a bad body
@@ -131,8 +150,11 @@ async def embeddings_endpoint(request: Request, route: str, typ: type, build: Bu
         tel.rejected(req, 500, "internal", "unhandled error", client_gone=False)
         raise
     headers = {"x-request-id": req.rid, **tel.response_headers(req)}
-    result = await await_or_abort(request, tm_embeddings.collect(state.tm.stream(req), req),
-                                  lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT))
+    result = await await_or_abort(
+        request,
+        tm_embeddings.collect(state.tm.stream(req), req),
+        lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT),
+    )
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)
@@ -154,15 +176,29 @@ def usage_of(out: EmbeddingOut) -> dict[str, int]:
 def openai_result(out: EmbeddingOut, obj: EmbedReqInput, _: Any, req: ReqState, state: ServerState) -> dict:
     vectors = finish_vectors(out, obj.dimensions, bool(obj.normalize))
     b64 = obj.encoding_format == "base64"
-    return {"object": "list", "model": state.model_name, "usage": usage_of(out), "sightline": req.breakdown,
-            "data": [{"object": "embedding", "index": i,
-                      "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if b64 else v.tolist()}
-                     for i, v in enumerate(vectors)]}
+    return {
+        "object": "list",
+        "model": state.model_name,
+        "usage": usage_of(out),
+        "sightline": req.breakdown,
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if b64 else v.tolist(),
+            }
+            for i, v in enumerate(vectors)
+        ],
+    }
 
 
 def encode_result(out: EmbeddingOut, obj: EmbedReqInput, many: bool, req: ReqState, _: ServerState) -> Any:
-    meta = {"id": req.client_rid, "prompt_tokens": out.prompt_tokens, "cached_tokens": out.cached_tokens,
-            "sightline": req.breakdown}
+    meta = {
+        "id": req.client_rid,
+        "prompt_tokens": out.prompt_tokens,
+        "cached_tokens": out.cached_tokens,
+        "sightline": req.breakdown,
+    }
     items = [{"embedding": v.tolist(), "meta_info": meta} for v in finish_vectors(out, None, bool(obj.normalize))]
     return items if many else items[0]
 

@@ -49,12 +49,20 @@ def generate_input(req: GenerateRequest, front: Front) -> GenerateReqInput:
         raise bad_request(f"at most {max_stop} stop strings of 1 to 256 characters", param="stop")
     if sp.max_new_tokens is not None and sp.max_new_tokens < 1:
         raise bad_request(f"max_new_tokens must be >= 1, got {sp.max_new_tokens}", param="max_new_tokens")
-    fields = {f: getattr(sp, f) for f in sp.__struct_fields__
-              if f not in ("stop", "skip_special_tokens", "max_new_tokens")}
+    fields = {
+        f: getattr(sp, f) for f in sp.__struct_fields__ if f not in ("stop", "skip_special_tokens", "max_new_tokens")
+    }
     return GenerateReqInput(
-        prompt=req.text if req.text is not None else req.input_ids, sampling=SamplingParams(max_new_tokens=1, **fields),
-        max_new_tokens=sp.max_new_tokens, stop=stop, skip_special_tokens=sp.skip_special_tokens, stream=req.stream,
-        rid=req.rid, cache_salt=req.cache_salt, priority=req.priority, ignored_fields=ignored,
+        prompt=req.text if req.text is not None else req.input_ids,
+        sampling=SamplingParams(max_new_tokens=1, **fields),
+        max_new_tokens=sp.max_new_tokens,
+        stop=stop,
+        skip_special_tokens=sp.skip_special_tokens,
+        stream=req.stream,
+        rid=req.rid,
+        cache_salt=req.cache_salt,
+        priority=req.priority,
+        ignored_fields=ignored,
     )
 
 
@@ -67,6 +75,11 @@ def generate_body(result: Collected) -> dict:
     return {
         "text": result.text,
         "output_ids": result.output_ids,
-        "meta_info": {"id": result.rid, "finish_reason": finish, "prompt_tokens": result.prompt_tokens,
-                      "completion_tokens": result.completion_tokens, "cached_tokens": result.cached_tokens},
+        "meta_info": {
+            "id": result.rid,
+            "finish_reason": finish,
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": result.completion_tokens,
+            "cached_tokens": result.cached_tokens,
+        },
     }

@@ -66,8 +66,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     except TimeoutError:
         raise APIError(408, f"the request body did not arrive within {timeout:g} s", code="body_timeout") from None
     except ClientDisconnect:
-        raise APIError(499, "the client disconnected while sending the request body",
-                       code="client_disconnect") from None
+        raise APIError(
+            499, "the client disconnected while sending the request body", code="client_disconnect"
+        ) from None
     return b"".join(chunks)
 
 
@@ -106,16 +107,20 @@ class Kind:
 
 KINDS = {
     "chat": Kind(ChatCompletionRequest, "chat", "/v1/chat/completions", lambda b, s: chat_input(b, front_of(s))),
-    "completion": Kind(CompletionRequest, "text_completion", "/v1/completions",
-                       lambda b, s: completion_input(b, front_of(s))),
+    "completion": Kind(
+        CompletionRequest, "text_completion", "/v1/completions", lambda b, s: completion_input(b, front_of(s))
+    ),
     "generate": Kind(GenerateRequest, "generate", "/generate", lambda b, s: generate_input(b, front_of(s))),
 }
 
 
 def _request_attributes(obj: GenerateReqInput) -> dict:
     sp = obj.sampling
-    attrs = {"gen_ai.request.temperature": sp.temperature, "gen_ai.request.top_p": sp.top_p,
-             "gen_ai.request.stream": obj.stream}
+    attrs = {
+        "gen_ai.request.temperature": sp.temperature,
+        "gen_ai.request.top_p": sp.top_p,
+        "gen_ai.request.stream": obj.stream,
+    }
     if obj.max_new_tokens is not None:
         attrs["gen_ai.request.max_tokens"] = obj.max_new_tokens
     if sp.seed is not None:
@@ -145,8 +150,9 @@ async def admit(request: Request, kind: Kind) -> Admitted | Response:
     route's own error shape), counted once."""
     state: ServerState = request.app.state.server
     tel = state.tel
-    req = ReqState(route=kind.route, operation=kind.operation, arrival=now_ns(),
-                   tenant=principal_of(request.scope).tenant)
+    req = ReqState(
+        route=kind.route, operation=kind.operation, arrival=now_ns(), tenant=principal_of(request.scope).tenant
+    )
     tel.begin(req, request.headers, "POST", {"sightline.tenant": req.tenant})
     choices: list[Choice] = []
     try:
@@ -184,16 +190,25 @@ async def generation(request: Request, kind: Kind) -> Response:
         return got
     req, body, obj, choices, headers = got.req, got.body, got.obj, got.choices, got.headers
     if kind.route != "/generate":
-        shape = make_shape(state, req, kind.operation == "chat", obj.sampling.logprobs is not None
-                           or obj.sampling.prompt_logprobs is not None, include_usage(body), continuous_usage(body))
+        shape = make_shape(
+            state,
+            req,
+            kind.operation == "chat",
+            obj.sampling.logprobs is not None or obj.sampling.prompt_logprobs is not None,
+            include_usage(body),
+            continuous_usage(body),
+        )
         return await respond(request, Answer(state, req, choices, shape), headers, obj.stream, obj.timeout)
     if obj.stream:
+
         def on_close() -> None:
             state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT)
             tel.end(req)
+
         return SSEResponse(_generate_events(state, req), on_close, headers, obj.timeout)
-    result = await await_or_abort(request, state.tm.collect(req),
-                                  lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT))
+    result = await await_or_abort(
+        request, state.tm.collect(req), lambda: state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT)
+    )
     if result is None:
         tel.end(req, CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)
@@ -216,8 +231,19 @@ async def _generate_events(state: ServerState, req: ReqState) -> AsyncIterator[b
             break
         text.append(out.text)
         ids.extend(out.output_ids)
-        body = generate_body(Collected(req.client_rid, "".join(text), list(ids), out.finish_reason, out.matched_stop,
-                                       req.prompt_tokens, out.completion_tokens, None, req.cached_tokens))
+        body = generate_body(
+            Collected(
+                req.client_rid,
+                "".join(text),
+                list(ids),
+                out.finish_reason,
+                out.matched_stop,
+                req.prompt_tokens,
+                out.completion_tokens,
+                None,
+                req.cached_tokens,
+            )
+        )
         if out.finish_reason is not None and req.breakdown:
             body["meta_info"]["sightline"] = req.breakdown
         yield sse(body)

@@ -27,17 +27,25 @@ PAGE = Path(__file__).with_name("inspector.html")
 
 
 def _hashes(html: str, tag: str) -> str:
-    return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
-                    for body in re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S))
+    return " ".join(
+        f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
+        for body in re.findall(rf"<{tag}>(.*?)</{tag}>", html, re.S)
+    )
 
 
 @functools.cache
 def page() -> tuple[bytes, dict[str, str]]:
     html = PAGE.read_text(encoding="utf-8")
-    csp = (f"default-src 'none'; script-src {_hashes(html, 'script')}; style-src {_hashes(html, 'style')}; "
-           "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
-    return html.encode(), {"content-security-policy": csp, "cache-control": "no-store",
-                           "x-content-type-options": "nosniff", "referrer-policy": "no-referrer"}
+    csp = (
+        f"default-src 'none'; script-src {_hashes(html, 'script')}; style-src {_hashes(html, 'style')}; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+    return html.encode(), {
+        "content-security-policy": csp,
+        "cache-control": "no-store",
+        "x-content-type-options": "nosniff",
+        "referrer-policy": "no-referrer",
+    }
 
 
 async def debug_ui(request: Request) -> Response:

@@ -51,9 +51,11 @@ async def messages(request: Request) -> Response:
             state.tm.abort(req.rid, AbortReason.CLIENT_DISCONNECT)
 
     if obj.stream:
+
         def on_close() -> None:
             abort()
             tel.end(req, req.status)
+
         return SSEResponse(_events(state, req, shape), on_close, headers, obj.timeout)
     result = await await_or_abort(request, state.tm.collect(req), abort)
     if result is None:

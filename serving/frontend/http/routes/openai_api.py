@@ -50,16 +50,28 @@ class Front:
 def front_of(state: Any) -> Front:
     args, metrics = state.args, state.metrics
     count = (lambda route, name: metrics.fields_ignored.labels(route, name).inc()) if metrics is not None else None
-    return Front(state.model_name, args.max_stop_strings, args.max_n, args.max_choices, args.allow_unknown_fields,
-                 state.tm.prompts.defaults, count, args.trust_request_chat_template, state.tm.prompts.parsing)
+    return Front(
+        state.model_name,
+        args.max_stop_strings,
+        args.max_n,
+        args.max_choices,
+        args.allow_unknown_fields,
+        state.tm.prompts.defaults,
+        count,
+        args.trust_request_chat_template,
+        state.tm.prompts.parsing,
+    )
 
 
 def check_request_template(template: str | None, front: Front) -> None:
     """A request's own chat template runs as code here: only with --trust-request-chat-template (as vLLM)."""
     if template is not None and not front.trust_template:
-        raise bad_request("a request's own chat_template is refused by this server (start it with "
-                          "--trust-request-chat-template to accept it)", param="chat_template",
-                          code="chat_template_untrusted")
+        raise bad_request(
+            "a request's own chat_template is refused by this server (start it with "
+            "--trust-request-chat-template to accept it)",
+            param="chat_template",
+            code="chat_template_untrusted",
+        )
 
 
 def unsupported(cond: bool, param: str, what: str) -> None:
@@ -72,8 +84,12 @@ def check_ignored(req: Any, route: str, front: Front) -> list[str]:
     ignored = getattr(req, "ignored_fields", [])
     if ignored and not front.allow_unknown:
         name = ignored[0]
-        raise bad_request(f"unknown parameter `{name}`: this server does not know it (start it with "
-                          "--allow-unknown-fields to ignore unknown fields)", param=name, code="unknown_parameter")
+        raise bad_request(
+            f"unknown parameter `{name}`: this server does not know it (start it with "
+            "--allow-unknown-fields to ignore unknown fields)",
+            param=name,
+            code="unknown_parameter",
+        )
     for name in ignored:
         leaf = name.rsplit(".", 1)[-1]
         if front.count_ignored is not None:
@@ -95,8 +111,9 @@ def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
     out = {}
     for key, value in raw.items():
         if not key.isdigit():
-            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
-                              param="logit_bias")
+            raise bad_request(
+                f"logit_bias keys must be token ids (non-negative integers), got {key!r}", param="logit_bias"
+            )
         if not math.isfinite(value) or not -100 <= value <= 100:
             raise bad_request(f"logit_bias values must be in [-100, 100], got {value!r} for {key}", param="logit_bias")
         out[int(key)] = float(value)
@@ -106,8 +123,12 @@ def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
 def _common(req: _SamplingFields, front: Front, default_max: int | None) -> tuple[SamplingParams, dict, dict]:
     """Sampling params and the GenerateReqInput fields both routes share."""
     if req.model is not None and req.model != front.served:
-        raise APIError(400, f"The model `{req.model}` does not exist; this server serves `{front.served}`",
-                       param="model", code="model_not_found")
+        raise APIError(
+            400,
+            f"The model `{req.model}` does not exist; this server serves `{front.served}`",
+            param="model",
+            code="model_not_found",
+        )
     unsupported(req.lora_request is not None, "lora_request", "lora_request")
     _in_range(req.n, 1, front.max_n, "n")
     if req.user is not None and len(req.user) > 256:
@@ -124,20 +145,35 @@ def _common(req: _SamplingFields, front: Front, default_max: int | None) -> tupl
     sources: dict[str, str] = {}
     d = front.defaults
     params = SamplingParams(
-        max_new_tokens=1, temperature=resolve("temperature", req.temperature, d, 1.0, sources),
-        top_p=resolve("top_p", req.top_p, d, 1.0, sources), top_k=resolve("top_k", req.top_k, d, -1, sources),
+        max_new_tokens=1,
+        temperature=resolve("temperature", req.temperature, d, 1.0, sources),
+        top_p=resolve("top_p", req.top_p, d, 1.0, sources),
+        top_k=resolve("top_k", req.top_k, d, -1, sources),
         min_p=resolve("min_p", req.min_p, d, 0.0, sources),
         repetition_penalty=resolve("repetition_penalty", req.repetition_penalty, d, 1.0, sources),
-        frequency_penalty=req.frequency_penalty or 0.0, presence_penalty=req.presence_penalty or 0.0, seed=req.seed,
-        stop_token_ids=list(req.stop_token_ids or []), ignore_eos=bool(req.ignore_eos),
-        logit_bias=logit_bias(req.logit_bias), min_tokens=req.min_tokens or 0, prompt_logprobs=req.prompt_logprobs,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        seed=req.seed,
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=bool(req.ignore_eos),
+        logit_bias=logit_bias(req.logit_bias),
+        min_tokens=req.min_tokens or 0,
+        prompt_logprobs=req.prompt_logprobs,
     )
     max_new = resolve("max_new_tokens", req.max_tokens, d, default_max, sources)
-    fields = {"stop": stop, "skip_special_tokens": req.skip_special_tokens is not False, "stream": bool(req.stream),
-              "cache_salt": req.cache_salt, "priority": req.priority, "user": req.user, "n": req.n or 1,
-              "include_stop_str_in_output": bool(req.include_stop_str_in_output),
-              "prompt_logprobs_field": req.prompt_logprobs is not None, "param_sources": sources,
-              "max_new_tokens": max_new}
+    fields = {
+        "stop": stop,
+        "skip_special_tokens": req.skip_special_tokens is not False,
+        "stream": bool(req.stream),
+        "cache_salt": req.cache_salt,
+        "priority": req.priority,
+        "user": req.user,
+        "n": req.n or 1,
+        "include_stop_str_in_output": bool(req.include_stop_str_in_output),
+        "prompt_logprobs_field": req.prompt_logprobs is not None,
+        "param_sources": sources,
+        "max_new_tokens": max_new,
+    }
     return params, fields, sources
 
 
@@ -151,6 +187,7 @@ def _check_max(value: int | None, param: str, allow_zero: bool, min_tokens: int 
 
 def _prompts(raw: str | list[Any]) -> list[str | list[int]]:
     """A completions `prompt`: a string, a token-id list, or a list of several of either."""
+
     def is_ids(x: Any) -> bool:
         return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
@@ -164,8 +201,9 @@ def _prompts(raw: str | list[Any]) -> list[str | list[int]]:
         if any(not p for p in raw):
             raise bad_request("prompt contains an empty prompt", param="prompt", code="empty_prompt")
         return list(raw)
-    raise bad_request("prompt must be a string, a list of token ids, or a list of strings or of token-id lists",
-                      param="prompt")
+    raise bad_request(
+        "prompt must be a string, a list of token ids, or a list of strings or of token-id lists", param="prompt"
+    )
 
 
 def completion_input(req: CompletionRequest, front: Front, route: str = "/v1/completions") -> GenerateReqInput:
@@ -182,14 +220,25 @@ def completion_input(req: CompletionRequest, front: Front, route: str = "/v1/com
     n = fields["n"]
     if n * len(prompts) > front.max_choices:
         param = "n" if n > 1 else "prompt"
-        raise bad_request(f"n x prompts = {n} x {len(prompts)} exceeds the limit of {front.max_choices} choices per "
-                          "request (--max-choices)", param=param, code="too_many_choices")
+        raise bad_request(
+            f"n x prompts = {n} x {len(prompts)} exceeds the limit of {front.max_choices} choices per "
+            "request (--max-choices)",
+            param=param,
+            code="too_many_choices",
+        )
     prompt, batch = (prompts[0], None) if len(prompts) == 1 else (None, prompts)
     constraints = structured_output(req)
     params.structured = constraints[0].so if constraints else None
-    return GenerateReqInput(prompt=prompt, batch=batch, sampling=params, echo=bool(req.echo),
-                            param_names={"max_new_tokens": "max_tokens"}, ignored_fields=ignored,
-                            constraints=constraints, **fields)
+    return GenerateReqInput(
+        prompt=prompt,
+        batch=batch,
+        sampling=params,
+        echo=bool(req.echo),
+        param_names={"max_new_tokens": "max_tokens"},
+        ignored_fields=ignored,
+        constraints=constraints,
+        **fields,
+    )
 
 
 def chat_input(req: ChatCompletionRequest, front: Front, route: str = "/v1/chat/completions") -> GenerateReqInput:
@@ -214,28 +263,45 @@ def chat_input(req: ChatCompletionRequest, front: Front, route: str = "/v1/chat/
     constraints = [with_start(c, after) for c in structured_output(req)]
     tools = tool_setup(req.tools, req.tool_choice, req.parallel_tool_calls, cfg, after)
     if constraints and tools.forced is not None:
-        raise bad_request(f"{constraints[0].param} and a forced tool_choice cannot be combined: the call's grammar "
-                          "is the constraint", param="tool_choice", code="conflicting_constraints")
+        raise bad_request(
+            f"{constraints[0].param} and a forced tool_choice cannot be combined: the call's grammar is the constraint",
+            param="tool_choice",
+            code="conflicting_constraints",
+        )
     main = constraints[0] if constraints else tools.forced
     params.structured = main.so if main is not None else None
     parsing = None
     if cfg.reasoning or tools.parsing is not None:
         base = tools.parsing or ParsingSpec()
-        parsing = ParsingSpec(reasoning=cfg.reasoning, thinking=thinking, tools=base.tools, max_calls=base.max_calls,
-                              drop=base.drop)
+        parsing = ParsingSpec(
+            reasoning=cfg.reasoning, thinking=thinking, tools=base.tools, max_calls=base.max_calls, drop=base.drop
+        )
     if tools.keep_specials:
         fields["skip_special_tokens"] = False
-    return GenerateReqInput(messages=messages, sampling=params, param_names={"max_new_tokens": param},
-                            template=template_options(req, messages, tools.template_tools), ignored_fields=ignored,
-                            constraints=tools.checks + ([main] if main is not None else []), parsing=parsing,
-                            **fields)
+    return GenerateReqInput(
+        messages=messages,
+        sampling=params,
+        param_names={"max_new_tokens": param},
+        template=template_options(req, messages, tools.template_tools),
+        ignored_fields=ignored,
+        constraints=tools.checks + ([main] if main is not None else []),
+        parsing=parsing,
+        **fields,
+    )
 
 
 def _chat_refusals(req: ChatCompletionRequest) -> None:
     for name in ("functions", "function_call"):
         unsupported(getattr(req, name) is not None, name, f"the deprecated function calling ({name}: use tools)")
-    for name in ("audio", "prediction", "web_search_options", "reasoning_effort", "verbosity", "metadata",
-                 "prompt_cache_key"):
+    for name in (
+        "audio",
+        "prediction",
+        "web_search_options",
+        "reasoning_effort",
+        "verbosity",
+        "metadata",
+        "prompt_cache_key",
+    ):
         unsupported(getattr(req, name) is not None, name, name)
     unsupported(req.modalities not in (None, ["text"]), "modalities", "modalities other than ['text']")
     unsupported(bool(req.store), "store", "store: true (stored completions)")

@@ -40,10 +40,16 @@ def _tool_calls(i: int, m: ChatMessage) -> list[dict[str, Any]]:
             try:
                 args = json.loads(args) if args.strip() else {}
             except ValueError:
-                raise bad_request(f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON",
-                                  param="messages") from None
-        calls.append({"id": call.id, "type": call.type or "function",
-                      "function": {"name": call.function.name, "arguments": args}})
+                raise bad_request(
+                    f"messages[{i}].tool_calls[{j}].function.arguments is not valid JSON", param="messages"
+                ) from None
+        calls.append(
+            {
+                "id": call.id,
+                "type": call.type or "function",
+                "function": {"name": call.function.name, "arguments": args},
+            }
+        )
     return calls
 
 
@@ -53,12 +59,14 @@ def chat_messages(raw: list[ChatMessage]) -> list[dict[str, Any]]:
     messages = []
     for i, m in enumerate(raw):
         if m.role not in CHAT_ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {m.role!r}",
-                              param="messages")
+            raise bad_request(
+                f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {m.role!r}", param="messages"
+            )
         if m.audio is not None or m.function_call is not None:
             name = "audio" if m.audio is not None else "function_call"
-            raise bad_request(f"messages[{i}].{name} is not supported by this server", param="messages",
-                              code="unsupported_parameter")
+            raise bad_request(
+                f"messages[{i}].{name} is not supported by this server", param="messages", code="unsupported_parameter"
+            )
         out: dict[str, Any] = {"role": m.role, "content": _content(i, m)}
         if m.name is not None:
             out["name"] = m.name
@@ -77,9 +85,13 @@ def template_options(req: Any, messages: list[dict[str, Any]], tools: list[dict]
     `tools`: the request's tools as the template renders them (openai_tools)."""
     cont = bool(getattr(req, "continue_final_message", None))
     add = getattr(req, "add_generation_prompt", None)
-    opts = ChatTemplateOptions(add_generation_prompt=(not cont) if add is None else add, continue_final_message=cont,
-                               kwargs=dict(getattr(req, "chat_template_kwargs", None) or {}),
-                               documents=getattr(req, "documents", None),
-                               chat_template=getattr(req, "chat_template", None), tools=tools)
+    opts = ChatTemplateOptions(
+        add_generation_prompt=(not cont) if add is None else add,
+        continue_final_message=cont,
+        kwargs=dict(getattr(req, "chat_template_kwargs", None) or {}),
+        documents=getattr(req, "documents", None),
+        chat_template=getattr(req, "chat_template", None),
+        tools=tools,
+    )
     check_options(opts, messages)
     return opts

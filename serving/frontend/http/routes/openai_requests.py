@@ -170,13 +170,39 @@ class ChatCompletionRequest(_SamplingFields, **_STRICT):
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # unknown fields counted by name in sightline_request_fields_ignored_total (others as `other`): fields other
 # OpenAI-compatible servers accept that this one does not declare
-FOREIGN_FIELDS = frozenset({
-    "add_special_tokens", "spaces_between_special_tokens", "truncate_prompt_tokens", "length_penalty",
-    "use_beam_search", "allowed_token_ids", "bad_words", "return_tokens_as_token_ids", "return_token_ids",
-    "kv_transfer_params", "vllm_xargs", "mm_processor_kwargs", "request_id", "echo", "guided_decoding",
-    "regex", "json_schema", "ebnf", "lora_path", "return_hidden_states", "separate_reasoning", "rid",
-    "custom_logit_processor", "no_stop_trim", "stream_reasoning", "top_a", "tfs", "typical_p", "mirostat",
-})
+FOREIGN_FIELDS = frozenset(
+    {
+        "add_special_tokens",
+        "spaces_between_special_tokens",
+        "truncate_prompt_tokens",
+        "length_penalty",
+        "use_beam_search",
+        "allowed_token_ids",
+        "bad_words",
+        "return_tokens_as_token_ids",
+        "return_token_ids",
+        "kv_transfer_params",
+        "vllm_xargs",
+        "mm_processor_kwargs",
+        "request_id",
+        "echo",
+        "guided_decoding",
+        "regex",
+        "json_schema",
+        "ebnf",
+        "lora_path",
+        "return_hidden_states",
+        "separate_reasoning",
+        "rid",
+        "custom_logit_processor",
+        "no_stop_trim",
+        "stream_reasoning",
+        "top_a",
+        "tfs",
+        "typical_p",
+        "mirostat",
+    }
+)
 
 
 def decode_body(body: bytes, typ: type) -> Any:

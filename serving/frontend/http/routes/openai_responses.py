@@ -56,8 +56,9 @@ class Answer:
         """Prompt tokens once per prompt (its first choice prefilled it), completion tokens over every choice."""
         firsts = [v.choice.state for v in self.firsts.values()]
         done = completion if completion is not None else sum(v.completion_tokens for v in self.views)
-        return usage(sum(s.prompt_tokens for s in firsts), done, sum(s.cached_tokens for s in firsts),
-                     self.reasoning_tokens())
+        return usage(
+            sum(s.prompt_tokens for s in firsts), done, sum(s.cached_tokens for s in firsts), self.reasoning_tokens()
+        )
 
     @property
     def reasoning(self) -> bool:
@@ -74,17 +75,20 @@ class Answer:
         return {**(first or {}), "choices": [c.state.breakdown for c in self.choices]}
 
 
-def make_shape(state: ServerState, req: ReqState, chat: bool, logprobs: bool, with_usage: bool,
-               continuous: bool) -> ResponseShape:
+def make_shape(
+    state: ServerState, req: ReqState, chat: bool, logprobs: bool, with_usage: bool, continuous: bool
+) -> ResponseShape:
     tokens = TokenText(state.tm.prompts.tokenizer) if logprobs else None
     return ResponseShape(chat, req.rid, state.model_name, with_usage, continuous, tokens)
 
 
 def stream(answer: Answer, events: AsyncIterator[bytes], headers: dict, timeout: float | None) -> SSEResponse:
     """`events` as an SSE response that aborts the answer's choices and ends its telemetry however it ends."""
+
     def on_close() -> None:
         answer.abort()
         answer.end(answer.req.status)
+
     return SSEResponse(events, on_close, headers, timeout)
 
 
@@ -92,8 +96,9 @@ async def collect(request: Request, answer: Answer, headers: dict) -> dict | Res
     """The whole body (with its `sightline` breakdown and the Server-Timing header), the request ended with
     200; or the response it ended with instead (499 client gone, an error)."""
     state = answer.state
-    results = await await_or_abort(request, asyncio.gather(*(state.tm.collect(c.state) for c in answer.choices)),
-                                   answer.abort)
+    results = await await_or_abort(
+        request, asyncio.gather(*(state.tm.collect(c.state) for c in answer.choices)), answer.abort
+    )
     if results is None:
         answer.end(CLIENT_GONE)
         return Response(status_code=CLIENT_GONE)
@@ -110,8 +115,7 @@ async def collect(request: Request, answer: Answer, headers: dict) -> dict | Res
     return body
 
 
-async def respond(request: Request, answer: Answer, headers: dict, streamed: bool, timeout: float | None
-                  ) -> Response:
+async def respond(request: Request, answer: Answer, headers: dict, streamed: bool, timeout: float | None) -> Response:
     if streamed:
         return stream(answer, _events(answer), headers, timeout)
     body = await collect(request, answer, headers)
@@ -131,12 +135,16 @@ def _body(answer: Answer, results: list[Collected]) -> dict:
             plp = shape.prompt_logprobs(first.choice.state.prompt_ids or [], prompt_lp)
             prompt_field = prompt_field or plp
         if v.parsing is not None and v.parsing.result is not None:  # read for reasoning and tool calls
-            out.append(shape.message(v.choice.index, v.parsing.result, v.choice.state.finish_reason, lp,
-                                     answer.reasoning))
+            out.append(
+                shape.message(v.choice.index, v.parsing.result, v.choice.state.finish_reason, lp, answer.reasoning)
+            )
             continue
         out.append(shape.choice(v.choice.index, text, finish, lp, plp))
-    completion = None if any(v.prompt_only or v.choice.obj.echo for v in answer.views) else \
-        sum(r.completion_tokens for r in results)
+    completion = (
+        None
+        if any(v.prompt_only or v.choice.obj.echo for v in answer.views)
+        else sum(r.completion_tokens for r in results)
+    )
     return shape.body(out, answer.usage(completion), prompt_field if shape.chat else None)
 
 
@@ -190,12 +198,18 @@ async def chunks(answer: Answer) -> AsyncIterator[dict]:
         if (delta if delta is not None else text) or lp or finish is not None:
             running = None
             if shape.continuous:
-                running = answer.usage() if not answer.single else \
-                    usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
+                running = (
+                    answer.usage()
+                    if not answer.single
+                    else usage(req.prompt_tokens, out.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
+                )
             yield shape.delta_chunk(text, finish, running, view.choice.index, lp, delta)
     if shape.with_usage:
-        use = answer.usage() if not answer.single or answer.views[0].prompt_only or answer.views[0].choice.obj.echo \
+        use = (
+            answer.usage()
+            if not answer.single or answer.views[0].prompt_only or answer.views[0].choice.obj.echo
             else usage(req.prompt_tokens, req.completion_tokens, req.cached_tokens, answer.reasoning_tokens())
+        )
         chunk = shape.usage_chunk(use)
         chunk["sightline"] = answer.breakdown()
         yield chunk

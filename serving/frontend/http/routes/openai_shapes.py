@@ -16,13 +16,17 @@ from serving.frontend.http.routes.logprob_shapes import (
 from serving.frontend.output_parsing import ParsedAnswer
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None
-          ) -> dict:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int | None = None
+) -> dict:
     """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache served;
     `completion_tokens_details.reasoning_tokens` with a reasoning parser (--reasoning-parser)."""
-    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens,
-           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    out = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
     if reasoning_tokens is not None:
         out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return out
@@ -62,8 +66,15 @@ class ChoiceLogprobs:
 class ResponseShape:
     """Builds the bodies and SSE chunks of one request, for completions or chat."""
 
-    def __init__(self, chat: bool, rid: str, model: str, with_usage: bool, continuous: bool = False,
-                 tokens: TokenText | None = None) -> None:
+    def __init__(
+        self,
+        chat: bool,
+        rid: str,
+        model: str,
+        with_usage: bool,
+        continuous: bool = False,
+        tokens: TokenText | None = None,
+    ) -> None:
         self.chat = chat
         self.id = ("chatcmpl-" if chat else "cmpl-") + rid
         self.model = model
@@ -78,19 +89,30 @@ class ResponseShape:
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def choice(self, index: int, text: str, finish: str | None, logprobs: dict | None = None,
-               prompt_logprobs: list | None = None) -> dict:
+    def choice(
+        self,
+        index: int,
+        text: str,
+        finish: str | None,
+        logprobs: dict | None = None,
+        prompt_logprobs: list | None = None,
+    ) -> dict:
         """One choice of a whole (non-streamed) response."""
         if self.chat:
-            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                    "finish_reason": openai_finish(finish)}
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs,
+                "finish_reason": openai_finish(finish),
+            }
         out = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": openai_finish(finish)}
         if prompt_logprobs is not None:
             out["prompt_logprobs"] = prompt_logprobs
         return out
 
-    def message(self, index: int, answer: ParsedAnswer, finish: str | None, logprobs: dict | None,
-                reasoning: bool) -> dict:
+    def message(
+        self, index: int, answer: ParsedAnswer, finish: str | None, logprobs: dict | None, reasoning: bool
+    ) -> dict:
         """One chat choice whose answer was read for reasoning and tool calls (serving.frontend.output_parsing):
         `reasoning_content` with a reasoning parser, `tool_calls` when it called (then content may be null)."""
         msg: dict = {"role": "assistant", "content": answer.content}
@@ -107,8 +129,9 @@ class ResponseShape:
         body["usage"] = use
         return body
 
-    def full(self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int,
-             cached_tokens: int = 0) -> dict:
+    def full(
+        self, text: str, finish: str | None, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+    ) -> dict:
         """A one-choice response without logprobs."""
         return self.body([self.choice(0, text, finish)], usage(prompt_tokens, completion_tokens, cached_tokens))
 
@@ -127,18 +150,30 @@ class ResponseShape:
         return body
 
     def role_chunk(self, running: dict | None = None, index: int = 0) -> dict:
-        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}], running)
+        return self._chunk(
+            [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+            running,
+        )
 
-    def delta_chunk(self, text: str, finish: str | None, running: dict | None = None, index: int = 0,
-                    logprobs: dict | None = None, delta: dict | None = None) -> dict:
+    def delta_chunk(
+        self,
+        text: str,
+        finish: str | None,
+        running: dict | None = None,
+        index: int = 0,
+        logprobs: dict | None = None,
+        delta: dict | None = None,
+    ) -> dict:
         """`delta`: a parsed chat answer's fields (reasoning_content, content, tool_calls) instead of `text`."""
         if self.chat:
             delta = delta if delta is not None else {"content": text} if text else {}
-            return self._chunk([{"index": index, "delta": delta, "logprobs": logprobs,
-                                 "finish_reason": openai_finish(finish)}], running)
-        return self._chunk([{"index": index, "text": text, "logprobs": logprobs,
-                             "finish_reason": openai_finish(finish)}], running)
+            return self._chunk(
+                [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": openai_finish(finish)}],
+                running,
+            )
+        return self._chunk(
+            [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": openai_finish(finish)}], running
+        )
 
     def usage_chunk(self, use: dict) -> dict:
         """The last chunk of a stream with `include_usage`: no choices, the whole request's usage."""

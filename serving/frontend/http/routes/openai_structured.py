@@ -18,10 +18,14 @@ from serving.frontend.http.routes.openai_requests import _SamplingFields
 from serving.frontend.tokenizer_manager.grammar_check import Constraint
 from serving.structured.backend import closed_schema
 
-GUIDED = {"guided_json": "structured_outputs.json", "guided_regex": "structured_outputs.regex",
-          "guided_choice": "structured_outputs.choice", "guided_grammar": "structured_outputs.grammar",
-          "guided_whitespace_pattern": "structured_outputs.whitespace_pattern",
-          "guided_decoding_backend": "structured_outputs (whose backend is llguidance, not chosen per request)"}
+GUIDED = {
+    "guided_json": "structured_outputs.json",
+    "guided_regex": "structured_outputs.regex",
+    "guided_choice": "structured_outputs.choice",
+    "guided_grammar": "structured_outputs.grammar",
+    "guided_whitespace_pattern": "structured_outputs.whitespace_pattern",
+    "guided_decoding_backend": "structured_outputs (whose backend is llguidance, not chosen per request)",
+}
 _REFUSED = ("disable_fallback", "structural_tag")
 # Whitespace between JSON tokens unless the request or the schema says otherwise: up to this many characters
 # in a row. llguidance's default (any amount) lets a sampled model write newlines until max_tokens (3 of 200
@@ -33,8 +37,11 @@ _WHITESPACE_KEYS = ("whitespace_flexible", "whitespace_pattern")
 def refuse_guided(req: _SamplingFields) -> None:
     for name, instead in GUIDED.items():
         if getattr(req, name) is not None:
-            raise bad_request(f"{name} was retired by vLLM and is not supported: use {instead}", param=name,
-                              code="unsupported_parameter")
+            raise bad_request(
+                f"{name} was retired by vLLM and is not supported: use {instead}",
+                param=name,
+                code="unsupported_parameter",
+            )
 
 
 def json_spec(value: Any, param: str, options: dict[str, Any] | None = None, close: bool = True) -> str:
@@ -70,11 +77,17 @@ def _response_format(req: _SamplingFields) -> list[Constraint]:
     if fmt.type == "json_object":
         return [Constraint(StructuredOutput(kind="json_schema", spec=JSON_OBJECT), "response_format")]
     if fmt.type != "json_schema":
-        raise bad_request(f"response_format type {fmt.type!r} is not supported (text, json_object, json_schema)",
-                          param="response_format.type", code="unsupported_parameter")
+        raise bad_request(
+            f"response_format type {fmt.type!r} is not supported (text, json_object, json_schema)",
+            param="response_format.type",
+            code="unsupported_parameter",
+        )
     if fmt.json_schema is None or fmt.json_schema.schema is None:
-        raise bad_request("response_format.json_schema.schema is required with type json_schema",
-                          param="response_format.json_schema.schema", code="invalid_schema")
+        raise bad_request(
+            "response_format.json_schema.schema is required with type json_schema",
+            param="response_format.json_schema.schema",
+            code="invalid_schema",
+        )
     param = "response_format.json_schema.schema"
     return [Constraint(StructuredOutput(kind="json_schema", spec=json_spec(fmt.json_schema.schema, param)), param)]
 
@@ -85,8 +98,11 @@ def _structured_outputs(req: _SamplingFields) -> list[Constraint]:
         return []
     for name in _REFUSED:
         if getattr(so, name) is not None:
-            raise bad_request(f"structured_outputs.{name} is not supported by this server",
-                              param=f"structured_outputs.{name}", code="unsupported_parameter")
+            raise bad_request(
+                f"structured_outputs.{name} is not supported by this server",
+                param=f"structured_outputs.{name}",
+                code="unsupported_parameter",
+            )
     options: dict[str, Any] = {}
     if so.disable_any_whitespace:
         options["whitespace_flexible"] = False
@@ -105,11 +121,13 @@ def _structured_outputs(req: _SamplingFields) -> list[Constraint]:
             found.append(Constraint(StructuredOutput(kind=kind, spec=spec), f"structured_outputs.{kind}"))
     if options and not any(c.so.kind == "json_schema" for c in found):
         name = "disable_any_whitespace" if so.disable_any_whitespace else "whitespace_pattern"
-        raise bad_request(f"structured_outputs.{name} applies to json and json_object only",
-                          param=f"structured_outputs.{name}")
+        raise bad_request(
+            f"structured_outputs.{name} applies to json and json_object only", param=f"structured_outputs.{name}"
+        )
     if not found and not options and so.disable_any_whitespace is None:
-        raise bad_request("structured_outputs needs one of json, regex, choice, grammar, json_object",
-                          param="structured_outputs")
+        raise bad_request(
+            "structured_outputs needs one of json, regex, choice, grammar, json_object", param="structured_outputs"
+        )
     return found
 
 
@@ -132,8 +150,11 @@ def structured_output(req: _SamplingFields) -> list[Constraint]:
     if _narrows_an_object(found):
         return found[1:]
     if len(found) > 1:
-        raise bad_request(f"at most one structured output constraint per request: got {found[0].param} and "
-                          f"{found[1].param}", param=found[1].param, code="conflicting_constraints")
+        raise bad_request(
+            f"at most one structured output constraint per request: got {found[0].param} and {found[1].param}",
+            param=found[1].param,
+            code="conflicting_constraints",
+        )
     return found
 
 

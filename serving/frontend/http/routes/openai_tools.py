@@ -72,15 +72,19 @@ def _tool(i: int, raw: Any) -> tuple[dict, ToolSpec]:
         raise bad_request(f"tools[{i}].type must be 'function', got {tool.type!r}", param=f"tools[{i}].type")
     fn = tool.function
     if not valid_name(fn.name):
-        raise bad_request(f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {fn.name!r}",
-                          param=f"tools[{i}].function.name")
+        raise bad_request(
+            f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {fn.name!r}",
+            param=f"tools[{i}].function.name",
+        )
     param = f"tools[{i}].function.parameters"
     params = fn.parameters
     if params is not None and not (isinstance(params, dict) and params.get("type", "object") == "object"):
-        raise bad_request(f"{param} must be a JSON Schema of an object (the arguments), got "
-                          f"{json.dumps(params)[:80]}", param=param, code="invalid_schema")
-    rendered = {"type": "function", "function": {k: v for k, v in msgspec.structs.asdict(fn).items()
-                                                 if v is not None}}
+        raise bad_request(
+            f"{param} must be a JSON Schema of an object (the arguments), got {json.dumps(params)[:80]}",
+            param=param,
+            code="invalid_schema",
+        )
+    rendered = {"type": "function", "function": {k: v for k, v in msgspec.structs.asdict(fn).items() if v is not None}}
     return rendered, ToolSpec(fn.name, params if params is not None else NO_ARGUMENTS)
 
 
@@ -103,44 +107,56 @@ def _choice(choice: Any, specs: list[ToolSpec]) -> tuple[str, str | None]:
         return ("auto" if specs else "none"), None
     if isinstance(choice, str):
         if choice not in ("auto", "none", "required"):
-            raise bad_request(f"tool_choice must be auto, none, required or a function, got {choice!r}",
-                              param="tool_choice")
+            raise bad_request(
+                f"tool_choice must be auto, none, required or a function, got {choice!r}", param="tool_choice"
+            )
         return choice, None
     name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
     if not (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(name, str)):
-        raise bad_request('tool_choice must be auto, none, required or {"type": "function", "function": '
-                          '{"name": ...}}', param="tool_choice")
+        raise bad_request(
+            'tool_choice must be auto, none, required or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
     if name not in {s.name for s in specs}:
         raise bad_request(f"tool_choice names the function {name!r}, which is not among tools", param="tool_choice")
     return "function", name
 
 
-def tool_setup(tools: list[Any] | None, choice: Any, parallel: bool | None, cfg: ParsingConfig,
-               after: tuple[int, ...]) -> ToolSetup:
+def tool_setup(
+    tools: list[Any] | None, choice: Any, parallel: bool | None, cfg: ParsingConfig, after: tuple[int, ...]
+) -> ToolSetup:
     """What the request's tool fields mean on this server (`after`: where a forced call may start)."""
     rendered, specs = template_tools(tools)
     mode, named = _choice(choice, specs)
     if mode != "none" and not specs:
         raise bad_request("tool_choice needs tools", param="tool_choice")
     try:  # each schema checked (meta-schema, llguidance) off the event loop, before the engine
-        checks = [Constraint(StructuredOutput(kind="json_schema", spec=json.dumps(s.parameters)),
-                             f"tools[{i}].function.parameters") for i, s in enumerate(specs)]
+        checks = [
+            Constraint(
+                StructuredOutput(kind="json_schema", spec=json.dumps(s.parameters)), f"tools[{i}].function.parameters"
+            )
+            for i, s in enumerate(specs)
+        ]
     except RecursionError:
         raise bad_request("a tool's parameters are nested too deeply", param="tools", code="invalid_schema") from None
     setup = ToolSetup(template_tools=rendered, checks=checks)
     if mode == "none":
         return setup
     if cfg.tool_parser is None:
-        raise bad_request("tool calling needs a tool-call parser; this server runs with --tool-call-parser none "
-                          "(send tool_choice none to only show the tools to the model)", param="tool_choice")
+        raise bad_request(
+            "tool calling needs a tool-call parser; this server runs with --tool-call-parser none "
+            "(send tool_choice none to only show the tools to the model)",
+            param="tool_choice",
+        )
     parser = get(cfg.tool_parser)
     many = parallel is not False and mode != "function"
-    setup.parsing = ParsingSpec(tools=parser, max_calls=None if many else 1,
-                                drop=cfg.eos_text if cfg.keeps_specials() else "")
+    setup.parsing = ParsingSpec(
+        tools=parser, max_calls=None if many else 1, drop=cfg.eos_text if cfg.keeps_specials() else ""
+    )
     setup.keep_specials = cfg.keeps_specials()
     if mode == "auto":
         return setup
     forced = [ToolSpec(s.name, closed_schema(s.parameters)) for s in specs if named in (None, s.name)]
-    lark = parser.grammar(forced, many, cfg.marker, prefix='/\\n{0,2}/' if after else "")
+    lark = parser.grammar(forced, many, cfg.marker, prefix="/\\n{0,2}/" if after else "")
     setup.forced = Constraint(StructuredOutput(kind="grammar", spec=lark, after_token_ids=after), "tools")
     return setup

@@ -25,18 +25,31 @@ from telemetry.clock import now_ns
 def _engine_facts(state: ServerState) -> dict:
     """What the running engine computes with (null while it starts)."""
     ready = state.engine.engine_ready
-    return {"architecture": ready.architecture if ready else None,
-            "max_model_len": ready.context_len if ready else None, "dtype": ready.dtype if ready else None,
-            "quantization": ready.quantization if ready else None,
-            "sliding_window": (ready.sliding_window or None) if ready else None}
+    return {
+        "architecture": ready.architecture if ready else None,
+        "max_model_len": ready.context_len if ready else None,
+        "dtype": ready.dtype if ready else None,
+        "quantization": ready.quantization if ready else None,
+        "sliding_window": (ready.sliding_window or None) if ready else None,
+    }
 
 
 async def models(request: Request) -> Response:
     state: ServerState = request.app.state.server
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": int(state.started_at), "owned_by": "sightline",
-        **_engine_facts(state),
-    }]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": int(state.started_at),
+                    "owned_by": "sightline",
+                    **_engine_facts(state),
+                }
+            ],
+        }
+    )
 
 
 async def health(request: Request) -> Response:
@@ -63,15 +76,26 @@ async def livez(request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.server
     if state.metrics is None:
-        return JSONResponse({"error": {"message": "metrics are disabled (--no-enable-metrics)", "type":
-                                       "not_found_error", "param": None, "code": None}}, status_code=404)
+        return JSONResponse(
+            {
+                "error": {
+                    "message": "metrics are disabled (--no-enable-metrics)",
+                    "type": "not_found_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+            status_code=404,
+        )
     openmetrics = "application/openmetrics-text" in request.headers.get("accept", "")
     media_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_LATEST
     if state.hub is not None:  # one of several workers: the hub merges every worker's numbers with the engine's
-        return Response((await state.hub.query("metrics", "openmetrics" if openmetrics else "text")).body,
-                        media_type=media_type)
-    return Response((openmetrics_latest if openmetrics else generate_latest)(state.metrics.registry),
-                    media_type=media_type)
+        return Response(
+            (await state.hub.query("metrics", "openmetrics" if openmetrics else "text")).body, media_type=media_type
+        )
+    return Response(
+        (openmetrics_latest if openmetrics else generate_latest)(state.metrics.registry), media_type=media_type
+    )
 
 
 async def flush_cache(request: Request) -> Response:
@@ -87,8 +111,11 @@ async def flush_cache(request: Request) -> Response:
             raise APIError(503, "the engine did not answer the flush request", type="server_unavailable") from None
         if not reply.success:
             disabled = "disabled" in reply.message
-            raise APIError(400 if disabled else 409, reply.message, code="prefix_cache_disabled" if disabled
-                           else "requests_running")
+            raise APIError(
+                400 if disabled else 409,
+                reply.message,
+                code="prefix_cache_disabled" if disabled else "requests_running",
+            )
     except APIError as err:
         if state.metrics is not None:
             state.metrics.cache_flushes.labels(state.model_name, "refused" if err.status == 409 else "error").inc()
@@ -107,7 +134,7 @@ def _force_flag(body: bytes, query: str | None) -> bool:
     try:
         obj = json.loads(body)
     except ValueError:
-        raise bad_request("the body must be JSON, e.g. {\"force\": true}") from None
+        raise bad_request('the body must be JSON, e.g. {"force": true}') from None
     if not isinstance(obj, dict) or not isinstance(obj.get("force", False), bool):
         raise bad_request("`force` must be a boolean", param="force")
     return obj.get("force", False)

@@ -94,15 +94,26 @@ def _resolve(name: str, pids: dict[str, int], state: ServerState) -> int:
     if name == "scheduler":
         ranks = sorted(r for r in pids if r.startswith("scheduler_dp"))
         if ranks:
-            raise bad_request(f"this server runs {len(ranks)} Scheduler ranks: name one of {', '.join(ranks)}",
-                              param="process", code="unknown_process")
-    known = {"main", "detokenizer", "scheduler"} if state.args.dp_size == 1 else \
-        {"main", "detokenizer", *(f"scheduler_dp{r}" for r in range(state.args.dp_size))}
+            raise bad_request(
+                f"this server runs {len(ranks)} Scheduler ranks: name one of {', '.join(ranks)}",
+                param="process",
+                code="unknown_process",
+            )
+    known = (
+        {"main", "detokenizer", "scheduler"}
+        if state.args.dp_size == 1
+        else {"main", "detokenizer", *(f"scheduler_dp{r}" for r in range(state.args.dp_size))}
+    )
     if name in known:  # a child being replaced after an engine failure
-        raise APIError(503, f"process {name!r} is not running right now (the engine is starting or restarting)",
-                       type="server_unavailable", param="process")
-    raise bad_request(f"unknown process {name[:64]!r}: one of {', '.join(sorted(pids))}", param="process",
-                      code="unknown_process")
+        raise APIError(
+            503,
+            f"process {name!r} is not running right now (the engine is starting or restarting)",
+            type="server_unavailable",
+            param="process",
+        )
+    raise bad_request(
+        f"unknown process {name[:64]!r}: one of {', '.join(sorted(pids))}", param="process", code="unknown_process"
+    )
 
 
 class _Lock:
@@ -118,8 +129,12 @@ class _Lock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise APIError(409, "a profile is already running on this server; retry when it is done",
-                           type="invalid_request_error", code="profile_in_progress") from None
+            raise APIError(
+                409,
+                "a profile is already running on this server; retry when it is done",
+                type="invalid_request_error",
+                code="profile_in_progress",
+            ) from None
         self.fd = fd
         return self
 
@@ -128,12 +143,26 @@ class _Lock:
 
 
 async def _record(py_spy: str, pid: int, seconds: int, rate: int, fmt: str, idle: bool, out: str) -> bytes:
-    cmd = [py_spy, "record", "--nonblocking", "--pid", str(pid), "--duration", str(seconds), "--rate", str(rate),
-           "--format", fmt, "--output", out]
+    cmd = [
+        py_spy,
+        "record",
+        "--nonblocking",
+        "--pid",
+        str(pid),
+        "--duration",
+        str(seconds),
+        "--rate",
+        str(rate),
+        "--format",
+        fmt,
+        "--output",
+        out,
+    ]
     if idle:
         cmd.append("--idle")
-    proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
     try:
         said, _ = await asyncio.wait_for(proc.communicate(), seconds + EXIT_SLACK)
     except BaseException:  # a timeout, or the handler cancelled: py-spy must not outlive the request
@@ -143,8 +172,12 @@ async def _record(py_spy: str, pid: int, seconds: int, rate: int, fmt: str, idle
         raise
     text = said.decode(errors="replace").strip()
     if proc.returncode != 0 or not os.path.exists(out):
-        raise APIError(500, f"py-spy failed on pid {pid} (exit {proc.returncode}): {text[-OUTPUT_TAIL:]}",
-                       type="internal_error", code="profiler_failed")
+        raise APIError(
+            500,
+            f"py-spy failed on pid {pid} (exit {proc.returncode}): {text[-OUTPUT_TAIL:]}",
+            type="internal_error",
+            code="profiler_failed",
+        )
     with open(out, "rb") as f:
         return f.read()
 
@@ -155,8 +188,9 @@ async def debug_profile(request: Request) -> Response:
         q = request.query_params
         name = q.get("process", "")
         if not name:
-            raise bad_request("`process` is required: main, scheduler, detokenizer (see `pids` in /debug/state)",
-                              param="process")
+            raise bad_request(
+                "`process` is required: main, scheduler, detokenizer (see `pids` in /debug/state)", param="process"
+            )
         seconds = _int_param(request, "seconds", DEFAULT_SECONDS, MIN_SECONDS, MAX_SECONDS)
         rate = _int_param(request, "rate", DEFAULT_RATE, MIN_RATE, MAX_RATE)
         fmt = q.get("format", "speedscope")
@@ -165,16 +199,25 @@ async def debug_profile(request: Request) -> Response:
         idle = q.get("idle", "").lower() in ("1", "true", "yes")
         py_spy = py_spy_path()
         if py_spy is None:
-            raise APIError(501, "profiling needs py-spy, which is not installed here (pip install py-spy; "
-                           "it is a dependency of sightline)", type="not_implemented", code="profiler_missing")
+            raise APIError(
+                501,
+                "profiling needs py-spy, which is not installed here (pip install py-spy; "
+                "it is a dependency of sightline)",
+                type="not_implemented",
+                code="profiler_missing",
+            )
         pid = _resolve(name, await _pids(state), state)
         out = os.path.join(state.endpoints.runtime_dir, f"profile-{uuid.uuid4().hex}.{FORMATS[fmt][1]}")
         with _Lock(state.endpoints.runtime_dir):
             try:
                 body = await _record(py_spy, pid, seconds, rate, fmt, idle, out)
             except asyncio.TimeoutError:
-                raise APIError(504, f"py-spy did not finish within {seconds + EXIT_SLACK:g} s", type="timeout",
-                               code="profiler_timeout") from None
+                raise APIError(
+                    504,
+                    f"py-spy did not finish within {seconds + EXIT_SLACK:g} s",
+                    type="timeout",
+                    code="profiler_timeout",
+                ) from None
             finally:
                 if os.path.exists(out):
                     os.unlink(out)
@@ -182,8 +225,11 @@ async def debug_profile(request: Request) -> Response:
         return error_response(err)
     media, ext = FORMATS[fmt]
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    headers = {"content-disposition": f'inline; filename="sightline-{name}-{pid}-{stamp}.{ext}"',
-               "cache-control": "no-store", "x-content-type-options": "nosniff"}
+    headers = {
+        "content-disposition": f'inline; filename="sightline-{name}-{pid}-{stamp}.{ext}"',
+        "cache-control": "no-store",
+        "x-content-type-options": "nosniff",
+    }
     if fmt == "flamegraph":
         headers["content-security-policy"] = _SVG_CSP
     return Response(body, media_type=media, headers=headers)

@@ -64,8 +64,19 @@ def _request(body: Any, texts: list[str], names: list[str], param: str, route_pa
     for text, name in zip(texts, names):
         if not text:
             raise bad_request(f"{name} is empty", param=name, code="empty_prompt")
-    return EmbedReqInput(texts, param, True, None, body.truncate_prompt_tokens, body.rid, body.cache_salt,
-                         body.priority, body.user, route_params=route_params, names=names)
+    return EmbedReqInput(
+        texts,
+        param,
+        True,
+        None,
+        body.truncate_prompt_tokens,
+        body.rid,
+        body.cache_salt,
+        body.priority,
+        body.user,
+        route_params=route_params,
+        names=names,
+    )
 
 
 def rerank_input(body: RerankRequest, state: ServerState) -> tuple[EmbedReqInput, RerankRequest]:
@@ -90,11 +101,16 @@ def score_input(body: ScoreRequest, state: ServerState) -> tuple[EmbedReqInput, 
     elif len(t1) == len(t2):
         pairs = [(i, len(t1) + i) for i in range(len(t1))]
     else:
-        raise bad_request(f"text_1 has {len(t1)} texts and text_2 {len(t2)}: give one text_1, or lists of one "
-                          "length (scored pairwise)", param="text_1")
+        raise bad_request(
+            f"text_1 has {len(t1)} texts and text_2 {len(t2)}: give one text_1, or lists of one "
+            "length (scored pairwise)",
+            param="text_1",
+        )
     names = [f"text_1[{i}]" for i in range(len(t1))] + [f"text_2[{j}]" for j in range(len(t2))]
-    params = {"text_1": len(t1) if isinstance(body.text_1, list) else None,
-              "text_2": len(t2) if isinstance(body.text_2, list) else None}
+    params = {
+        "text_1": len(t1) if isinstance(body.text_1, list) else None,
+        "text_2": len(t2) if isinstance(body.text_2, list) else None,
+    }
     return _request(body, t1 + t2, names, "text_2", params), pairs
 
 
@@ -102,25 +118,45 @@ def _vectors(out: EmbeddingOut) -> np.ndarray:
     return np.stack(finish_vectors(out, None, True)).astype(np.float64)
 
 
-def rerank_result(out: EmbeddingOut, obj: EmbedReqInput, body: RerankRequest, req: ReqState,
-                  state: ServerState) -> dict:
+def rerank_result(
+    out: EmbeddingOut, obj: EmbedReqInput, body: RerankRequest, req: ReqState, state: ServerState
+) -> dict:
     v = _vectors(out)
     scores = v[1:] @ v[0]
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     if body.top_n:
-        order = order[:body.top_n]
-    results = [{"index": i, "relevance_score": float(scores[i]),
-                **({"document": {"text": obj.inputs[1 + i]}} if body.return_documents else {})} for i in order]
-    return {"id": f"rerank-{req.rid}", "model": state.model_name, "usage": usage_of(out), "results": results,
-            "sightline": req.breakdown}
+        order = order[: body.top_n]
+    results = [
+        {
+            "index": i,
+            "relevance_score": float(scores[i]),
+            **({"document": {"text": obj.inputs[1 + i]}} if body.return_documents else {}),
+        }
+        for i in order
+    ]
+    return {
+        "id": f"rerank-{req.rid}",
+        "model": state.model_name,
+        "usage": usage_of(out),
+        "results": results,
+        "sightline": req.breakdown,
+    }
 
 
-def score_result(out: EmbeddingOut, obj: EmbedReqInput, pairs: list[tuple[int, int]], req: ReqState,
-                 state: ServerState) -> dict:
+def score_result(
+    out: EmbeddingOut, obj: EmbedReqInput, pairs: list[tuple[int, int]], req: ReqState, state: ServerState
+) -> dict:
     v = _vectors(out)
     data = [{"index": k, "object": "score", "score": float(v[a] @ v[b])} for k, (a, b) in enumerate(pairs)]
-    return {"id": f"score-{req.rid}", "object": "list", "created": int(time.time()), "model": state.model_name,
-            "data": data, "usage": {**usage_of(out), "completion_tokens": 0}, "sightline": req.breakdown}
+    return {
+        "id": f"score-{req.rid}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": state.model_name,
+        "data": data,
+        "usage": {**usage_of(out), "completion_tokens": 0},
+        "sightline": req.breakdown,
+    }
 
 
 async def rerank(request: Request) -> Response:

@@ -36,8 +36,11 @@ def _build(body: ResponsesRequest, state: ServerState):
     if body.previous_response_id is not None:
         previous = state.responses.get(body.previous_response_id)
         if previous is None:
-            raise bad_request(f"Previous response with id '{body.previous_response_id}' not found.",
-                              param="previous_response_id", code="previous_response_not_found")
+            raise bad_request(
+                f"Previous response with id '{body.previous_response_id}' not found.",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
     obj, body.turn = responses_input(body, front_of(state), previous)
     return obj
 
@@ -119,7 +122,14 @@ async def input_items(request: Request) -> Response:
     if after is not None:
         if after not in ids:
             raise bad_request(f"after names no input item of this response: {after!r}", param="after")
-        items = items[ids.index(after) + 1:]
-    page = items[:int(raw_limit)]
-    return JSONResponse({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                         "last_id": page[-1]["id"] if page else None, "has_more": len(items) > len(page)})
+        items = items[ids.index(after) + 1 :]
+    page = items[: int(raw_limit)]
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > len(page),
+        }
+    )

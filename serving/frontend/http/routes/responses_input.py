@@ -30,20 +30,48 @@ from serving.frontend.http.routes.responses_store import StoredResponse
 from serving.frontend.tokenizer_manager.req_state import GenerateReqInput
 
 ROUTE = "/v1/responses"
-_REFUSED = ("background", "background_options", "conversation", "context_management", "prompt", "reasoning",
-            "top_logprobs", "max_tool_calls", "prompt_cache_retention", "prompt_cache_options", "moderation",
-            "access_programs", "image")
-_PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "safety_identifier", "top_k", "min_p",
-           "repetition_penalty", "frequency_penalty", "presence_penalty", "seed", "stop", "ignore_eos",
-           "service_tier", "stream")
+_REFUSED = (
+    "background",
+    "background_options",
+    "conversation",
+    "context_management",
+    "prompt",
+    "reasoning",
+    "top_logprobs",
+    "max_tool_calls",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "moderation",
+    "access_programs",
+    "image",
+)
+_PASSED = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "safety_identifier",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "ignore_eos",
+    "service_tier",
+    "stream",
+)
 _TEXT_PARTS = ("input_text", "output_text", "text")
 ROLES = ("user", "system", "developer", "assistant")
 # chat's field names → the Responses field a 400 names (param and message alike)
-_RENAMES = ((re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
-            (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "text.format.schema"),
-            (re.compile(r"\bresponse_format(\.type)?\b"), "text.format"),
-            (re.compile(r"\bmessages\b"), "input"),
-            (re.compile(r"\b(tools\[\d+\])\.function\b"), r"\1"))
+_RENAMES = (
+    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+    (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "text.format.schema"),
+    (re.compile(r"\bresponse_format(\.type)?\b"), "text.format"),
+    (re.compile(r"\bmessages\b"), "input"),
+    (re.compile(r"\b(tools\[\d+\])\.function\b"), r"\1"),
+)
 
 
 def _rename(text: str) -> str:
@@ -81,8 +109,11 @@ def _text(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise bad_request(f"{where}[{j}]: only text parts (input_text, output_text) are supported, got "
-                              f"{kind!r}", param=f"{where}[{j}].type", code="unsupported_parameter")
+            raise bad_request(
+                f"{where}[{j}]: only text parts (input_text, output_text) are supported, got {kind!r}",
+                param=f"{where}[{j}].type",
+                code="unsupported_parameter",
+            )
         out.append(part["text"])
     return "".join(out)
 
@@ -117,14 +148,18 @@ def to_messages(items: list[dict], names: dict[str, str]) -> list[dict]:
         if kind == "message":
             role = item.get("role")
             if role not in ROLES:
-                raise bad_request(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}",
-                                  param=f"{where}.role")
+                raise bad_request(
+                    f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role"
+                )
             out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call":
             call_id, name = _field(item, "call_id", where), _field(item, "name", where)
             names[call_id] = name
-            call = {"id": call_id, "type": "function",
-                    "function": {"name": name, "arguments": item.get("arguments") or "{}"}}
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": item.get("arguments") or "{}"},
+            }
             if out and out[-1]["role"] == "assistant":  # one assistant message: its text and every call
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -138,8 +173,11 @@ def to_messages(items: list[dict], names: dict[str, str]) -> list[dict]:
                 msg["name"] = names[call_id]
             out.append(msg)
         elif kind != "reasoning":
-            raise bad_request(f"{where}.type {kind!r} is not supported (message, function_call, "
-                              "function_call_output)", param=f"{where}.type", code="unsupported_parameter")
+            raise bad_request(
+                f"{where}.type {kind!r} is not supported (message, function_call, function_call_output)",
+                param=f"{where}.type",
+                code="unsupported_parameter",
+            )
     return out
 
 
@@ -151,8 +189,11 @@ def chat_tools(raw: list[Any] | None) -> list[Any] | None:
     for i, tool in enumerate(raw):
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise bad_request(f"tools[{i}].type {kind!r} is not supported: this server runs function tools only",
-                              param=f"tools[{i}].type", code="unsupported_parameter")
+            raise bad_request(
+                f"tools[{i}].type {kind!r} is not supported: this server runs function tools only",
+                param=f"tools[{i}].type",
+                code="unsupported_parameter",
+            )
         out.append({"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}})
     return out
 
@@ -161,8 +202,11 @@ def chat_tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
         return {"type": "function", "function": {"name": choice.get("name")}}
     if isinstance(choice, dict):
-        raise bad_request(f"tool_choice of type {choice.get('type')!r} is not supported (auto, none, required or a "
-                          "function)", param="tool_choice", code="unsupported_parameter")
+        raise bad_request(
+            f"tool_choice of type {choice.get('type')!r} is not supported (auto, none, required or a function)",
+            param="tool_choice",
+            code="unsupported_parameter",
+        )
     return choice
 
 
@@ -172,8 +216,11 @@ def _response_format(body: ResponsesRequest) -> dict | None:
         return None
     if fmt.type == "json_schema":
         if fmt.schema is None:
-            raise bad_request("text.format.schema is required with type json_schema", param="text.format.schema",
-                              code="invalid_schema")
+            raise bad_request(
+                "text.format.schema is required with type json_schema",
+                param="text.format.schema",
+                code="invalid_schema",
+            )
         return {"type": "json_schema", "json_schema": {"name": fmt.name, "schema": fmt.schema, "strict": fmt.strict}}
     return {"type": fmt.type}
 
@@ -183,12 +230,16 @@ def _refusals(body: ResponsesRequest) -> None:
         unsupported(getattr(body, name) is not None, name, name)
     unsupported(bool(body.include), "include", "include")
     unsupported(body.truncation not in (None, "disabled"), "truncation", "truncation other than disabled")
-    unsupported(body.text is not None and body.text.verbosity not in (None, "medium"), "text.verbosity",
-                "text.verbosity other than medium")
+    unsupported(
+        body.text is not None and body.text.verbosity not in (None, "medium"),
+        "text.verbosity",
+        "text.verbosity other than medium",
+    )
 
 
-def responses_input(body: ResponsesRequest, front: Front, previous: StoredResponse | None
-                    ) -> tuple[GenerateReqInput, Turn]:
+def responses_input(
+    body: ResponsesRequest, front: Front, previous: StoredResponse | None
+) -> tuple[GenerateReqInput, Turn]:
     """The internal request of one create call, and its turn (`previous`: the stored response it continues)."""
     _refusals(body)
     items = normalize(body.input)
@@ -197,9 +248,14 @@ def responses_input(body: ResponsesRequest, front: Front, previous: StoredRespon
     conversation = history + to_messages(items, names)
     head = [{"role": "system", "content": body.instructions}] if body.instructions else []
     chat: dict[str, Any] = {k: getattr(body, k) for k in _PASSED if getattr(body, k) is not None}
-    chat.update(model=body.model, messages=head + conversation, max_completion_tokens=body.max_output_tokens,
-                tools=chat_tools(body.tools), tool_choice=chat_tool_choice(body.tool_choice),
-                response_format=_response_format(body))
+    chat.update(
+        model=body.model,
+        messages=head + conversation,
+        max_completion_tokens=body.max_output_tokens,
+        tools=chat_tools(body.tools),
+        tool_choice=chat_tool_choice(body.tool_choice),
+        response_format=_response_format(body),
+    )
     try:
         req = msgspec.convert({k: v for k, v in chat.items() if v is not None}, ChatCompletionRequest)
     except msgspec.ValidationError as exc:
@@ -217,14 +273,23 @@ def responses_input(body: ResponsesRequest, front: Front, previous: StoredRespon
 def _echo(body: ResponsesRequest) -> dict:
     """The request's settings as the response object repeats them."""
     fmt = body.text.format if body.text is not None and body.text.format is not None else None
-    return {"instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "temperature": body.temperature if body.temperature is not None else 1.0,
-            "top_p": body.top_p if body.top_p is not None else 1.0,
-            "tools": list(body.tools or []), "tool_choice": body.tool_choice or "auto",
-            "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "text": {"format": {k: v for k, v in msgspec.structs.asdict(fmt).items() if v is not None}
-                     if fmt is not None else {"type": "text"}},
-            "previous_response_id": body.previous_response_id, "store": body.store is not False,
-            "metadata": dict(body.metadata or {}), "truncation": body.truncation or "disabled",
-            "user": body.user, "safety_identifier": body.safety_identifier}
-
+    return {
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "temperature": body.temperature if body.temperature is not None else 1.0,
+        "top_p": body.top_p if body.top_p is not None else 1.0,
+        "tools": list(body.tools or []),
+        "tool_choice": body.tool_choice or "auto",
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "text": {
+            "format": {k: v for k, v in msgspec.structs.asdict(fmt).items() if v is not None}
+            if fmt is not None
+            else {"type": "text"}
+        },
+        "previous_response_id": body.previous_response_id,
+        "store": body.store is not False,
+        "metadata": dict(body.metadata or {}),
+        "truncation": body.truncation or "disabled",
+        "user": body.user,
+        "safety_identifier": body.safety_identifier,
+    }

@@ -27,12 +27,15 @@ def usage(chat_usage: dict | None) -> dict:
     prefix cache here keeps prompts without being asked, so none)."""
     u = chat_usage or {}
     cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return {"input_tokens": u.get("prompt_tokens", 0),
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens": u.get("completion_tokens", 0),
-            "output_tokens_details": {"reasoning_tokens": (u.get("completion_tokens_details") or {}).get(
-                "reasoning_tokens", 0)},
-            "total_tokens": u.get("total_tokens", 0)}
+    return {
+        "input_tokens": u.get("prompt_tokens", 0),
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "output_tokens": u.get("completion_tokens", 0),
+        "output_tokens_details": {
+            "reasoning_tokens": (u.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
+        },
+        "total_tokens": u.get("total_tokens", 0),
+    }
 
 
 def output_text(text: str) -> dict:
@@ -46,8 +49,14 @@ def message_item(item_id: str, text: str | None, status: str = "completed") -> d
 
 def call_item(item_id: str, call: dict, status: str = "completed") -> dict:
     fn = call.get("function") or {}
-    return {"id": item_id, "type": "function_call", "call_id": call.get("id") or new_id("call"),
-            "name": fn.get("name") or "", "arguments": fn.get("arguments") or "", "status": status}
+    return {
+        "id": item_id,
+        "type": "function_call",
+        "call_id": call.get("id") or new_id("call"),
+        "name": fn.get("name") or "",
+        "arguments": fn.get("arguments") or "",
+        "status": status,
+    }
 
 
 def reasoning_item(item_id: str, text: str) -> dict:
@@ -72,18 +81,37 @@ class ResponseObject:
         self.id, self.model, self.echo = f"resp_{rid}", model, echo
         self.created_at = int(time.time())
 
-    def body(self, status: str, output: list[dict], use: dict | None = None, finish: str | None = None,
-             error: dict | None = None) -> dict:
-        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status,
-                "error": error, "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
-                "model": self.model, "output": output, "usage": use, **self.echo}
+    def body(
+        self,
+        status: str,
+        output: list[dict],
+        use: dict | None = None,
+        finish: str | None = None,
+        error: dict | None = None,
+    ) -> dict:
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": status,
+            "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            "model": self.model,
+            "output": output,
+            "usage": use,
+            **self.echo,
+        }
 
     def from_chat(self, chat: dict) -> dict:
         """The response of a whole (non-streamed) chat completion body."""
         choice = chat["choices"][0]
         finish = openai_finish(choice["finish_reason"])
-        out = self.body("incomplete" if finish == "length" else "completed", output_items(choice["message"]),
-                        usage(chat.get("usage")), finish)
+        out = self.body(
+            "incomplete" if finish == "length" else "completed",
+            output_items(choice["message"]),
+            usage(chat.get("usage")),
+            finish,
+        )
         out["sightline"] = chat.get("sightline")
         return out
 
@@ -121,8 +149,9 @@ class EventStream:
         events.append(self._ev("response.output_item.added", output_index=len(self.items) - 1, item=dict(item)))
         if item["type"] == "message":
             item["content"] = [output_text("")]
-            events.append(self._ev("response.content_part.added", content_index=0, part=output_text(""),
-                                   **self._where(item)))
+            events.append(
+                self._ev("response.content_part.added", content_index=0, part=output_text(""), **self._where(item))
+            )
         return events
 
     def _close(self) -> list[dict]:
@@ -133,14 +162,18 @@ class EventStream:
         events = []
         if item["type"] == "message":
             part = item["content"][0]
-            events += [self._ev("response.output_text.done", content_index=0, text=part["text"], logprobs=[], **at),
-                       self._ev("response.content_part.done", content_index=0, part=dict(part), **at)]
+            events += [
+                self._ev("response.output_text.done", content_index=0, text=part["text"], logprobs=[], **at),
+                self._ev("response.content_part.done", content_index=0, part=dict(part), **at),
+            ]
         elif item["type"] == "function_call":
-            events.append(self._ev("response.function_call_arguments.done", arguments=item["arguments"],
-                                   name=item["name"], **at))
+            events.append(
+                self._ev("response.function_call_arguments.done", arguments=item["arguments"], name=item["name"], **at)
+            )
         else:
-            events.append(self._ev("response.reasoning_text.done", content_index=0,
-                                   text=item["content"][0]["text"], **at))
+            events.append(
+                self._ev("response.reasoning_text.done", content_index=0, text=item["content"][0]["text"], **at)
+            )
         item["status"] = "completed"
         events.append(self._ev("response.output_item.done", output_index=at["output_index"], item=item))
         return events
@@ -165,25 +198,34 @@ class EventStream:
         return events
 
     def _reasoning(self, text: str) -> list[dict]:
-        events = [] if self.open is not None and self.open["type"] == "reasoning" else \
-            self._add({**reasoning_item(new_id("rs"), ""), "status": "in_progress"})
+        events = (
+            []
+            if self.open is not None and self.open["type"] == "reasoning"
+            else self._add({**reasoning_item(new_id("rs"), ""), "status": "in_progress"})
+        )
         self.open["content"][0]["text"] += text
-        return events + [self._ev("response.reasoning_text.delta", content_index=0, delta=text,
-                                  **self._where(self.open))]
+        return events + [
+            self._ev("response.reasoning_text.delta", content_index=0, delta=text, **self._where(self.open))
+        ]
 
     def _text(self, text: str) -> list[dict]:
-        events = [] if self.open is not None and self.open["type"] == "message" else \
-            self._add(message_item(new_id("msg"), None, "in_progress"))
+        events = (
+            []
+            if self.open is not None and self.open["type"] == "message"
+            else self._add(message_item(new_id("msg"), None, "in_progress"))
+        )
         self.open["content"][0]["text"] += text
-        return events + [self._ev("response.output_text.delta", content_index=0, delta=text, logprobs=[],
-                                  **self._where(self.open))]
+        return events + [
+            self._ev("response.output_text.delta", content_index=0, delta=text, logprobs=[], **self._where(self.open))
+        ]
 
     def _call(self, delta: dict) -> list[dict]:
         events = []
         item = self.calls.get(delta["index"])
         if item is None:
-            item = call_item(new_id("fc"), {**delta, "function": {**delta.get("function", {}), "arguments": ""}},
-                             "in_progress")
+            item = call_item(
+                new_id("fc"), {**delta, "function": {**delta.get("function", {}), "arguments": ""}}, "in_progress"
+            )
             self.calls[delta["index"]] = item
             events += self._add(item)
         piece = (delta.get("function") or {}).get("arguments") or ""
@@ -206,5 +248,7 @@ class EventStream:
         """The engine failed the request mid-stream: OpenAI's error event, then the failed response."""
         message = err.get("message") or "the engine failed this request"
         body = self.obj.body("failed", self.items, usage(self.use), error={"code": "server_error", "message": message})
-        return [self._ev("error", code=err.get("code") or err.get("type"), message=message, param=None),
-                self._ev("response.failed", response=body)]
+        return [
+            self._ev("error", code=err.get("code") or err.get("type"), message=message, param=None),
+            self._ev("response.failed", response=body),
+        ]

@@ -49,8 +49,12 @@ class DetokenizeRequest(msgspec.Struct, **_STRICT):
 
 def _check_model(model: str | None, front: Front) -> None:
     if model is not None and model != front.served:
-        raise APIError(400, f"The model `{model}` does not exist; this server serves `{front.served}`",
-                       param="model", code="model_not_found")
+        raise APIError(
+            400,
+            f"The model `{model}` does not exist; this server serves `{front.served}`",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def _tokenize(state: ServerState, body: TokenizeRequest) -> dict:
@@ -89,9 +93,11 @@ async def tokenize(request: Request) -> Response:
         chars = len(body.prompt or "") + sum(len(str(m.content or "")) for m in body.messages or [])
         limit = state.args.max_prompt_chars
         if limit and chars > limit:
-            raise bad_request(f"the input has {chars} characters; the limit is {limit} (--max-prompt-chars)",
-                              param="messages" if body.messages is not None else "prompt",
-                              code="context_length_exceeded")
+            raise bad_request(
+                f"the input has {chars} characters; the limit is {limit} (--max-prompt-chars)",
+                param="messages" if body.messages is not None else "prompt",
+                code="context_length_exceeded",
+            )
         if chars < INLINE_CHARS:
             return JSONResponse(_tokenize(state, body))
         return JSONResponse(await state.tm.prompts.off_loop(_tokenize, state, body))
@@ -106,8 +112,9 @@ async def detokenize(request: Request) -> Response:
         vocab = len(state.tm.tokenizer)
         bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
         if bad is not None:
-            raise bad_request(f"tokens must be token ids in [0, {vocab}), got {bad}", param="tokens",
-                              code="invalid_token_id")
+            raise bad_request(
+                f"tokens must be token ids in [0, {vocab}), got {bad}", param="tokens", code="invalid_token_id"
+            )
         return JSONResponse({"prompt": state.tm.tokenizer.decode(body.tokens)})
     except APIError as err:
         return error_response(err)
@@ -125,9 +132,15 @@ async def tokenizer_info(request: Request) -> Response:
     state: ServerState = request.app.state.server
     tok = state.tm.tokenizer
     ready = state.engine.engine_ready
-    return JSONResponse({
-        "tokenizer_class": type(tok).__name__, "eos_token": tok.eos_token, "bos_token": tok.bos_token,
-        "pad_token": tok.pad_token, "unk_token": tok.unk_token,
-        "chat_template": state.tm.prompts.chat_template or getattr(tok, "chat_template", None),
-        "model_max_length": ready.context_len if ready else None, "vocab_size": len(tok),
-    })
+    return JSONResponse(
+        {
+            "tokenizer_class": type(tok).__name__,
+            "eos_token": tok.eos_token,
+            "bos_token": tok.bos_token,
+            "pad_token": tok.pad_token,
+            "unk_token": tok.unk_token,
+            "chat_template": state.tm.prompts.chat_template or getattr(tok, "chat_template", None),
+            "model_max_length": ready.context_len if ready else None,
+            "vocab_size": len(tok),
+        }
+    )

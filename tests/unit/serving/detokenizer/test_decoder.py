@@ -51,7 +51,9 @@ def test_a_special_token_only_the_config_names_falls_back_to_transformers(tmp_pa
 
 
 def test_the_detokenizer_never_imports_transformers():
-    code = ("import sys; import serving.detokenizer.manager; from serving.model_files import load_decoder; "
-            "load_decoder('tiny-random'); print('transformers' in sys.modules, 'torch' in sys.modules)")
+    code = (
+        "import sys; import serving.detokenizer.manager; from serving.model_files import load_decoder; "
+        "load_decoder('tiny-random'); print('transformers' in sys.modules, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -106,10 +106,17 @@ def test_outputs_carry_their_worker_and_a_gone_worker_leaves_no_state(tiny):
     assert [(o.rid, o.worker) for o in out.outputs] == [("r1", 1), ("r2", 2)]
     mgr.worker_gone(1)
     assert set(mgr.reqs) == {"r2"} and mgr.reqs["r2"].worker == 2
-    late = mgr.handle_batch(BatchTokenIDOutput(outputs=[
-        TokenOut(rid="r1", new_token_ids=ids[1:2], worker=1),  # still in flight when the worker died
-        TokenOut(rid="r3", new_token_ids=ids[:1], detok=DetokParams(), worker=1),  # a first output: no new state
-        TokenOut(rid="r2", new_token_ids=ids[1:2], finish_reason="length", worker=2)]))
+    late = mgr.handle_batch(
+        BatchTokenIDOutput(
+            outputs=[
+                TokenOut(rid="r1", new_token_ids=ids[1:2], worker=1),  # still in flight when the worker died
+                TokenOut(
+                    rid="r3", new_token_ids=ids[:1], detok=DetokParams(), worker=1
+                ),  # a first output: no new state
+                TokenOut(rid="r2", new_token_ids=ids[1:2], finish_reason="length", worker=2),
+            ]
+        )
+    )
     assert [o.rid for o in late.outputs] == ["r2"] and not mgr.reqs
     assert mgr.drops.counts[("BatchTokenIDOutput", "worker_gone")] == 1
     assert mgr.drops.counts[("BatchTokenIDOutput", "unknown_rid")] == 1
@@ -117,8 +124,11 @@ def test_outputs_carry_their_worker_and_a_gone_worker_leaves_no_state(tiny):
 
 def _numbered(n: int) -> Logprobs:
     """Logprobs whose values say which token they belong to: token i has -i and alternatives [i, i + 1]."""
-    return Logprobs(token_logprobs=[-float(i) for i in range(n)], top_ids=[[i, i + 1] for i in range(n)],
-                    top_logprobs=[[-float(i), -float(i) - 1] for i in range(n)])
+    return Logprobs(
+        token_logprobs=[-float(i) for i in range(n)],
+        top_ids=[[i, i + 1] for i in range(n)],
+        top_logprobs=[[-float(i), -float(i) - 1] for i in range(n)],
+    )
 
 
 def test_logprobs_are_cut_where_a_stop_string_cuts_the_batch(tiny):
@@ -126,13 +136,15 @@ def test_logprobs_are_cut_where_a_stop_string_cuts_the_batch(tiny):
     mgr = DetokenizerManager(tok)
     ids = tok(" one two STOP three four")["input_ids"]
     prompt = Logprobs(token_logprobs=[-1.5, -2.5])
-    first = TokenOut(rid="a", new_token_ids=ids[:2], detok=DetokParams(stop=["STOP"]), logprobs=_numbered(2),
-                     prompt_logprobs=prompt)
+    first = TokenOut(
+        rid="a", new_token_ids=ids[:2], detok=DetokParams(stop=["STOP"]), logprobs=_numbered(2), prompt_logprobs=prompt
+    )
     (out,) = mgr.handle_batch(BatchTokenIDOutput(outputs=[first])).outputs
     assert out.prompt_logprobs == prompt and out.logprobs == _numbered(2)  # nothing consumed is cut
     rest = ids[2:]
-    (out,) = mgr.handle_batch(BatchTokenIDOutput(outputs=[TokenOut(rid="a", new_token_ids=rest,
-                                                                   logprobs=_numbered(len(rest)))])).outputs
+    (out,) = mgr.handle_batch(
+        BatchTokenIDOutput(outputs=[TokenOut(rid="a", new_token_ids=rest, logprobs=_numbered(len(rest)))])
+    ).outputs
     consumed = len(out.output_ids)
     assert out.finish_reason == "stop" and out.matched_stop == "STOP" and 0 < consumed < len(rest)
     assert out.logprobs == _numbered(consumed) and out.prompt_logprobs is None  # only on the first output

@@ -95,12 +95,18 @@ def test_sentence_transformers_config(tmp_path):
     assert pooling_config(tmp_path, None) is None
     assert pooling_config(tmp_path, "mean").embedding_only is False
     (tmp_path / "1_Pooling").mkdir()
-    (tmp_path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
-    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True,
-                                                                     "pooling_mode_mean_tokens": False}))
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+            ]
+        )
+    )
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False})
+    )
     assert sentence_transformers_pooling(tmp_path) == ("cls", True)
     cfg = pooling_config(tmp_path, None)
     assert (cfg.mode, cfg.normalize, cfg.embedding_only) == ("cls", True, True)

@@ -33,30 +33,63 @@ from tests.helpers import encode, make_core
 # (llguidance's `x-guidance` option): with it, a sampled model can run on newlines to its length limit
 # (SmolLM2 at temperature 1: 3 samples of 200).
 COMPACT = {"x-guidance": {"whitespace_flexible": False}}
-SCHEMAS = [{**COMPACT, **s} for s in [
-    {"type": "object", "properties": {
-        "user": {"type": "object", "properties": {
-            "id": {"type": "integer", "minimum": 1, "maximum": 999},
-            "name": {"type": "string", "minLength": 1, "maxLength": 8}},
-            "required": ["id", "name"], "additionalProperties": False},
-        "active": {"type": "boolean"}},
-     "required": ["user", "active"], "additionalProperties": False},
-    {"type": "object", "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "size": {"type": "string", "enum": ["S", "M", "L", "XL"]}},
-     "required": ["color", "size"], "additionalProperties": False},
-    {"type": "object", "properties": {
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3}},
-     "required": ["tags"], "additionalProperties": False},
-    {"type": "object", "properties": {
-        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
-        "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
-     "required": ["code", "zip"], "additionalProperties": False},
-    {"type": "object", "properties": {
-        "score": {"type": "integer", "minimum": 0, "maximum": 100},
-        "ratio": {"type": "number", "minimum": -10, "maximum": 40, "multipleOf": 0.5}},
-     "required": ["score", "ratio"], "additionalProperties": False},
-]]
+SCHEMAS = [
+    {**COMPACT, **s}
+    for s in [
+        {
+            "type": "object",
+            "properties": {
+                "user": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "integer", "minimum": 1, "maximum": 999},
+                        "name": {"type": "string", "minLength": 1, "maxLength": 8},
+                    },
+                    "required": ["id", "name"],
+                    "additionalProperties": False,
+                },
+                "active": {"type": "boolean"},
+            },
+            "required": ["user", "active"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "color": {"enum": ["red", "green", "blue"]},
+                "size": {"type": "string", "enum": ["S", "M", "L", "XL"]},
+            },
+            "required": ["color", "size"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "minItems": 1, "maxItems": 3}
+            },
+            "required": ["tags"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["code", "zip"],
+            "additionalProperties": False,
+        },
+        {
+            "type": "object",
+            "properties": {
+                "score": {"type": "integer", "minimum": 0, "maximum": 100},
+                "ratio": {"type": "number", "minimum": -10, "maximum": 40, "multipleOf": 0.5},
+            },
+            "required": ["score", "ratio"],
+            "additionalProperties": False,
+        },
+    ]
+]
 PROMPT = "Answer with one JSON object that follows the schema.\nJSON:"
 
 
@@ -111,8 +144,11 @@ def test_regex_and_choice_outputs_all_match(tiny, core):
     ids = encode(tiny, "Reply:")
     regex, choices = r"[a-z]{2,6}@[a-z]{2,5}\.(com|org)", ["yes", "no", "maybe later"]
     for i in range(16):
-        so = StructuredOutput(kind="regex", spec=regex) if i % 2 else \
-            StructuredOutput(kind="choice", spec=json.dumps(choices))
+        so = (
+            StructuredOutput(kind="regex", spec=regex)
+            if i % 2
+            else StructuredOutput(kind="choice", spec=json.dumps(choices))
+        )
         core.add_request(f"m{i}", ids, sampled(32, i, so))
     out, end = run(core)
     for i in range(16):
@@ -126,13 +162,13 @@ def test_after_token_ids_frees_the_output_until_the_trigger(tiny, core):
     core.add_request("free", ids, sampled(12, 5, ignore_eos=True))
     free = run(core)[0]["free"]
     trigger = tuple(free[2:4])
-    end = next(j for j in range(1, len(free)) if tuple(free[j - 1:j + 1]) == trigger)  # its first occurrence
+    end = next(j for j in range(1, len(free)) if tuple(free[j - 1 : j + 1]) == trigger)  # its first occurrence
     so = StructuredOutput(kind="regex", spec="[0-9]{4}", after_token_ids=trigger)
     req = core.add_request("after", ids, sampled(40, 5, so, ignore_eos=True))
     out, ends = run(core)
     got = out["after"]
-    assert got[:end + 1] == free[:end + 1]  # no mask until the output ends with the trigger: the same draws
-    assert re.fullmatch("[0-9]{4}", text(tiny, got[end + 1:])), text(tiny, got[end + 1:])
+    assert got[: end + 1] == free[: end + 1]  # no mask until the output ends with the trigger: the same draws
+    assert re.fullmatch("[0-9]{4}", text(tiny, got[end + 1 :])), text(tiny, got[end + 1 :])
     assert ends["after"] == ("stop", None) and req.grammar.complete  # the grammar ended it, EOS ignored or not
 
 
@@ -235,8 +271,10 @@ def test_processed_logprobs_see_the_mask(tiny, core):
 def test_retraction_keeps_each_matcher_with_its_output(tiny):
     core = make_core(tiny, max_total_tokens=120, init_new_token_ratio=0.1)  # admits more than decode can hold
     regex = "[a-z]{150}"  # ~30 tokens of letters each
-    reqs = [core.add_request(f"r{i}", [5 + i] * 12, sampled(100, i, StructuredOutput(kind="regex", spec=regex)))
-            for i in range(6)]
+    reqs = [
+        core.add_request(f"r{i}", [5 + i] * 12, sampled(100, i, StructuredOutput(kind="regex", spec=regex)))
+        for i in range(6)
+    ]
     while core.has_work:
         core.step()
         core.check_kv_invariants()
@@ -272,14 +310,23 @@ def test_the_samplers_floor_for_masked_rows_changes_no_draw():
     logits[:, :40] += 10  # peaked, as a trained model's
     allowed = torch.rand(24, 49152) < torch.linspace(0.001, 1.0, 24)[:, None]
     masked = [i % 2 == 0 for i in range(24)]
-    logits[torch.tensor(masked)] = logits[torch.tensor(masked)].masked_fill(~allowed[torch.tensor(masked)],
-                                                                            float("-inf"))
+    logits[torch.tensor(masked)] = logits[torch.tensor(masked)].masked_fill(
+        ~allowed[torch.tensor(masked)], float("-inf")
+    )
     peak = logits.max(-1, keepdim=True).values.double()
     assert torch.equal(_normaliser(logits, peak, masked), _normaliser(logits, peak, None))
 
     def rows():
-        return [SimpleNamespace(params=SamplingParams(temperature=t), generator=torch.Generator().manual_seed(i),
-                                input_ids=[], output_ids=[]) for i, t in enumerate([1.0, 0.7, 1.5, 0.0] * 6)]
+        return [
+            SimpleNamespace(
+                params=SamplingParams(temperature=t),
+                generator=torch.Generator().manual_seed(i),
+                input_ids=[],
+                output_ids=[],
+            )
+            for i, t in enumerate([1.0, 0.7, 1.5, 0.0] * 6)
+        ]
+
     assert torch.equal(pick(logits, rows(), masked), pick(logits, rows()))
 
 
@@ -307,8 +354,10 @@ def test_an_eos_the_grammar_allows_ends_the_request_like_any_eos(tiny, core):
     """`[0-9]{1,8}` accepts after one digit and may go on: EOS is allowed there, and drawn it ends the request
     with `stop` (a special token: no text), the grammar complete."""
     ids = encode(tiny, "A number:")
-    reqs = [core.add_request(f"n{i}", ids, sampled(16, i, StructuredOutput(kind="regex", spec="[0-9]{1,8}")))
-            for i in range(16)]
+    reqs = [
+        core.add_request(f"n{i}", ids, sampled(16, i, StructuredOutput(kind="regex", spec="[0-9]{1,8}")))
+        for i in range(16)
+    ]
     out, end = run(core)
     eos = set(core.eos_ids)
     ended_on_eos = [r for r in reqs if r.output_ids[-1] in eos]

@@ -30,8 +30,9 @@ def run_with_culprit(model, corrupt, after_steps: int):
     """
     core = make_core(model)
     core.add_request("good", encode(model, PROMPTS[1]), greedy(N, ignore_eos=True))
-    bad = core.add_request("bad", encode(model, PROMPTS[2]),
-                           SamplingParams(max_new_tokens=N, temperature=1.0, seed=3, ignore_eos=True))
+    bad = core.add_request(
+        "bad", encode(model, PROMPTS[2]), SamplingParams(max_new_tokens=N, temperature=1.0, seed=3, ignore_eos=True)
+    )
     events = [ev for _ in range(after_steps) for ev in core.step()]
     corrupt(bad)
     events += core.run_to_completion()
@@ -53,9 +54,15 @@ def break_last_token(req) -> None:
     req.output_ids[-1] = 10**9  # the next decode feeds it to the embedding: an index error in the forward
 
 
-@pytest.mark.parametrize("corrupt,after_steps", [
-    (break_penalty, 3), (break_prompt, 0), (break_last_token, 3),
-], ids=["sampler-mid-decode", "forward-at-prefill", "forward-mid-decode"])
+@pytest.mark.parametrize(
+    "corrupt,after_steps",
+    [
+        (break_penalty, 3),
+        (break_prompt, 0),
+        (break_last_token, 3),
+    ],
+    ids=["sampler-mid-decode", "forward-at-prefill", "forward-mid-decode"],
+)
 def test_failing_request_leaves_its_batch_mate_untouched(tiny, corrupt, after_steps):
     core, tokens, finals = run_with_culprit(tiny, corrupt, after_steps)
     assert tokens["good"] == alone(tiny, PROMPTS[1])
@@ -80,8 +87,11 @@ def test_every_culprit_is_found_among_many_mates(tiny, monkeypatch):
     for ev in events:
         out.setdefault(ev.rid, []).extend(ev.new_token_ids)
     reasons = {ev.rid: ev.finish_reason for ev in events if ev.finished}
-    assert reasons == {**{f"good{i}": FinishReason.LENGTH for i in range(5)},
-                       "bad1": FinishReason.ERROR, "bad3": FinishReason.ERROR}
+    assert reasons == {
+        **{f"good{i}": FinishReason.LENGTH for i in range(5)},
+        "bad1": FinishReason.ERROR,
+        "bad3": FinishReason.ERROR,
+    }
     for i, prompt in enumerate(PROMPTS):
         assert out[f"good{i}"] == alone(tiny, prompt)
     assert core.failed_requests == 2 and core.pool.is_idle()

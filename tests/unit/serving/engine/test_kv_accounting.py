@@ -43,8 +43,12 @@ def test_abort_at_every_stage_frees_kv(tiny):
 def test_reserve_admission_waits_for_the_worst_case(tiny, cache):
     ids = encode(tiny, PROMPTS[0])
     need = len(ids) + 20
-    core = make_core(tiny, max_total_tokens=need * 2 + need // 2,  # room for two, not three
-                     disable_prefix_cache=not cache, admission="reserve")
+    core = make_core(
+        tiny,
+        max_total_tokens=need * 2 + need // 2,  # room for two, not three
+        disable_prefix_cache=not cache,
+        admission="reserve",
+    )
     for i in range(3):
         core.add_request(f"r{i}", ids, greedy(20, ignore_eos=True))
     first = {ev.rid: ev.new_token_ids for ev in core.step()}
@@ -70,8 +74,9 @@ def test_no_leak_after_200_mixed_requests(tiny):
     finished = 0
     for i in range(200):
         ids = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 60))]
-        params = SamplingParams(max_new_tokens=rng.randint(1, 24), temperature=rng.choice([0.0, 0.8]),
-                                top_p=rng.choice([1.0, 0.9]), seed=i)
+        params = SamplingParams(
+            max_new_tokens=rng.randint(1, 24), temperature=rng.choice([0.0, 0.8]), top_p=rng.choice([1.0, 0.9]), seed=i
+        )
         core.add_request(f"r{i}", ids, params)
         live.append(f"r{i}")
         for _ in range(rng.randint(0, 2)):

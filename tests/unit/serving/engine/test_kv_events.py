@@ -52,8 +52,16 @@ def test_insertions_store_each_block_once_with_its_parent():
     tree.insert(ids, torch.arange(10))
     (ev,) = rec.drain()
     h = rec.hasher.chain(ids, "", 2)
-    assert ev == BlockStored(block_hashes=h, parent_block_hash=None, token_ids=ids[:8], block_size=4, lora_id=None,
-                             medium="CPU", lora_name=None, group_idx=0)
+    assert ev == BlockStored(
+        block_hashes=h,
+        parent_block_hash=None,
+        token_ids=ids[:8],
+        block_size=4,
+        lora_id=None,
+        medium="CPU",
+        lora_name=None,
+        group_idx=0,
+    )
     tree.insert(ids + [110, 111, 112], torch.arange(13))  # completes block [8, 12)
     (ev,) = rec.drain()
     assert ev.parent_block_hash == h[1] and ev.token_ids == [108, 109, 110, 111]
@@ -106,14 +114,23 @@ def test_publisher_frames_topic_seq_payload_and_replays_from_a_sequence_number()
     s = sub(ctx, pub.endpoint)
     try:
         probes = subscribed(pub, s)
-        stored = BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[], block_size=16, lora_id=None,
-                             medium="CPU", lora_name=None)
+        stored = BlockStored(
+            block_hashes=[1],
+            parent_block_hash=None,
+            token_ids=[],
+            block_size=16,
+            lora_id=None,
+            medium="CPU",
+            lora_name=None,
+        )
         removed = BlockRemoved(block_hashes=[1], medium="CPU")
         pub.publish([stored])
         pub.publish([removed])
         got = [s.recv_multipart() for _ in range(2)]
-        assert [(topic, seq) for topic, seq, _ in got] == [(b"kv@pod@m", seq_frame(probes)),
-                                                          (b"kv@pod@m", seq_frame(probes + 1))]
+        assert [(topic, seq) for topic, seq, _ in got] == [
+            (b"kv@pod@m", seq_frame(probes)),
+            (b"kv@pod@m", seq_frame(probes + 1)),
+        ]
         batches = [DECODE.decode(payload) for _, _, payload in got]
         assert [b.events for b in batches] == [[stored], [removed]] and {b.data_parallel_rank for b in batches} == {3}
         replay = ctx.socket(zmq.DEALER)
@@ -143,8 +160,10 @@ def test_a_subscriber_that_does_not_read_never_blocks_the_publisher_and_its_drop
         threading.Thread(target=flood, daemon=True).start()
         assert done.wait(5), "publish() waited for the subscriber"
         wait_until(lambda: pub.published + pub.dropped == before + 200, 10, "every batch sent or dropped")
-        assert pub.dropped > 0 and pub.stats() == {"kv_events_published_total": pub.published,
-                                                   "kv_events_dropped_total": pub.dropped}
+        assert pub.dropped > 0 and pub.stats() == {
+            "kv_events_published_total": pub.published,
+            "kv_events_dropped_total": pub.dropped,
+        }
     finally:
         pub.close()
         ctx.destroy(linger=0)

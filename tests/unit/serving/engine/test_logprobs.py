@@ -157,8 +157,9 @@ def test_min_tokens_keeps_a_stop_token_from_ending_it(tiny):
     stop = base[1]
     early, _, req = _run(make_core(tiny), "e", ids, greedy(8, ignore_eos=True, stop_token_ids=[stop]))
     assert early == base[:2] and req.matched_stop == stop
-    held, lps, req = _run(make_core(tiny), "m", ids, greedy(8, ignore_eos=True, stop_token_ids=[stop], min_tokens=5,
-                                                             logprobs=3))
+    held, lps, req = _run(
+        make_core(tiny), "m", ids, greedy(8, ignore_eos=True, stop_token_ids=[stop], min_tokens=5, logprobs=3)
+    )
     assert len(held) >= 5 and stop not in held[:5]
     assert all(stop not in lp.top_ids[0] for lp in lps[:5])  # masked: not even an alternative
 
@@ -170,17 +171,30 @@ def test_sampler_masks_eos_below_min_tokens():
             self.generator = torch.Generator().manual_seed(0)
 
     logits = torch.tensor([[0.0, 1.0, 5.0, 2.0]] * 3)
-    rows = [Row(greedy(8, min_tokens=2), []), Row(greedy(8, min_tokens=2), [1, 1]),
-            Row(greedy(8, min_tokens=2, ignore_eos=True), [])]
+    rows = [
+        Row(greedy(8, min_tokens=2), []),
+        Row(greedy(8, min_tokens=2), [1, 1]),
+        Row(greedy(8, min_tokens=2, ignore_eos=True), []),
+    ]
     assert sample(logits, rows, eos=frozenset({2})) == [3, 2, 2]  # EOS 2 masked for the first row only
 
 
-@pytest.mark.parametrize("field,value", [
-    ("logprobs", 21), ("logprobs", -1), ("prompt_logprobs", 21), ("prompt_logprobs", -1),
-    ("min_tokens", 9), ("min_tokens", -1),
-    ("logit_bias", {100: 1.0}), ("logit_bias", {1: 101.0}), ("logit_bias", {1: float("nan")}),
-    ("logit_bias", {1: float("-inf")}), ("logit_bias", {i: 1.0 for i in range(MAX_LOGIT_BIAS + 1)}),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("logprobs", 21),
+        ("logprobs", -1),
+        ("prompt_logprobs", 21),
+        ("prompt_logprobs", -1),
+        ("min_tokens", 9),
+        ("min_tokens", -1),
+        ("logit_bias", {100: 1.0}),
+        ("logit_bias", {1: 101.0}),
+        ("logit_bias", {1: float("nan")}),
+        ("logit_bias", {1: float("-inf")}),
+        ("logit_bias", {i: 1.0 for i in range(MAX_LOGIT_BIAS + 1)}),
+    ],
+)
 def test_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field} ") as err:
         SamplingParams(max_new_tokens=8, **{field: value}).validate(vocab_size=100)
@@ -188,8 +202,13 @@ def test_validation_names_the_field(field, value):
 
 
 def test_validation_accepts_the_bounds():
-    for kw in ({"logprobs": 0}, {"logprobs": 20}, {"prompt_logprobs": 20}, {"min_tokens": 8},
-               {"logit_bias": {0: -100.0, 99: 100.0}}):
+    for kw in (
+        {"logprobs": 0},
+        {"logprobs": 20},
+        {"prompt_logprobs": 20},
+        {"min_tokens": 8},
+        {"logit_bias": {0: -100.0, 99: 100.0}},
+    ):
         SamplingParams(max_new_tokens=8, **kw).validate(vocab_size=100)
 
 

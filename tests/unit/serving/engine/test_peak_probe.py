@@ -32,8 +32,10 @@ def test_a_steps_counters_advance_by_the_models_numbers(tiny, tmp_path):
         sched.core.add_request("r", ids, greedy(3, ignore_eos=True))
         p = len(ids)
         # the whole prompt in one chunk (one token sampled), then one decode attending to p + 1 positions
-        for phase, want in (("prefill", step_work(shape, p, 1, chunk_pairs(0, p), 0)),
-                            ("decode", step_work(shape, 1, 1, p + 1, p))):
+        for phase, want in (
+            ("prefill", step_work(shape, p, 1, chunk_pairs(0, p), 0)),
+            ("decode", step_work(shape, 1, 1, p + 1, p)),
+        ):
             before = _work(sched)
             events = sched.core.step()
             sched.observers.ran(sched.core.last_step, events)
@@ -50,8 +52,9 @@ def test_a_steps_counters_advance_by_the_models_numbers(tiny, tmp_path):
 
 
 def test_no_peak_probe_leaves_the_gauges_at_zero(tmp_path):
-    sched = Scheduler(ServerArgs(model="tiny-random", dtype="float32", peak_probe=False),
-                      Endpoints.create(str(tmp_path)))
+    sched = Scheduler(
+        ServerArgs(model="tiny-random", dtype="float32", peak_probe=False), Endpoints.create(str(tmp_path))
+    )
     try:
         stats = sched.make_stats()
         assert stats.peak_flops == 0 and stats.peak_bytes_per_second == 0

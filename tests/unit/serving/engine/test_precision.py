@@ -107,8 +107,9 @@ def test_auto_measures_and_explicit_flags_are_obeyed(tiny, caplog):
     assert any("computing in" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize("bad", [{"dtype": "float16"}, {"quantization": "int4"},
-                                 {"dtype": "float32", "quantization": "int8"}])
+@pytest.mark.parametrize(
+    "bad", [{"dtype": "float16"}, {"quantization": "int4"}, {"dtype": "float32", "quantization": "int8"}]
+)
 def test_bad_precision_flags_are_refused(bad):
     with pytest.raises(ValueError):
         ServerArgs(**bad)

@@ -87,8 +87,11 @@ def test_locks_protect_the_path_and_survive_splits():
 
 
 # -- the engine, cache on and off ---------------------------------------------------------
-def drive(core: SchedulerCore, plan: dict[int, list[tuple[str, list[int], SamplingParams]]],
-          aborts: dict[int, list[str]] | None = None) -> dict[str, list[int]]:
+def drive(
+    core: SchedulerCore,
+    plan: dict[int, list[tuple[str, list[int], SamplingParams]]],
+    aborts: dict[int, list[str]] | None = None,
+) -> dict[str, list[int]]:
     """Add plan[step] before each step, abort aborts[step]; check the KV invariants after every step."""
     aborts = aborts or {}
     out: dict[str, list[int]] = {}
@@ -140,8 +143,9 @@ def test_sharing_none_half_all_and_a_second_turn(tiny):
     half = base[:20] + rand_ids(rng, 20)
     other = rand_ids(rng, 40)
     p = greedy(8, ignore_eos=True)
-    core, out = both(tiny, {0: [("base", base, p)], 12: [("other", other, p)], 24: [("half", half, p)],
-                            36: [("same", base, p)]})
+    core, out = both(
+        tiny, {0: [("base", base, p)], 12: [("other", other, p)], 24: [("half", half, p)], 36: [("same", base, p)]}
+    )
     turn2 = base + out["base"] + rand_ids(rng, 5)  # a chat's next turn: the last reply token was never fed
     core2, out2 = both(tiny, {0: [("base", base, p)], 12: [("turn2", turn2, p)]})
     hits = [core.batches.prefix_hits_tokens, core2.batches.prefix_hits_tokens]
@@ -209,8 +213,10 @@ def test_eviction_under_pressure_spares_locked_prefixes(tiny):
     x = rand_ids(rng, 40)
     y = x[:30] + rand_ids(rng, 10)
     z = rand_ids(rng, 50)
-    plan = {0: [("x", x, greedy(8, ignore_eos=True))],
-            12: [("y", y, greedy(8, ignore_eos=True)), ("z", z, greedy(20, ignore_eos=True))]}
+    plan = {
+        0: [("x", x, greedy(8, ignore_eos=True))],
+        12: [("y", y, greedy(8, ignore_eos=True)), ("z", z, greedy(20, ignore_eos=True))],
+    }
     core, _ = both(tiny, plan, max_total_tokens=128)
     # x left 47 slots cached; y locks 30 of them while z needs more than the free stack holds
     assert core.batches.prefix_hits_tokens == 30
@@ -309,8 +315,9 @@ def test_200_mixed_requests_with_aborts_match_the_uncached_engine(tiny):
         else:
             ids = rand_ids(rng, rng.randint(1, 40))
         prompts.append(ids)
-        params = SamplingParams(max_new_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 0.8]), seed=i,
-                                ignore_eos=True)
+        params = SamplingParams(
+            max_new_tokens=rng.randint(1, 12), temperature=rng.choice([0.0, 0.8]), seed=i, ignore_eos=True
+        )
         kinds[f"r{i}"] = params.temperature == 0.0
         step = i // 2
         plan.setdefault(step, []).append((f"r{i}", ids, params))

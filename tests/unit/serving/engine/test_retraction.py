@@ -40,8 +40,11 @@ def alone(model, ids: list[int], params: SamplingParams, req_out: list | None = 
     return [t for ev in core.run_to_completion() for t in ev.new_token_ids]
 
 
-def drive(core: SchedulerCore, plan: dict[int, list[tuple[str, list[int], SamplingParams]]],
-          aborts: dict[int, list[str]] | None = None) -> tuple[dict[str, list[int]], dict[str, Req]]:
+def drive(
+    core: SchedulerCore,
+    plan: dict[int, list[tuple[str, list[int], SamplingParams]]],
+    aborts: dict[int, list[str]] | None = None,
+) -> tuple[dict[str, list[int]], dict[str, Req]]:
     """Add `plan[step]` and abort `aborts[step]` before each step; invariants after every step."""
     outs: dict[str, list[int]] = {}
     reqs: dict[str, Req] = {}
@@ -77,8 +80,12 @@ def greedy_long(n: int) -> SamplingParams:
 def test_retracted_requests_resume_with_their_own_tokens(tiny, cache):
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 1000) for _ in range(rng.randint(8, 24))] for _ in range(6)]
-    params = [greedy_long(60) if i % 2 else SamplingParams(max_new_tokens=60, temperature=0.9, top_k=40, seed=i,
-                                                           ignore_eos=True) for i in range(6)]
+    params = [
+        greedy_long(60)
+        if i % 2
+        else SamplingParams(max_new_tokens=60, temperature=0.9, top_k=40, seed=i, ignore_eos=True)
+        for i in range(6)
+    ]
     core = make_core(tiny, max_total_tokens=200, disable_prefix_cache=not cache)  # 6 x ~76 slots do not fit
     outs, reqs = drive(core, {0: [(f"r{i}", p, params[i]) for i, p in enumerate(prompts)]})
     assert core.retractions > 0
@@ -116,9 +123,14 @@ def mix(tiny):
     refs: dict[str, list[int]] = {}
     for i in range(200):
         ids = (shared if rng.random() < 0.3 else []) + [rng.randrange(3, 1000) for _ in range(rng.randint(1, 40))]
-        p = SamplingParams(max_new_tokens=rng.randint(1, 48), temperature=rng.choice([0.0, 0.0, 0.8]),
-                           top_p=rng.choice([1.0, 0.9]), top_k=rng.choice([20, 50]), seed=i,
-                           ignore_eos=rng.random() < 0.7)
+        p = SamplingParams(
+            max_new_tokens=rng.randint(1, 48),
+            temperature=rng.choice([0.0, 0.0, 0.8]),
+            top_p=rng.choice([1.0, 0.9]),
+            top_k=rng.choice([20, 50]),
+            seed=i,
+            ignore_eos=rng.random() < 0.7,
+        )
         at = i + rng.randint(0, 2)
         plan.setdefault(at, []).append((f"r{i}", ids, p))
         if rng.random() < 0.15:
@@ -130,14 +142,20 @@ def mix(tiny):
 @pytest.mark.parametrize("cache", [True, False], ids=["prefix-cache", "no-prefix-cache"])
 def test_200_random_requests_with_aborts_under_retraction(tiny, mix, cache):
     plan, aborts, refs = mix
-    core = make_core(tiny, max_total_tokens=192, max_running_requests=16, max_prefill_tokens=48,
-                     new_token_ratio_decay_steps=40, disable_prefix_cache=not cache)  # a quick decay: many cycles
+    core = make_core(
+        tiny,
+        max_total_tokens=192,
+        max_running_requests=16,
+        max_prefill_tokens=48,
+        new_token_ratio_decay_steps=40,
+        disable_prefix_cache=not cache,
+    )  # a quick decay: many cycles
     outs, reqs = drive(core, plan, aborts)
     assert core.retractions >= 20, core.retractions
     aborted = {rid for rid, r in reqs.items() if r.finish_reason.value == "abort"}
     assert aborted and len(reqs) == 200
     for rid, ref in refs.items():
-        assert outs[rid] == (ref[:len(outs[rid])] if rid in aborted else ref), rid
+        assert outs[rid] == (ref[: len(outs[rid])] if rid in aborted else ref), rid
     assert_counters(core, reqs)
     assert core.pool.is_idle() and not core.reqs
     assert core.flush_cache() and core.pool.is_empty()

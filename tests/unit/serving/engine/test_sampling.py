@@ -40,8 +40,9 @@ def _run_each(model, requests) -> list[list[int]]:
 def test_seeded_request_reproduces_regardless_of_batch_mates(tiny):
     p = SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.95, seed=42, ignore_eos=True)
     alone = _run(tiny, [("s", PROMPTS[0], p)])["s"]
-    mates = [(f"m{i}", PROMPTS[i], SamplingParams(max_new_tokens=10 + i, temperature=0.9, seed=100 + i))
-             for i in range(1, 5)]
+    mates = [
+        (f"m{i}", PROMPTS[i], SamplingParams(max_new_tokens=10 + i, temperature=0.9, seed=100 + i)) for i in range(1, 5)
+    ]
     crowded = _run(tiny, mates[:2] + [("s", PROMPTS[0], p)] + mates[2:])["s"]
     again = _run(tiny, [("s", PROMPTS[0], p)])["s"]
     other_seed = _run(tiny, [("s", PROMPTS[0], msgspec.structs.replace(p, seed=43))])["s"]
@@ -52,8 +53,13 @@ def test_seeded_request_reproduces_regardless_of_batch_mates(tiny):
 
 
 def test_top_k_1_equals_greedy(smollm):
-    g, k1 = _run_each(smollm, [("g", PROMPTS[1], greedy(16)),
-                               ("k", PROMPTS[1], SamplingParams(max_new_tokens=16, temperature=1.3, top_k=1, seed=5))])
+    g, k1 = _run_each(
+        smollm,
+        [
+            ("g", PROMPTS[1], greedy(16)),
+            ("k", PROMPTS[1], SamplingParams(max_new_tokens=16, temperature=1.3, top_k=1, seed=5)),
+        ],
+    )
     assert g == k1
 
 
@@ -65,16 +71,19 @@ def test_repetition_penalty_definition():
 
 def test_frequency_and_presence_penalty_definition():
     logits = torch.zeros(5)
-    apply_penalties(logits, Row(SamplingParams(frequency_penalty=0.5, presence_penalty=1.0),
-                                input_ids=[4], output_ids=[1, 1, 1, 2]))
+    apply_penalties(
+        logits, Row(SamplingParams(frequency_penalty=0.5, presence_penalty=1.0), input_ids=[4], output_ids=[1, 1, 1, 2])
+    )
     assert logits.tolist() == [0.0, -2.5, -1.5, 0.0, 0.0]  # prompt tokens are not frequency-penalised
 
 
 def test_filters_top_k_top_p_min_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+
     def support(**kw):
         rows = [Row(SamplingParams(**kw), seed=s) for s in range(300)]
         return set(sample(logits.expand(300, 4).contiguous(), rows))
+
     assert support(temperature=1.0) == {0, 1, 2, 3}
     assert support(temperature=1.0, top_k=2) == {0, 1}
     assert support(temperature=1.0, top_p=0.7) == {0, 1}  # 0.5 + 0.3 reaches 0.7
@@ -86,21 +95,44 @@ def test_filters_top_k_top_p_min_p():
 
 def test_penalties_change_generation(smollm):
     prompt = "List the numbers: one, two, one, two, one, two,"
-    base, pen, rep = _run_each(smollm, [("b", prompt, greedy(24)),
-                                        ("p", prompt, greedy(24, frequency_penalty=2.0, presence_penalty=2.0)),
-                                        ("r", prompt, greedy(24, repetition_penalty=5.0))])
+    base, pen, rep = _run_each(
+        smollm,
+        [
+            ("b", prompt, greedy(24)),
+            ("p", prompt, greedy(24, frequency_penalty=2.0, presence_penalty=2.0)),
+            ("r", prompt, greedy(24, repetition_penalty=5.0)),
+        ],
+    )
     assert base != pen
     assert rep != base
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", -0.1), ("top_p", 0.0), ("top_k", -2), ("min_p", 1.5), ("max_new_tokens", 0),
-    ("repetition_penalty", 0.0), ("frequency_penalty", 3.0), ("presence_penalty", -3.0), ("seed", -1),
-    ("top_k", 2**64 - 1), ("top_k", MAX_TOP_K + 1), ("seed", 2**63), ("max_new_tokens", 2**31),
-    ("temperature", float("inf")), ("top_p", float("nan")), ("min_p", float("nan")),
-    ("frequency_penalty", float("-inf")), ("repetition_penalty", float("nan")),
-    ("stop_token_ids", list(range(MAX_STOP_TOKEN_IDS + 1))), ("stop_token_ids", [5, 2**63]), ("stop_token_ids", [-1]),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.1),
+        ("top_p", 0.0),
+        ("top_k", -2),
+        ("min_p", 1.5),
+        ("max_new_tokens", 0),
+        ("repetition_penalty", 0.0),
+        ("frequency_penalty", 3.0),
+        ("presence_penalty", -3.0),
+        ("seed", -1),
+        ("top_k", 2**64 - 1),
+        ("top_k", MAX_TOP_K + 1),
+        ("seed", 2**63),
+        ("max_new_tokens", 2**31),
+        ("temperature", float("inf")),
+        ("top_p", float("nan")),
+        ("min_p", float("nan")),
+        ("frequency_penalty", float("-inf")),
+        ("repetition_penalty", float("nan")),
+        ("stop_token_ids", list(range(MAX_STOP_TOKEN_IDS + 1))),
+        ("stop_token_ids", [5, 2**63]),
+        ("stop_token_ids", [-1]),
+    ],
+)
 def test_out_of_range_params_rejected(field, value):
     with pytest.raises(ValueError, match=f"^{field} .*, got "):  # the API's 400 names the field first
         SamplingParams(**{field: value}).validate()
@@ -131,8 +163,17 @@ def _sorted_reference(logits: torch.Tensor, rows) -> list[int]:
     return out
 
 
-CUTS = [dict(), dict(top_p=0.9), dict(top_p=0.5), dict(top_k=5), dict(top_k=2000), dict(min_p=0.05),
-        dict(top_p=0.95, top_k=40, min_p=0.01), dict(temperature=0.3), dict(temperature=2.0, top_p=0.99)]
+CUTS = [
+    dict(),
+    dict(top_p=0.9),
+    dict(top_p=0.5),
+    dict(top_k=5),
+    dict(top_k=2000),
+    dict(min_p=0.05),
+    dict(top_p=0.95, top_k=40, min_p=0.01),
+    dict(temperature=0.3),
+    dict(temperature=2.0, top_p=0.99),
+]
 
 
 @pytest.mark.parametrize("shape", ["peaked", "medium", "flat"])
@@ -162,8 +203,9 @@ def test_the_prefix_draw_picks_what_the_full_sort_picks(shape, monkeypatch):
 def test_a_small_vocabulary_is_sorted_whole():
     logits = torch.randn(30, 100, generator=torch.Generator().manual_seed(3))
     params = [SamplingParams(**{"temperature": 0.8, **CUTS[i % len(CUTS)]}) for i in range(30)]
-    assert sample(logits, [Row(p, seed=i) for i, p in enumerate(params)]) == \
-        _sorted_reference(logits, [Row(p, seed=i) for i, p in enumerate(params)])
+    assert sample(logits, [Row(p, seed=i) for i, p in enumerate(params)]) == _sorted_reference(
+        logits, [Row(p, seed=i) for i, p in enumerate(params)]
+    )
 
 
 def test_no_rows_no_tokens():

@@ -28,8 +28,16 @@ def sched(tiny, tmp_path, monkeypatch):
 
 def _add(sched, tiny, rid: str, n: int = 3, **kw) -> None:
     params = greedy(n, ignore_eos=True, **kw)
-    sched._add(TokenizedGenerateReqInput(rid=rid, input_ids=encode(tiny, "Hello there"), sampling=params,
-                                         detok=DetokParams(), meta=ReqMeta(trace=dict(TRACE)), worker=1))
+    sched._add(
+        TokenizedGenerateReqInput(
+            rid=rid,
+            input_ids=encode(tiny, "Hello there"),
+            sampling=params,
+            detok=DetokParams(),
+            meta=ReqMeta(trace=dict(TRACE)),
+            worker=1,
+        )
+    )
     assert sched.outputs.reqs[rid].trace_id and rid in sched.spans.ctx  # the tables it fills
 
 
@@ -39,8 +47,12 @@ def _run(sched) -> None:
 
 
 def _assert_forgotten(sched, rid: str, ending: str) -> None:
-    tables = {"envelopes": sched.outputs.reqs, "cpu": sched.cpu.ns, "span contexts": sched.spans.ctx,
-              "engine": sched.core.reqs}
+    tables = {
+        "envelopes": sched.outputs.reqs,
+        "cpu": sched.cpu.ns,
+        "span contexts": sched.spans.ctx,
+        "engine": sched.core.reqs,
+    }
     left = [name for name, table in tables.items() if rid in table]
     assert not left, f"{rid} is still in {left}"
     assert sched.drops.drop("TokenOut", rid) == ending  # a late message for it is attributed to how it ended

@@ -22,7 +22,8 @@ def test_every_stats_field_is_filled_by_one_source(tiny, tmp_path):
         fields = {f.name for f in msgspec.structs.fields(SchedulerStats)} - {"sent_at"}  # stamped by the codec
         assert not engine & process, f"filled twice: {engine & process}"
         assert engine | process == fields, (
-            f"never filled: {fields - engine - process}; unknown: {(engine | process) - fields}")
+            f"never filled: {fields - engine - process}; unknown: {(engine | process) - fields}"
+        )
         sched.core.add_request("r", encode(tiny, "Hello"), greedy(3, ignore_eos=True))
         sched.core.step()  # the engine alone: the process's counters stay at 0
         stats = sched.make_stats()
@@ -38,9 +39,15 @@ def test_outputs_carry_logprobs_and_the_prompt_logprobs_once(tiny, tmp_path):
     sched = Scheduler(ServerArgs(model="tiny-random", dtype="float32"), Endpoints.create(str(tmp_path)))
     try:
         ids = encode(tiny, "Hello there, how are you")
-        sched._add(TokenizedGenerateReqInput(rid="r", input_ids=ids, sampling=greedy(3, ignore_eos=True, logprobs=2,
-                                                                                     prompt_logprobs=1),
-                                             detok=DetokParams(), meta=ReqMeta()))
+        sched._add(
+            TokenizedGenerateReqInput(
+                rid="r",
+                input_ids=ids,
+                sampling=greedy(3, ignore_eos=True, logprobs=2, prompt_logprobs=1),
+                detok=DetokParams(),
+                meta=ReqMeta(),
+            )
+        )
         while sched.core.has_work:
             for ev in sched.core.step():
                 sched.outputs.emit(ev)

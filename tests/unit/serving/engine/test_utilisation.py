@@ -17,8 +17,11 @@ def _shape(loaded) -> ModelShape:
 def test_linear_weights_match_the_checkpoint(tiny):
     shape = _shape(tiny)
     with safe_open(str(tiny.path / "model.safetensors"), "pt") as f:
-        counted = sum(f.get_slice(k).get_shape()[0] * f.get_slice(k).get_shape()[1] for k in f.keys()
-                      if k.startswith("model.layers.") and k.endswith("proj.weight"))
+        counted = sum(
+            f.get_slice(k).get_shape()[0] * f.get_slice(k).get_shape()[1]
+            for k in f.keys()
+            if k.startswith("model.layers.") and k.endswith("proj.weight")
+        )
     assert counted == shape.layer_params * shape.num_layers > 0
 
 
@@ -38,8 +41,11 @@ def test_a_decode_step_against_torchs_flop_counter(tiny):
     work = step_work(s, tokens=len(ctx), sampled=len(ctx), attended=sum(ctx), contexts=sum(ctx))
     assert work.flops == flops.get_total_flops()
     # a decode step is dominated by 2 · params · B plus attention: the hand count
-    assert work.flops == 2 * (s.layer_params * s.num_layers + s.head_params) * len(ctx) \
+    assert (
+        work.flops
+        == 2 * (s.layer_params * s.num_layers + s.head_params) * len(ctx)
         + 4 * s.num_heads * s.head_dim * sum(ctx) * s.num_layers
+    )
 
 
 def test_bytes_weights_once_kv_by_context_and_prefill_pairs(tiny):

@@ -24,8 +24,9 @@ def run(core: SchedulerCore, reqs: list[Req]) -> None:
 
 
 def add(core: SchedulerCore, n: int, prompt_len: int = 8, new: int = 4) -> list[Req]:
-    return [core.add_request(f"r{i}", [3 + (i * 7 + j) % 900 for j in range(prompt_len)], params(new))
-            for i in range(n)]
+    return [
+        core.add_request(f"r{i}", [3 + (i * 7 + j) % 900 for j in range(prompt_len)], params(new)) for i in range(n)
+    ]
 
 
 def test_admitted_at_once_waited_for_the_next_step(tiny):

@@ -96,19 +96,26 @@ class Front:
         self.transport.deliver(Ready(role="scheduler", pid=101, context_len=context_len, vocab_size=VOCAB))
         self.transport.deliver(Ready(role="detokenizer", pid=102))
 
-    async def submit(self, prompt: str = "The capital of France is", max_new_tokens: int | None = 8,
-                     **kw) -> ReqState:
-        obj = GenerateReqInput(sampling=SamplingParams(temperature=0.0), prompt=prompt,
-                               max_new_tokens=max_new_tokens, **kw)
-        return await self.tm.submit(obj, ReqState(route="/v1/completions", operation="text_completion",
-                                                  arrival=now_ns()))
+    async def submit(self, prompt: str = "The capital of France is", max_new_tokens: int | None = 8, **kw) -> ReqState:
+        obj = GenerateReqInput(
+            sampling=SamplingParams(temperature=0.0), prompt=prompt, max_new_tokens=max_new_tokens, **kw
+        )
+        return await self.tm.submit(
+            obj, ReqState(route="/v1/completions", operation="text_completion", arrival=now_ns())
+        )
 
-    def output(self, state: ReqState, text: str, ids: list[int], finish_reason: str | None = None,
-               **kw) -> None:
+    def output(self, state: ReqState, text: str, ids: list[int], finish_reason: str | None = None, **kw) -> None:
         """The Detokenizer's output for one rid."""
-        out = StrOut(rid=state.rid, text=text, output_ids=ids, finish_reason=finish_reason,
-                     prompt_tokens=state.prompt_tokens, completion_tokens=state.completion_tokens + len(ids),
-                     meta=ReqMeta(trace=state.meta.trace, stamps=state.meta.stamps), **kw)
+        out = StrOut(
+            rid=state.rid,
+            text=text,
+            output_ids=ids,
+            finish_reason=finish_reason,
+            prompt_tokens=state.prompt_tokens,
+            completion_tokens=state.completion_tokens + len(ids),
+            meta=ReqMeta(trace=state.meta.trace, stamps=state.meta.stamps),
+            **kw,
+        )
         self.transport.deliver(BatchStrOutput(outputs=[out]))
 
     def scheduler_stats(self, generated: int = 0, **kw) -> None:
@@ -129,8 +136,9 @@ def make_front(**flags) -> Front:
     args = ServerArgs(model="tiny-random", **flags)
     timeline = Timeline(100)
     metrics = Metrics("tiny-random")
-    tel = RequestTelemetry(Tracing("main", enabled=False, sink=timeline.add_span), metrics, timeline, "tiny-random",
-                           False)
+    tel = RequestTelemetry(
+        Tracing("main", enabled=False, sink=timeline.add_span), metrics, timeline, "tiny-random", False
+    )
     monitor = EngineMonitor(args.stall_timeout, args.watchdog_timeout, on_stats=tel.on_stats, dp_size=args.dp_size)
     transport = MemoryTransport()
     tm = TokenizerManager(args, transport, tokenizer(), monitor, tel)

@@ -32,14 +32,19 @@ def call(args: ServerArgs, path: str, client: str, headers: dict[str, str] | Non
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "path": path, "client": (client, 5000),
-             "headers": [(k.encode(), v.encode()) for k, v in (headers or {}).items()]}
+    scope = {
+        "type": "http",
+        "path": path,
+        "client": (client, 5000),
+        "headers": [(k.encode(), v.encode()) for k, v in (headers or {}).items()],
+    }
     asyncio.run(AuthMiddleware(app, args)(scope, None, send))
     return sent[0]["status"]
 
 
-@pytest.mark.parametrize("path", ["/pause_generation", "/continue_generation", "/control/tracing",
-                                  "/control/log_level", "/control/config"])
+@pytest.mark.parametrize(
+    "path", ["/pause_generation", "/continue_generation", "/control/tracing", "/control/log_level", "/control/config"]
+)
 def test_control_endpoints_need_the_key_or_loopback(path, monkeypatch):
     monkeypatch.delenv("SIGHTLINE_API_KEY", raising=False)
     keyed = ServerArgs(api_key=KEY)
@@ -58,8 +63,12 @@ def test_config_view_hides_secrets(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer abc")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "svc")
     args = ServerArgs(otel_exporter_otlp_endpoint="https://user:pw@collector:4318")
-    state = types.SimpleNamespace(args=args, engine=types.SimpleNamespace(paused="drain"), hub=None,
-                                  tel=types.SimpleNamespace(tracing=types.SimpleNamespace(sampling_ratio=0.5)))
+    state = types.SimpleNamespace(
+        args=args,
+        engine=types.SimpleNamespace(paused="drain"),
+        hub=None,
+        tel=types.SimpleNamespace(tracing=types.SimpleNamespace(sampling_ratio=0.5)),
+    )
     cfg = control.effective_config(state)
     text = json.dumps(cfg)
     assert KEY not in text and "abc" not in text and "pw@" not in text
@@ -104,6 +113,8 @@ def test_overview_annotates_control_actions_and_pauses():
     exprs = {a["name"]: a["expr"] for a in board["annotations"]["list"]}
     assert "sightline_control_actions_total" in exprs["Control actions"]
     assert "sightline_paused" in exprs["Generation paused"]
-    bad = {**board, "annotations": {"list": [{**board["annotations"]["list"][0],
-                                              "expr": "sightline_control_actions_total > 0"}]}}
+    bad = {
+        **board,
+        "annotations": {"list": [{**board["annotations"]["list"][0], "expr": "sightline_control_actions_total > 0"}]},
+    }
     assert any("outside rate" in p for p in lint.dashboard_problems(bad))

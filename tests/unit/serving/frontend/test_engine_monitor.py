@@ -59,8 +59,13 @@ def test_the_watchdog_sees_exits_always_and_silence_only_with_requests_in_flight
 
 def test_engine_numbers_reach_metrics_from_the_stats_as_they_arrived():
     f = ready_front()
-    f.scheduler_stats(generated=100, num_running=3, kv_reserved=16,
-                      stale_drops=[DropCount("scheduler", "AbortReq", "finished", 2)], undecodable=4)
+    f.scheduler_stats(
+        generated=100,
+        num_running=3,
+        kv_reserved=16,
+        stale_drops=[DropCount("scheduler", "AbortReq", "finished", 2)],
+        undecodable=4,
+    )
     time.sleep(0.2)
     f.scheduler_stats(generated=160, num_running=3, kv_reserved=16)
     f.detok_stats(handling_errors=5, stale_drops=[DropCount("detokenizer", "BatchTokenIDOutput", "abort", 1)])
@@ -71,13 +76,24 @@ def test_engine_numbers_reach_metrics_from_the_stats_as_they_arrived():
     assert 100 < f.sample("sightline_generation_throughput_tokens_per_second", **m) < 400  # 60 tokens in ~0.2 s
     assert f.sample("sightline_scheduler_generated_tokens_total", dp_rank="0", **m) == 160
     assert f.sample("sightline_message_handling_errors_total", component="detokenizer") == 5
-    assert f.sample("sightline_stale_messages_dropped_total", component="detokenizer",
-                    message_type="BatchTokenIDOutput", reason="abort") == 1
+    assert (
+        f.sample(
+            "sightline_stale_messages_dropped_total",
+            component="detokenizer",
+            message_type="BatchTokenIDOutput",
+            reason="abort",
+        )
+        == 1
+    )
     assert f.sample("sightline_heartbeat_age_seconds", role="scheduler") < 1
     assert f.sample("sightline_process_resident_memory_bytes", role="main") > 0
     # the latest Scheduler stats replace the earlier ones (its counters are cumulative)
-    assert f.sample("sightline_stale_messages_dropped_total", component="scheduler", message_type="AbortReq",
-                    reason="finished") is None
+    assert (
+        f.sample(
+            "sightline_stale_messages_dropped_total", component="scheduler", message_type="AbortReq", reason="finished"
+        )
+        is None
+    )
     assert f.sample("sightline_undecodable_messages_total", component="scheduler") == 0
 
 
@@ -87,8 +103,10 @@ def test_before_any_stats_the_engine_numbers_read_zero():
     assert "sightline_engine_step_phase_seconds" in text and "sightline_engine_info" in text
     assert f.sample("sightline_num_requests_running", dp_rank="0", model_name="tiny-random") == 0
     assert f.sample("sightline_kv_slots_capacity", dp_rank="0", model_name="tiny-random") == 0
-    assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", model_name="tiny-random",
-                    phase="forward") is None
+    assert (
+        f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", model_name="tiny-random", phase="forward")
+        is None
+    )
 
 
 def test_step_phases_and_engine_info_come_from_the_scheduler():
@@ -99,8 +117,12 @@ def test_step_phases_and_engine_info_come_from_the_scheduler():
     assert f.sample("sightline_engine_step_phase_seconds_bucket", dp_rank="0", le="0.1", **m) == 5  # cumulative
     assert f.sample("sightline_engine_step_phase_seconds_count", dp_rank="0", **m) == 6
     assert f.sample("sightline_engine_step_phase_seconds_sum", dp_rank="0", **m) == 0.9
-    assert f.sample("sightline_engine_info", dp_rank="0", model_name="tiny-random", architecture="", dtype="",
-                    quantization="") == 1
+    assert (
+        f.sample(
+            "sightline_engine_info", dp_rank="0", model_name="tiny-random", architecture="", dtype="", quantization=""
+        )
+        == 1
+    )
     f.monitor.reset()  # an engine restart: no stats, no info, and /metrics still renders
     assert "sightline_engine_step_phase_seconds_count" not in f.exposition()
 
@@ -122,4 +144,5 @@ def test_reset_forgets_everything_the_old_children_said():
         f.monitor.reset()
         assert not f.monitor.ready and not f.monitor.scheduler_stats and not f.monitor.last_heartbeat
         assert not f.monitor.all_ready.is_set() and f.monitor.missing() == ["scheduler", "detokenizer"]
+
     asyncio.run(body())

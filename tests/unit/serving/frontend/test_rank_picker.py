@@ -48,8 +48,12 @@ def test_each_rank_reports_its_own_series_and_their_drops_are_summed():
     f.exposition()
     assert f.sample("sightline_num_requests_running", model_name="tiny-random", dp_rank="0") == 3
     assert f.sample("sightline_num_requests_running", model_name="tiny-random", dp_rank="1") == 4
-    assert f.sample("sightline_stale_messages_dropped_total", component="scheduler", message_type="AbortReq",
-                    reason="finished") == 4
+    assert (
+        f.sample(
+            "sightline_stale_messages_dropped_total", component="scheduler", message_type="AbortReq", reason="finished"
+        )
+        == 4
+    )
     assert f.monitor.debug_state(f.tm.counts())["scheduler"]["num_running"] == 7
     f.scheduler_stats(dp_rank=5, num_running=1)  # no such rank: refused, counted
     assert f.transport.codec.undecodable == 1
@@ -61,8 +65,9 @@ def test_requests_spread_over_ranks_and_aborts_follow_them():
         f.procs = {"scheduler_dp0": Proc(101), "scheduler_dp1": Proc(103), "detokenizer": Proc(102)}
         f.monitor.expect(f.procs)
         for rank, pid in ((0, 101), (1, 103)):
-            f.transport.deliver(Ready(role=f"scheduler_dp{rank}", pid=pid, dp_rank=rank, context_len=256,
-                                      vocab_size=49152))
+            f.transport.deliver(
+                Ready(role=f"scheduler_dp{rank}", pid=pid, dp_rank=rank, context_len=256, vocab_size=49152)
+            )
         f.transport.deliver(Ready(role="detokenizer", pid=102))
         a, b = await f.submit(), await f.submit()
         assert {a.dp_rank, b.dp_rank} == {0, 1} and f.transport.ranks == [a.dp_rank, b.dp_rank]

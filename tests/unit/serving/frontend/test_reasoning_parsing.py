@@ -12,8 +12,14 @@ from serving.frontend.output_parsing import ParsingSpec
 from serving.frontend.tool_parsers import get
 
 
-def run(text: str, kind: str, thinking: bool = True, tools: str | None = None, seed: int | None = None,
-        tokens: list[int] | None = None):
+def run(
+    text: str,
+    kind: str,
+    thinking: bool = True,
+    tools: str | None = None,
+    seed: int | None = None,
+    tokens: list[int] | None = None,
+):
     """Feed `text` (in random pieces with a seed; one token per piece) → (reason, streamed fields, answer,
     reasoning tokens)."""
     p = ParsingSpec(reasoning=kind, thinking=thinking, tools=get(tools) if tools else None).start()
@@ -21,7 +27,7 @@ def run(text: str, kind: str, thinking: bool = True, tools: str | None = None, s
     pieces, i = [], 0
     while i < len(text):
         k = rng.randint(1, 4) if seed is not None else len(text)
-        pieces.append(text[i:i + k])
+        pieces.append(text[i : i + k])
         i += k
     got: dict = {"reasoning_content": "", "content": "", "tool_calls": []}
 

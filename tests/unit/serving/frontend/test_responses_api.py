@@ -25,8 +25,11 @@ from telemetry.metrics import Metrics
 from telemetry.request_record import RequestRecord
 
 FRONT = Front("m", parsing=ParsingConfig(tool_parser="hermes"))
-TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object",
-                                                                  "properties": {"city": {"type": "string"}}}}
+TOOL = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 EVENTS = TypeAdapter(ResponseStreamEvent)
 
 
@@ -42,8 +45,15 @@ def refusal(**body) -> APIError:
 
 
 def test_fields_map_to_the_chat_request():
-    obj, turn = build(instructions="Be brief.", max_output_tokens=7, temperature=0.5, top_p=0.9, tools=[TOOL],
-                      tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False)
+    obj, turn = build(
+        instructions="Be brief.",
+        max_output_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        tools=[TOOL],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+    )
     assert obj.messages[0] == {"role": "system", "content": "Be brief."}
     assert obj.messages[1:] == turn.messages == [{"role": "user", "content": "hi"}]  # instructions not kept
     assert (obj.max_new_tokens, obj.sampling.temperature, obj.sampling.top_p) == (7, 0.5, 0.9)
@@ -63,12 +73,14 @@ def test_text_format_is_the_response_format_constraint_under_its_own_name():
 
 
 def test_items_become_one_assistant_message_per_turn_and_tool_answers_name_their_function():
-    items = [{"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
-             {"type": "reasoning", "id": "rs_1", "summary": []},
-             {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-             {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
-             {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]}]
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": '{"city": "Rome"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+    ]
     obj, turn = build(input=items)
     assert [m["role"] for m in turn.messages] == ["user", "assistant", "tool", "assistant"]
     assert [c["id"] for c in turn.messages[1]["tool_calls"]] == ["c1", "c2"]
@@ -79,26 +91,35 @@ def test_items_become_one_assistant_message_per_turn_and_tool_answers_name_their
 
 def test_a_previous_response_is_the_context_of_the_next_turn():
     names: dict[str, str] = {}
-    history = to_messages([{"type": "message", "role": "user", "content": "I am Ada."},
-                           {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"}], names)
+    history = to_messages(
+        [
+            {"type": "message", "role": "user", "content": "I am Ada."},
+            {"type": "function_call", "call_id": "c9", "name": "f", "arguments": "{}"},
+        ],
+        names,
+    )
     previous = StoredResponse({"id": "resp_1"}, [], history, names)
-    obj, turn = build(previous, input=[{"type": "function_call_output", "call_id": "c9", "output": "done"}],
-                      instructions="New rules.")
+    obj, turn = build(
+        previous, input=[{"type": "function_call_output", "call_id": "c9", "output": "done"}], instructions="New rules."
+    )
     assert obj.messages[0]["content"] == "New rules." and turn.messages[:2] == history
     assert [m["role"] for m in obj.messages] == ["system", "user", "assistant", "tool"]
     assert turn.messages[-1] == {"role": "tool", "tool_call_id": "c9", "content": "done", "name": "f"}
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"background": True}, "background"),
-    ({"truncation": "auto"}, "truncation"),
-    ({"max_output_tokens": 0}, "max_output_tokens"),
-    ({"input": [{"type": "computer_call_output"}]}, "input[0].type"),
-    ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
-    ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading"),
-    ({"text": {"format": {"type": "grammar"}}}, "text.format"),
-    ({"tool_choice": "required"}, "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"background": True}, "background"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": [{"type": "computer_call_output"}]}, "input[0].type"),
+        ({"tools": [{"type": "file_search"}]}, "tools[0].type"),
+        ({"tools": [{**TOOL, "defer_loading": True}]}, "tools[0].defer_loading"),
+        ({"text": {"format": {"type": "grammar"}}}, "text.format"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
 def test_refusals_name_the_responses_field(body, param):
     err = refusal(**body)
     assert err.status == 400 and err.param == param, err.message
@@ -122,33 +143,68 @@ def run_stream(chunks: list[dict]) -> tuple[list[dict], EventStream]:
 
 
 def test_text_then_calls_stream_as_items_one_after_another():
-    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
-             "prompt_tokens_details": {"cached_tokens": 2}}
-    events, stream = run_stream([
-        chunk({"role": "assistant", "content": ""}), chunk({"content": "Let me "}), chunk({"content": "check."}),
-        chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                               "function": {"name": "get_weather", "arguments": ""}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
-        chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "Oslo"}'}}]}, "tool_calls"),
-        {"choices": [], "usage": usage, "sightline": {"ttft_ms": 1.0}}])
+    usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": 9,
+        "total_tokens": 14,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }
+    events, stream = run_stream(
+        [
+            chunk({"role": "assistant", "content": ""}),
+            chunk({"content": "Let me "}),
+            chunk({"content": "check."}),
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": ""},
+                        }
+                    ]
+                }
+            ),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": ' "Oslo"}'}}]}, "tool_calls"),
+            {"choices": [], "usage": usage, "sightline": {"ttft_ms": 1.0}},
+        ]
+    )
     kinds = [ev["type"] for ev in events]
-    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
-                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
-                     "response.output_item.added", "response.function_call_arguments.delta",
-                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
-                     "response.output_item.done", "response.completed"]
+    assert kinds == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     final = Response.model_validate(stream.final)
     assert final.output_text == "Let me check." and final.output[1].arguments == '{"city": "Oslo"}'
-    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.input_tokens_details.cached_tokens) == \
-        (5, 9, 2)
+    assert (final.usage.input_tokens, final.usage.output_tokens, final.usage.input_tokens_details.cached_tokens) == (
+        5,
+        9,
+        2,
+    )
     assert stream.final["sightline"] == {"ttft_ms": 1.0}
 
 
 def test_a_cut_stream_is_incomplete_and_an_engine_error_fails_it():
     events, stream = run_stream([chunk({"content": "abc"}, "length")])
-    assert events[-1]["type"] == "response.incomplete" and stream.final["incomplete_details"]["reason"] == \
-        "max_output_tokens"
+    assert (
+        events[-1]["type"] == "response.incomplete"
+        and stream.final["incomplete_details"]["reason"] == "max_output_tokens"
+    )
     events, _ = run_stream([])  # nothing generated: still one empty message
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == ""
     failed = EventStream(ResponseObject("r2", "m", {})).chunk({"error": {"message": "boom", "type": "internal_error"}})
@@ -172,12 +228,27 @@ def test_the_store_evicts_the_least_recently_used_and_counts_it():
 
 
 def test_a_record_replays_as_a_responses_body():
-    messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
-                {"role": "tool", "tool_call_id": "c1", "content": "out"}]
-    rec = RequestRecord(arrival=0.0, rid="r", route="/v1/responses", operation="chat", model="m", stream=True,
-                        params={"temperature": 0.0, "max_new_tokens": 9}, completion_tokens=4, outcome="length")
+    messages = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "out"},
+    ]
+    rec = RequestRecord(
+        arrival=0.0,
+        rid="r",
+        route="/v1/responses",
+        operation="chat",
+        model="m",
+        stream=True,
+        params={"temperature": 0.0, "max_new_tokens": 9},
+        completion_tokens=4,
+        outcome="length",
+    )
     path, body = build_request(rec, messages, "m")
     assert path == "/v1/responses" and body["max_output_tokens"] == 4 and body["ignore_eos"] and not body["store"]
     assert body["input"] == input_items(messages) and "stream_options" not in body
@@ -189,8 +260,16 @@ def test_a_record_replays_as_a_responses_body():
 
 
 def test_the_replay_readers_read_a_responses_stream_and_body():
-    events, stream = run_stream([chunk({"content": "Hi"}, "stop"), {"choices": [], "usage": {
-        "prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}, "sightline": {"e2e_ms": 5.0}}])
+    events, stream = run_stream(
+        [
+            chunk({"content": "Hi"}, "stop"),
+            {
+                "choices": [],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+                "sightline": {"e2e_ms": 5.0},
+            },
+        ]
+    )
     reader = ReplayStreamReader(ClientRecord("w", "responses", 0, 0.0, 0.0, 0.0), 0.0)
     reader.feed(b"".join(b"data: " + json.dumps(ev).encode() + b"\n\n" for ev in events), 0.5)
     rec = reader.finish(1.0)
@@ -203,19 +282,41 @@ def test_the_replay_readers_read_a_responses_stream_and_body():
 
 
 def test_reasoning_is_its_own_item_streamed_or_whole():
-    events, stream = run_stream([chunk({"reasoning_content": "Think"}), chunk({"reasoning_content": "ing."}),
-                                 chunk({"content": "Done."}, "stop")])
-    assert [ev["type"] for ev in events][2:5] == ["response.output_item.added", "response.reasoning_text.delta",
-                                                  "response.reasoning_text.delta"]
+    events, stream = run_stream(
+        [
+            chunk({"reasoning_content": "Think"}),
+            chunk({"reasoning_content": "ing."}),
+            chunk({"content": "Done."}, "stop"),
+        ]
+    )
+    assert [ev["type"] for ev in events][2:5] == [
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+    ]
     assert [item["type"] for item in stream.final["output"]] == ["reasoning", "message"]
     assert stream.final["output"][0]["content"][0]["text"] == "Thinking."
-    whole = ResponseObject("r3", "m", build()[1].echo).from_chat({
-        "choices": [{"message": {"role": "assistant", "content": None, "reasoning_content": "Hm.",
-                                 "tool_calls": [{"id": "c1", "type": "function",
-                                                 "function": {"name": "f", "arguments": "{}"}}]},
-                     "finish_reason": "tool_calls"}],
-        "usage": {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10,
-                  "completion_tokens_details": {"reasoning_tokens": 2}}})
+    whole = ResponseObject("r3", "m", build()[1].echo).from_chat(
+        {
+            "choices": [
+                {
+                    "message": {
+                        "role": "assistant",
+                        "content": None,
+                        "reasoning_content": "Hm.",
+                        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+                    },
+                    "finish_reason": "tool_calls",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": 4,
+                "completion_tokens": 6,
+                "total_tokens": 10,
+                "completion_tokens_details": {"reasoning_tokens": 2},
+            },
+        }
+    )
     parsed = Response.model_validate(whole)
     assert [item.type for item in parsed.output] == ["reasoning", "function_call"] and parsed.status == "completed"
     assert parsed.usage.output_tokens_details.reasoning_tokens == 2 and parsed.output[1].call_id == "c1"

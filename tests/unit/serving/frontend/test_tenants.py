@@ -38,17 +38,22 @@ def test_keys_name_tenants_and_roles():
     assert table.policy("a") == TenantPolicy(2, 2, 600) and table.policy("b") == TenantPolicy()
 
 
-@pytest.mark.parametrize("bad, says", [
-    ("[[keys]]\ntenant = 'a'\nkey = 'short'", "at least 16"),
-    ("[[keys]]\ntenant = 'a'\nrole = 'root'\nkey = 'sk-0123456789abcdef'", "role"),
-    ("[[keys]]\ntenant = 'a'\nkey = 'sk-0123456789abcdef'\nsha256 = 'ab'", "exactly one"),
-    ("[[keys]]\ntenant = 'a'\nkey = 'sk-0123456789abcdef'\n[[keys]]\ntenant = 'b'\nkey = 'sk-0123456789abcdef'",
-     "twice"),
-    ("[tenants.a]\nmax_concurrent_requests = 0", "integer in"),
-    ("[tenants.a]\nburst = 3", "fields"),
-    ("[[keys]]\ntenant = 'a'\nsha256 = 'zz'", "64 hex"),
-    ("keys = [", "TOML"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("[[keys]]\ntenant = 'a'\nkey = 'short'", "at least 16"),
+        ("[[keys]]\ntenant = 'a'\nrole = 'root'\nkey = 'sk-0123456789abcdef'", "role"),
+        ("[[keys]]\ntenant = 'a'\nkey = 'sk-0123456789abcdef'\nsha256 = 'ab'", "exactly one"),
+        (
+            "[[keys]]\ntenant = 'a'\nkey = 'sk-0123456789abcdef'\n[[keys]]\ntenant = 'b'\nkey = 'sk-0123456789abcdef'",
+            "twice",
+        ),
+        ("[tenants.a]\nmax_concurrent_requests = 0", "integer in"),
+        ("[tenants.a]\nburst = 3", "fields"),
+        ("[[keys]]\ntenant = 'a'\nsha256 = 'zz'", "64 hex"),
+        ("keys = [", "TOML"),
+    ],
+)
 def test_a_bad_file_is_refused_without_showing_a_key(bad, says):
     with pytest.raises(KeysFileError, match=says) as err:
         parse(bad)
@@ -109,8 +114,10 @@ def test_concurrency_and_token_rate_per_tenant():
 
 def test_namespaces_follow_the_sharing_policy():
     assert cache_namespace("tenant", "a", None) != cache_namespace("tenant", "b", None)
-    assert cache_namespace("tenant", "a", "s1") not in (cache_namespace("tenant", "a", None),
-                                                        cache_namespace("tenant", "a", "s2"))
+    assert cache_namespace("tenant", "a", "s1") not in (
+        cache_namespace("tenant", "a", None),
+        cache_namespace("tenant", "a", "s2"),
+    )
     assert cache_namespace("salt-only", "a", None) == cache_namespace("salt-only", "b", None) == ""
     assert cache_namespace("salt-only", "a", "s") == cache_namespace("salt-only", "b", "s") != ""
     assert cache_namespace("global", "a", None) == ""

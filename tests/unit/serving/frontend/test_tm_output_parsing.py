@@ -24,14 +24,16 @@ CALL = '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
 async def _chat(f, constraints=()):
     state = ReqState(route="/v1/chat/completions", operation="chat", arrival=now_ns())
     state.parsing = ParsingSpec(tools=get("hermes")).start(functools.partial(f.tm.tel.tool_call_parse_failed, state))
-    obj = GenerateReqInput(sampling=SamplingParams(temperature=0.0), prompt="hi", max_new_tokens=8,
-                           constraints=list(constraints))
+    obj = GenerateReqInput(
+        sampling=SamplingParams(temperature=0.0), prompt="hi", max_new_tokens=8, constraints=list(constraints)
+    )
     return await f.tm.submit(obj, state)
 
 
 def requests(f, reason: str) -> float | None:
-    return f.sample("sightline_requests_total", model_name="tiny-random", finish_reason=reason, status="200",
-                    outcome="stop")
+    return f.sample(
+        "sightline_requests_total", model_name="tiny-random", finish_reason=reason, status="200", outcome="stop"
+    )
 
 
 def test_a_stop_that_called_tools_is_counted_as_tool_calls_with_outcome_stop():
@@ -50,6 +52,7 @@ def test_a_stop_that_called_tools_is_counted_as_tool_calls_with_outcome_stop():
         assert f.sample("sightline_tool_call_parse_failures_total", parser="hermes") == 1
         assert f.sample("sightline_tool_call_parse_failures_total", parser="mistral") == 0
         assert broken.tool_call_failure == ("hermes", '<tool_call>{"name": ')
+
     asyncio.run(body())
 
 
@@ -64,4 +67,5 @@ def test_a_constraint_that_cannot_compile_is_refused_before_anything_is_sent():
         ok = Constraint(StructuredOutput(kind="regex", spec="[ab]+"), "structured_outputs.regex")
         await _chat(f, [ok])
         assert len(f.transport.sent) == 1
+
     asyncio.run(body())

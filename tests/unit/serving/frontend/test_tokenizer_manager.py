@@ -33,6 +33,7 @@ def test_submit_sends_the_tokenized_request_under_a_fresh_rid():
         assert (f.tm.admission.num_queued, f.tm.admission.inflight_tokens) == (1, expected)
         again = await f.submit("Hello world", max_new_tokens=5, rid="client-1")
         assert again.rid != state.rid  # a reused client rid never routes to the old request
+
     run(body())
 
 
@@ -42,15 +43,19 @@ def test_nothing_is_accepted_before_the_engine_is_ready():
         with pytest.raises(APIError) as err:
             await f.submit()
         assert err.value.status == 503 and not f.transport.sent
+
     run(body())
 
 
-@pytest.mark.parametrize("kw, status, code_or_param", [
-    ({"prompt": ""}, 400, "empty_prompt"),
-    ({"prompt": "word " * 400}, 400, "context_length_exceeded"),
-    ({"max_new_tokens": CONTEXT}, 400, "context_length_exceeded"),
-    ({"rid": "has space"}, 400, "rid"),
-])
+@pytest.mark.parametrize(
+    "kw, status, code_or_param",
+    [
+        ({"prompt": ""}, 400, "empty_prompt"),
+        ({"prompt": "word " * 400}, 400, "context_length_exceeded"),
+        ({"max_new_tokens": CONTEXT}, 400, "context_length_exceeded"),
+        ({"rid": "has space"}, 400, "rid"),
+    ],
+)
 def test_bad_requests_are_refused_before_anything_is_sent(kw, status, code_or_param):
     async def body():
         f = ready_front()
@@ -59,17 +64,20 @@ def test_bad_requests_are_refused_before_anything_is_sent(kw, status, code_or_pa
         assert err.value.status == status and code_or_param in (err.value.code, err.value.param)
         assert not f.transport.sent and not f.tm.rid_to_state
         assert (f.tm.admission.num_queued, f.tm.admission.inflight_tokens) == (0, 0)
+
     run(body())
 
 
 def test_a_sampling_error_names_the_api_field():
     async def body():
         f = ready_front()
-        obj = GenerateReqInput(sampling=SamplingParams(top_k=2 ** 63), prompt="hi", max_new_tokens=4,
-                               param_names={"top_k": "top_k"})
+        obj = GenerateReqInput(
+            sampling=SamplingParams(top_k=2**63), prompt="hi", max_new_tokens=4, param_names={"top_k": "top_k"}
+        )
         with pytest.raises(APIError) as err:
             await f.tm.submit(obj, ReqState(route="/generate", operation="generate", arrival=0))
         assert err.value.status == 400 and err.value.param == "top_k"
+
     run(body())
 
 
@@ -88,6 +96,7 @@ def test_full_queue_and_full_token_budget_answer_429_with_retry_after():
         assert f.sample("sightline_requests_shed_total", model_name="tiny-random", reason="queue_full") == 1
         assert f.sample("sightline_requests_shed_total", model_name="tiny-random", reason="tokens_full") == 1
         assert len(f.transport.sent) == 2
+
     run(body())
 
 
@@ -103,12 +112,21 @@ def test_outputs_stream_in_order_and_finishing_releases_everything():
         assert state.finished and state.status == 200 and not f.tm.rid_to_state
         assert (f.tm.admission.num_queued, f.tm.admission.inflight_tokens) == (0, 0)
         assert state.breakdown["ttft_ms"] is not None and state.completion_tokens == 3
-        assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="length",
-                        status="200", outcome="length") == 1
+        assert (
+            f.sample(
+                "sightline_requests_total",
+                model_name="tiny-random",
+                finish_reason="length",
+                status="200",
+                outcome="length",
+            )
+            == 1
+        )
         route = {"model_name": "tiny-random", "route": "/v1/completions"}  # the route the request came in on
         assert f.sample("sightline_time_to_first_token_seconds_count", **route) == 1
         assert f.sample("sightline_inter_token_latency_seconds_count", **route) == 1
         assert not any(isinstance(m, AbortReq) for m in f.transport.sent)
+
     run(body())
 
 
@@ -126,9 +144,17 @@ def test_a_reader_that_leaves_aborts_down_to_the_scheduler_and_late_outputs_are_
         f.output(state, " b", [8])  # already in flight when the abort was sent
         drops = [(d.component, d.message_type, d.reason, d.count) for d in f.tm.drops.snapshot()]
         assert drops == [("tokenizer_manager", "BatchStrOutput", "client_disconnect", 1)]
-        assert f.sample("sightline_stale_messages_dropped_total", component="tokenizer_manager",
-                        message_type="BatchStrOutput", reason="client_disconnect") == 1
+        assert (
+            f.sample(
+                "sightline_stale_messages_dropped_total",
+                component="tokenizer_manager",
+                message_type="BatchStrOutput",
+                reason="client_disconnect",
+            )
+            == 1
+        )
         assert f.sample("sightline_request_aborts_total", model_name="tiny-random", reason="client_disconnect") == 1
+
     run(body())
 
 
@@ -139,6 +165,7 @@ def test_an_output_for_a_rid_never_seen_is_dropped_as_unknown():
         state.rid = "not-ours"
         f.output(state, "x", [1])
         assert [d.reason for d in f.tm.drops.snapshot()] == ["unknown_rid"]
+
     run(body())
 
 
@@ -149,6 +176,7 @@ def test_a_stop_string_while_the_engine_still_runs_frees_its_kv():
         f.output(state, "done", [9], finish_reason="stop", matched_stop="\n", abort_in_engine=True)
         abort = f.transport.sent[-1]
         assert isinstance(abort, AbortReq) and abort.reason == "stop_string" and state.status == 200
+
     run(body())
 
 
@@ -160,6 +188,7 @@ def test_a_timeout_ends_the_request_with_504_and_tells_the_scheduler():
         assert outs[-1].finish_reason == "abort" and "timed out" in outs[-1].error
         assert state.status == 504 and isinstance(f.transport.sent[-1], AbortReq)
         assert f.transport.sent[-1].reason == "timeout"
+
     run(body())
 
 
@@ -173,6 +202,7 @@ def test_one_bad_output_ends_that_request_alone(monkeypatch):
             if rt is bad:
                 raise RuntimeError("boom")
             real(rt, out, recv)
+
         monkeypatch.setattr(f.tm.tel, "on_output", on_output)
         f.output(bad, "x", [1])
         f.output(good, "y", [2], finish_reason="length")
@@ -180,6 +210,7 @@ def test_one_bad_output_ends_that_request_alone(monkeypatch):
         assert good.status == 200 and good.finish_reason == "length"
         assert f.tm.handling_errors.count == 1
         assert f.sample("sightline_message_handling_errors_total", component="tokenizer_manager") == 1
+
     run(body())
 
 
@@ -194,6 +225,7 @@ def test_engine_failure_ends_every_request_with_an_error_and_forgets_the_engine(
         with pytest.raises(APIError) as err:
             await f.submit()
         assert err.value.status == 503
+
     run(body())
 
 
@@ -203,10 +235,27 @@ def test_shutdown_ends_in_flight_requests_with_the_shutdown_outcome():
         states = [await f.submit() for _ in range(2)]
         f.tm.abort_all("shutdown", "the server is shutting down")
         assert all(s.status == 503 for s in states)
-        assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="abort", status="503",
-                        outcome="shutdown") == 2
-        assert f.sample("sightline_requests_total", model_name="tiny-random", finish_reason="abort", status="503",
-                        outcome="engine_failure") == 0
+        assert (
+            f.sample(
+                "sightline_requests_total",
+                model_name="tiny-random",
+                finish_reason="abort",
+                status="503",
+                outcome="shutdown",
+            )
+            == 2
+        )
+        assert (
+            f.sample(
+                "sightline_requests_total",
+                model_name="tiny-random",
+                finish_reason="abort",
+                status="503",
+                outcome="engine_failure",
+            )
+            == 0
+        )
+
     run(body())
 
 
@@ -216,6 +265,7 @@ def test_a_message_that_is_not_for_the_front_end_counts_as_unexpected():
         f.transport.deliver(AbortReq(rid="x", reason="r"))
         assert f.transport.codec.undecodable == 1
         assert f.sample("sightline_undecodable_messages_total", component="tokenizer_manager") == 1
+
     run(body())
 
 
@@ -234,4 +284,5 @@ def test_flush_cache_waits_for_the_schedulers_answer_and_a_late_answer_is_stale(
         late = f.transport.sent[-1]
         f.transport.deliver(FlushCacheReqOutput(id=late.id, success=False, message="requests are running"))
         assert [(d.message_type, d.reason) for d in f.tm.drops.snapshot()] == [("FlushCacheReqOutput", "unknown_rid")]
+
     run(body())

@@ -26,9 +26,19 @@ from serving.structured.backend import limits
 from tests.unit.serving.frontend.front import tokenizer
 
 TOOLS = [
-    ToolSpec("get_weather", {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 6}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
-        "unit": {"enum": ["c", "f"]}}, "required": ["city", "days"], "additionalProperties": False}),
+    ToolSpec(
+        "get_weather",
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 6},
+                "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                "unit": {"enum": ["c", "f"]},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    ),
     ToolSpec("now", {"type": "object", "properties": {}, "additionalProperties": False}),
 ]
 _LL = None
@@ -45,7 +55,7 @@ def walk(grammar: str, seed: int, steps: int = 160) -> str | None:
     """A random answer the grammar allows (None if it did not end within `steps` tokens)."""
     m, rng, out = LLMatcher(ll(), grammar, limits=limits(), log_level=0), random.Random(seed), []
     for _ in range(steps):
-        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")[:ll().vocab_size]
+        bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")[: ll().vocab_size]
         token = int(rng.choice(np.nonzero(bits)[0]))
         if token == ll().eos_token:
             return tokenizer().decode(out)
@@ -76,7 +86,7 @@ def test_a_forced_call_is_what_the_parser_reads(parser, parallel):
 
 
 def test_a_named_choice_and_a_reasoning_prefix():
-    grammar = get("hermes").grammar(TOOLS[:1], False, json.dumps, prefix='/\\n{0,2}/')
+    grammar = get("hermes").grammar(TOOLS[:1], False, json.dumps, prefix="/\\n{0,2}/")
     for seed in range(4):
         text = walk(grammar, seed)
         assert text is None or '"name": "get_weather"' in text and text.lstrip("\n").startswith("<tool_call>")

@@ -12,14 +12,26 @@ import pytest
 from serving.frontend.output_parsing import ParsingSpec
 from serving.frontend.tool_parsers import PARSERS, detect, get
 
-WEATHER = {"city": "Pa\"ris }", "days": [1, {"x": "]"}], "ok": True, "t": -1.5e3}
+WEATHER = {"city": 'Pa"ris }', "days": [1, {"x": "]"}], "ok": True, "t": -1.5e3}
 ANSWERS = {  # a text in each format with two calls and the content it carries
-    "hermes": ('Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(WEATHER)
-               + '}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>', "Let me check."),
-    "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": ' + json.dumps(WEATHER)
-                    + '}; {"name": "now", "parameters": {}}', None),
-    "mistral": ('Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": ' + json.dumps(WEATHER)
-                + '}, {"name": "now", "arguments": {}}]', "Sure."),
+    "hermes": (
+        'Let me check.\n\n<tool_call>\n{"name": "get_weather", "arguments": '
+        + json.dumps(WEATHER)
+        + '}\n</tool_call>\n<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>',
+        "Let me check.",
+    ),
+    "llama3_json": (
+        '<|python_tag|>{"name": "get_weather", "parameters": '
+        + json.dumps(WEATHER)
+        + '}; {"name": "now", "parameters": {}}',
+        None,
+    ),
+    "mistral": (
+        'Sure.[TOOL_CALLS] [{"name": "get_weather", "arguments": '
+        + json.dumps(WEATHER)
+        + '}, {"name": "now", "arguments": {}}]',
+        "Sure.",
+    ),
 }
 
 
@@ -37,7 +49,7 @@ def stream(parser: str, text: str, seed: int, reasoning: str | None = None, max_
     deltas, i = [], 0
     while i < len(text):
         k = rng.randint(1, 5)
-        p.feed(text[i:i + k], 1)
+        p.feed(text[i : i + k], 1)
         deltas.append(p.drain())
         i += k
     reason = p.finish("stop")
@@ -61,12 +73,17 @@ def test_each_format_whole(parser):
     text, content = ANSWERS[parser]
     reason, answer = parse(parser, text)
     assert reason == "tool_calls" and answer.content == content
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in answer.tool_calls] == \
-        [("get_weather", WEATHER), ("now", {})]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in answer.tool_calls] == [
+        ("get_weather", WEATHER),
+        ("now", {}),
+    ]
     ids = [c["id"] for c in answer.tool_calls]
     assert len(set(ids)) == 2 and all(c["type"] == "function" for c in answer.tool_calls)
-    assert all(len(i) == 9 and i.isalnum() for i in ids) if parser == "mistral" else all(
-        i.startswith("call_") for i in ids)
+    assert (
+        all(len(i) == 9 and i.isalnum() for i in ids)
+        if parser == "mistral"
+        else all(i.startswith("call_") for i in ids)
+    )
     _, one = parse(parser, text, max_calls=1)  # parallel_tool_calls false keeps the first
     assert [c["function"]["name"] for c in one.tool_calls] == ["get_weather"]
 
@@ -83,12 +100,15 @@ def test_each_format_streamed_in_random_pieces(parser, seed):
     assert list(one) == [0]
 
 
-@pytest.mark.parametrize("parser,text", [
-    ("hermes", "Plain answer with <b>tags</b> and a <tool_call"),
-    ("hermes", "An answer.\n\n"),
-    ("llama3_json", "The answer is 42. {not a call}"),
-    ("mistral", "No calls [TOOL here."),
-])
+@pytest.mark.parametrize(
+    "parser,text",
+    [
+        ("hermes", "Plain answer with <b>tags</b> and a <tool_call"),
+        ("hermes", "An answer.\n\n"),
+        ("llama3_json", "The answer is 42. {not a call}"),
+        ("mistral", "No calls [TOOL here."),
+    ],
+)
 def test_text_without_calls_is_content_whole_and_streamed(parser, text):
     failures = []
     reason, answer = parse(parser, text, on_failure=lambda *a: failures.append(a))
@@ -98,14 +118,17 @@ def test_text_without_calls_is_content_whole_and_streamed(parser, text):
         assert reason == "stop" and content == text and calls == {}
 
 
-@pytest.mark.parametrize("parser,text", [
-    ("hermes", 'Sure <tool_call>\n{"name": "f", "arguments": {"a": 1}'),  # unfinished
-    ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),  # arguments not an object
-    ("hermes", "<tool_call>\nget_weather(city=Paris)\n</tool_call>"),  # not JSON
-    ("llama3_json", '{"name": "f", "parameters": {"a": tru}}'),
-    ("mistral", "[TOOL_CALLS] [oops]"),
-])
+@pytest.mark.parametrize(
+    "parser,text",
+    [
+        ("hermes", 'Sure <tool_call>\n{"name": "f", "arguments": {"a": 1}'),  # unfinished
+        ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),  # arguments not an object
+        ("hermes", "<tool_call>\nget_weather(city=Paris)\n</tool_call>"),  # not JSON
+        ("llama3_json", '{"name": "f", "parameters": {"a": tru}}'),
+        ("mistral", "[TOOL_CALLS] [oops]"),
+    ],
+)
 def test_a_call_that_does_not_parse_is_content_and_reported(parser, text):
     failures = []
     reason, answer = parse(parser, text, on_failure=lambda *a: failures.append(a))

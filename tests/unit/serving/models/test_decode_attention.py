@@ -31,9 +31,14 @@ def _batch(lengths: list[int], num_slots: int, gen: torch.Generator) -> ForwardB
     slots = torch.randperm(num_slots, generator=gen)[: len(lengths) * lmax].view(len(lengths), lmax) + 1
     valid = torch.arange(lmax)[None] < lens[:, None]
     idx = torch.where(valid, slots, 0)
-    return ForwardBatch(input_ids=torch.zeros(len(lengths), dtype=torch.long), positions=lens - 1,
-                        out_slots=idx[:, 0].clone(), num_decode=len(lengths), decode_kv_idx=idx,
-                        decode_lens=lens)
+    return ForwardBatch(
+        input_ids=torch.zeros(len(lengths), dtype=torch.long),
+        positions=lens - 1,
+        out_slots=idx[:, 0].clone(),
+        num_decode=len(lengths),
+        decode_kv_idx=idx,
+        decode_lens=lens,
+    )
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

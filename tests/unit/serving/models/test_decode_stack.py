@@ -17,9 +17,11 @@ from serving.models.layers import native
 from serving.models.layers.activation import NativeSiluMul
 from tests.family_models import FAMILIES, build
 
-TEXTS = ["The quick brown fox jumps over the lazy dog while the farmer watches from the hill.",
-         "In 1969, the first humans walked on the Moon; millions watched it live.",
-         "def add(a, b):\n    return a + b"]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog while the farmer watches from the hill.",
+    "In 1969, the first humans walked on the Moon; millions watched it live.",
+    "def add(a, b):\n    return a + b",
+]
 
 pytestmark = pytest.mark.skipif(native.load() is None, reason="no native kernels here")
 
@@ -30,8 +32,9 @@ def fam(request):
 
 
 def _runner(model, **kw) -> ModelRunner:
-    return ModelRunner(model, ServerArgs(model=model.name, max_total_tokens=1024, max_running_requests=8,
-                                         dtype="float32", **kw))
+    return ModelRunner(
+        model, ServerArgs(model=model.name, max_total_tokens=1024, max_running_requests=8, dtype="float32", **kw)
+    )
 
 
 def _decode(runner: ModelRunner, work: list[Work], stacked: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -68,9 +71,14 @@ def test_stack_equals_layer_by_layer_bit_for_bit(fam, quantization):
 def test_the_stack_runs_decode_only_steps(fam):
     runner = _runner(fam)
     stack, calls = runner.model.stack, []
-    runner.model.stack = type("Counting", (), {
-        "runs": lambda self, fb, kv: calls.append(stack.runs(fb, kv)) or calls[-1],
-        "__call__": lambda self, *a: stack(*a)})()
+    runner.model.stack = type(
+        "Counting",
+        (),
+        {
+            "runs": lambda self, fb, kv: calls.append(stack.runs(fb, kv)) or calls[-1],
+            "__call__": lambda self, *a: stack(*a),
+        },
+    )()
     p = fam.tokenizer(TEXTS[0])["input_ids"]
     r0, r1 = runner.pool.admit(len(p) + 4), runner.pool.admit(len(p) + 4)
     logits = runner.forward([], [Work(r0, 0, p, True)])

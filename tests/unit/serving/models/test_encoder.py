@@ -23,9 +23,12 @@ from serving.models.registry import family, resolve
 from tests import encoder_models
 from tests.helpers import greedy, make_core
 
-TEXTS = ["A dog.", "The sea is calm tonight.",
-         "Copper conducts electricity well because its electrons move freely, and the quick brown fox jumps.",
-         "An embedding maps a sentence to a vector; similar sentences map to nearby vectors, zebra."]
+TEXTS = [
+    "A dog.",
+    "The sea is calm tonight.",
+    "Copper conducts electricity well because its electrons move freely, and the quick brown fox jumps.",
+    "An embedding maps a sentence to a vector; similar sentences map to nearby vectors, zebra.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +116,11 @@ def test_registry_resolves_bert_and_refuses_what_it_does_not_compute(bert):
     assert resolve(cfg) is BertForward and family(cfg).encoder and model.encoder
     assert model.architecture == "BertModel"
     assert resolve(BertConfig(architectures=["BertForMaskedLM"])) is BertForward
-    for changes, match in [({"hidden_act": "relu"}, "hidden_act 'relu'"),
-                           ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
-                           ({"is_decoder": True}, "decoder")]:
+    for changes, match in [
+        ({"hidden_act": "relu"}, "hidden_act 'relu'"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+        ({"is_decoder": True}, "decoder"),
+    ]:
         with pytest.raises(UnsupportedConfig, match=match):
             resolve(BertConfig(architectures=["BertModel"], **changes))
 
@@ -155,8 +160,9 @@ def test_a_masked_lm_checkpoint_and_the_transformers_model_give_the_same_embeddi
     assert torch.allclose(embed(core, [ids], "mean")[0][0], want, atol=1e-5)
 
 
-@pytest.mark.parametrize("precision", [{"dtype": "bfloat16"}, {"quantization": "int8", "dtype": "bfloat16"},
-                                       {"quantization": "q8_0"}])
+@pytest.mark.parametrize(
+    "precision", [{"dtype": "bfloat16"}, {"quantization": "int8", "dtype": "bfloat16"}, {"quantization": "q8_0"}]
+)
 def test_reduced_precision_stays_close(bert, precision):
     model, tok, ref = bert
     ids = tok(TEXTS[2])["input_ids"]

@@ -21,9 +21,11 @@ from tests.family_models import gguf as gguf_of
 from tests.gguf_writer import llama3_rope_factors, write_gguf
 from tests.helpers import one_thread
 
-TEXT = ("The quick brown fox jumps over the lazy dog while the farmer watches from the hill; "
-        "in 1969 the first humans walked on the Moon and millions of people watched it live on television "
-        "at home.")
+TEXT = (
+    "The quick brown fox jumps over the lazy dog while the farmer watches from the hill; "
+    "in 1969 the first humans walked on the Moon and millions of people watched it live on television "
+    "at home."
+)
 N_TOKENS = 40  # longer than Mistral's shrunk window
 
 
@@ -75,12 +77,14 @@ def test_converted_gguf_gives_the_hf_models_logits(converted):
         assert cfg.rope_parameters["rope_type"] == "llama3"
     if family == "qwen2":
         assert ours.model.layers[0].self_attn.q_proj.bias is not None
-        torch.testing.assert_close(ours.model.layers[0].self_attn.k_proj.bias,
-                                   theirs.model.layers[0].self_attn.k_proj.bias, atol=0, rtol=0)
+        torch.testing.assert_close(
+            ours.model.layers[0].self_attn.k_proj.bias, theirs.model.layers[0].self_attn.k_proj.bias, atol=0, rtol=0
+        )
     if family == "qwen3":
         assert cfg.head_dim == ref.head_dim == 48
-        torch.testing.assert_close(ours.model.layers[1].self_attn.q_norm.weight,
-                                   theirs.model.layers[1].self_attn.q_norm.weight, atol=0, rtol=0)
+        torch.testing.assert_close(
+            ours.model.layers[1].self_attn.q_norm.weight, theirs.model.layers[1].self_attn.q_norm.weight, atol=0, rtol=0
+        )
     saved = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in saved and saved["model_type"] == ref.model_type
 
@@ -96,8 +100,9 @@ def test_converted_tokenizer_is_the_hf_one(converted, loader):
         assert ours(text)["input_ids"] == theirs(text)["input_ids"]
     assert ours.chat_template and ours.chat_template == theirs.chat_template
     chat = [{"role": "user", "content": "Hi there"}]
-    assert (ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-            == theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == theirs.apply_chat_template(
+        chat, tokenize=False, add_generation_prompt=True
+    )
     assert (ours.bos_token_id, ours.eos_token_id) == (theirs.bos_token_id, theirs.eos_token_id)
 
 
@@ -121,8 +126,12 @@ def test_rope_freqs_no_llama3_scaling_gives_are_refused(tmp_path, shape):
 
 
 def test_unknown_rope_scaling_type_is_refused(tmp_path):
-    gguf = write_gguf(build("mistral"), tmp_path / "bogus.gguf", tokenizer=False,
-                      extra_kv={"{arch}.rope.scaling.type": "bogus", "{arch}.rope.scaling.factor": 2.0})
+    gguf = write_gguf(
+        build("mistral"),
+        tmp_path / "bogus.gguf",
+        tokenizer=False,
+        extra_kv={"{arch}.rope.scaling.type": "bogus", "{arch}.rope.scaling.factor": 2.0},
+    )
     msg = _refused(gguf, tmp_path / "c", "GGUF RoPE scaling type 'bogus'")
     assert "llama.rope.scaling.type" in msg
 
@@ -141,10 +150,19 @@ def test_truncated_gguf_is_refused(tmp_path):
 
 
 # -- the RoPE scaling keys and the Llama-3 fit on their own ---------------------------------------
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 2.0},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8192, "beta_fast": 16.0, "beta_slow": 2.0},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 2.0},
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "beta_fast": 16.0,
+            "beta_slow": 2.0,
+        },
+    ],
+)
 def test_rope_scaling_keys_reach_the_config(tmp_path, rope):
     from transformers import AutoConfig
 
@@ -160,11 +178,14 @@ def test_rope_scaling_keys_reach_the_config(tmp_path, rope):
     np.testing.assert_array_equal(transformers_inv_freq(ours), transformers_inv_freq(ref))
 
 
-@pytest.mark.parametrize("name,window_key,want", [
-    ("mistral", False, ("mistral", None)),  # not MistralConfig's default 4096: llama.cpp attends to everything
-    ("Mistral 7B Instruct v0.3", True, ("mistral", 16)),  # transformers reads this name as a Llama
-    ("Mistral 7B Instruct v0.3", False, ("llama", None)),  # a Llama is full attention already
-])
+@pytest.mark.parametrize(
+    "name,window_key,want",
+    [
+        ("mistral", False, ("mistral", None)),  # not MistralConfig's default 4096: llama.cpp attends to everything
+        ("Mistral 7B Instruct v0.3", True, ("mistral", 16)),  # transformers reads this name as a Llama
+        ("Mistral 7B Instruct v0.3", False, ("llama", None)),  # a Llama is full attention already
+    ],
+)
 def test_mistral_window_is_what_the_file_says(tmp_path, caplog, name, window_key, want):
     from transformers import AutoConfig
 
@@ -190,14 +211,26 @@ LLAMA3_CASES = [  # theta, head_dim, factor, low_freq_factor, high_freq_factor, 
 def _llama_config(head_dim: int, rope_parameters: dict):
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, num_key_value_heads=4, head_dim=head_dim,
-                       max_position_embeddings=131072, rope_parameters=dict(rope_parameters))
+    return LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=131072,
+        rope_parameters=dict(rope_parameters),
+    )
 
 
 @pytest.mark.parametrize("theta,head_dim,factor,low,high,orig", LLAMA3_CASES)
 def test_llama3_fit_reproduces_the_factors(theta, head_dim, factor, low, high, orig):
-    true = {"rope_type": "llama3", "rope_theta": theta, "factor": factor, "low_freq_factor": low,
-            "high_freq_factor": high, "original_max_position_embeddings": orig}
+    true = {
+        "rope_type": "llama3",
+        "rope_theta": theta,
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": high,
+        "original_max_position_embeddings": orig,
+    }
     factors = llama3_rope_factors(theta, head_dim, factor, low, high, orig)
     fit = fit_llama3(factors, theta, head_dim)
     assert fit["factor"] == pytest.approx(factor, rel=1e-6)
@@ -217,11 +250,14 @@ def test_llama3_fit_of_unit_factors_is_plain_rope():
     assert fit_llama3(np.ones(32), 500000.0, 64) is None
 
 
-@pytest.mark.parametrize("factors,why", [
-    (np.ones(16), "16 factors for a rotary dimension of 64"),
-    (np.r_[np.ones(16), -np.ones(16)], "not all positive"),
-    (np.r_[np.full(16, 8.0), np.ones(16)], "do not rise"),
-])
+@pytest.mark.parametrize(
+    "factors,why",
+    [
+        (np.ones(16), "16 factors for a rotary dimension of 64"),
+        (np.r_[np.ones(16), -np.ones(16)], "not all positive"),
+        (np.r_[np.full(16, 8.0), np.ones(16)], "do not rise"),
+    ],
+)
 def test_llama3_fit_refuses_factors_of_another_shape(factors, why):
     with pytest.raises(ModelLoadError, match=why):
         fit_llama3(factors, 500000.0, 64)

@@ -35,6 +35,7 @@ def _mixed():
         if "ffn_down" in name:
             return Q.Q6_K if ".0." in name else Q.Q4_K
         return TYPES[next(turn) % 5]
+
     return pick
 
 

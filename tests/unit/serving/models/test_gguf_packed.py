@@ -42,8 +42,15 @@ def _f16_embedding(name, shape):
     return Q.F16 if "token_embd" in name else Q.Q8_0
 
 
-MIXES = {"Q8_0": _uniform(Q.Q8_0), "Q4_0": _uniform(Q.Q4_0), "Q4_1": _uniform(Q.Q4_1), "Q5_0": _uniform(Q.Q5_0),
-         "Q5_1": _uniform(Q.Q5_1), "Q4_K_M": _q4_k_m, "F16-embedding": _f16_embedding}
+MIXES = {
+    "Q8_0": _uniform(Q.Q8_0),
+    "Q4_0": _uniform(Q.Q4_0),
+    "Q4_1": _uniform(Q.Q4_1),
+    "Q5_0": _uniform(Q.Q5_0),
+    "Q5_1": _uniform(Q.Q5_1),
+    "Q4_K_M": _q4_k_m,
+    "F16-embedding": _f16_embedding,
+}
 CASES = [("llama", mix) for mix in MIXES] + [("qwen2", "Q4_K_M"), ("qwen3", "Q4_K_M")]
 
 
@@ -80,8 +87,12 @@ def test_the_file_is_served_packed_and_close_to_its_expansion(packed, caplog):
     ref = _runner(model, "none")
     pairs = [(runner.model.lm_head, ref.model.lm_head)]
     for got, want in zip(runner.model.layers, ref.model.layers):
-        pairs += [(got.attn.qkv, want.attn.qkv), (got.attn.o, want.attn.o), (got.mlp.gate_up, want.mlp.gate_up),
-                  (got.mlp.down, want.mlp.down)]
+        pairs += [
+            (got.attn.qkv, want.attn.qkv),
+            (got.attn.o, want.attn.o),
+            (got.mlp.gate_up, want.mlp.gate_up),
+            (got.mlp.down, want.mlp.down),
+        ]
     for got, want in pairs:  # every weight read right (types, Q/K row order, biases): int8 activations' error
         x = torch.randn(7, want.packed.shape[1] if want.packed is not None else want.weight.shape[1])
         y = want(x)

@@ -62,6 +62,7 @@ def test_concurrent_callers_each_get_correct_results():
             x = torch.randn(1 + seed % 9, 576, generator=g)
             if not torch.allclose(kernel(x, packed, None, 3000), F.linear(x, w), atol=2e-5, rtol=2e-5):
                 errors.append(f"thread {seed}")
+
     threads = [threading.Thread(target=call, args=(s,)) for s in range(4)]
     for t in threads:
         t.start()
@@ -125,5 +126,6 @@ print(nice[os.getpid()], sorted(nice.values()).count(7))
 
 def test_the_worker_nice_is_bounded():
     from serving.args import ServerArgs
+
     with pytest.raises(ValueError, match="kernel-worker-nice"):
         ServerArgs(model="tiny-random", kernel_worker_nice=20).validate()

@@ -46,11 +46,14 @@ def test_cached_conversion_matches_direct_gguf_load(smollm):
         torch.testing.assert_close(smollm.hf_model(x).logits, direct(x).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("/nonexistent/model.gguf", "model file not found"),
-    ("/nonexistent-dir", "unknown model"),
-    ("no-such-model", "unknown model"),
-])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("/nonexistent/model.gguf", "model file not found"),
+        ("/nonexistent-dir", "unknown model"),
+        ("no-such-model", "unknown model"),
+    ],
+)
 def test_missing_model_is_one_clear_error(spec, match):
     with pytest.raises(ModelLoadError, match=match):
         load_model(spec)
@@ -63,8 +66,9 @@ def test_hf_dir_without_config(tmp_path):
 
 def _cli(*args, cache):
     env = {**os.environ, "SIGHTLINE_CACHE_DIR": str(cache)}
-    return subprocess.run([sys.executable, "-m", "serving.model_files", *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "serving.model_files", *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def test_corrupt_gguf_gives_one_line_not_a_traceback(tmp_path):

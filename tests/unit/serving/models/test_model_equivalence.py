@@ -18,8 +18,12 @@ def _hf_last_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def test_prefill_and_decode_logits_match_transformers(any_model):
-    runner = ModelRunner(any_model, ServerArgs(model=any_model.name, max_total_tokens=2048, max_running_requests=8,
-                                                    dtype="float32", quantization="none"))
+    runner = ModelRunner(
+        any_model,
+        ServerArgs(
+            model=any_model.name, max_total_tokens=2048, max_running_requests=8, dtype="float32", quantization="none"
+        ),
+    )
     prompts = [encode(any_model, p) for p in PROMPTS[:3]]
     rows = [runner.pool.admit(len(p) + 8) for p in prompts]
     seqs = [list(p) for p in prompts]
@@ -37,8 +41,9 @@ def test_prefill_and_decode_logits_match_transformers(any_model):
 
 def test_mixed_batch_decode_beside_prefill(tiny):
     """A decode token and a prefix-extending chunk in one ragged batch stay exact."""
-    runner = ModelRunner(tiny, ServerArgs(model=tiny.name, max_total_tokens=1024, max_running_requests=4,
-                                          dtype="float32"))
+    runner = ModelRunner(
+        tiny, ServerArgs(model=tiny.name, max_total_tokens=1024, max_running_requests=4, dtype="float32")
+    )
     a, b = encode(tiny, PROMPTS[0]), encode(tiny, PROMPTS[1])
     ra, rb = runner.pool.admit(64), runner.pool.admit(64)
     runner.forward([], [Work(ra, 0, a, True), Work(rb, 0, b[:5], False)])  # b: first chunk only

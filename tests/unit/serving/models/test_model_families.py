@@ -49,8 +49,10 @@ def _hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 
 def _runner(model, **kw) -> ModelRunner:
-    return ModelRunner(model, ServerArgs(model=model.name, **{"max_total_tokens": 2048, "max_running_requests": 8,
-                                                              "dtype": "float32", **kw}))
+    return ModelRunner(
+        model,
+        ServerArgs(model=model.name, **{"max_total_tokens": 2048, "max_running_requests": 8, "dtype": "float32", **kw}),
+    )
 
 
 def test_the_family_is_what_the_config_says(fam):
@@ -77,8 +79,14 @@ def test_prefill_chunked_prefill_and_decode_logits_match_transformers(fam, backe
     seqs = [list(p) for p in prompts]
     # Prefill: the first two whole, the third in two chunks (the second chunk beside decodes).
     cut = 10
-    logits = runner.forward([], [Work(rows[0], 0, prompts[0], True), Work(rows[1], 0, prompts[1], True),
-                                 Work(rows[2], 0, prompts[2][:cut], False)])
+    logits = runner.forward(
+        [],
+        [
+            Work(rows[0], 0, prompts[0], True),
+            Work(rows[1], 0, prompts[1], True),
+            Work(rows[2], 0, prompts[2][:cut], False),
+        ],
+    )
     for i in (0, 1):
         torch.testing.assert_close(logits[i], _hf_logits(fam, seqs[i]), atol=ATOL, rtol=1e-4)
     nxt = logits.argmax(-1).tolist()
@@ -123,7 +131,7 @@ def test_reduced_precision_keeps_clear_argmaxes(fam, dtype, quant):
 
 def test_prefix_cache_reuses_kv_and_keeps_outputs(fam):
     base = _ids(fam, TEXTS[1])
-    second = base + _ids(fam, " And then")[1 if fam.tokenizer.bos_token_id is not None else 0:]
+    second = base + _ids(fam, " And then")[1 if fam.tokenizer.bos_token_id is not None else 0 :]
     plain = make_core(fam, max_total_tokens=2048, disable_prefix_cache=True)
     plain.add_request("b", second, greedy(12, ignore_eos=True))
     want = collect(plain)["b"]
@@ -146,13 +154,27 @@ def _edited(tmp_path, family: str, **config_changes):
     return dst
 
 
-@pytest.mark.parametrize("family,changes,match", [
-    ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
-    ("llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
-     "rope_type 'dynamic' is not supported"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
-               "layer_types": ["full_attention", "sliding_attention"]}, "sliding-window attention on 1 of 2 layers"),
-])
+@pytest.mark.parametrize(
+    "family,changes,match",
+    [
+        ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
+        (
+            "llama",
+            {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
+            "rope_type 'dynamic' is not supported",
+        ),
+        (
+            "qwen2",
+            {
+                "use_sliding_window": True,
+                "sliding_window": 8,
+                "max_window_layers": 1,
+                "layer_types": ["full_attention", "sliding_attention"],
+            },
+            "sliding-window attention on 1 of 2 layers",
+        ),
+    ],
+)
 def test_a_config_the_engine_cannot_honour_is_refused(tmp_path, family, changes, match):
     with pytest.raises(UnsupportedConfig, match=match) as err:
         load_model(str(_edited(tmp_path, family, **changes)))
@@ -160,8 +182,18 @@ def test_a_config_the_engine_cannot_honour_is_refused(tmp_path, family, changes,
 
 
 def test_sliding_window_on_every_layer_is_served(tmp_path):
-    model = load_model(str(_edited(tmp_path, "qwen2", use_sliding_window=True, sliding_window=8, max_window_layers=0,
-                                   layer_types=["sliding_attention", "sliding_attention"])))
+    model = load_model(
+        str(
+            _edited(
+                tmp_path,
+                "qwen2",
+                use_sliding_window=True,
+                sliding_window=8,
+                max_window_layers=0,
+                layer_types=["sliding_attention", "sliding_attention"],
+            )
+        )
+    )
     runner = _runner(model)
     assert runner.window == 8
     ids = _ids(model, TEXTS[0])
@@ -169,11 +201,14 @@ def test_sliding_window_on_every_layer_is_served(tmp_path):
     torch.testing.assert_close(logits[0], _hf_logits(model, ids), atol=ATOL, rtol=1e-4)
 
 
-@pytest.mark.parametrize("edit,match", [
-    ("drop", "missing keys model.layers.1.mlp.up_proj.weight"),
-    ("extra", "unexpected keys model.layers.0.self_attn.q_norm.weight"),
-    ("truncate", "cannot load model from"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        ("drop", "missing keys model.layers.1.mlp.up_proj.weight"),
+        ("extra", "unexpected keys model.layers.0.self_attn.q_norm.weight"),
+        ("truncate", "cannot load model from"),
+    ],
+)
 def test_weights_that_do_not_match_are_refused(tmp_path, edit, match):
     path = _edited(tmp_path, "qwen2")
     weights = path / "model.safetensors"

@@ -74,15 +74,20 @@ def test_load_model_refuses_an_unsupported_architecture(tmp_path, write):
     write(tmp_path)
     with pytest.raises(ModelLoadError) as err:
         load_model(str(tmp_path))
-    assert str(err.value) == ("unsupported architecture 'GPT2LMHeadModel'; supported: BertForMaskedLM, BertModel, "
-                              "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
+    assert str(err.value) == (
+        "unsupported architecture 'GPT2LMHeadModel'; supported: BertForMaskedLM, BertModel, "
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
+    )
 
 
 def test_models_do_not_import_the_engine():
     for path in MODELS.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            )
             assert not [n for n in names if n.startswith("serving.engine")], path
 
 
@@ -96,13 +101,17 @@ def test_rms_norm_equals_transformers():
         torch.testing.assert_close(rms_norm(x, ref.weight, 1e-5), ref(x), atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "default", "rope_theta": 10000.0},
-    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64},
+    ],
+)
 def test_rope_equals_transformers(rope):
-    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, rope_parameters=rope)
+    cfg = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_parameters=rope
+    )
     hf = LlamaRotaryEmbedding(cfg)
     if rope["rope_type"] == "yarn":
         assert hf.attention_scaling != 1.0  # the scaling is exercised
@@ -151,8 +160,10 @@ def test_paged_attention_equals_dense_causal_attention():
     torch.manual_seed(0)
     heads, kv_heads, d, la, lb = 4, 2, 8, 6, 7
     pool = KVPool(1, kv_heads, d, num_slots=64, max_requests=2, max_context=32)
-    qkv = {r: (torch.randn(n, heads, d), torch.randn(n, kv_heads, d), torch.randn(n, kv_heads, d))
-           for r, n in (("a", la), ("b", lb))}
+    qkv = {
+        r: (torch.randn(n, heads, d), torch.randn(n, kv_heads, d), torch.randn(n, kv_heads, d))
+        for r, n in (("a", la), ("b", lb))
+    }
     ra, rb = pool.admit(16), pool.admit(16)
     out: dict[str, list[torch.Tensor]] = {"a": [], "b": []}
 

@@ -33,7 +33,7 @@ def kernel() -> native_linear.NativeLinear:
 def test_kernel_matches_torch(kernel, m, n, k, bias):
     gen = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=gen)
-    w = torch.randn(n, k, generator=gen) / k ** 0.5
+    w = torch.randn(n, k, generator=gen) / k**0.5
     b = torch.randn(n, generator=gen) if bias else None
     y = kernel(x, kernel.pack(w), kernel.pad_bias(b, n), n)
     assert y.shape == (m, n) and y.dtype == torch.float32
@@ -99,10 +99,25 @@ def test_engine_uses_the_kernel_and_keeps_torchs_tokens(tiny):
     assert outs["native"] == outs["torch"]
 
 
-SUBJECTS = ["the sea", "a mountain", "the moon", "a city at night", "an old library", "the first snow",
-            "a train station", "a garden", "the desert", "a thunderstorm"]
-FORMS = ["Write a haiku about {}.", "Describe {} in one sentence.", "Tell a short story about {}.",
-         "List three facts about {}.", "What does {} sound like?"]
+SUBJECTS = [
+    "the sea",
+    "a mountain",
+    "the moon",
+    "a city at night",
+    "an old library",
+    "the first snow",
+    "a train station",
+    "a garden",
+    "the desert",
+    "a thunderstorm",
+]
+FORMS = [
+    "Write a haiku about {}.",
+    "Describe {} in one sentence.",
+    "Tell a short story about {}.",
+    "List three facts about {}.",
+    "What does {} sound like?",
+]
 
 
 @pytest.mark.smollm

@@ -64,9 +64,9 @@ def test_rope_and_kv_store_match_torch(t, heads, kv_heads, d):
     rope = NativeRope(native.load())
     gen = torch.Generator().manual_seed(t + heads)
     qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=gen)
-    q = qkv[:, :heads * d].view(t, heads, d)
-    k = qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d)
-    v = qkv[:, (heads + kv_heads) * d:].view(t, kv_heads, d)
+    q = qkv[:, : heads * d].view(t, heads, d)
+    k = qkv[:, heads * d : (heads + kv_heads) * d].view(t, kv_heads, d)
+    v = qkv[:, (heads + kv_heads) * d :].view(t, kv_heads, d)
     tables = RotaryTables.build(1.0 / (10000 ** (torch.arange(0, d, 2).float() / d)), 1.0, 64)
     cos, sin = tables.at(torch.randint(0, 64, (t,), generator=gen))
     slots = torch.randperm(100, generator=gen)[:t]

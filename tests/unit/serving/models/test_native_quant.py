@@ -20,8 +20,16 @@ from serving.models.layers.quantize import AT_LOAD, dequantize, quantize
 
 Q = gguf.GGMLQuantizationType
 TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-FP16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q5_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2),
-               Q.Q5_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of each block's fp16 scales
+FP16_FIELDS = {
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q8_0: (0,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+}  # byte offsets of each block's fp16 scales
 
 
 @pytest.fixture(scope="module", params=["native", "haswell"])
@@ -38,7 +46,7 @@ def random_blocks(qtype: Q, n: int, k: int, seed: int) -> QuantWeight:
     data = rng.integers(0, 256, size=(n, k // block, size), dtype=np.uint8)
     for off in FP16_FIELDS[qtype]:
         scales = rng.uniform(0.001, 0.02, size=(n, k // block)).astype(np.float16)
-        data[:, :, off:off + 2] = scales.view(np.uint8).reshape(n, k // block, 2)
+        data[:, :, off : off + 2] = scales.view(np.uint8).reshape(n, k // block, 2)
     return QuantWeight(qtype, torch.from_numpy(data.reshape(n, -1)), k)
 
 

@@ -15,8 +15,13 @@ from serving.models.layers.rope import rope_frequencies
 from tests.family_models import FAMILIES, build
 
 SCALED = {
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 256},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
     "linear": {"rope_type": "linear", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
 }

@@ -17,11 +17,15 @@ def so(kind: str, spec) -> StructuredOutput:
 
 
 def test_objects_with_properties_are_closed_everywhere():
-    schema = {"type": "object", "properties": {
-        "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
-        "c": {"type": "array", "items": {"properties": {"x": {}}}},
-        "d": {"anyOf": [{"properties": {"y": {}}}, {"type": "null"}]}},
-        "$defs": {"D": {"properties": {"z": {}}}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "integer"}}},
+            "c": {"type": "array", "items": {"properties": {"x": {}}}},
+            "d": {"anyOf": [{"properties": {"y": {}}}, {"type": "null"}]},
+        },
+        "$defs": {"D": {"properties": {"z": {}}}},
+    }
     out = closed_schema(schema)
     assert out["additionalProperties"] is False
     assert out["properties"]["a"]["additionalProperties"] is False
@@ -58,29 +62,35 @@ def test_deep_schemas_are_closed_to_a_bound_not_to_the_recursion_limit():
     assert out["additionalProperties"] is False
 
 
-@pytest.mark.parametrize("kind,spec", [
-    ("json_schema", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}),
-    ("json_schema", True),
-    ("regex", r"[a-z]{2,5}\d"),
-    ("choice", ["yes", "no"]),
-    ("grammar", 'start: "a" "b"+'),
-    ("grammar", 'root ::= "yes" | "no"'),  # GBNF
-])
+@pytest.mark.parametrize(
+    "kind,spec",
+    [
+        ("json_schema", {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}),
+        ("json_schema", True),
+        ("regex", r"[a-z]{2,5}\d"),
+        ("choice", ["yes", "no"]),
+        ("grammar", 'start: "a" "b"+'),
+        ("grammar", 'root ::= "yes" | "no"'),  # GBNF
+    ],
+)
 def test_valid_specs_give_a_grammar_llguidance_accepts(kind, spec):
     grammar = check(so(kind, spec))
     assert LLMatcher.validate_grammar(grammar) == ""
 
 
-@pytest.mark.parametrize("kind,spec,says", [
-    ("json_schema", "{not json", "not valid JSON"),
-    ("json_schema", [1, 2], "must be an object"),
-    ("json_schema", {"type": "objectx"}, "objectx"),
-    ("regex", "(a", "unclosed group"),
-    ("choice", [], "non-empty list"),
-    ("choice", ["a", 1], "non-empty list"),
-    ("grammar", 'start: "a" | b', "unknown name"),
-    ("nonsense", "x", "unknown structured output kind"),
-])
+@pytest.mark.parametrize(
+    "kind,spec,says",
+    [
+        ("json_schema", "{not json", "not valid JSON"),
+        ("json_schema", [1, 2], "must be an object"),
+        ("json_schema", {"type": "objectx"}, "objectx"),
+        ("regex", "(a", "unclosed group"),
+        ("choice", [], "non-empty list"),
+        ("choice", ["a", 1], "non-empty list"),
+        ("grammar", 'start: "a" | b', "unknown name"),
+        ("nonsense", "x", "unknown structured output kind"),
+    ],
+)
 def test_invalid_specs_name_the_problem(kind, spec, says):
     with pytest.raises(GrammarError, match=says):
         check(so(kind, spec))
