@@ -225,15 +225,16 @@ def engine_bench_args(description: str, gen_len: int) -> argparse.ArgumentParser
     return ap
 
 
-def in_process_engine(a: argparse.Namespace) -> tuple[Any, Any, list[int], list[list[int]]]:
-    """(loaded model, float32 SchedulerCore, concurrency levels, prompts for the largest) from `engine_bench_args`'
-    options; imported here, after the bench has set its thread environment."""
+def in_process_engine(a: argparse.Namespace, threads: int | None = None) -> tuple[Any, Any, list[int], list[list[int]]]:
+    """(loaded model, float32 SchedulerCore with `threads` compute threads (None: the server's default),
+    concurrency levels, prompts for the largest) from `engine_bench_args`' options; imported here, after the
+    bench has set its thread environment."""
     from serving.args import ServerArgs
     from serving.engine.loader import load_model
     from serving.engine.scheduler_core import SchedulerCore
 
     loaded = load_model(a.model)
-    core = SchedulerCore(loaded, ServerArgs(model=a.model, dtype="float32"))
+    core = SchedulerCore(loaded, ServerArgs(model=a.model, dtype="float32", num_threads=threads))
     levels = [int(c) for c in a.concurrency.split(",")]
     return loaded, core, levels, make_prompts(loaded, max(levels), a.prompt_len)
 

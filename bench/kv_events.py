@@ -2,17 +2,21 @@
 (the prefix cache tells a recorder of every store and eviction, the Scheduler hands each step's
 events to the publisher, a subscriber reads them all) and off, alternating, in-process.
 
-    .venv/bin/python -m bench.kv_events [--model smollm2-135m] [--concurrency 16] [--rounds 3] [--json PATH]
+    .venv/bin/python -m bench.kv_events [--model smollm2-135m] [--concurrency 16] [--rounds 5] [--json PATH]
 
 Each round keeps `--concurrency` requests decoding together (a new one, with a prompt of its
 own, replaces each that finishes, so blocks are stored all the time, and evicted once the pool
 is full) for `--steps` steps; output tok/s = tokens sampled ÷ wall time.  On and off run back to
 back in each round (alternating which goes first); the result is the median of the rounds'
 on ÷ off ratios, which a busy machine's drift between rounds does not move.  The goal is ≥ 0.98.
-CPU seconds per output token of the engine's process (the Scheduler's thread and the
-publisher's) are printed beside it: on a shared machine they move less than wall time.  The
-publisher binds an ipc:// PUB socket and a subscriber in a process of its own reads every batch;
-a run with events ends when its last batch is sent.
+
+The subscriber stands for a cache-aware router, which runs on a machine of its own: with two or
+more CPUs it gets the last one (`--subscriber-cpu`) and the engine, with its publisher thread,
+the others (as many compute threads as it has CPUs), so the cost measured is the engine's.  On
+one CPU everything shares it, and the ratio includes the router's work too.  Beside the ratio:
+the Scheduler thread's time in the event hooks (the recorder's hashing, the hand-off to the
+publisher) and the publisher thread's CPU time, each per step, and CPU per output token of the
+engine's process, which on a shared machine moves less than wall time.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-poli
     # Without it OpenMP's threads spin while the publisher's thread has the core, and the engine pays for it.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+
 import zmq
 
 from bench.common import engine_bench_args, in_process_engine, write_json
@@ -37,8 +42,42 @@ from serving.engine.kv_events import KVEventRecorder
 from serving.engine.scheduler_core import SchedulerCore
 
 
-def drain(endpoint: str, stop, got) -> None:
+def placement(subscriber_cpu: int | None) -> tuple[list[int], int | None]:
+    """(the engine's CPUs, the subscriber's): the subscriber on a CPU of its own when there are two or more."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return cpus, None
+    sub = cpus[-1] if subscriber_cpu is None else subscriber_cpu
+    if sub not in cpus:
+        raise SystemExit(f"--subscriber-cpu {sub}: not one of this process's CPUs {cpus}")
+    return [c for c in cpus if c != sub], sub
+
+
+class TimedRecorder(KVEventRecorder):
+    """The recorder, with the Scheduler thread's time in its hooks summed (`hook_ns`)."""
+
+    hook_ns = 0
+
+    def stored(self, ids, start, ns) -> None:
+        t = time.perf_counter_ns()
+        super().stored(ids, start, ns)
+        self.hook_ns += time.perf_counter_ns() - t
+
+    def removed(self, ids, start, ns) -> None:
+        t = time.perf_counter_ns()
+        super().removed(ids, start, ns)
+        self.hook_ns += time.perf_counter_ns() - t
+
+
+def thread_cpu_ns(thread) -> int:
+    """CPU time the (running) thread has used."""
+    return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+
+
+def drain(endpoint: str, stop, got, cpu: int | None) -> None:
     """The subscriber, in a process of its own (as a router is): reads every batch until `stop` is set."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     with zmq.Context() as ctx, ctx.socket(zmq.SUB) as sub:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(endpoint)
@@ -51,12 +90,14 @@ def drain(endpoint: str, stop, got) -> None:
 
 def run(
     core: SchedulerCore, events: KVEvents | None, steps: int, concurrency: int, prompt_len: int, start: int
-) -> tuple[float, float]:
-    """(output tok/s, CPU µs per output token) over `steps` steps with the batch kept full; `events` None: the
-    flag off."""
+) -> tuple[float, float, float, float]:
+    """(output tok/s, CPU µs per output token, Scheduler-thread µs in the event hooks per step, publisher-thread
+    CPU µs per step) over `steps` steps with the batch kept full; `events` None: the flag off."""
     core.tree.events = events.recorder if events is not None else None
     params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
-    n, tokens = start, 0
+    n, tokens, send_ns = start, 0, 0
+    hook0 = events.recorder.hook_ns if events is not None else 0
+    pub0 = thread_cpu_ns(events.publisher._thread) if events is not None else 0
     t0, cpu0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         while core.num_running + core.num_waiting < concurrency:
@@ -65,33 +106,52 @@ def run(
             n += 1
         tokens += sum(len(ev.new_token_ids) for ev in core.step())
         if events is not None:
+            t = time.perf_counter_ns()
             events.send()
+            send_ns += time.perf_counter_ns() - t
     while events is not None and events.publisher.backlog:  # the publisher's work counts, however late it runs
-        time.sleep(0.001)
+        time.sleep(0.001)  # clock: polling the publisher's queue
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    hook = pub = 0.0
+    if events is not None:
+        hook = (events.recorder.hook_ns - hook0 + send_ns) / steps / 1e3
+        pub = (thread_cpu_ns(events.publisher._thread) - pub0) / steps / 1e3
     for rid in list(core.reqs):
         core.abort(rid)
-    return tokens / elapsed, cpu / tokens * 1e6
+    return tokens / elapsed, cpu / tokens * 1e6, hook, pub
 
 
 def main() -> None:
     ap = engine_bench_args(__doc__, gen_len=64)
     ap.set_defaults(concurrency="16")
+    ap.set_defaults(rounds=5)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--subscriber-cpu", type=int, help="the subscriber's CPU (default: the last of two or more)")
     a = ap.parse_args()
-    _, core, levels, _ = in_process_engine(a)
+    engine_cpus, sub_cpu = placement(a.subscriber_cpu)
+    os.sched_setaffinity(0, engine_cpus)  # before the engine's threads start: they inherit it
+    _, core, levels, _ = in_process_engine(a, threads=len(engine_cpus))
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='kv-bench-')}/events"
     publisher = KVEventPublisher(endpoint)
-    events = KVEvents(KVEventRecorder(), publisher)
+    events = KVEvents(TimedRecorder(), publisher)
     spawn = multiprocessing.get_context("spawn")
     stop, got = spawn.Event(), spawn.Value("i", 0)
-    reader = spawn.Process(target=drain, args=(endpoint, stop, got), daemon=True)
+    reader = spawn.Process(target=drain, args=(endpoint, stop, got, sub_cpu), daemon=True)
     reader.start()
-    doc: dict = {"model": a.model, "steps": a.steps, "rounds": a.rounds, "levels": {}}
+    where = f"CPU {sub_cpu}" if sub_cpu is not None else "the same CPU"
+    print(f"engine on CPUs {engine_cpus} ({len(engine_cpus)} compute threads), subscriber on {where}")
+    doc: dict = {
+        "model": a.model,
+        "steps": a.steps,
+        "rounds": a.rounds,
+        "engine_cpus": engine_cpus,
+        "subscriber_cpu": sub_cpu,
+        "levels": {},
+    }
     try:
         for c in levels:
             run(core, events, 20, c, a.prompt_len, 0)  # warm up
-            results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
+            results: dict[bool, list[tuple[float, float, float, float]]] = {True: [], False: []}
             for r in range(a.rounds):
                 for on in (True, False) if r % 2 else (False, True):
                     start = 1_000_000 * (2 * r + on + 1) + 100_000 * c
@@ -100,17 +160,24 @@ def main() -> None:
             tok = statistics.median(x[0] / y[0] for x, y in pairs)
             cpu = statistics.median(x[1] / y[1] for x, y in pairs)
             on, off = (statistics.median(x[0] for x in results[k]) for k in (True, False))
+            hook, pub = (statistics.median(x[i] for x in results[True]) for i in (2, 3))
             print(
                 f"{a.model}, c={c}: {on:.1f} tok/s with KV events, {off:.1f} without; tok/s on/off {tok:.3f}, CPU "
                 f"per output token on/off {cpu:.3f} (medians of the {a.rounds} rounds' ratios, each pair run back "
                 f"to back, {a.steps} steps a run; tok/s per round on {[round(x[0]) for x in results[True]]}, off "
                 f"{[round(x[0]) for x in results[False]]})"
             )
+            print(
+                f"  per step with events: {hook:.1f} µs in the Scheduler thread's hooks, {pub:.1f} µs CPU of the "
+                f"publisher thread (a step takes {1e6 * c / off:.0f} µs off)"
+            )
             doc["levels"][str(c)] = {
                 "on_tok_s": on,
                 "off_tok_s": off,
                 "tok_s_ratio": tok,
                 "cpu_per_token_ratio": cpu,
+                "hook_us_per_step": hook,
+                "publisher_cpu_us_per_step": pub,
                 "on": results[True],
                 "off": results[False],
             }

@@ -2,7 +2,9 @@
 (`protocol.kv_events`), run by a thread of its own so that no subscriber can slow a step.
 
 The Scheduler hands each step's events to `publish`, which only puts them on a bounded queue
-(a full queue drops the batch, counted).  The thread numbers each batch (its sequence number,
+(a full queue drops the batch, counted) and rings an eventfd.  The thread sleeps in one poll over
+that eventfd, the replay socket and the PUB socket, so it wakes only when there is work (a batch,
+a replay request, a subscription, a stop), never on a timer.  It numbers each batch (its sequence number,
 from 0), encodes it, keeps the last `BUFFER_STEPS` for replay and sends it without blocking.
 The PUB side is an XPUB with `XPUB_NODROP`: when any subscriber's high-water mark is reached
 the send fails at once instead of ZMQ dropping silently, so the batch is counted as dropped
@@ -18,6 +20,7 @@ the connect timeout: the Scheduler exits before loading the model and the server
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -35,7 +38,6 @@ from serving.engine.radix_cache import RadixCache
 log = logging.getLogger(__name__)
 BUFFER_STEPS = 10_000  # batches kept for replay (vLLM's default)
 QUEUE_BATCHES = 10_000  # batches waiting for the thread before new ones are dropped
-POLL_S = 0.05  # the thread's wait for work: how soon a replay request or a stop is seen
 
 
 class KVEventsError(Exception):
@@ -94,6 +96,7 @@ class KVEventPublisher:
         self.published = 0  # events sent to every subscriber (cumulative)
         self.dropped = 0  # events of batches a full queue or a subscriber's high-water mark refused
         self._queue: queue.Queue[list[KVEvent] | None] = queue.Queue(QUEUE_BATCHES)
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # rung once per queued batch (or the stop)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=BUFFER_STEPS)
         self._ctx = ctx or zmq.Context.instance()
         self._pub = self._ctx.socket(zmq.XPUB)
@@ -132,6 +135,8 @@ class KVEventPublisher:
             self._queue.put_nowait(events)
         except queue.Full:
             self.dropped += len(events)
+            return
+        os.eventfd_write(self._wake, 1)
 
     @property
     def backlog(self) -> int:
@@ -147,39 +152,49 @@ class KVEventPublisher:
         thread = getattr(self, "_thread", None)
         if thread is not None and thread.is_alive():
             self._queue.put(None)
+            os.eventfd_write(self._wake, 1)
             thread.join(timeout)
         if thread is None or not thread.is_alive():
             self._pub.close(linger=0)
             if self._replay is not None:
                 self._replay.close(linger=0)
+            if self._wake >= 0:
+                os.close(self._wake)
+                self._wake = -1
 
     # -- the thread -----------------------------------------------------------------------
     def _run(self) -> None:
         encoder, seq = msgspec.msgpack.Encoder(), 0
         poller = zmq.Poller()
+        poller.register(self._wake, zmq.POLLIN)
         poller.register(self._pub, zmq.POLLIN)  # subscription messages, read and forgotten
         if self._replay is not None:
             poller.register(self._replay, zmq.POLLIN)
         while True:
-            for sock, _ in poller.poll(0):
+            for sock, _ in poller.poll():
                 if sock is self._replay:
                     self._serve_replay()
-                else:
+                elif sock is self._pub:
                     self._pub.recv(zmq.NOBLOCK)
-            try:
-                events = self._queue.get(timeout=POLL_S)
-            except queue.Empty:
-                continue
-            if events is None:
-                return
-            payload = encoder.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.rank))
-            self._buffer.append((seq, payload))
-            try:
-                self._pub.send_multipart((self.topic, seq_frame(seq), payload), zmq.NOBLOCK)
-                self.published += len(events)
-            except zmq.Again:  # a subscriber is full: nobody gets it now, every one can replay it
-                self.dropped += len(events)
-            seq += 1
+            try:  # reset the counter before reading the queue: a batch queued after this rings again
+                os.eventfd_read(self._wake)
+            except BlockingIOError:  # woken by a socket, no batch rang
+                pass
+            while True:  # every batch queued so far (one ring may stand for several)
+                try:
+                    events = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if events is None:
+                    return
+                payload = encoder.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self.rank))
+                self._buffer.append((seq, payload))
+                try:
+                    self._pub.send_multipart((self.topic, seq_frame(seq), payload), zmq.NOBLOCK)
+                    self.published += len(events)
+                except zmq.Again:  # a subscriber is full: nobody gets it now, every one can replay it
+                    self.dropped += len(events)
+                seq += 1
 
     def _serve_replay(self) -> None:
         """One replay request: (identity, b"", start seq) → each buffered batch from it on, then END_SEQ."""
