@@ -40,6 +40,7 @@ from protocol.sampling_params import SamplingParams
 from serving.engine.kv_event_publisher import KVEventPublisher, KVEvents
 from serving.engine.kv_events import KVEventRecorder
 from serving.engine.scheduler_core import SchedulerCore
+from serving.engine.utilisation import ModelShape, phase_work
 
 
 def placement(subscriber_cpu: int | None) -> tuple[list[int], int | None]:
@@ -54,24 +55,34 @@ def placement(subscriber_cpu: int | None) -> tuple[list[int], int | None]:
 
 
 class TimedRecorder(KVEventRecorder):
-    """The recorder, with the Scheduler thread's time in its hooks summed (`hook_ns`)."""
+    """The recorder, with the Scheduler thread's CPU time in its hooks summed (`hook_ns`)."""
 
     hook_ns = 0
 
     def stored(self, ids, start, ns) -> None:
-        t = time.perf_counter_ns()
+        t = time.thread_time_ns()
         super().stored(ids, start, ns)
-        self.hook_ns += time.perf_counter_ns() - t
+        self.hook_ns += time.thread_time_ns() - t
 
     def removed(self, ids, start, ns) -> None:
-        t = time.perf_counter_ns()
+        t = time.thread_time_ns()
         super().removed(ids, start, ns)
-        self.hook_ns += time.perf_counter_ns() - t
+        self.hook_ns += time.thread_time_ns() - t
 
 
 def thread_cpu_ns(thread) -> int:
     """CPU time the (running) thread has used."""
     return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+
+
+def utilisation_us(loaded, concurrency: int, context: int) -> float:
+    """µs per step of the utilisation counters (always on): `phase_work` for a step of `concurrency` decodes."""
+    shape = ModelShape.served(loaded.hf_model.config, "float32", "none")
+    tokens, starts, n = (1,) * concurrency, (context,) * concurrency, 2000
+    t = time.perf_counter_ns()
+    for _ in range(n):
+        phase_work(shape, concurrency, tokens, starts, concurrency)
+    return (time.perf_counter_ns() - t) / n / 1e3
 
 
 def drain(endpoint: str, stop, got, cpu: int | None) -> None:
@@ -91,7 +102,7 @@ def drain(endpoint: str, stop, got, cpu: int | None) -> None:
 def run(
     core: SchedulerCore, events: KVEvents | None, steps: int, concurrency: int, prompt_len: int, start: int
 ) -> tuple[float, float, float, float]:
-    """(output tok/s, CPU µs per output token, Scheduler-thread µs in the event hooks per step, publisher-thread
+    """(output tok/s, CPU µs per output token, Scheduler-thread CPU µs in the event hooks per step, publisher-thread
     CPU µs per step) over `steps` steps with the batch kept full; `events` None: the flag off."""
     core.tree.events = events.recorder if events is not None else None
     params = SamplingParams(max_new_tokens=64, temperature=0.0, ignore_eos=True)
@@ -106,9 +117,9 @@ def run(
             n += 1
         tokens += sum(len(ev.new_token_ids) for ev in core.step())
         if events is not None:
-            t = time.perf_counter_ns()
+            t = time.thread_time_ns()
             events.send()
-            send_ns += time.perf_counter_ns() - t
+            send_ns += time.thread_time_ns() - t
     while events is not None and events.publisher.backlog:  # the publisher's work counts, however late it runs
         time.sleep(0.001)  # clock: polling the publisher's queue
     elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -130,7 +141,7 @@ def main() -> None:
     a = ap.parse_args()
     engine_cpus, sub_cpu = placement(a.subscriber_cpu)
     os.sched_setaffinity(0, engine_cpus)  # before the engine's threads start: they inherit it
-    _, core, levels, _ = in_process_engine(a, threads=len(engine_cpus))
+    loaded, core, levels, _ = in_process_engine(a, threads=len(engine_cpus))
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='kv-bench-')}/events"
     publisher = KVEventPublisher(endpoint)
     events = KVEvents(TimedRecorder(), publisher)
@@ -167,9 +178,12 @@ def main() -> None:
                 f"to back, {a.steps} steps a run; tok/s per round on {[round(x[0]) for x in results[True]]}, off "
                 f"{[round(x[0]) for x in results[False]]})"
             )
+            util = utilisation_us(loaded, c, a.prompt_len + a.gen_len // 2)
+            step_us = 1e6 * c / off
             print(
-                f"  per step with events: {hook:.1f} µs in the Scheduler thread's hooks, {pub:.1f} µs CPU of the "
-                f"publisher thread (a step takes {1e6 * c / off:.0f} µs off)"
+                f"  per step with events: {hook:.1f} µs CPU in the Scheduler thread's hooks, {pub:.1f} µs CPU of the "
+                f"publisher thread; the utilisation counters (always on) {util:.1f} µs; a step takes "
+                f"{step_us:.0f} µs off ({100 * (hook + pub + util) / step_us:.2f} % all three)"
             )
             doc["levels"][str(c)] = {
                 "on_tok_s": on,
@@ -178,6 +192,7 @@ def main() -> None:
                 "cpu_per_token_ratio": cpu,
                 "hook_us_per_step": hook,
                 "publisher_cpu_us_per_step": pub,
+                "utilisation_us_per_step": util,
                 "on": results[True],
                 "off": results[False],
             }
