@@ -197,7 +197,7 @@ class TokenizerManager:
         if state.parsing is not None:
             state.parsing.feed(out.text, len(out.output_ids))
         if out.finish_reason is not None:
-            self._finish(state, out.finish_reason, out.abort_reason, out.error)
+            self.forget(state, out.finish_reason, out.abort_reason, out.error)
             if out.abort_in_engine:  # the Detokenizer ended it (a stop string, or it failed there)
                 self._send_abort(
                     state, AbortReason.STOP_STRING if out.finish_reason == "stop" else AbortReason.DETOKENIZER_ERROR
@@ -213,7 +213,7 @@ class TokenizerManager:
             state.meta, state.embedding = out.meta, out
             state.cached_tokens, state.cpu_ns = out.cached_tokens, out.cpu_ns
             self._started(state)
-            self._finish(state, "stop", None, None)
+            self.forget(state, "stop", None, None)
             state.event.set()
 
     def _started(self, state: ReqState) -> None:
@@ -222,9 +222,10 @@ class TokenizerManager:
             state.started = True
             self.admission.started()
 
-    def _finish(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
-        """The rid leaves rid_to_state: mark it, count it, observe it (exactly once).  A chat answer read for
-        tool calls finishes as the client is told (`tool_calls`), the engine's reason aside."""
+    def forget(self, state: ReqState, reason: str, abort_reason: str | None, error: str | None) -> None:
+        """Every ending's one path: the rid leaves rid_to_state, marked, counted and observed (exactly once).
+        A chat answer read for tool calls finishes as the client is told (`tool_calls`), the engine's reason
+        aside."""
         told = state.parsing.finish(reason) if state.parsing is not None else reason
         state.finished, state.finish_reason = True, told
         state.status = http_status(told, abort_reason)
@@ -483,7 +484,7 @@ class TokenizerManager:
                     meta=state.meta,
                 )
             )
-        self._finish(state, "abort", reason, error)
+        self.forget(state, "abort", reason, error)
         state.event.set()
         self._send_abort(state, reason)
 

@@ -94,7 +94,7 @@ class ReqState:
     cpu_ns: int = 0  # its share of the engine steps' CPU time so far (per-tenant usage)
     # -- its telemetry: span and trace ids, receive stamps, outcome, the flight recorder's input and output --
     trace: RequestTrace = field(default_factory=RequestTrace)
-    # -- outcome (set once, by TokenizerManager._finish) --
+    # -- outcome (set once, by TokenizerManager.forget) --
     finished: bool = False
     finish_reason: str | None = None
     status: int = 200  # the HTTP status it ends with (serving.frontend.errors.http_status)
