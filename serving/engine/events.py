@@ -52,6 +52,7 @@ class StepStats:
     sample_seconds: float = 0.0  # logits → tokens, finish checks
     logprobs_seconds: float = 0.0  # log-probabilities of sampled and prompt tokens (not part of sample_seconds)
     grammar_seconds: float = 0.0  # grammar masks filled and applied, tokens consumed (not part of sample_seconds)
+    verify_seconds: float = 0.0  # speculative drafts judged by the acceptance rule (not part of sample_seconds)
     started_ns: int = 0
     ended_ns: int = 0
     rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links), decodes first

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from serving.engine.grammar import GrammarState
     from serving.engine.prefix_misses import PrefixMiss
     from serving.engine.radix_cache import TreeNode
+    from serving.engine.speculation import SpecState
 
 
 def _new_times() -> ReqTimes:
@@ -100,6 +101,7 @@ class Req:
     prompt_logprobs: Logprobs | None = None  # prompt_logprobs asked: entries of prompt tokens 1.. scored so far
     prompt_cache_held: int = 0  # prompt positions the prefix cache held at admission, computed again to score them
     grammar: GrammarState | None = None  # structured output asked: its grammar (serving.engine.grammar)
+    spec: SpecState | None = None  # speculated (serving.engine.speculation): its draft length, draft and counts
 
     @property
     def prompt_len(self) -> int:

@@ -1,0 +1,142 @@
+"""Speculative decoding in the engine (`--speculative ngram`): which requests are speculated, how long their
+drafts are, and what a verify step leaves behind.
+
+Each step, after admission (`SchedulerCore._schedule`), every decoding request that speculates gets a draft
+from the proposer (`serving.engine.spec_propose`), within what the step has left: KV slots available after
+its decodes and prefill chunks, and --max-step-tokens.  The forward feeds such a request [its last token] +
+the draft as one extend segment with logits for every row (`serving.engine.forward_pass`); the acceptance
+rule (`serving.engine.spec_accept`) says which tokens it emits.  `settle` then frees the K/V slots of the
+rejected draft positions and counts the accepted ones computed, so the pool and the prefix cache only ever
+hold positions of tokens the request has.  Its tokens go out through the engine's one append path, one
+by one, so EOS, stop ids, max_new_tokens and min_tokens end it exactly where they would without speculation
+(the rest of the run is dropped, and `CacheManager.release` frees its K/V).
+
+Who is speculated: generation requests with `SamplingParams.speculative` (the default) and none of a
+structured output (its grammar would have to be advanced along the draft), logprobs or the tests' hold
+seam.  Penalties, logit bias and min_tokens are applied per verified row as if the draft's earlier tokens
+had been sampled.
+
+Draft length adapts per request: every draft token kept grows the next draft by one (up to
+--speculative-num-tokens), a partial run shrinks it to what was kept plus one, and after
+`MISSES_TO_PAUSE` verifies in a row that kept nothing it is not proposed for `PAUSE_STEPS` decode
+steps (doubling each time it happens again, at most `MAX_PAUSE_STEPS`), so text that does not copy
+pays almost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from protocol.io_struct import MethodCount, MethodHistogram, SpecCounts
+from serving.args import ServerArgs
+from serving.engine.kv_pool import KVPool
+from serving.engine.request import Req
+from serving.engine.spec_accept import accept
+from serving.engine.spec_propose import NgramProposer, Proposer
+from telemetry.stats import PhaseTimes
+
+MISSES_TO_PAUSE = 3
+PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 128
+ACCEPTANCE_BOUNDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+@dataclass
+class SpecState:
+    """One speculated request's draft length, this step's draft and its counts."""
+
+    k: int  # the longest draft it is proposed now
+    draft: list[int] = field(default_factory=list)  # this step's (empty: it decodes one token)
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    misses: int = 0  # verifies in a row that kept no draft token
+    pauses: int = 0  # times it was paused
+    paused: int = 0  # decode steps left before it is proposed again
+
+
+class Speculator:
+    def __init__(self, proposer: Proposer, max_tokens: int, max_step_tokens: int) -> None:
+        self.proposer, self.max_tokens, self.max_step_tokens = proposer, max_tokens, max_step_tokens
+        self.method = proposer.method
+        self.proposed = self.accepted = 0  # cumulative, every request's
+        self.acceptance = PhaseTimes((self.method,), ACCEPTANCE_BOUNDS, MethodHistogram)
+        self.step_tokens = PhaseTimes(
+            (self.method,), tuple(float(i) for i in range(1, max_tokens + 2)), MethodHistogram
+        )
+
+    @classmethod
+    def from_args(cls, args: ServerArgs) -> Speculator | None:
+        if args.speculative == "off":
+            return None
+        proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
+        return cls(proposer, args.speculative_num_tokens, args.max_step_tokens)
+
+    # -- per request ------------------------------------------------------------------
+    def attach(self, req: Req) -> None:
+        """A new request: speculated unless it opted out or needs what a verify step does not give."""
+        p = req.params
+        if req.pooling is None and p.speculative and p.structured is None and p.logprobs is None and not req.hold:
+            req.spec = SpecState(self.max_tokens)
+
+    def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
+        """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
+        feeds `step_tokens` without them); returns the draft tokens proposed."""
+        total, budget = 0, min(room, self.max_step_tokens - step_tokens)
+        for req in decoding:
+            st = req.spec
+            if st is None:
+                continue
+            st.draft = []
+            if st.paused:
+                st.paused -= 1
+                continue
+            k = min(st.k, req.max_new_tokens - len(req.output_ids) - 1, budget - total)
+            if k >= 1:
+                st.draft = self.proposer.propose(req, k)
+                total += len(st.draft)
+        return total
+
+    def verify(self, logits: torch.Tensor, req: Req, eos: frozenset[int]) -> list[int]:
+        """The tokens `req` emits from its verified rows (`serving.engine.spec_accept.accept`)."""
+        return accept(logits, req, req.spec.draft, eos)
+
+    def settle(self, req: Req, tokens: list[int], pool: KVPool) -> None:
+        """After a successful verify step that counted its last token computed: the accepted draft positions
+        count too, the rejected ones' slots are freed, the counts and the next draft length follow."""
+        st = req.spec
+        proposed, kept = len(st.draft), len(tokens) - 1
+        start = req.num_computed + kept
+        pool.free(pool.req_to_token[req.row, start : req.num_computed + proposed].clone())
+        req.num_computed = start
+        self.proposer.verified(req, proposed, kept)
+        st.counts.proposed += proposed
+        st.counts.accepted += kept
+        self.proposed += proposed
+        self.accepted += kept
+        self.step_tokens.observe(self.method, len(tokens))
+        st.draft = []
+        if kept == proposed:
+            st.k, st.misses = min(self.max_tokens, st.k + 1), 0
+        elif kept:
+            st.k, st.misses = kept + 1, 0
+        else:
+            st.k, st.misses = 1, st.misses + 1
+            if st.misses >= MISSES_TO_PAUSE:
+                st.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << st.pauses)
+                st.pauses, st.misses = st.pauses + 1, 0
+
+    def finished(self, req: Req) -> None:
+        """`req` ended: its acceptance rate observed (if it was ever verified), the proposer's state dropped."""
+        if req.spec.counts.proposed:
+            self.acceptance.observe(self.method, req.spec.counts.accepted / req.spec.counts.proposed)
+        self.proposer.forget(req)
+
+    def stats(self) -> dict[str, object]:
+        """The speculation's part of `SchedulerStats`, by field name."""
+        return {
+            "speculative_proposed": [MethodCount(self.method, self.proposed)],
+            "speculative_accepted": [MethodCount(self.method, self.accepted)],
+            "speculative_acceptance": self.acceptance.snapshot(),
+            "speculative_step_tokens": self.step_tokens.snapshot(),
+        }
