@@ -167,7 +167,7 @@ class ServerArgs:
         "forward; the output is the one without it: greedy token for token, sampled in distribution).",
     )
     speculative_num_tokens: int = _opt(
-        4, "With --speculative: the most draft tokens proposed per request and step (1 to 16; adapted per request)."
+        5, "With --speculative: the most draft tokens proposed per request and step (1 to 16; adapted per request)."
     )
     speculative_ngram_max: int = _opt(
         4, "With --speculative ngram: the longest suffix matched (tried first), in tokens (1 to 16)."

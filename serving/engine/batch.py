@@ -24,15 +24,13 @@ class Work:
     """One request's share of a step: feed `token_ids` at positions [start, start+n).
 
     `needs_logits`: its last row's logits (it samples); `score`: rows [a, b) of the chunk whose
-    final hidden states are kept for prompt logprobs (row i predicts the token at start+i+1);
-    `all_logits`: every row's logits (a speculative draft verified: row i judges draft token i+1)."""
+    final hidden states are kept for prompt logprobs (row i predicts the token at start+i+1)."""
 
     row: int
     start: int
     token_ids: list[int]
     needs_logits: bool
     score: tuple[int, int] | None = None
-    all_logits: bool = False
 
 
 def build_batch(decodes: list[Work], extends: list[Work], pool: KVPool, window: int | None = None) -> ForwardBatch:
@@ -106,9 +104,7 @@ def _build(
         segs.append(
             ExtendSeg(offset, n, pool.slots_of(w.row, total)[first:].clone(), _extend_mask(w.start, n, first, window))
         )
-        if w.all_logits:
-            logits_rows.extend(range(offset, offset + n))
-        elif w.needs_logits:
+        if w.needs_logits:
             logits_rows.append(offset + n - 1)
         if w.score is not None:
             score_rows.extend(range(offset + w.score[0], offset + w.score[1]))
@@ -121,6 +117,7 @@ def _build(
         num_decode=len(decodes),
         decode_kv_idx=decode_kv_idx,
         decode_lens=lengths,
+        decode_requests=len({w.row for w in decodes}),
         extends=segs,
         # every row when only decode tokens are fed: no gather before the lm_head
         logits_rows=torch.tensor(logits_rows, dtype=torch.int64) if extends else None,

@@ -4,7 +4,9 @@ the requests that make it fail.
 `run` feeds decodes and prefill chunks side by side through the model (`ModelRunner.step`), samples a
 token for every request whose prompt is complete (through its grammar's mask, if it has one), scores
 prompt logprobs and pools embedding inputs.  A decoding request with a speculative draft is fed its last
-token and the draft as an extend segment, right after the decodes, and verified from every row's logits
+token and the draft as decode rows of its own, one a position, after the plain decodes (each row attends to
+the positions up to its own, its batch mates' K/V written first: the decode path, its native kernels and
+its one-call layer stack, computes them as it computes a plain decode), and verified from their logits
 (`serving.engine.speculation`): it may produce several tokens.  Positions (and their prompt logprobs)
 count only on success; on failure nothing of it remains, so `isolate` can rerun halves of the group until
 each failing request stands alone.  The phase times it measured (forward, sample, grammar, logprobs,
@@ -68,14 +70,14 @@ class ForwardPass:
         for req, n in group:
             if not req.prefill_done:
                 continue
-            if req.spec is not None and req.spec.draft:  # fed with its draft, every row's logits kept
-                ids = [req.output_ids[-1], *req.spec.draft]
-                verify_work.append(Work(req.row, req.total_len - 1, ids, True, all_logits=True))
+            if req.spec is not None and req.spec.draft:  # its last token and its draft, one decode row each
+                ids, at = [req.output_ids[-1], *req.spec.draft], req.total_len - 1
+                verify_work.append([Work(req.row, at + i, [t], True) for i, t in enumerate(ids)])
                 verified.append(req)
             else:
                 decode_work.append(Work(req.row, req.total_len - 1, [req.output_ids[-1]], True))
                 sampled_d.append(req)
-        num_verify = sum(len(w.token_ids) for w in verify_work)  # their logits rows follow the decodes'
+        num_verify = sum(len(w) for w in verify_work)  # their logits rows follow the decodes'
         pooled, embedded, hidden_rows, offset = [], [], [], len(decode_work) + num_verify
         for req, n in group:
             if not req.prefill_done:
@@ -97,7 +99,8 @@ class ForwardPass:
                 offset += n
         sampled = sampled_d + sampled_e  # the order of their logits rows, around the verified requests'
         t0 = now_ns()
-        with self.runner.step(decode_work, verify_work + extend_work, hidden_rows) as rows:
+        fed = decode_work + [w for rows in verify_work for w in rows]
+        with self.runner.step(fed, extend_work, hidden_rows) as rows:
             t1 = now_ns()
             self.forward_ns += t1 - t0
             if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
@@ -147,12 +150,12 @@ class ForwardPass:
             + [(req, -1, None) for req in embedded]  # -1: pooled, no token
         )
 
-    def _verify(self, rows: torch.Tensor, at: int, verified: list[Req], work: list[Work]) -> list[list[int]]:
+    def _verify(self, rows: torch.Tensor, at: int, verified: list[Req], work: list[list[Work]]) -> list[list[int]]:
         """Each verified request's tokens from its logits rows (from row `at` on, in `work`'s order)."""
         t0 = now_ns()
         runs = []
         for req, w in zip(verified, work):
-            n = len(w.token_ids)
+            n = len(w)
             runs.append(self.spec.verify(rows[at : at + n], req, self.eos_ids))
             at += n
         self.verify_ns += now_ns() - t0

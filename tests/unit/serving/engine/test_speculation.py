@@ -16,7 +16,7 @@ from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer
-from serving.engine.speculation import MISSES_TO_PAUSE, Speculator
+from serving.engine.speculation import ALPHA_PRIOR, Speculator, best_k
 from tests.family_models import CUT_VOCAB, FAMILIES, build
 from tests.gguf_writer import write_gguf
 from tests.helpers import encode, greedy, make_core, one_thread
@@ -112,14 +112,14 @@ def test_sampled_acceptance_keeps_the_targets_distribution():
 
     params = dict(temperature=1.0, top_k=30, repetition_penalty=1.1)
     p0_req = _req(ids, **params)
-    probs = None
     row = core.pool.admit(len(ids) + 3)
-    with core.runner.step([], [Work(row, 0, ids, True)]) as first:
-        draft = [int(first[0].argmax()), 0]  # the likeliest token (often kept, often not), then any
-    core.pool.release(row, len(ids) + 1)
-    row = core.pool.admit(len(ids) + 3)
-    with core.runner.step([], [Work(row, 0, ids + draft, True, all_logits=True)]) as rows:
-        logits = rows[len(ids) - 1 :].clone()
+    first = core.runner.forward([], [Work(row, 0, ids[:-1], False)] if len(ids) > 1 else [])
+    fed = [Work(row, len(ids) - 1, [ids[-1]], True)]
+    draft = [int(core.runner.forward(fed, [])[0].argmax()), 0]  # the likeliest token (often kept, often not), then any
+    core.pool.free(core.pool.req_to_token[row, len(ids) - 1 : len(ids)].clone())
+    fed += [Work(row, len(ids) + i, [t], True) for i, t in enumerate(draft)]
+    logits = core.runner.forward(fed, [])  # as a verify step computes them: one decode row a position
+    assert first.shape[0] == 0 and logits.shape[0] == 3
     from serving.engine.sampling import adjust, probabilities
     from serving.engine.spec_accept import draft_rows
 
@@ -247,32 +247,37 @@ class _Pool:
         self.freed += slots.tolist()
 
 
-def test_draft_length_adapts_pauses_and_frees_the_rejected_slots():
-    spec = Speculator(NgramProposer(1, 2), 4, 128)
+def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots():
+    assert [best_k(a, 5) for a in (0.1, 0.5, 0.7, 0.9, 1.0)] == [0, 1, 3, 5, 5]
+    assert best_k(0.9, 16) > best_k(0.9, 5) and best_k(0.9, 16, cost=1.0) == 0  # costly rows never pay
+    spec = Speculator(NgramProposer(1, 2), 5, 128)
     req = _req([1, 2, 1, 2, 1, 2], temperature=0.0)
     req.row, req.max_new_tokens = 0, 100
     pool = _Pool()
     spec.attach(req)
-    assert req.spec.k == 4
+    assert req.spec.k == best_k(ALPHA_PRIOR, 5)
 
     def verify(kept: int) -> None:
         spec.propose([req], room=100, step_tokens=1)
         req.spec.draft = [1] * req.spec.k  # whatever the lookup said: a draft of the current length
         req.num_computed, pool.freed = 6, []  # its last token's position (5) counted computed
         proposed = len(req.spec.draft)
-        spec.settle(req, [1] * (kept + 1), pool)
+        spec.settle(req, [1] * (min(kept, proposed) + 1), pool)
+        kept = min(kept, proposed)
         assert req.num_computed == 6 + kept and pool.freed == list(range(6 + kept, 6 + proposed))
 
-    for kept, want_k in ((4, 4), (1, 2), (2, 3), (0, 1)):
-        verify(kept)
-        assert req.spec.k == want_k
-    for _ in range(MISSES_TO_PAUSE - 1):
+    ks = []
+    for _ in range(4):  # every draft token kept: longer drafts
+        verify(16)
+        ks.append(req.spec.k)
+    assert ks == sorted(ks) and ks[-1] == 5
+    proposed = req.spec.counts.proposed
+    assert req.spec.counts.accepted == proposed
+    while not req.spec.paused:  # nothing kept: shorter drafts, then a pause
         verify(0)
-    assert req.spec.paused > 0
     spec.propose([req], room=100, step_tokens=1)
     assert req.spec.draft == []  # paused: no lookup this step
-    assert req.spec.counts.proposed == 4 + 4 + 2 + 3 + MISSES_TO_PAUSE - 1
-    assert req.spec.counts.accepted == 4 + 1 + 2
+    assert req.spec.counts.accepted == proposed and req.spec.alpha == ALPHA_PRIOR
 
 
 def test_bad_flags_fail_with_a_clear_message():
