@@ -348,6 +348,9 @@ class GrammarErrorCount(msgspec.Struct, array_like=True):
     count: int
 
 
+SPECULATIVE_METHODS = ("ngram",)  # speculative decoding's methods (--speculative, besides off)
+
+
 class MethodCount(msgspec.Struct, array_like=True):
     """Draft tokens one Scheduler rank's speculative decoding proposed (or accepted) by one method, cumulative."""
 
@@ -437,8 +440,12 @@ class SchedulerStats(_Msg, kw_only=True):
     )
     work_flops: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: the steps' FLOPs by phase
     work_bytes: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: bytes they moved, by phase
-    speculative_proposed: list[MethodCount] = []  # cumulative: draft tokens proposed, by method (--speculative)
-    speculative_accepted: list[MethodCount] = []  # cumulative: of those, accepted by the target model
+    speculative_proposed: list[MethodCount] = msgspec.field(  # cumulative: draft tokens proposed, by method
+        default_factory=lambda: [MethodCount(m, 0) for m in SPECULATIVE_METHODS]
+    )
+    speculative_accepted: list[MethodCount] = msgspec.field(  # cumulative: of those, accepted by the target model
+        default_factory=lambda: [MethodCount(m, 0) for m in SPECULATIVE_METHODS]
+    )
     speculative_acceptance: list[MethodHistogram] = []  # cumulative: finished requests' acceptance rates
     speculative_step_tokens: list[MethodHistogram] = []  # cumulative: tokens a request got from one verify step
     peak_flops: float = 0.0  # FLOP/s the startup probe measured (0: not measured, --no-peak-probe)

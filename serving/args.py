@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from protocol.io_struct import SPECULATIVE_METHODS as SPECULATIVE
+
 # OpenMP's wait between parallel regions, as environment variables libgomp reads when torch loads it
 WAIT_POLICIES = {
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -24,7 +26,7 @@ WAIT_POLICIES = {
 TEAM_SPIN_US = {"passive": 0, "brief": 1000, "active": 10**9}
 
 
-SPECULATIVE_METHODS = ("off", "ngram")  # --speculative
+SPECULATIVE_METHODS = ("off", *SPECULATIVE)  # --speculative
 MAX_SPECULATIVE_TOKENS = 16  # --speculative-num-tokens and the n-gram lengths at most
 QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k", "int8")
 

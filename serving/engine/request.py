@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from protocol.io_struct import Logprobs
+from protocol.io_struct import Logprobs, SpecCounts
 from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.engine.wait_reasons import WaitLedger
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from serving.engine.grammar import GrammarState
     from serving.engine.prefix_misses import PrefixMiss
     from serving.engine.radix_cache import TreeNode
-    from serving.engine.speculation import SpecState
 
 
 def _new_times() -> ReqTimes:
@@ -68,6 +67,18 @@ class ReqTimes:
         """Time in the queue over every waiting interval (the open one up to `now`)."""
         open_ns = (now if now is not None else now_ns()) - self.waiting_since if self.waiting_since else 0
         return sum(b - a for a, b in self.waits) + max(0, open_ns)
+
+
+@dataclass
+class SpecState:
+    """One speculated request's draft length, this step's draft and its counts (`serving.engine.speculation`)."""
+
+    k: int  # the longest draft it is proposed now
+    draft: list[int] = field(default_factory=list)  # this step's (empty: it decodes one token)
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    alpha: float = 0.0  # its estimate of the chance a draft token is kept (serving.engine.speculation)
+    pauses: int = 0  # times it was paused
+    paused: int = 0  # decode steps left before it is proposed again
 
 
 @dataclass

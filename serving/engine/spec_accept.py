@@ -18,12 +18,15 @@ over prompt + output + the draft so far, the min_tokens mask, temperature, top-k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from protocol.sampling_params import SamplingParams
-from serving.engine.request import Req
 from serving.engine.sampling import adjust, probabilities
+
+if TYPE_CHECKING:
+    from serving.engine.request import Req
 
 
 @dataclass

@@ -12,9 +12,10 @@ target kept (its own K/V past them is stale), `forget` that the request is gone.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from serving.engine.request import Req
+if TYPE_CHECKING:
+    from serving.engine.request import Req
 
 
 class Proposer(Protocol):

@@ -26,14 +26,12 @@ again from the prior, so text that does not copy pays almost nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from protocol.io_struct import MethodCount, MethodHistogram, SpecCounts
+from protocol.io_struct import MethodCount, MethodHistogram
 from serving.args import ServerArgs
 from serving.engine.kv_pool import KVPool
-from serving.engine.request import Req
+from serving.engine.request import Req, SpecState
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer, Proposer
 from telemetry.stats import PhaseTimes
@@ -46,18 +44,6 @@ DRAFT_ROW_COST = 0.22
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 128
 ACCEPTANCE_BOUNDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-
-
-@dataclass
-class SpecState:
-    """One speculated request's draft length, this step's draft and its counts."""
-
-    k: int  # the longest draft it is proposed now
-    draft: list[int] = field(default_factory=list)  # this step's (empty: it decodes one token)
-    counts: SpecCounts = field(default_factory=SpecCounts)
-    alpha: float = ALPHA_PRIOR  # its estimate of the chance a draft token is kept
-    pauses: int = 0  # times it was paused
-    paused: int = 0  # decode steps left before it is proposed again
 
 
 def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST) -> int:
@@ -90,7 +76,7 @@ class Speculator:
         """A new request: speculated unless it opted out or needs what a verify step does not give."""
         p = req.params
         if req.pooling is None and p.speculative and p.structured is None and p.logprobs is None and not req.hold:
-            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens))
+            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens), alpha=ALPHA_PRIOR)
 
     def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
         """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
