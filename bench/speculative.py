@@ -8,7 +8,9 @@ and on one without (the same weights, float32); only the steps after the first t
 the same in both).  The arms alternate over `--rounds` rounds; the medians are compared, with the spread
 (min-max over the rounds) of each.  Greedy outputs must be the same tokens: the bench says so per prompt.
 Acceptance is the accepted ÷ proposed draft tokens, and tokens per step the output tokens ÷ decode steps.
-The goal: copy-heavy ≥ 1.5× at one stream, free text within 3 % of off.  A benchmark prints numbers; it
+Tokens per CPU second (the process's CPU time over the same steps) are compared too: steadier than wall time
+on a machine something else also runs on.  The goal: copy-heavy ≥ 1.5× at one stream, free text within 3 %
+of off.  A benchmark prints numbers; it
 asserts nothing.
 """
 
@@ -67,23 +69,26 @@ def chat_ids(tokenizer, message: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def run_one(core, ids: list[int], gen_len: int, tag: str) -> tuple[list[int], float, int]:
-    """(output tokens, seconds of the steps after the first token, those steps) of one greedy request alone."""
+def run_one(core, ids: list[int], gen_len: int, tag: str) -> tuple[list[int], float, float, int]:
+    """(output tokens, wall and CPU seconds of the steps after the first token, those steps) of one greedy
+    request alone."""
     from protocol.sampling_params import SamplingParams
 
     core.add_request(tag, ids, SamplingParams(max_new_tokens=gen_len, temperature=0.0))
     out: list[int] = []
     while not out:
         out += [t for ev in core.step() for t in ev.new_token_ids]
-    seconds, steps = 0.0, 0
+    seconds = cpu = 0.0
+    steps = 0
     while core.has_work:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         events = core.step()
         seconds += time.perf_counter() - t0
+        cpu += time.process_time() - c0
         steps += 1
         out += [t for ev in events for t in ev.new_token_ids]
     core.flush_cache()
-    return out, seconds, steps
+    return out, seconds, cpu, steps
 
 
 def main() -> None:
@@ -117,13 +122,15 @@ def main() -> None:
     for name, (kind, message) in WORKLOADS.items():
         ids = chat_ids(loaded.tokenizer, message)
         rates: dict[str, list[float]] = {"off": [], "on": []}
+        cpu_rates: dict[str, list[float]] = {"off": [], "on": []}
         outs, steps = {}, {}
         spec = cores["on"].spec
         before = (spec.proposed, spec.accepted)
         for r in range(a.rounds):
             for arm in ("off", "on") if r % 2 == 0 else ("on", "off"):
-                out, seconds, n = run_one(cores[arm], ids, a.gen_len, f"{name}-{r}-{arm}")
+                out, seconds, cpu, n = run_one(cores[arm], ids, a.gen_len, f"{name}-{r}-{arm}")
                 rates[arm].append((len(out) - 1) / seconds)
+                cpu_rates[arm].append((len(out) - 1) / cpu)
                 outs[arm], steps[arm] = out, n
         proposed, accepted = spec.proposed - before[0], spec.accepted - before[1]
         off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
@@ -135,22 +142,37 @@ def main() -> None:
             "tok_s_off": off,
             "tok_s_on": on,
             "speedup": on / off,
+            "cpu_speedup": statistics.median(cpu_rates["on"]) / statistics.median(cpu_rates["off"]),
             "spread_off": [min(rates["off"]), max(rates["off"])],
             "spread_on": [min(rates["on"]), max(rates["on"])],
             "acceptance": accepted / proposed if proposed else None,
             "tokens_per_step": (len(outs["on"]) - 1) / steps["on"] if steps["on"] else None,
         }
         doc["workloads"][name] = row
-        acc = f"{row['acceptance'] * 100:.0f} %" if proposed else "none proposed"
-        print(
-            f"{a.model} {name} ({kind}, {len(ids)} prompt, {len(outs['on'])} output tokens): "
-            f"off {off:.1f} tok/s [{min(rates['off']):.1f}-{max(rates['off']):.1f}], "
-            f"on {on:.1f} tok/s [{min(rates['on']):.1f}-{max(rates['on']):.1f}]: speedup {on / off:.2f}x; "
-            f"acceptance {acc}, {row['tokens_per_step']:.2f} tokens/step; identical: {row['identical']} "
-            f"(medians of {a.rounds} rounds, {threads} thread{'s' if threads > 1 else ''})"
-        )
+        print(workload_line(f"{a.model} {name}", row, rates, f"medians of {a.rounds} rounds, {threads} thread(s)"))
     if a.json:
         write_json(a.json, doc)
+
+
+def speculative_lines(doc: dict) -> list[str]:
+    """`bench.table`'s lines of a run's JSON: one per workload."""
+    how = f"medians of {doc['rounds']} rounds, {doc['threads']} thread(s)"
+    rows = doc["workloads"].items()
+    spreads = {name: {"off": row["spread_off"], "on": row["spread_on"]} for name, row in rows}
+    return [workload_line(f"speculation {doc['model']} {name}", row, spreads[name], how) for name, row in rows]
+
+
+def workload_line(what: str, row: dict, rates: dict[str, list[float]], how: str) -> str:
+    """One workload's line: the rates with their spread, the speedup, acceptance and tokens per step."""
+    off, on = rates["off"], rates["on"]
+    acc = f"{row['acceptance'] * 100:.0f} %" if row["acceptance"] is not None else "none proposed"
+    return (
+        f"{what} ({row['kind']}, {row['prompt_tokens']} prompt, {row['output_tokens']} output tokens): "
+        f"off {row['tok_s_off']:.1f} tok/s [{min(off):.1f}-{max(off):.1f}], on {row['tok_s_on']:.1f} tok/s "
+        f"[{min(on):.1f}-{max(on):.1f}]: speedup {row['speedup']:.2f}x; acceptance {acc}, "
+        f"{row['tokens_per_step']:.2f} tokens/step; per CPU second {row['cpu_speedup']:.2f}x; "
+        f"identical: {row['identical']} ({how})"
+    )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ Draft length adapts per request (`best_k`): every verify updates its estimate α
 token is kept (an exponential average, from `ALPHA_PRIOR`), and its next draft is the length k ≤
 --speculative-num-tokens with the most expected tokens per step, (1 − α^(k+1)) / (1 − α), for what the step
 costs, 1 + `DRAFT_ROW_COST` · k.  Where even one draft token does not pay (α below the row's cost), proposals
-pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`) and start
-again from the prior, so text that does not copy pays almost nothing.
+pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`), then a
+one-token probe (`ALPHA_PROBE`) tries again: text that does not copy pays one verified row per pause.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer, Proposer
 from telemetry.stats import PhaseTimes
 
-ALPHA_PRIOR = 0.6  # a new request's (and a resumed one's) estimate that a draft token is kept
+ALPHA_PRIOR = 0.6  # a new request's estimate that a draft token is kept
+ALPHA_PROBE = 0.3  # its estimate after a pause: one one-token draft, and a miss pauses it again
 ALPHA_WEIGHT = 0.3  # how much one verify moves the estimate
 # What one verified row costs beside a decode step's own: SmolLM2-135M float32 on one core (bench.speculative),
 # a decode step ~6 ms and each row more ~1.3 ms, most of it the lm_head over its 49k-token vocabulary
@@ -120,8 +121,8 @@ class Speculator:
         st.k = best_k(st.alpha, self.max_tokens)
         if not st.k:  # drafts do not pay for this request now: try again later, from the prior
             st.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << st.pauses)
-            st.pauses, st.alpha = st.pauses + 1, ALPHA_PRIOR
-            st.k = best_k(ALPHA_PRIOR, self.max_tokens)
+            st.pauses, st.alpha = st.pauses + 1, ALPHA_PROBE
+            st.k = best_k(ALPHA_PROBE, self.max_tokens)
 
     def finished(self, req: Req) -> None:
         """`req` ended: its acceptance rate observed (if it was ever verified), the proposer's state dropped."""

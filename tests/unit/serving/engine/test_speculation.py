@@ -16,7 +16,7 @@ from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer
-from serving.engine.speculation import ALPHA_PRIOR, Speculator, best_k
+from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
 from tests.family_models import CUT_VOCAB, FAMILIES, build
 from tests.gguf_writer import write_gguf
 from tests.helpers import encode, greedy, make_core, one_thread
@@ -277,7 +277,7 @@ def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots
         verify(0)
     spec.propose([req], room=100, step_tokens=1)
     assert req.spec.draft == []  # paused: no lookup this step
-    assert req.spec.counts.accepted == proposed and req.spec.alpha == ALPHA_PRIOR
+    assert req.spec.counts.accepted == proposed and req.spec.alpha == ALPHA_PROBE and req.spec.k == 1
 
 
 def test_bad_flags_fail_with_a_clear_message():
