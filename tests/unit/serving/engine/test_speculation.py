@@ -17,6 +17,8 @@ from serving.engine.request import Req
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer
 from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
+from serving.model_errors import ModelLoadError
+from tests import encoder_models
 from tests.family_models import CUT_VOCAB, FAMILIES, build
 from tests.gguf_writer import write_gguf
 from tests.helpers import encode, greedy, make_core, one_thread
@@ -221,6 +223,30 @@ def test_prompt_lookup_on_a_copying_output_stays_exact(tiny):
     assert _run(core, requests) == reference
 
 
+def test_sampled_runs_keep_the_books_and_reproduce_with_a_seed(tiny):
+    """Sampled requests with penalties and cuts, drafts landing and not: every step's KV bookkeeping holds, each
+    request's tokens are accepted + steps, and a seeded run gives the same tokens again."""
+    ids = encode(tiny, PROMPT)
+    reference = _run(make_core(tiny, max_total_tokens=1024), [("g", ids, greedy(24))], check=False)["g"]
+
+    def run() -> tuple[dict[str, list[int]], dict[str, object]]:
+        core = make_core(tiny, max_total_tokens=1024, speculative="ngram")
+        core.spec.proposer = Oracle({f"s{i}": reference for i in range(3)})
+        params = [
+            SamplingParams(max_new_tokens=24, temperature=0.7, seed=1, ignore_eos=True),
+            SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, min_p=0.05, seed=2, ignore_eos=True),
+            SamplingParams(max_new_tokens=24, temperature=0.5, repetition_penalty=1.2, min_tokens=4, seed=3),
+        ]
+        reqs = {f"s{i}": core.add_request(f"s{i}", ids, p) for i, p in enumerate(params)}
+        return _run(core, []), {rid: r.spec.counts for rid, r in reqs.items()}
+
+    (outs, counts), (again, _) = run(), run()
+    assert outs == again
+    assert sum(c.proposed for c in counts.values()) > sum(c.accepted for c in counts.values()) > 0
+    assert all(len(outs[rid]) <= c.accepted + c.steps for rid, c in counts.items())  # a stop may cut a run
+    assert all(len(outs[rid]) == 24 == counts[rid].accepted + counts[rid].steps for rid in ("s0", "s1"))
+
+
 def test_who_is_speculated(tiny):
     core = make_core(tiny, max_total_tokens=512, speculative="ngram")
     ids = encode(tiny, PROMPT)
@@ -278,6 +304,11 @@ def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots
     spec.propose([req], room=100, step_tokens=1)
     assert req.spec.draft == []  # paused: no lookup this step
     assert req.spec.counts.accepted == proposed and req.spec.alpha == ALPHA_PROBE and req.spec.k == 1
+
+
+def test_an_encoder_cannot_speculate():
+    with pytest.raises(ModelLoadError, match="needs a generative model"):
+        make_core(load_model(str(encoder_models.build())), speculative="ngram")
 
 
 def test_bad_flags_fail_with_a_clear_message():
