@@ -273,7 +273,7 @@ class SchedulerCore:
             "retraction_recomputed_tokens_total": self.batches.recomputed_tokens,
             "admissions_total": self.batches.admissions,
             "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
-            **(self.spec.stats() if self.spec is not None else {}),
+            **(self.spec.stats() if self.spec is not None else Speculator.off_stats()),
         }
 
     def flush_cache(self, force: bool = False) -> bool:

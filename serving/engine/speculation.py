@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from protocol.io_struct import MethodCount, MethodHistogram
+from protocol.io_struct import SPECULATIVE_METHODS, MethodCount, MethodHistogram
 from serving.args import ServerArgs
 from serving.engine.kv_pool import KVPool
 from serving.engine.request import Req, SpecState
@@ -129,6 +129,17 @@ class Speculator:
         if req.spec.counts.proposed:
             self.acceptance.observe(self.method, req.spec.counts.accepted / req.spec.counts.proposed)
         self.proposer.forget(req)
+
+    @staticmethod
+    def off_stats() -> dict[str, object]:
+        """The speculation's part of `SchedulerStats` with --speculative off: every counter at 0, no histogram."""
+        zeros = [MethodCount(m, 0) for m in SPECULATIVE_METHODS]
+        return {
+            "speculative_proposed": zeros,
+            "speculative_accepted": list(zeros),
+            "speculative_acceptance": [],
+            "speculative_step_tokens": [],
+        }
 
     def stats(self) -> dict[str, object]:
         """The speculation's part of `SchedulerStats`, by field name."""
