@@ -60,7 +60,7 @@ class StepStats:
     num_retracted: int = 0  # requests taken out of the batch before it ran
     tokens: tuple[int, ...] = ()  # tokens it fed each of `rids` (1 per decode, a prefill chunk's length)
     starts: tuple[int, ...] = ()  # positions each of `rids` had computed before it (where its tokens went)
-    num_sampled: int = 0  # tokens it sampled (every decode's, and those of prefills it completed)
+    num_sampled: int = 0  # requests it sampled for (every decode, and the prefills it completed)
 
     def stats(self) -> dict[str, int | float]:
         """The step's part of `SchedulerStats`, by field name."""

@@ -365,7 +365,7 @@ class SchedulerCore:
             prefill_rids=tuple(r.rid for r, _ in chunks),
             tokens=fed,
             starts=starts,
-            num_sampled=len(produced),
+            num_sampled=len({id(r) for r, _, _ in produced}),
         )
         return events
 
