@@ -19,7 +19,9 @@ had been sampled.
 Draft length adapts per request (`best_k`): every verify updates its estimate α of the chance that a draft
 token is kept (an exponential average, from `ALPHA_PRIOR`), and its next draft is the length k ≤
 --speculative-num-tokens with the most expected tokens per step, (1 − α^(k+1)) / (1 − α), for what the step
-costs, 1 + `DRAFT_ROW_COST` · k.  Where even one draft token does not pay (α below the row's cost), proposals
+costs, 1 + c · k, where c is a verified row's cost: `DRAFT_ROW_COST` at one stream, more beside other decoding
+requests, whose tokens the step's time also buys (`batch_row_cost`; a draft that does not pay there is not
+proposed that step).  Where even one draft token does not pay at one stream (α below the row's cost), proposals
 pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`), then a
 one-token probe (`ALPHA_PROBE`) tries again: text that does not copy pays one verified row per pause.
 """
@@ -55,6 +57,14 @@ def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST) -> int:
     return k if value[k] > 1.0 else 0
 
 
+def batch_row_cost(decoding: int) -> float:
+    """What a verified row costs for a request decoding beside `decoding - 1` others, in that request's tokens:
+    the row's cost against what the step's time buys now, `decoding` tokens for 1 + DRAFT_ROW_COST · (decoding
+    − 1).  One stream: DRAFT_ROW_COST; the larger the batch, the more a row's time is worth in tokens, so only
+    drafts that are kept more often pay (at 8 streams, α above ~0.7)."""
+    return DRAFT_ROW_COST * decoding / (1 + DRAFT_ROW_COST * (decoding - 1))
+
+
 class Speculator:
     def __init__(self, proposer: Proposer, max_tokens: int, max_step_tokens: int) -> None:
         self.proposer, self.max_tokens, self.max_step_tokens = proposer, max_tokens, max_step_tokens
@@ -83,6 +93,7 @@ class Speculator:
         """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
         feeds `step_tokens` without them); returns the draft tokens proposed."""
         total, budget = 0, min(room, self.max_step_tokens - step_tokens)
+        cost = batch_row_cost(len(decoding))
         for req in decoding:
             st = req.spec
             if st is None:
@@ -91,7 +102,7 @@ class Speculator:
             if st.paused:
                 st.paused -= 1
                 continue
-            k = min(st.k, req.max_new_tokens - len(req.output_ids) - 1, budget - total)
+            k = min(best_k(st.alpha, st.k, cost), req.max_new_tokens - len(req.output_ids) - 1, budget - total)
             if k >= 1:
                 st.draft = self.proposer.propose(req, k)
                 total += len(st.draft)
