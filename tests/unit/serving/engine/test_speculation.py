@@ -233,9 +233,9 @@ def test_sampled_runs_keep_the_books_and_reproduce_with_a_seed(tiny):
         core = make_core(tiny, max_total_tokens=1024, speculative="ngram")
         core.spec.proposer = Oracle({f"s{i}": reference for i in range(3)})
         params = [
-            SamplingParams(max_new_tokens=24, temperature=0.7, seed=1, ignore_eos=True),
-            SamplingParams(max_new_tokens=24, temperature=1.0, top_p=0.9, min_p=0.05, seed=2, ignore_eos=True),
-            SamplingParams(max_new_tokens=24, temperature=0.5, repetition_penalty=1.2, min_tokens=4, seed=3),
+            SamplingParams(max_new_tokens=24, temperature=0.3, seed=1, ignore_eos=True),
+            SamplingParams(max_new_tokens=24, temperature=0.4, top_p=0.9, min_p=0.05, seed=2, ignore_eos=True),
+            SamplingParams(max_new_tokens=24, temperature=0.3, repetition_penalty=1.2, min_tokens=4, seed=3),
         ]
         reqs = {f"s{i}": core.add_request(f"s{i}", ids, p) for i, p in enumerate(params)}
         return _run(core, []), {rid: r.spec.counts for rid, r in reqs.items()}
