@@ -34,6 +34,9 @@ class Proposer(Protocol):
         ...
 
 
+INDEX_PER_STEP = 2048  # positions a lookup indexes at most: a long prompt is indexed over its first steps
+
+
 @dataclass
 class NgramIndex:
     """One request's n-grams (each length in [n_min, n_max]) → the position after their latest occurrence,
@@ -45,7 +48,9 @@ class NgramIndex:
 
 class NgramProposer:
     """Prompt lookup: the longest suffix of length n_max down to n_min that occurred before in the request's
-    prompt + output proposes the (up to k) tokens that followed its latest earlier occurrence."""
+    prompt + output proposes the (up to k) tokens that followed its latest earlier occurrence.  Each lookup
+    indexes at most `INDEX_PER_STEP` new positions, oldest first, so a long prompt costs no step more than a
+    few milliseconds; until it is indexed whole, only its indexed part is searched."""
 
     method = "ngram"
 
@@ -56,7 +61,7 @@ class NgramProposer:
     def propose(self, req: Req, k: int) -> list[int]:
         seq = req.seq
         idx = self.index.setdefault(req.rid, NgramIndex())
-        last = len(seq) - 1  # the n-grams ending here are the suffix: looked up, indexed next time
+        last = min(len(seq) - 1, idx.upto + INDEX_PER_STEP)  # the suffix's n-grams: looked up, indexed next time
         for end in range(idx.upto, last):
             for n in range(self.n_min, min(self.n_max, end + 1) + 1):
                 idx.after[tuple(seq[end + 1 - n : end + 1])] = end + 1

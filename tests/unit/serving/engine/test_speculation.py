@@ -15,7 +15,7 @@ from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.spec_accept import accept
-from serving.engine.spec_propose import NgramProposer
+from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer
 from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
 from serving.model_errors import ModelLoadError
 from tests import encoder_models
@@ -70,6 +70,15 @@ def test_incremental_index_matches_a_brute_force_search():
                 want = seq[starts[-1] + n : min(end, starts[-1] + n + 3)]
                 break
         assert got == want, end
+
+
+def test_a_long_prompt_is_indexed_over_several_lookups():
+    seq = [i % 1000 for i in range(3 * INDEX_PER_STEP)] + [7, 8]  # 7, 8 last occurred at 1007
+    p = NgramProposer(2, 2)
+    req = _req(seq)
+    looked = [p.propose(req, 2) for _ in range(4)]
+    assert p.index[req.rid].upto == len(seq) - 1
+    assert looked[-1] == [9, 10] and looked[0] == [9, 10]  # the first lookup saw 7, 8 at 7 already
 
 
 # -- the acceptance rule --------------------------------------------------------------------
