@@ -65,11 +65,25 @@ def test_a_request_that_opts_out_is_never_speculated(runs):
     assert "speculative" not in runs["off"][1]["sightline"]
 
 
+def test_every_generation_route_takes_the_opt_out(srv, runs):
+    prompt = f"Repeat: {TEXT}. {TEXT}."
+    for speculative in (True, False):
+        sp = {"max_new_tokens": 12, "temperature": 0, "speculative": speculative}
+        body = srv.post("/generate", {"text": prompt, "sampling_params": sp}).json()
+        assert len(body["output_ids"]) == 12 and ("speculative" in body["meta_info"]["sightline"]) is speculative
+    msg = {"model": "smollm2-135m", "max_tokens": 8, "messages": MESSAGES, "speculative": False, "ignore_eos": True}
+    body = srv.post("/v1/messages", msg).json()
+    assert body["usage"]["output_tokens"] == 8 and "speculative" not in body["sightline"]
+    resp = {"input": TEXT, "max_output_tokens": 8, "speculative": False, "temperature": 0, "ignore_eos": True}
+    body = srv.post("/v1/responses", resp).json()
+    assert body["usage"]["output_tokens"] == 8 and "speculative" not in body["sightline"]
+
+
 def test_debug_requests_and_metrics_agree_with_the_requests(srv, runs):
     srv.barrier()
     entries = httpx.get(srv.url + "/debug/requests", timeout=10).json()["requests"]
     speculated = [e["speculative"] for e in entries if "speculative" in e]
-    assert runs["on"][1]["sightline"]["speculative"] in speculated and len(entries) == 2
+    assert runs["on"][1]["sightline"]["speculative"] in speculated and len(entries) == 6
     text = scrape(srv)
     proposed = value(text, "sightline_speculative_proposed_tokens_total", method="ngram")
     accepted = value(text, "sightline_speculative_accepted_tokens_total", method="ngram")
