@@ -18,7 +18,8 @@ together, with each server's output tok/s also as a multiple of our HTTP server'
 `pp` row last (a lone `pp_len`-token prompt, max_tokens 1: prompt tokens ÷ TTFT).  TTFT and
 ITL are measured by the same client code for our server and the peers.  Missing files and
 skipped peers are one line each under the table, with the reason.  Then embeddings.json
-(bench.embeddings: the bundled MiniLM's embeddings/s at each batch size beside transformers in-process).
+(bench.embeddings: the bundled MiniLM's embeddings/s at each batch size beside transformers in-process) and
+speculative.json (bench.speculative: one stream's tok/s with prompt-lookup speculation on and off).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from bench.common import summary
 from bench.embeddings import embedding_lines
+from bench.speculative import speculative_lines
 
 HEAD = (
     "| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
@@ -244,14 +246,9 @@ def main(argv: list[str] | None = None) -> None:
     table = render(load(a.dir / "engine.json"), https, load(a.peers or a.dir / "peers.json"))
     print(table)
     print("\n".join(roofline(load(a.dir / "kernels.json"), table)))
-    embeddings = load(a.dir / "embeddings.json")
-    print(
-        "\n".join(
-            embedding_lines(embeddings)
-            if embeddings
-            else ["embeddings: no embeddings.json (run `python -m bench.embeddings --json ...`)"]
-        )
-    )
+    for name, lines in (("embeddings", embedding_lines), ("speculative", speculative_lines)):
+        doc = load(a.dir / f"{name}.json")
+        print("\n".join(lines(doc) if doc else [f"{name}: no {name}.json (run `python -m bench.{name} --json ...`)"]))
 
 
 if __name__ == "__main__":

@@ -167,6 +167,16 @@ class Logprobs(msgspec.Struct, kw_only=True, array_like=True):
     top_logprobs: list[list[float]] = []
 
 
+class SpecCounts(msgspec.Struct, array_like=True):
+    """One request's speculative decoding so far (`--speculative`): draft tokens proposed and accepted, and the
+    engine steps that gave it tokens (its completion tokens are accepted + steps, fewer when a stop ended it
+    inside an accepted run)."""
+
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
 class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     """New tokens of one rid from one Scheduler step (or its abort / error)."""
 
@@ -181,6 +191,7 @@ class TokenOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     completion_tokens: int = 0  # generated so far, these included
     retractions: int = 0  # times the engine took it out of the batch (for others' KV) and resumed it
     cpu_ns: int = 0  # its share of the engine steps' CPU time so far (serving.engine.cpu_share)
+    speculative: SpecCounts | None = None  # with --speculative, a request speculated: its counts so far
     detok: DetokParams | None = None  # only on the rid's first output
     logprobs: Logprobs | None = None  # of `new_token_ids` (SamplingParams.logprobs set)
     prompt_logprobs: Logprobs | None = None  # of prompt tokens 1..n-1, on the first output (prompt_logprobs set)
@@ -227,6 +238,7 @@ class StrOut(msgspec.Struct, kw_only=True, omit_defaults=True):
     completion_tokens: int = 0
     retractions: int = 0
     cpu_ns: int = 0
+    speculative: SpecCounts | None = None  # as TokenOut's
     logprobs: Logprobs | None = None  # of `output_ids`
     prompt_logprobs: Logprobs | None = None  # as TokenOut's, passed through on the first output
     meta: ReqMeta = msgspec.field(default_factory=ReqMeta)
@@ -336,6 +348,25 @@ class GrammarErrorCount(msgspec.Struct, array_like=True):
     count: int
 
 
+SPECULATIVE_METHODS = ("ngram",)  # speculative decoding's methods (--speculative, besides off)
+
+
+class MethodCount(msgspec.Struct, array_like=True):
+    """Draft tokens one Scheduler rank's speculative decoding proposed (or accepted) by one method, cumulative."""
+
+    method: str
+    count: int
+
+
+class MethodHistogram(msgspec.Struct, array_like=True):
+    """Cumulative histogram of one speculative method's per-request acceptance rates (or tokens per verify)."""
+
+    method: str
+    bounds: list[float]
+    counts: list[int]  # observations per bucket (not cumulative); one more than bounds: the +Inf bucket
+    sum: float
+
+
 STEP_PHASES = ("prefill", "decode")  # what a step's work is counted under (serving.engine.utilisation)
 
 
@@ -409,6 +440,14 @@ class SchedulerStats(_Msg, kw_only=True):
     )
     work_flops: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: the steps' FLOPs by phase
     work_bytes: list[PhaseWork] = msgspec.field(default_factory=_no_work)  # cumulative: bytes they moved, by phase
+    speculative_proposed: list[MethodCount] = msgspec.field(  # cumulative: draft tokens proposed, by method
+        default_factory=lambda: [MethodCount(m, 0) for m in SPECULATIVE_METHODS]
+    )
+    speculative_accepted: list[MethodCount] = msgspec.field(  # cumulative: of those, accepted by the target model
+        default_factory=lambda: [MethodCount(m, 0) for m in SPECULATIVE_METHODS]
+    )
+    speculative_acceptance: list[MethodHistogram] = []  # cumulative: finished requests' acceptance rates
+    speculative_step_tokens: list[MethodHistogram] = []  # cumulative: tokens a request got from one verify step
     peak_flops: float = 0.0  # FLOP/s the startup probe measured (0: not measured, --no-peak-probe)
     peak_bytes_per_second: float = 0.0  # memory-copy bandwidth the startup probe measured (0: not measured)
 
@@ -571,6 +610,7 @@ class StepRecord(msgspec.Struct, array_like=True):
     trace_ids: list[str]  # per rid, "" when not traced
     logprobs: int = 0  # log-probabilities of sampled and prompt tokens (outside `sample`)
     grammar: int = 0  # grammar masks filled and applied, sampled tokens consumed (outside `sample`)
+    verify: int = 0  # speculative drafts judged by the acceptance rule (outside `sample`)
 
 
 class StepTimelineOutput(_Msg):

@@ -59,6 +59,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     logit_bias: dict[int, float] = {}  # token id -> added to its logit before anything else
     min_tokens: int = 0  # EOS and stop token ids cannot end it before this many tokens
     structured: StructuredOutput | None = None  # a grammar the output must follow (masks in the sampler)
+    speculative: bool = True  # may be speculated when the server speculates (--speculative); False opts out
 
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise ValueError "<field> <why>, got <value>" for the first out-of-range field (the API's 400)."""

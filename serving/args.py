@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from protocol.io_struct import SPECULATIVE_METHODS as SPECULATIVE
+
 # OpenMP's wait between parallel regions, as environment variables libgomp reads when torch loads it
 WAIT_POLICIES = {
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -24,6 +26,8 @@ WAIT_POLICIES = {
 TEAM_SPIN_US = {"passive": 0, "brief": 1000, "active": 10**9}
 
 
+SPECULATIVE_METHODS = ("off", *SPECULATIVE)  # --speculative
+MAX_SPECULATIVE_TOKENS = 16  # --speculative-num-tokens and the n-gram lengths at most
 QUANTIZATIONS = ("auto", "none", "gguf", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q6_k", "int8")
 
 
@@ -157,6 +161,21 @@ class ServerArgs:
         "top-k/top-p/min-p: the logits after logit_bias, penalties and the "
         "min_tokens mask, divided by the temperature) or 'raw' (the model's "
         "logits, untouched). Prompt logprobs are the model's in either mode.",
+    )
+    speculative: str = _opt(
+        "off",
+        "Speculative decoding: 'off', or 'ngram' (prompt lookup: the tokens that followed the latest earlier "
+        "occurrence of a request's last n tokens in its own prompt and output are proposed, and verified in one "
+        "forward; the output is the one without it: greedy token for token, sampled in distribution).",
+    )
+    speculative_num_tokens: int = _opt(
+        5, "With --speculative: the most draft tokens proposed per request and step (1 to 16; adapted per request)."
+    )
+    speculative_ngram_max: int = _opt(
+        4, "With --speculative ngram: the longest suffix matched (tried first), in tokens (1 to 16)."
+    )
+    speculative_ngram_min: int = _opt(
+        2, "With --speculative ngram: the shortest suffix matched, in tokens (1 to --speculative-ngram-max)."
     )
     enforce_eager: bool = _opt(
         False,
@@ -648,6 +667,18 @@ class ServerArgs:
             raise ValueError("--linear-backend must be auto, native or torch")
         if self.attention_backend not in ("auto", "native", "sdpa"):
             raise ValueError("--attention-backend must be auto, native or sdpa")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"--speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
+        if not 1 <= self.speculative_num_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"--speculative-num-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.speculative_num_tokens}"
+            )
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                "--speculative-ngram-min and --speculative-ngram-max must satisfy "
+                f"1 <= min <= max <= {MAX_SPECULATIVE_TOKENS}, got {self.speculative_ngram_min} and "
+                f"{self.speculative_ngram_max}"
+            )
         if self.logprobs_mode not in ("processed", "raw"):
             raise ValueError("--logprobs-mode must be processed or raw")
         if not 0 <= self.port <= 65535:

@@ -28,6 +28,7 @@ from protocol.io_struct import (
     GRAMMAR_CACHE_RESULTS,
     GRAMMAR_ERROR_KINDS,
     MISS_REASONS,
+    SPECULATIVE_METHODS,
     STEP_PHASES,
     SchedulerStats,
 )
@@ -933,12 +934,57 @@ SPECS: tuple[Spec, ...] = (
         "building the batch's request list), forward (KV slot allocation, batch metadata, the model's forward), "
         "sample (logits → tokens, finish checks), grammar (structured outputs: grammar masks filled and added to "
         "the logits, sampled tokens consumed by their matchers; 0 in a step without any), logprobs "
-        "(log-probabilities of sampled tokens and of prompt tokens; 0 in a step that computed none), output "
+        "(log-probabilities of sampled tokens and of prompt tokens; 0 in a step that computed none), verify "
+        "(--speculative: the acceptance rule over the verified drafts' logits; their rows' forward is in forward; 0 "
+        "in a step without drafts), output "
         "(outputs built and sent to the Detokenizer). Every "
         "phase is observed once per step, so their means add up to the mean step. Kept as a histogram in the "
         "Scheduler and sent whole in its stats.",
         source="scheduler",
         read="scheduler.step_phases",
+    ),
+    Spec(
+        "sightline_speculative_proposed_tokens_total",
+        "counter",
+        "Draft tokens speculative decoding proposed, by method.",
+        R + ("method",),
+        definition="Only with --speculative (method ngram: prompt lookup). Counted when the step that verified "
+        "them ran; each is accepted or rejected in that step (sightline_speculative_accepted_tokens_total; "
+        "rejected = proposed − accepted).",
+        source="scheduler",
+        read="scheduler.speculative_proposed",
+    ),
+    Spec(
+        "sightline_speculative_accepted_tokens_total",
+        "counter",
+        "Of the proposed draft tokens, those the target model accepted, by method.",
+        R + ("method",),
+        definition="Accepted by the acceptance rule (greedy: the target's argmax; sampled: kept with the target's "
+        "probability). accepted ÷ proposed is the acceptance rate; each verify step also gives one token of the "
+        "target's own (sightline_speculative_step_tokens).",
+        source="scheduler",
+        read="scheduler.speculative_accepted",
+    ),
+    Spec(
+        "sightline_speculative_acceptance_rate",
+        "histogram",
+        "Per finished speculated request: its accepted ÷ proposed draft tokens, by method.",
+        R + ("method",),
+        definition="Observed once when a request that had drafts verified ends (a request never verified, "
+        "its lookups having found nothing, is not observed). Buckets 0, 0.1 … 1.",
+        source="scheduler",
+        read="scheduler.speculative_acceptance",
+    ),
+    Spec(
+        "sightline_speculative_step_tokens",
+        "histogram",
+        "Tokens a speculated request got from one verify step (accepted draft tokens + 1), by method.",
+        R + ("method",),
+        definition="One observation per request per step that verified its draft: 1 means every draft token "
+        "was rejected (the step gave what a decode step gives), --speculative-num-tokens + 1 that all were kept. "
+        "Its mean is the tokens per step speculation reaches where it drafts.",
+        source="scheduler",
+        read="scheduler.speculative_step_tokens",
     ),
     Spec(
         "sightline_grammar_compile_seconds",
@@ -1137,6 +1183,8 @@ ZERO_SERIES: dict[str, tuple[dict[str, str], ...]] = {
     "sightline_otlp_metric_exports_total": _each(result=("ok", "failed")),
     "sightline_crash_dumps_total": _each(result=("written", "failed")),
     "sightline_tool_call_parse_failures_total": _each(parser=TOOL_CALL_PARSERS),
+    "sightline_speculative_proposed_tokens_total": _each(method=SPECULATIVE_METHODS),
+    "sightline_speculative_accepted_tokens_total": _each(method=SPECULATIVE_METHODS),
     "sightline_decode_gaps_total": _each(cause=GAP_CAUSES),
     "sightline_prefix_cache_misses_total": _each(reason=MISS_REASONS),
     "sightline_grammar_cache_total": _each(result=GRAMMAR_CACHE_RESULTS),

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from opentelemetry.trace import Span, SpanKind, set_span_in_context
 from prometheus_client import Counter, Histogram
 
-from protocol.io_struct import BatchStrOutput, ReqMeta, Stamps, StrOut
+from protocol.io_struct import BatchStrOutput, ReqMeta, SpecCounts, Stamps, StrOut
 from protocol.reasons import AbortReason
 from telemetry.clock import now_ns
 from telemetry.downstream_gaps import DownstreamGaps
@@ -84,6 +84,7 @@ class TracedRequest(Protocol):
     prompt_tokens: int
     cached_tokens: int
     retractions: int  # times the engine took it out of the batch and resumed it
+    speculative: SpecCounts | None  # speculated: draft tokens proposed and accepted, and its token steps
     tenant: str  # the tenant its API key names
     slo: Objectives | None  # its latency objectives (telemetry.request_slo), judged at its end
     cpu_ns: int  # its share of the engine steps' CPU time
@@ -93,6 +94,12 @@ class TracedRequest(Protocol):
     completion_tokens: int
     tool_call_failure: tuple[str, str] | None  # (parser, text) of an answer whose tool calls did not parse
     trace: RequestTrace  # what telemetry keeps of it: span, trace ids, receive stamps, outcome, recorder input
+
+
+def speculative_numbers(c: SpecCounts) -> dict[str, int]:
+    """A speculated request's draft tokens proposed, accepted and rejected, and the engine steps that gave it
+    tokens: its breakdown's `speculative` and its span's `sightline.speculative.*`."""
+    return {"proposed": c.proposed, "accepted": c.accepted, "rejected": c.proposed - c.accepted, "steps": c.steps}
 
 
 def vllm_latencies(st: Stamps) -> dict[str, float]:
@@ -415,6 +422,8 @@ class RequestTelemetry:
             "e2e_ms": _ms(rt.arrival, end),
             "cached_tokens": rt.cached_tokens,
         }
+        if rt.speculative is not None:
+            rt.breakdown["speculative"] = speculative_numbers(rt.speculative)
         if met:
             rt.breakdown["slo"] = met
         if rt.trace.trace_id:
@@ -505,6 +514,8 @@ class RequestTelemetry:
         attrs.update(vllm_latencies(st))
         if rt.retractions:
             attrs["sightline.retractions"] = rt.retractions
+        if rt.speculative is not None:
+            attrs.update({f"sightline.speculative.{k}": v for k, v in speculative_numbers(rt.speculative).items()})
         stall = self.loop_lag.worst_between(rt.arrival, now_ns()) if self.loop_lag is not None else None
         if stall is not None:  # the event loop stalled longer than the monitor's `slow` while this request ran
             attrs["sightline.event_loop.lag_max_seconds"] = stall

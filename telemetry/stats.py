@@ -59,9 +59,10 @@ class PhaseTimes:
     """Histograms of engine-step phases, kept in the Scheduler and sent whole in its stats
     (cumulative, like a Prometheus histogram: a lost stats message loses nothing)."""
 
-    def __init__(self, phases: tuple[str, ...], bounds: tuple[float, ...]) -> None:
+    def __init__(self, phases: tuple[str, ...], bounds: tuple[float, ...], kind: type = PhaseHistogram) -> None:
         self.bounds = list(bounds)
-        self.hist = {p: PhaseHistogram(p, self.bounds, [0] * (len(bounds) + 1), 0.0) for p in phases}
+        self.kind = kind  # PhaseHistogram, or a struct of the same fields under another first label (MethodHistogram)
+        self.hist = {p: kind(p, self.bounds, [0] * (len(bounds) + 1), 0.0) for p in phases}
 
     def observe(self, phase: str, seconds: float) -> None:
         h = self.hist[phase]
@@ -69,4 +70,4 @@ class PhaseTimes:
         h.sum += seconds
 
     def snapshot(self) -> list[PhaseHistogram]:
-        return [PhaseHistogram(h.phase, h.bounds, list(h.counts), h.sum) for h in self.hist.values()]
+        return [self.kind(p, h.bounds, list(h.counts), h.sum) for p, h in self.hist.items()]

@@ -26,7 +26,7 @@ from typing import Iterable, Protocol
 from protocol.io_struct import StepRecord
 from telemetry.clock import WallAnchor, now_ns
 
-PHASES = ("schedule", "forward", "sample", "grammar", "logprobs", "output")
+PHASES = ("schedule", "forward", "sample", "grammar", "logprobs", "verify", "output")
 
 
 class Step(Protocol):
@@ -39,6 +39,7 @@ class Step(Protocol):
     sample_seconds: float
     logprobs_seconds: float
     grammar_seconds: float
+    verify_seconds: float
     num_decode: int
     num_prefill_tokens: int
     num_retracted: int
@@ -82,6 +83,7 @@ class StepRing:
                     list(traces),
                     int(st.logprobs_seconds * 1e9),
                     int(st.grammar_seconds * 1e9),
+                    int(st.verify_seconds * 1e9),
                 )
             )
         out.reverse()
@@ -109,7 +111,7 @@ def chrome_trace(ranks: Iterable[tuple[int, list[StepRecord]]], anchor: WallAnch
         seen: set[str] = set()
         for i, s in enumerate(steps):
             ts, dur = _us(anchor, s.start), max((s.end - s.start) / 1e3, 0.001)
-            phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.grammar, s.logprobs, s.output)))
+            phases = dict(zip(PHASES, (s.schedule, s.forward, s.sample, s.grammar, s.logprobs, s.verify, s.output)))
             events.append(
                 {
                     "ph": "X",

@@ -117,6 +117,7 @@ def _build(
         num_decode=len(decodes),
         decode_kv_idx=decode_kv_idx,
         decode_lens=lengths,
+        decode_requests=len({w.row for w in decodes}),
         extends=segs,
         # every row when only decode tokens are fed: no gather before the lm_head
         logits_rows=torch.tensor(logits_rows, dtype=torch.int64) if extends else None,

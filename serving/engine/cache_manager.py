@@ -130,6 +130,9 @@ class CacheManager:
         self.unpin(req)
         if req.row < 0:
             return
+        if req.num_computed > req.total_len:  # ended inside a speculative run: K/V of tokens it never emitted
+            self.pool.free(self.pool.req_to_token[req.row, req.total_len : req.num_computed].clone())
+            req.num_computed = req.total_len
         start = 0
         if self.tree is not None:
             if cache:

@@ -52,6 +52,7 @@ class StepStats:
     sample_seconds: float = 0.0  # logits → tokens, finish checks
     logprobs_seconds: float = 0.0  # log-probabilities of sampled and prompt tokens (not part of sample_seconds)
     grammar_seconds: float = 0.0  # grammar masks filled and applied, tokens consumed (not part of sample_seconds)
+    verify_seconds: float = 0.0  # speculative drafts judged by the acceptance rule (not part of sample_seconds)
     started_ns: int = 0
     ended_ns: int = 0
     rids: tuple[str, ...] = ()  # every request in the batch (for the batch span's links), decodes first
@@ -59,7 +60,7 @@ class StepStats:
     num_retracted: int = 0  # requests taken out of the batch before it ran
     tokens: tuple[int, ...] = ()  # tokens it fed each of `rids` (1 per decode, a prefill chunk's length)
     starts: tuple[int, ...] = ()  # positions each of `rids` had computed before it (where its tokens went)
-    num_sampled: int = 0  # tokens it sampled (every decode's, and those of prefills it completed)
+    num_sampled: int = 0  # requests it sampled for (every decode, and the prefills it completed)
 
     def stats(self) -> dict[str, int | float]:
         """The step's part of `SchedulerStats`, by field name."""

@@ -3,10 +3,14 @@ the requests that make it fail.
 
 `run` feeds decodes and prefill chunks side by side through the model (`ModelRunner.step`), samples a
 token for every request whose prompt is complete (through its grammar's mask, if it has one), scores
-prompt logprobs and pools embedding inputs.  Positions (and their prompt logprobs) count only on success;
-on failure nothing of it remains, so `isolate` can rerun halves of the group until each failing request
-stands alone.  The phase times it measured (forward, sample, grammar, logprobs) are read into the step's
-record by `SchedulerCore.step`.
+prompt logprobs and pools embedding inputs.  A decoding request with a speculative draft is fed its last
+token and the draft as decode rows of its own, one a position, after the plain decodes (each row attends to
+the positions up to its own, its batch mates' K/V written first: the decode path, its native kernels and
+its one-call layer stack, computes them as it computes a plain decode), and verified from their logits
+(`serving.engine.speculation`): it may produce several tokens.  Positions (and their prompt logprobs)
+count only on success; on failure nothing of it remains, so `isolate` can rerun halves of the group until
+each failing request stands alone.  The phase times it measured (forward, sample, grammar, logprobs,
+verify) are read into the step's record by `SchedulerCore.step`.
 
 Fault injection (tests): with SIGHTLINE_FAULT_SEED=N in the environment, a run that includes a request
 seeded N raises after its forward pass, as a torch error would.
@@ -15,6 +19,8 @@ seeded N raises after its forward pass, as a torch error would.
 from __future__ import annotations
 
 import os
+
+import torch
 
 from protocol.io_struct import Logprobs
 from serving.args import ServerArgs
@@ -25,6 +31,7 @@ from serving.engine.logprobs import PromptScore, extend, output_logprobs, score_
 from serving.engine.model_runner import ModelRunner
 from serving.engine.request import Req
 from serving.engine.sampling import adjust, pick
+from serving.engine.speculation import Speculator
 from telemetry.clock import now_ns
 
 FAULT_SEED_ENV = "SIGHTLINE_FAULT_SEED"
@@ -32,15 +39,22 @@ Produced = tuple[Req, int, Logprobs | None]  # a request, its sampled token (-1:
 
 
 class ForwardPass:
-    def __init__(self, runner: ModelRunner, grammar: Grammars, args: ServerArgs, eos_ids: frozenset[int]) -> None:
-        self.runner, self.grammar, self.args, self.eos_ids = runner, grammar, args, eos_ids
+    def __init__(
+        self,
+        runner: ModelRunner,
+        grammar: Grammars,
+        args: ServerArgs,
+        eos_ids: frozenset[int],
+        spec: Speculator | None = None,
+    ) -> None:
+        self.runner, self.grammar, self.args, self.eos_ids, self.spec = runner, grammar, args, eos_ids, spec
         fault = os.environ.get(FAULT_SEED_ENV)
         self.fault_seed = int(fault) if fault else None
-        self.forward_ns = self.sample_ns = self.logprobs_ns = self.grammar_ns = 0  # this step's, every run of it
+        self.reset()
 
     def reset(self) -> None:
         """A new step: its phase times start at 0."""
-        self.forward_ns = self.sample_ns = self.logprobs_ns = self.grammar_ns = 0
+        self.forward_ns = self.sample_ns = self.logprobs_ns = self.grammar_ns = self.verify_ns = 0
 
     def run_isolated(self, group: list[tuple[Req, int]]) -> tuple[list[Produced], list[tuple[Req, Exception]]]:
         """`run`, and on failure `isolate`: what the group produced, and the requests that failed alone."""
@@ -52,13 +66,21 @@ class ForwardPass:
     def run(self, group: list[tuple[Req, int]]) -> list[Produced]:
         """Forward + sample one group of (request, tokens to feed); returns (request, token, its logprobs) per
         sampled request."""
-        decode_work, extend_work, sampled_d, sampled_e, scoring = [], [], [], [], []
-        pooled, embedded, hidden_rows, offset = [], [], [], sum(r.prefill_done for r, _ in group)
+        decode_work, verify_work, extend_work, sampled_d, verified, sampled_e, scoring = [], [], [], [], [], [], []
         for req, n in group:
-            if req.prefill_done:
+            if not req.prefill_done:
+                continue
+            if req.spec is not None and req.spec.draft:  # its last token and its draft, one decode row each
+                ids, at = [req.output_ids[-1], *req.spec.draft], req.total_len - 1
+                verify_work.append([Work(req.row, at + i, [t], True) for i, t in enumerate(ids)])
+                verified.append(req)
+            else:
                 decode_work.append(Work(req.row, req.total_len - 1, [req.output_ids[-1]], True))
                 sampled_d.append(req)
-            else:
+        num_verify = sum(len(w) for w in verify_work)  # their logits rows follow the decodes'
+        pooled, embedded, hidden_rows, offset = [], [], [], len(decode_work) + num_verify
+        for req, n in group:
+            if not req.prefill_done:
                 start = req.num_computed
                 completes = start + n >= req.prefill_len
                 score = score_window(req, start, n)
@@ -75,13 +97,16 @@ class ForwardPass:
                 elif completes:
                     sampled_e.append(req)
                 offset += n
-        sampled = sampled_d + sampled_e  # the order of the logits rows
+        sampled = sampled_d + sampled_e  # the order of their logits rows, around the verified requests'
         t0 = now_ns()
-        with self.runner.step(decode_work, extend_work, hidden_rows) as logits:
+        fed = decode_work + [w for rows in verify_work for w in rows]
+        with self.runner.step(fed, extend_work, hidden_rows) as rows:
             t1 = now_ns()
             self.forward_ns += t1 - t0
             if self.fault_seed is not None and any(r.params.seed == self.fault_seed for r, _ in group):
                 raise RuntimeError(f"fault injected by {FAULT_SEED_ENV}")
+            nd = len(sampled_d)
+            logits = torch.cat([rows[:nd], rows[nd + num_verify :]]) if num_verify else rows
             adjusted = adjust(logits, sampled, self.eos_ids)
             t_mask = t_masked = 0
             masked = None
@@ -104,8 +129,14 @@ class ForwardPass:
             prompt_lps = score_prompts(self.runner.model.head, self.runner.scored, scoring) if scoring else []
             if lps is not None or scoring:
                 self.logprobs_ns += now_ns() - t2
+            runs = self._verify(rows, nd, verified, verify_work) if verified else []
         for req, n in group:
             req.num_computed += n
+        for req, run in zip(verified, runs):
+            self.spec.settle(req, run, self.runner.pool)
+        for req in sampled + verified:
+            if req.spec is not None:
+                req.spec.counts.steps += 1
         for sc, lp in zip(scoring, prompt_lps):
             extend(sc.req.prompt_logprobs, lp)
         i = 0
@@ -113,9 +144,22 @@ class ForwardPass:
             if k:
                 req.pooling.add(self.runner.hidden[i : i + k], start)
             i += k
-        return list(zip(sampled, tokens, lps or [None] * len(sampled))) + [
-            (req, -1, None) for req in embedded
-        ]  # -1: pooled, no token
+        return (
+            list(zip(sampled, tokens, lps or [None] * len(sampled)))
+            + [(req, tok, None) for req, run in zip(verified, runs) for tok in run]
+            + [(req, -1, None) for req in embedded]  # -1: pooled, no token
+        )
+
+    def _verify(self, rows: torch.Tensor, at: int, verified: list[Req], work: list[list[Work]]) -> list[list[int]]:
+        """Each verified request's tokens from its logits rows (from row `at` on, in `work`'s order)."""
+        t0 = now_ns()
+        runs = []
+        for req, w in zip(verified, work):
+            n = len(w)
+            runs.append(self.spec.verify(rows[at : at + n], req, self.eos_ids))
+            at += n
+        self.verify_ns += now_ns() - t0
+        return runs
 
     def isolate(
         self, group: list[tuple[Req, int]], exc: Exception

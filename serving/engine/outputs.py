@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import msgspec
+
 from protocol.io_struct import DetokParams, ReqMeta, TokenizedGenerateReqInput, TokenOut
 from protocol.reasons import ENGINE_ERROR, FinishReason
 from serving.engine.cpu_share import CpuLedger
@@ -134,6 +136,7 @@ class Outputs:
             completion_tokens=len(req.output_ids),
             retractions=req.num_retractions,
             cpu_ns=self.cpu.of(ev.rid, ev.finished),
+            speculative=msgspec.structs.replace(req.spec.counts) if req.spec is not None else None,
             detok=detok,
             meta=meta,
             worker=env.worker,

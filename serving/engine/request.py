@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from protocol.io_struct import Logprobs
+from protocol.io_struct import Logprobs, SpecCounts
 from protocol.reasons import FinishReason
 from protocol.sampling_params import SamplingParams
 from serving.engine.wait_reasons import WaitLedger
@@ -70,6 +70,18 @@ class ReqTimes:
 
 
 @dataclass
+class SpecState:
+    """One speculated request's draft length, this step's draft and its counts (`serving.engine.speculation`)."""
+
+    k: int  # the longest draft it is proposed now
+    draft: list[int] = field(default_factory=list)  # this step's (empty: it decodes one token)
+    counts: SpecCounts = field(default_factory=SpecCounts)
+    alpha: float = 0.0  # its estimate of the chance a draft token is kept (serving.engine.speculation)
+    pauses: int = 0  # times it was paused
+    paused: int = 0  # decode steps left before it is proposed again
+
+
+@dataclass
 class Req:
     rid: str
     input_ids: list[int]
@@ -100,6 +112,7 @@ class Req:
     prompt_logprobs: Logprobs | None = None  # prompt_logprobs asked: entries of prompt tokens 1.. scored so far
     prompt_cache_held: int = 0  # prompt positions the prefix cache held at admission, computed again to score them
     grammar: GrammarState | None = None  # structured output asked: its grammar (serving.engine.grammar)
+    spec: SpecState | None = None  # speculated (serving.engine.speculation): its draft length, draft and counts
 
     @property
     def prompt_len(self) -> int:

@@ -209,6 +209,18 @@ def _random(logits: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[
     return out
 
 
+def probabilities(adjusted: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """float64 [R, V]: the distribution each row of `adjust`ed logits is drawn from (temperature, then the
+    top-k / top-p / min-p cuts, renormalised) -- what the draw in `pick` samples, as numbers (speculative
+    decoding's acceptance test, `serving.engine.spec_accept`).  Rows must not be greedy."""
+    temps = torch.tensor([r.params.temperature for r in rows], dtype=adjusted.dtype)[:, None]
+    if all(_uncut_tail(r.params, adjusted.shape[-1]) for r in rows):  # no cut: no sort
+        return torch.softmax((adjusted / temps).double(), dim=-1)
+    sorted_ids, kept = _sorted_cut(adjusted / temps, rows)
+    probs = torch.zeros_like(kept).scatter_(1, sorted_ids, kept)
+    return probs / probs.sum(-1, keepdim=True)
+
+
 def pick(adjusted: torch.Tensor, rows: Sequence[SamplingRow], masked: Sequence[bool] | None = None) -> torch.Tensor:
     """One token per row of `adjust`ed logits [R, V]: the argmax of greedy rows, a draw for the others;
     `masked`: per row, whether a grammar's mask was added to it (None: no row)."""

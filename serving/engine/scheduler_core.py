@@ -18,6 +18,9 @@ Each step:
   5. requests whose prompt is complete sample a token (through their grammar's mask, if they
      have one: `serving.engine.grammar`); finished ones free KV at once.
 
+With --speculative, decoding requests get drafts after step 3 within what the step leaves, are
+verified in the step's forward and may append several tokens (`serving.engine.speculation`).
+
 A request with a structured output waits (reason `grammar`) until its grammar is compiled, off
 the step loop; admission passes over it meanwhile.
 
@@ -72,8 +75,10 @@ from serving.engine.radix_cache import RadixCache
 from serving.engine.request import Req, ReqStatus
 from serving.engine.retraction import Retractions
 from serving.engine.seams import Seams
+from serving.engine.speculation import Speculator
 from serving.engine.stopping import eos_ids, finish_reason
 from serving.engine.wait_queue import WaitQueue
+from serving.model_errors import ModelLoadError
 from serving.ratelog import RateLimitedLog
 from telemetry.buckets import DEFAULT_BUCKETS, parse_bucket_overrides
 from telemetry.clock import now_ns
@@ -120,7 +125,12 @@ class SchedulerCore:
         self.policy = AdmissionPolicy.from_args(args)
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.grammar = Grammars(loaded.path, self.eos_ids, self.vocab_size, stage)  # no thread until a grammar
-        self.forward = ForwardPass(self.runner, self.grammar, args, self.eos_ids)
+        self.spec = Speculator.from_args(args)  # None: --speculative off
+        if self.spec is not None and self.encoder:
+            raise ModelLoadError(
+                f"--speculative {args.speculative} needs a generative model; {loaded.name} is an encoder"
+            )
+        self.forward = ForwardPass(self.runner, self.grammar, args, self.eos_ids, self.spec)
         self.retraction = Retractions(args, self.cache, self.policy)
         self.batches = BatchBuilder(args, self.cache, self.policy, self.encoder)
         self.cache_flushes = 0  # cumulative (telemetry)
@@ -171,6 +181,8 @@ class SchedulerCore:
             req.prompt_logprobs = Logprobs(token_logprobs=[])
         if pooling is None and params.structured is not None:
             req.grammar = self.grammar.start(req, req.times.queued)
+        if self.spec is not None:
+            self.spec.attach(req)
         self.reqs[rid] = req
         self.waiting.append(req)
         return req
@@ -261,6 +273,7 @@ class SchedulerCore:
             "retraction_recomputed_tokens_total": self.batches.recomputed_tokens,
             "admissions_total": self.batches.admissions,
             "prefix_evictable_tokens": self.tree.evictable_slots if self.tree is not None else 0,
+            **(self.spec.stats() if self.spec is not None else Speculator.off_stats()),
         }
 
     def flush_cache(self, force: bool = False) -> bool:
@@ -289,8 +302,9 @@ class SchedulerCore:
         t_sched = now_ns()
         self.forward.reset()
         starts = tuple(r.num_computed for r, _ in plan.group)
+        fed = tuple(n + len(r.spec.draft) if r.spec is not None else n for r, n in plan.group)
         produced, failed = self.forward.run_isolated(plan.group)
-        return self._emit(plan, produced, failed, t0, t_sched, starts)
+        return self._emit(plan, produced, failed, t0, t_sched, starts, fed)
 
     def _schedule(self) -> StepPlan:
         """Steps 1–3: grammars compiled (or failed), room made by retraction, prompts admitted and chunked."""
@@ -299,6 +313,9 @@ class SchedulerCore:
         decoding = [r for r in self.running if r.prefill_done and not r.held]
         admit_new = not retracted and not self.seams.stops_admission(self.running)
         chunks = self.batches.admit(self.running, self.waiting, len(decoding), admit_new=admit_new)
+        if self.spec is not None:  # drafts in what the step leaves of the KV and of its token budget
+            step_tokens = len(decoding) + sum(n for _, n in chunks)
+            self.spec.propose(decoding, self.cache.available - step_tokens, step_tokens)
         if not retracted:
             self.policy.stepped(decoded=bool(decoding))
         return StepPlan(decoding, chunks, retracted, ended)
@@ -311,6 +328,7 @@ class SchedulerCore:
         t0: int,
         t_sched: int,
         starts: tuple[int, ...],
+        fed: tuple[int, ...],
     ) -> list[TokenEvent]:
         """Step 5: the prefill chunks that ran given to the prefix cache, every produced token appended (finishes
         freeing KV at once), every failed request ended alone; the step's record in `last_step`."""
@@ -324,7 +342,7 @@ class SchedulerCore:
         events = plan.ended + [self._fail(req, exc) for req, exc in failed]
         fp = self.forward
         run_grammar_ns = fp.grammar_ns
-        events += [self._append_token(req, tok, t1, lp) for req, tok, lp in produced]
+        events += self._append_runs(produced, t1)
         t2 = now_ns()
         consume_ns = fp.grammar_ns - run_grammar_ns  # inside t1..t2: not the sample phase's
         group, chunks = plan.group, plan.chunks
@@ -337,6 +355,7 @@ class SchedulerCore:
             schedule_seconds=(t_sched - t0) / 1e9,
             forward_seconds=fp.forward_ns / 1e9,
             sample_seconds=(fp.sample_ns + t2 - t1 - consume_ns) / 1e9,
+            verify_seconds=fp.verify_ns / 1e9,
             logprobs_seconds=fp.logprobs_ns / 1e9,
             grammar_seconds=fp.grammar_ns / 1e9,
             started_ns=t0,
@@ -344,9 +363,9 @@ class SchedulerCore:
             rids=tuple(r.rid for r, _ in group),
             num_retracted=len(plan.retracted),
             prefill_rids=tuple(r.rid for r, _ in chunks),
-            tokens=tuple(n for _, n in group),
+            tokens=fed,
             starts=starts,
-            num_sampled=len(produced),
+            num_sampled=len({id(r) for r, _, _ in produced}),
         )
         return events
 
@@ -379,6 +398,21 @@ class SchedulerCore:
         self._finish(req, FinishReason.ERROR)
         return TokenEvent(req.rid, [], FinishReason.ERROR, req, error=error)
 
+    def _append_runs(self, produced: list[Produced], t: int) -> list[TokenEvent]:
+        """Every produced token appended in order, one event per request: a verified request's run of tokens
+        is one event, cut where one of them ended it (the rest is dropped)."""
+        events: list[TokenEvent] = []
+        for req, tok, lp in produced:
+            if req.status is ReqStatus.FINISHED:  # ended inside its run
+                continue
+            ev = self._append_token(req, tok, t, lp)
+            if events and events[-1].req is req:
+                events[-1].new_token_ids += ev.new_token_ids
+                events[-1].finish_reason = ev.finish_reason
+            else:
+                events.append(ev)
+        return events
+
     def _append_token(self, req: Req, tok: int, t: int, lp: Logprobs | None = None) -> TokenEvent:
         if req.pooling is not None:  # its prompt has run: the embedding is its result
             req.embedding, req.times.first_token = req.pooling.result(), t
@@ -406,6 +440,8 @@ class SchedulerCore:
     def _finish(self, req: Req, reason: FinishReason) -> None:
         if req.grammar is not None:
             self.grammar.release(req)
+        if req.spec is not None:
+            self.spec.finished(req)
         self.cache.release(req, cache=reason is not FinishReason.ERROR)  # a failed step may have left bad K/V
         req.status = ReqStatus.FINISHED
         req.finish_reason = reason

@@ -4,7 +4,7 @@ events go to these observers, which keep every number the step feeds and nothing
     the counters       steps, prompt / prefill / generation tokens, the latest token (`SchedulerStats`)
     the forward span   one per step, linked to every request in its batch (`telemetry.engine_spans`)
     decode gaps        long inter-token gaps and their causes (`serving.engine.decode_gaps`)
-    step phases        schedule, forward, sample, grammar, logprobs, output (`sightline_step_phase_seconds`)
+    step phases        schedule, forward, sample, grammar, logprobs, verify, output (`sightline_step_phase_seconds`)
     the step's work    FLOPs and bytes by phase, counted from the model's shape (`serving.engine.utilisation`),
                        beside the machine's peak measured at start (`serving.engine.peak_probe`)
     the step timeline  the last steps, for GET /debug/timeline (`telemetry.step_timeline`)
@@ -85,6 +85,7 @@ class StepObservers:
             ("sample", st.sample_seconds),
             ("grammar", st.grammar_seconds),
             ("logprobs", st.logprobs_seconds),
+            ("verify", st.verify_seconds),
             ("output", output_ns / 1e9),
         ):
             self.phases.observe(phase, seconds)

@@ -115,20 +115,22 @@ def chunk_pairs(start: int, length: int) -> int:
 def phase_work(
     shape: ModelShape, num_decode: int, tokens: tuple[int, ...], starts: tuple[int, ...], sampled: int
 ) -> dict[str, StepWork]:
-    """One step's work by phase: its first `num_decode` requests decode (one token each), the rest run prefill
-    chunks of `tokens[i]` tokens after `starts[i]` cached positions; `sampled` tokens came out of the step (the
-    decodes' and those of prefills that completed). The weights, read once a step, are shared between the two
-    phases by their tokens, so the phases add up to the whole step."""
-    dec_ctx = sum(s + 1 for s in starts[:num_decode])
+    """One step's work by phase: its first `num_decode` requests decode (one token each, or `tokens[i]` rows when
+    a speculative draft is verified, every row through the LM head), the rest run prefill chunks of `tokens[i]`
+    tokens after `starts[i]` cached positions; `sampled` requests got tokens (the decodes and the prefills that
+    completed). The weights, read once a step, are shared between the two phases by their
+    tokens, so the phases add up to the whole step."""
+    dec_tokens = sum(tokens[:num_decode])
+    dec_pairs = sum(chunk_pairs(s, n) for s, n in zip(starts[:num_decode], tokens[:num_decode]))
     pre_tokens = sum(tokens[num_decode:])
     pre_pairs = sum(chunk_pairs(s, n) for s, n in zip(starts[num_decode:], tokens[num_decode:]))
     parts = {
-        "decode": step_work(shape, num_decode, num_decode, dec_ctx, dec_ctx - num_decode),
+        "decode": step_work(shape, dec_tokens, dec_tokens, dec_pairs, sum(starts[:num_decode])),
         "prefill": step_work(shape, pre_tokens, max(0, sampled - num_decode), pre_pairs, sum(starts[num_decode:])),
     }
-    total = num_decode + pre_tokens
+    total = dec_tokens + pre_tokens
     weights = (shape.layer_params * shape.num_layers + shape.head_params) * shape.weight_bytes
     return {
         phase: StepWork(w.flops, w.bytes - weights + weights * n / total) if n else w
-        for (phase, w), n in zip(parts.items(), (num_decode, pre_tokens))
+        for (phase, w), n in zip(parts.items(), (dec_tokens, pre_tokens))
     }

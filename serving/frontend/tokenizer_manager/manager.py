@@ -191,6 +191,7 @@ class TokenizerManager:
         state.completion_tokens = out.completion_tokens
         state.cached_tokens = max(state.cached_tokens, out.cached_tokens)
         state.retractions = max(state.retractions, out.retractions)
+        state.speculative = out.speculative or state.speculative
         state.cpu_ns = max(state.cpu_ns, out.cpu_ns)
         self._started(state)
         self.tel.on_output(state, out, recv)

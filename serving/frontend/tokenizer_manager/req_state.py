@@ -8,7 +8,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from protocol.io_struct import Logprobs, ReqMeta, Stamps, StrOut
+from protocol.io_struct import Logprobs, ReqMeta, SpecCounts, Stamps, StrOut
 from protocol.sampling_params import SamplingParams
 from serving.frontend.output_parsing import ParsingSpec
 from serving.frontend.tokenizer_manager.chat_template import ChatTemplateOptions
@@ -81,6 +81,7 @@ class ReqState:
     prompt_ids: list[int] | None = None  # kept only when the response needs them (echo, prompt logprobs)
     cached_tokens: int = 0  # of the prompt, reused from the engine's prefix cache
     retractions: int = 0  # times the engine took it out of the batch (KV ran out) and resumed it
+    speculative: SpecCounts | None = None  # speculated (--speculative): draft tokens proposed and accepted, steps
     budget_tokens: int = 0  # KV tokens the Scheduler first expects it to need (ServerArgs.expected_tokens), counted
     # against --max-inflight-tokens and in its dp rank's load
     dp_rank: int = 0  # the Scheduler rank that runs it

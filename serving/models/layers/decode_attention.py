@@ -50,7 +50,7 @@ class NativeDecode:
         self._fns = {}
         for dtype, sym in ((torch.float32, "decode_attention_f32"), (torch.bfloat16, "decode_attention_bf16")):
             fn = getattr(lib, sym)
-            fn.argtypes = [_PTR] * 6 + [_I64] * 5 + [ctypes.c_float]
+            fn.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float]
             fn.restype = None
             self._fns[dtype] = fn
 
@@ -68,6 +68,7 @@ class NativeDecode:
             lens.data_ptr(),
             out.data_ptr(),
             b,
+            fb.decode_requests,
             h,
             k_pool.shape[1],
             d,

@@ -99,7 +99,7 @@ class DecodeStack:
 
     def __init__(self, lib: ctypes.CDLL, layers: Sequence[Any], rows: list[_Layer], hidden: int, eps: float) -> None:
         self._fn = lib.decode_stack_f32
-        self._fn.argtypes = [_PTR, _PTR, _I64] + [_PTR] * 6 + [_I64, ctypes.c_float]
+        self._fn.argtypes = [_PTR, _PTR, _I64] + [_PTR] * 6 + [_I64, _I64, ctypes.c_float]
         self._fn.restype = None
         self._layers, self._rows = layers, (_Layer * len(rows))(*rows)
         a = layers[0].attn
@@ -174,6 +174,7 @@ class DecodeStack:
             idx.data_ptr(),
             lens.data_ptr(),
             idx.shape[1],
+            fb.decode_requests,
             self._scale,
         )
         return h

@@ -29,6 +29,8 @@ class ForwardBatch:
     num_decode: int  # tokens [0, num_decode) are decode tokens
     decode_kv_idx: torch.Tensor | None  # [B, Lmax] slots (the window's, under a sliding window), padded with PAD_SLOT
     decode_lens: torch.Tensor | None = None  # [B] each decode request's attended length (its first columns)
+    # requests the decode rows belong to (0: one each); a speculated request feeds several rows, split as one
+    decode_requests: int = 0
     extends: list[ExtendSeg] = field(default_factory=list)
     logits_rows: torch.Tensor | None = None  # flat token indices whose logits are needed
     hidden_rows: torch.Tensor | None = None  # flat token indices whose final hidden states embeddings pool

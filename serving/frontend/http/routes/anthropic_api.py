@@ -296,6 +296,7 @@ def messages_input(body: MessagesRequest, front: Front) -> GenerateReqInput:
             body.ignore_eos,
             body.seed,
         )
+        req.speculative = body.speculative
         return chat_input(req, front, ROUTE)
     except APIError as err:
         raise _renamed(err) from None

@@ -73,6 +73,7 @@ class MessagesRequest(_Common, **_STRICT):
     # this server's extensions (vLLM's fields): a replay's exact output length, a reproducible draw
     ignore_eos: bool | None = None
     seed: int | None = None
+    speculative: bool | None = None  # false: never speculated (--speculative)
     inference_geo: Any = None
     speed: Any = None
     diagnostics: Any = None

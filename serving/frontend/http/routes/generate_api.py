@@ -23,6 +23,7 @@ class GenerateSampling(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
+    speculative: bool = True  # false: never speculated (--speculative)
     skip_special_tokens: bool = True
 
 

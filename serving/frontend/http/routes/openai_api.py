@@ -156,6 +156,7 @@ def _common(req: _SamplingFields, front: Front, default_max: int | None) -> tupl
         seed=req.seed,
         stop_token_ids=list(req.stop_token_ids or []),
         ignore_eos=bool(req.ignore_eos),
+        speculative=req.speculative is not False,
         logit_bias=logit_bias(req.logit_bias),
         min_tokens=req.min_tokens or 0,
         prompt_logprobs=req.prompt_logprobs,

@@ -80,6 +80,7 @@ class _SamplingFields(msgspec.Struct, **_STRICT):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     ignore_eos: bool | None = None
+    speculative: bool | None = None  # false: never speculated (--speculative)
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None

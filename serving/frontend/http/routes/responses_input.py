@@ -59,6 +59,7 @@ _PASSED = (
     "seed",
     "stop",
     "ignore_eos",
+    "speculative",
     "service_tier",
     "stream",
 )

@@ -66,6 +66,7 @@ class ResponsesRequest(msgspec.Struct, **_STRICT):
     seed: int | None = None
     stop: str | list[str] | None = None
     ignore_eos: bool | None = None
+    speculative: bool | None = None  # false: never speculated (--speculative)
     # declared to be refused by name
     background: Any = None
     background_options: Any = None

@@ -164,7 +164,9 @@ std::pair<ScoresFn<T>, ValuesFn<T>> vector_fns(int64_t G, int64_t D) {
 
 // Splits of each request's rows: enough tasks for every thread of the team (SPLIT_TASKS each)
 // when the batch has fewer requests than that (one stream would leave all but one thread idle),
-// each split at least MIN_SPLIT_ROWS rows.
+// each split at least MIN_SPLIT_ROWS rows.  `requests` counts requests, not rows: a request fed
+// several rows (a speculative draft verified) splits each as its one decode row would be split,
+// so it sums in the same order and gets the same result to the bit.
 constexpr int64_t SPLIT_TASKS = 4, MIN_SPLIT_ROWS = 32;
 
 int64_t splits_for(int64_t requests, int64_t max_len) {
@@ -180,14 +182,15 @@ struct Partial {
 
 template <typename T>
 void decode_attention(const float* q, const T* k, const T* v, const int64_t* kv_idx, const int64_t* lens,
-                      float* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t LMAX, float scale) {
+                      float* out, int64_t B, int64_t requests, int64_t H, int64_t KVH, int64_t D, int64_t LMAX,
+                      float scale) {
   const int64_t G = H / KVH;
 #if DA_VECTOR
   const auto fns = vector_fns<T>(G, D);
 #endif
   int64_t max_len = 0;
   for (int64_t b = 0; b < B; ++b) max_len = lens[b] > max_len ? lens[b] : max_len;
-  const int64_t S = splits_for(B, max_len);
+  const int64_t S = splits_for(requests > 0 ? requests : B, max_len);
   static thread_local std::vector<float> part_out;  // [B, KVH, S, G, D] when S > 1
   static thread_local std::vector<Partial> parts;   // [B, KVH, S, G]
   if (S > 1) part_out.resize(B * KVH * S * G * D), parts.resize(B * KVH * S * G);
@@ -284,12 +287,13 @@ void decode_attention(const float* q, const T* k, const T* v, const int64_t* kv_
 
 extern "C" {
 void decode_attention_f32(const float* q, const float* k, const float* v, const int64_t* kv_idx, const int64_t* lens,
-                          float* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t LMAX, float scale) {
-  decode_attention(q, k, v, kv_idx, lens, out, B, H, KVH, D, LMAX, scale);
+                          float* out, int64_t B, int64_t requests, int64_t H, int64_t KVH, int64_t D, int64_t LMAX,
+                          float scale) {
+  decode_attention(q, k, v, kv_idx, lens, out, B, requests, H, KVH, D, LMAX, scale);
 }
 void decode_attention_bf16(const float* q, const uint16_t* k, const uint16_t* v, const int64_t* kv_idx,
-                           const int64_t* lens, float* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t LMAX,
-                           float scale) {
-  decode_attention(q, k, v, kv_idx, lens, out, B, H, KVH, D, LMAX, scale);
+                           const int64_t* lens, float* out, int64_t B, int64_t requests, int64_t H, int64_t KVH,
+                           int64_t D, int64_t LMAX, float scale) {
+  decode_attention(q, k, v, kv_idx, lens, out, B, requests, H, KVH, D, LMAX, scale);
 }
 }

@@ -25,7 +25,8 @@ void rope_store_f32(const float* q, int64_t sq, const float* k, int64_t sk, cons
                     const float* cos, const float* sin, const int64_t* slots, float* q_out, float* k_pool,
                     float* v_pool, int64_t T, int64_t H, int64_t KVH, int64_t D);
 void decode_attention_f32(const float* q, const float* k, const float* v, const int64_t* kv_idx, const int64_t* lens,
-                          float* out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t LMAX, float scale);
+                          float* out, int64_t B, int64_t requests, int64_t H, int64_t KVH, int64_t D, int64_t LMAX,
+                          float scale);
 void silu_mul_f32(const float* gu, float* out, int64_t M, int64_t N);
 }
 
@@ -81,7 +82,7 @@ extern "C" {
 // `slots[b]` and attends to `kv_idx[b, :lens[b]]` (LMAX columns).
 void decode_stack_f32(const Stack* s, float* h, int64_t B, const float* cos_table, const float* sin_table,
                       const int64_t* positions, const int64_t* slots, const int64_t* kv_idx, const int64_t* lens,
-                      int64_t lmax, float scale) {
+                      int64_t lmax, int64_t requests, float scale) {
   team::Hold awake;
   const int64_t D = s->head_dim, H = s->heads, KVH = s->kv_heads, hid = s->hidden;
   const int64_t qn = H * D, kn = KVH * D;
@@ -113,7 +114,7 @@ void decode_stack_f32(const Stack* s, float* h, int64_t B, const float* cos_tabl
       qs = qk, ks = qk + B * qn, sq = qn, sk = kn;
     }
     rope_store_f32(qs, sq, ks, sk, qkv + qn + kn, L.qkv.n, cs, sn, slots, q, L.k_pool, L.v_pool, B, H, KVH, D);
-    decode_attention_f32(q, L.k_pool, L.v_pool, kv_idx, lens, attn, B, H, KVH, D, lmax, scale);
+    decode_attention_f32(q, L.k_pool, L.v_pool, kv_idx, lens, attn, B, requests, H, KVH, D, lmax, scale);
     linear(L.o, attn, o, B);
     rms_norm_f32(h, o, L.mlp_norm, h, x, B, hid, s->eps);  // h += attention; x = its norm
     float* gu = buffer(2, B * L.gate_up.n).data();

@@ -1,0 +1,162 @@
+"""Speculative decoding in the engine (`--speculative ngram`): which requests are speculated, how long their
+drafts are, and what a verify step leaves behind.
+
+Each step, after admission (`SchedulerCore._schedule`), every decoding request that speculates gets a draft
+from the proposer (`serving.engine.spec_propose`), within what the step has left: KV slots available after
+its decodes and prefill chunks, and --max-step-tokens.  The forward feeds such a request [its last token] +
+the draft as one extend segment with logits for every row (`serving.engine.forward_pass`); the acceptance
+rule (`serving.engine.spec_accept`) says which tokens it emits.  `settle` then frees the K/V slots of the
+rejected draft positions and counts the accepted ones computed, so the pool and the prefix cache only ever
+hold positions of tokens the request has.  Its tokens go out through the engine's one append path, one
+by one, so EOS, stop ids, max_new_tokens and min_tokens end it exactly where they would without speculation
+(the rest of the run is dropped, and `CacheManager.release` frees its K/V).
+
+Who is speculated: generation requests with `SamplingParams.speculative` (the default) and none of a
+structured output (its grammar would have to be advanced along the draft), logprobs or the tests' hold
+seam.  Penalties, logit bias and min_tokens are applied per verified row as if the draft's earlier tokens
+had been sampled.
+
+Draft length adapts per request (`best_k`): every verify updates its estimate α of the chance that a draft
+token is kept (an exponential average, from `ALPHA_PRIOR`), and its next draft is the length k ≤
+--speculative-num-tokens with the most expected tokens per step, (1 − α^(k+1)) / (1 − α), for what the step
+costs, 1 + c · k, where c is a verified row's cost: `DRAFT_ROW_COST` at one stream, more beside other decoding
+requests, whose tokens the step's time also buys (`batch_row_cost`; a draft that does not pay there is not
+proposed that step).  Where even one draft token does not pay at one stream (α below the row's cost), proposals
+pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`), then a
+one-token probe (`ALPHA_PROBE`) tries again: text that does not copy pays one verified row per pause.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from protocol.io_struct import SPECULATIVE_METHODS, MethodCount, MethodHistogram
+from serving.args import ServerArgs
+from serving.engine.kv_pool import KVPool
+from serving.engine.request import Req, SpecState
+from serving.engine.spec_accept import accept
+from serving.engine.spec_propose import NgramProposer, Proposer
+from telemetry.stats import PhaseTimes
+
+ALPHA_PRIOR = 0.6  # a new request's estimate that a draft token is kept
+ALPHA_PROBE = 0.3  # its estimate after a pause: one one-token draft, and a miss pauses it again
+ALPHA_WEIGHT = 0.3  # how much one verify moves the estimate
+# What one verified row costs beside a decode step's own: SmolLM2-135M float32 on one core (bench.speculative),
+# a decode step ~6 ms and each row more ~1.3 ms, most of it the lm_head over its 49k-token vocabulary
+DRAFT_ROW_COST = 0.22
+PAUSE_STEPS = 8
+MAX_PAUSE_STEPS = 128
+ACCEPTANCE_BOUNDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST) -> int:
+    """The draft length in [1, most] with the most expected tokens per step for its cost; 0 when no draft pays
+    (a step of one decode row gives one token for a cost of 1)."""
+    value = {k: sum(alpha**i for i in range(k + 1)) / (1 + cost * k) for k in range(1, most + 1)}
+    k = max(value, key=value.__getitem__)
+    return k if value[k] > 1.0 else 0
+
+
+def batch_row_cost(decoding: int) -> float:
+    """What a verified row costs for a request decoding beside `decoding - 1` others, in that request's tokens:
+    the row's cost against what the step's time buys now, `decoding` tokens for 1 + DRAFT_ROW_COST · (decoding
+    − 1).  One stream: DRAFT_ROW_COST; the larger the batch, the more a row's time is worth in tokens, so only
+    drafts that are kept more often pay (at 8 streams, α above ~0.7)."""
+    return DRAFT_ROW_COST * decoding / (1 + DRAFT_ROW_COST * (decoding - 1))
+
+
+class Speculator:
+    def __init__(self, proposer: Proposer, max_tokens: int, max_step_tokens: int) -> None:
+        self.proposer, self.max_tokens, self.max_step_tokens = proposer, max_tokens, max_step_tokens
+        self.method = proposer.method
+        self.proposed = self.accepted = 0  # cumulative, every request's
+        self.acceptance = PhaseTimes((self.method,), ACCEPTANCE_BOUNDS, MethodHistogram)
+        self.step_tokens = PhaseTimes(
+            (self.method,), tuple(float(i) for i in range(1, max_tokens + 2)), MethodHistogram
+        )
+
+    @classmethod
+    def from_args(cls, args: ServerArgs) -> Speculator | None:
+        if args.speculative == "off":
+            return None
+        proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
+        return cls(proposer, args.speculative_num_tokens, args.max_step_tokens)
+
+    # -- per request ------------------------------------------------------------------
+    def attach(self, req: Req) -> None:
+        """A new request: speculated unless it opted out or needs what a verify step does not give."""
+        p = req.params
+        if req.pooling is None and p.speculative and p.structured is None and p.logprobs is None and not req.hold:
+            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens), alpha=ALPHA_PRIOR)
+
+    def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
+        """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
+        feeds `step_tokens` without them); returns the draft tokens proposed."""
+        total, budget = 0, min(room, self.max_step_tokens - step_tokens)
+        cost = batch_row_cost(len(decoding))
+        for req in decoding:
+            st = req.spec
+            if st is None:
+                continue
+            st.draft = []
+            if st.paused:
+                st.paused -= 1
+                continue
+            k = min(best_k(st.alpha, st.k, cost), req.max_new_tokens - len(req.output_ids) - 1, budget - total)
+            if k >= 1:
+                st.draft = self.proposer.propose(req, k)
+                total += len(st.draft)
+        return total
+
+    def verify(self, logits: torch.Tensor, req: Req, eos: frozenset[int]) -> list[int]:
+        """The tokens `req` emits from its verified rows (`serving.engine.spec_accept.accept`)."""
+        return accept(logits, req, req.spec.draft, eos)
+
+    def settle(self, req: Req, tokens: list[int], pool: KVPool) -> None:
+        """After a successful verify step that counted its last token computed: the accepted draft positions
+        count too, the rejected ones' slots are freed, the counts and the next draft length follow."""
+        st = req.spec
+        proposed, kept = len(st.draft), len(tokens) - 1
+        start = req.num_computed + kept
+        pool.free(pool.req_to_token[req.row, start : req.num_computed + proposed].clone())
+        req.num_computed = start
+        self.proposer.verified(req, proposed, kept)
+        st.counts.proposed += proposed
+        st.counts.accepted += kept
+        self.proposed += proposed
+        self.accepted += kept
+        self.step_tokens.observe(self.method, len(tokens))
+        st.draft = []
+        trials = kept + (kept < proposed)  # the draft tokens judged: those kept, and the first refused
+        st.alpha += ALPHA_WEIGHT * (kept / trials - st.alpha)
+        st.k = best_k(st.alpha, self.max_tokens)
+        if not st.k:  # drafts do not pay for this request now: try again later, from the prior
+            st.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << st.pauses)
+            st.pauses, st.alpha = st.pauses + 1, ALPHA_PROBE
+            st.k = best_k(ALPHA_PROBE, self.max_tokens)
+
+    def finished(self, req: Req) -> None:
+        """`req` ended: its acceptance rate observed (if it was ever verified), the proposer's state dropped."""
+        if req.spec.counts.proposed:
+            self.acceptance.observe(self.method, req.spec.counts.accepted / req.spec.counts.proposed)
+        self.proposer.forget(req)
+
+    @staticmethod
+    def off_stats() -> dict[str, object]:
+        """The speculation's part of `SchedulerStats` with --speculative off: every counter at 0, no histogram."""
+        zeros = [MethodCount(m, 0) for m in SPECULATIVE_METHODS]
+        return {
+            "speculative_proposed": zeros,
+            "speculative_accepted": list(zeros),
+            "speculative_acceptance": [],
+            "speculative_step_tokens": [],
+        }
+
+    def stats(self) -> dict[str, object]:
+        """The speculation's part of `SchedulerStats`, by field name."""
+        return {
+            "speculative_proposed": [MethodCount(self.method, self.proposed)],
+            "speculative_accepted": [MethodCount(self.method, self.accepted)],
+            "speculative_acceptance": self.acceptance.snapshot(),
+            "speculative_step_tokens": self.step_tokens.snapshot(),
+        }
