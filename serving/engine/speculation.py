@@ -33,6 +33,7 @@ import torch
 from protocol.io_struct import SPECULATIVE_METHODS, MethodCount, MethodHistogram
 from serving.args import ServerArgs
 from serving.engine.kv_pool import KVPool
+from serving.engine.loader import LoadedModel
 from serving.engine.request import Req, SpecState
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer, Proposer
@@ -76,10 +77,16 @@ class Speculator:
         )
 
     @classmethod
-    def from_args(cls, args: ServerArgs) -> Speculator | None:
+    def from_args(cls, args: ServerArgs, target: LoadedModel) -> Speculator | None:
+        """The flags' speculator (None: off); a draft model is loaded and checked against `target` here."""
         if args.speculative == "off":
             return None
-        proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
+        if args.speculative == "draft":
+            from serving.engine.spec_draft import DraftProposer  # imports the model runner: only when asked
+
+            proposer: Proposer = DraftProposer(target, args)
+        else:
+            proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
         return cls(proposer, args.speculative_num_tokens, args.max_step_tokens)
 
     # -- per request ------------------------------------------------------------------
