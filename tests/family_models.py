@@ -165,10 +165,11 @@ def build(family: str, cache_dir: Path | None = None, vocab: int | None = None) 
 DRAFT_LAYER_SCALE = 0.05
 
 
-def draft_pair(family: str = "llama", cache_dir: Path | None = None) -> tuple[Path, Path]:
-    """A target and its draft for speculative decoding, same tokenizer: the family's model with its last layer's
-    outputs scaled by DRAFT_LAYER_SCALE, and that model without its last layer (fewer parameters)."""
-    src = build(family, cache_dir)
+def draft_pair(family: str = "llama", cache_dir: Path | None = None, vocab: int | None = None) -> tuple[Path, Path]:
+    """A target and its draft for speculative decoding, same tokenizer: the family's model (`vocab` as `build`'s)
+    with its last layer's outputs scaled by DRAFT_LAYER_SCALE, and that model without its last layer (fewer
+    parameters)."""
+    src = build(family, cache_dir, vocab)
     last = SHRINK["num_hidden_layers"] - 1
     target, draft = src.with_name(f"{src.name}-target"), src.with_name(f"{src.name}-draft")
     outputs = (f"model.layers.{last}.self_attn.o_proj.weight", f"model.layers.{last}.mlp.down_proj.weight")

@@ -107,3 +107,22 @@ def boards() -> dict[str, dict]:
 def exprs(board: dict) -> list[str]:
     """Every PromQL expression of a dashboard's panels."""
     return [t["expr"] for p in lint.panels(board) for t in p["targets"]]
+
+
+def chi2_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square test (df = bins - 1)."""
+    stat = ((observed - expected) ** 2 / expected).sum()
+    return float(torch.special.gammaincc(torch.tensor((len(observed) - 1) / 2.0), stat / 2))
+
+
+def assert_distributed_as(observed: torch.Tensor, p: torch.Tensor, alpha: float = 0.001, least: int = 500) -> None:
+    """Token counts `observed` [V] (at least `least` of them) pass a chi-square test against the distribution
+    `p` [V]: a bin per token expected at least 5 times, the rest pooled into one."""
+    total = observed.sum()
+    keep = torch.nonzero(p * total >= 5.0).flatten()
+    exp = torch.cat([p[keep] * total, (1 - p[keep].sum()).clamp(min=0).reshape(1) * total])
+    obs = torch.cat([observed[keep], (total - observed[keep].sum()).reshape(1)])
+    if exp[-1] < 5:  # nothing worth a bin outside the kept tokens
+        exp, obs = exp[:-1], obs[:-1]
+    assert len(obs) >= 3 and total >= least, (len(keep), float(total), float(p.max()))
+    assert chi2_p(obs, exp) > alpha, (obs, exp)

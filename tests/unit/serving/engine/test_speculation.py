@@ -21,7 +21,7 @@ from serving.model_errors import ModelLoadError
 from tests import encoder_models
 from tests.family_models import CUT_VOCAB, FAMILIES, build
 from tests.gguf_writer import write_gguf
-from tests.helpers import encode, greedy, make_core, one_thread
+from tests.helpers import assert_distributed_as, encode, greedy, make_core, one_thread
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
 
@@ -102,17 +102,6 @@ def test_penalties_see_the_draft_before_each_row():
     assert accept(logits, req, [2], frozenset()) == [2, 3]  # row 1 penalises the drafted 2
 
 
-def _chi2_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """p-value of Pearson's chi-square test (df = bins - 1)."""
-    stat = ((observed - expected) ** 2 / expected).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(observed) - 1) / 2.0), stat / 2))
-
-
-def _bins(p: torch.Tensor, min_expected: float, n: int) -> torch.Tensor:
-    """The token ids whose expected count is at least `min_expected` (the rest pooled into one bin)."""
-    return torch.nonzero(p * n >= min_expected).flatten()
-
-
 def test_sampled_acceptance_keeps_the_targets_distribution():
     """The real logits of a small-vocabulary model for a prompt and a 2-token draft: the first emitted token
     is distributed as row 0's distribution, and after a kept draft token the next as row 1's."""
@@ -148,14 +137,7 @@ def test_sampled_acceptance_keeps_the_targets_distribution():
             if out[0] == draft[0]:
                 seconds[out[1]] += 1
     for observed, p in ((firsts, probs[0]), (seconds, probs[1])):
-        total = observed.sum()
-        keep = _bins(p, 5.0, total)
-        exp = torch.cat([p[keep] * total, (1 - p[keep].sum()).clamp(min=0).reshape(1) * total])
-        obs = torch.cat([observed[keep], (total - observed[keep].sum()).reshape(1)])
-        if exp[-1] < 5:  # nothing worth a bin outside the kept tokens
-            exp, obs = exp[:-1], obs[:-1]
-        assert len(obs) >= 3 and total > 500, (len(keep), total, float(p.max()), float(probs[0, draft[0]]))
-        assert _chi2_p(obs, exp) > 0.001, (obs, exp)
+        assert_distributed_as(observed, p)
 
 
 # -- the engine: greedy identity, the KV bookkeeping ---------------------------------------------------
