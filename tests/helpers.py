@@ -63,6 +63,21 @@ def collect(core: SchedulerCore, max_steps: int = 100_000) -> dict[str, list[int
     return out
 
 
+def run_requests(core: SchedulerCore, requests, check: bool = True) -> dict[str, list[int]]:
+    """Queue `requests` ((rid, input ids, params)), step to idle checking the KV bookkeeping after every step
+    (`check`); each rid's output token ids.  The pool is idle after."""
+    for rid, ids, params in requests:
+        core.add_request(rid, ids, params)
+    outs: dict[str, list[int]] = {}
+    while core.has_work:
+        for ev in core.step():
+            outs.setdefault(ev.rid, []).extend(ev.new_token_ids)
+        if check:
+            core.check_kv_invariants()
+    assert core.pool.is_idle()
+    return outs
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch on one thread while it lasts, for transformers' reference runs: beside the other test lane

@@ -69,7 +69,8 @@ def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
     if (sizes[0] != sizes[1]) if None in same else (same[0] != same[1]):
         raise ModelLoadError(
             f"--speculative-model {draft.name} does not share {target.name}'s tokenizer "
-            f"(vocabulary {sizes[0]} vs {sizes[1]} tokens, or different tokens): a draft must use the target's tokenizer"
+            f"(vocabulary {sizes[0]} vs {sizes[1]} tokens, or different tokens): "
+            "a draft must use the target's tokenizer"
         )
     mine, theirs = parameter_count(draft.hf_model.config), parameter_count(target.hf_model.config)
     if mine > theirs:

@@ -1,8 +1,9 @@
-"""Speculative decoding in the engine (`--speculative ngram`): which requests are speculated, how long their
-drafts are, and what a verify step leaves behind.
+"""Speculative decoding in the engine (`--speculative ngram` or `draft`): which requests are speculated, how long
+their drafts are, and what a verify step leaves behind.
 
 Each step, after admission (`SchedulerCore._schedule`), every decoding request that speculates gets a draft
-from the proposer (`serving.engine.spec_propose`), within what the step has left: KV slots available after
+from the proposer (prompt lookup, `serving.engine.spec_propose`, or a draft model, `serving.engine.spec_draft`),
+within what the step has left: KV slots available after
 its decodes and prefill chunks, and --max-step-tokens.  The forward feeds such a request [its last token] +
 the draft as one extend segment with logits for every row (`serving.engine.forward_pass`); the acceptance
 rule (`serving.engine.spec_accept`) says which tokens it emits.  `settle` then frees the K/V slots of the

@@ -19,7 +19,7 @@ from serving.engine.spec_draft import parameter_count
 from serving.model_errors import ModelLoadError
 from tests.family_models import CUT_VOCAB, build, draft_pair
 from tests.gguf_writer import write_gguf
-from tests.helpers import assert_distributed_as, collect, encode, greedy, make_core
+from tests.helpers import assert_distributed_as, collect, encode, greedy, make_core, run_requests
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 
@@ -39,26 +39,15 @@ def _requests(ids: list[int], stop: int | None = None) -> list[tuple[str, list[i
     ]
 
 
-def _run(core, requests) -> dict[str, list[int]]:
-    for rid, ids, params in requests:
-        core.add_request(rid, ids, params)
-    outs: dict[str, list[int]] = {}
-    while core.has_work:
-        for ev in core.step():
-            outs.setdefault(ev.rid, []).extend(ev.new_token_ids)
-        core.check_kv_invariants()
-    return outs
-
-
 def _identity(target, draft: str, **kw):
     """Greedy outputs with the draft's speculation are those without; a stop token inside an accepted run ends
     the request there.  Both pools are empty after."""
     ids = encode(target, PROMPT)
-    reference = _run(make_core(target, max_total_tokens=1024, **kw), _requests(ids))
+    reference = run_requests(make_core(target, max_total_tokens=1024, **kw), _requests(ids), check=False)
     stop = reference["c"][6]
     reference["c"] = reference["c"][: reference["c"].index(stop) + 1]
     core = make_core(target, max_total_tokens=1024, speculative="draft", speculative_model=draft, **kw)
-    assert _run(core, _requests(ids, stop)) == reference
+    assert run_requests(core, _requests(ids, stop)) == reference
     assert core.pool.is_idle() and core.spec.proposer.pool.is_empty() and not core.spec.proposer.seqs
     return core.spec
 
