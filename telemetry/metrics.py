@@ -948,9 +948,9 @@ SPECS: tuple[Spec, ...] = (
         "counter",
         "Draft tokens speculative decoding proposed, by method.",
         R + ("method",),
-        definition="Only with --speculative (method ngram: prompt lookup; draft: a draft model). Counted when the step that verified "
-        "them ran; each is accepted or rejected in that step (sightline_speculative_accepted_tokens_total; "
-        "rejected = proposed − accepted).",
+        definition="Only with --speculative (method ngram: prompt lookup; draft: a draft model). Counted when the "
+        "step that verified them ran; each is accepted or rejected in that step "
+        "(sightline_speculative_accepted_tokens_total; rejected = proposed − accepted).",
         source="scheduler",
         read="scheduler.speculative_proposed",
     ),
