@@ -13,9 +13,10 @@ from protocol.sampling_params import SamplingParams
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.loader import load_model
+from serving.engine.request import Req
 from serving.engine.sampling import adjust, probabilities
 from serving.engine.spec_accept import draft_rows
-from serving.engine.spec_draft import parameter_count
+from serving.engine.spec_draft import DraftProposer, parameter_count
 from serving.model_errors import ModelLoadError
 from tests.family_models import CUT_VOCAB, build, draft_pair
 from tests.gguf_writer import write_gguf
@@ -75,7 +76,7 @@ def test_sampled_tokens_keep_the_targets_distribution():
     core = make_core(
         model, max_total_tokens=512, max_running_requests=4, speculative="draft", speculative_model=str(draft)
     )
-    reqs = [core.add_request(f"s{i}", ids, SamplingParams(seed=i, **params)) for i in range(2400)]
+    reqs = [core.add_request(f"s{i}", ids, SamplingParams(seed=i, **params)) for i in range(800)]
     outs = collect(core)
     counts = [(r.spec.counts.proposed, r.spec.counts.accepted, r.spec.counts.steps) for r in reqs]
     assert set(counts) <= {(1, 1, 2), (1, 0, 3)}, set(counts)  # each second token verified, drafts kept or not
@@ -92,7 +93,39 @@ def test_sampled_tokens_keep_the_targets_distribution():
     req = reqs[0]  # its params; the rows' output: the first token
     rows = draft_rows(req, [])
     rows[0].output_ids = [first]
-    assert_distributed_as(seconds, probabilities(adjust(logits, rows, frozenset()), rows)[0], least=300)
+    assert_distributed_as(seconds, probabilities(adjust(logits, rows, frozenset()), rows)[0], least=400)
+
+
+def test_the_drafts_kv_follows_the_kept_tokens(pair):
+    """After each verify (some draft tokens kept, the rest refused, a token of the target's own appended) the
+    draft proposes what a draft that never saw the request proposes for its tokens now: the refused positions'
+    K/V is gone, the kept ones' reused.  A step that failed and ran again (tokens the draft saw are not the
+    request's) is caught up the same way."""
+    target, draft = pair
+    args = ServerArgs(
+        model=target.name,
+        dtype="float32",
+        quantization="none",
+        max_total_tokens=256,
+        speculative="draft",
+        speculative_model=draft,
+    )
+    proposer, fresh = DraftProposer(target, args), DraftProposer(target, args)
+    req = Req("r", encode(target, PROMPT), SamplingParams(), torch.Generator(), output_ids=[])
+    for i, kept in enumerate((0, 3, 1, 4, 2)):
+        guess = proposer.propose(req, 4)
+        alone = Req(f"f{i}", req.input_ids, req.params, req.generator, output_ids=list(req.output_ids))
+        assert guess == fresh.propose(alone, 4) and len(guess) == 4
+        fresh.forget(alone)
+        proposer.verified(req, 4, kept)
+        assert proposer.seqs["r"].tokens == req.seq + guess[: min(kept, 3)]  # the last guess was never fed
+        req.output_ids += guess[:kept] + [(guess[kept] + 1) % 1000 if kept < 4 else 5]
+    req.output_ids[-1] += 1  # the last token changed under the draft: it recomputes that position
+    alone = Req("g", req.input_ids, req.params, req.generator, output_ids=list(req.output_ids))
+    assert proposer.propose(req, 3) == fresh.propose(alone, 3)
+    proposer.forget(req)
+    fresh.forget(alone)
+    assert proposer.pool.is_empty() and fresh.pool.is_empty()
 
 
 def test_pairs_that_do_not_fit_fail_at_startup(pair):
