@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from serving import startup_phases
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.loader import LoadedModel, load_model
@@ -94,11 +95,12 @@ class DraftProposer:
     method = "draft"
 
     def __init__(self, target: LoadedModel, args: ServerArgs) -> None:
-        draft = load_model(args.speculative_model, cache_dir=args.cache_dir_path)
-        check_pair(target, draft)
-        # a GGUF target served in its own types does not make a safetensors draft one: that draft runs exact
-        own = "none" if args.quantization == "gguf" and draft.gguf is None else args.quantization
-        self.runner = ModelRunner(draft, dataclasses.replace(args, quantization=own))
+        with startup_phases.counted_as("draft_model"):
+            draft = load_model(args.speculative_model, cache_dir=args.cache_dir_path)
+            check_pair(target, draft)
+            # a GGUF target served in its own types does not make a safetensors draft one: that draft runs exact
+            own = "none" if args.quantization == "gguf" and draft.gguf is None else args.quantization
+            self.runner = ModelRunner(draft, dataclasses.replace(args, quantization=own))
         self.pool = self.runner.pool
         self.vocab = target.hf_model.config.vocab_size  # a draft's padded embedding rows are never proposed
         self.seqs: dict[str, DraftSeq] = {}

@@ -73,6 +73,7 @@ def test_debug_requests_and_metrics_count_the_draft_method(srv, runs):
     assert value(text, "sightline_speculative_proposed_tokens_total", method="ngram") == 0
     assert value(text, "sightline_speculative_acceptance_rate_count", method="draft") == len(speculated)
     assert value(text, "sightline_speculative_step_tokens_count", method="draft") > 0
+    assert value(text, "sightline_startup_phase_seconds", phase="draft_model") > 0  # the draft's load, its own phase
 
 
 def _refused(model: str, *flags: str) -> str:
