@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from serving import startup_phases
 from serving.args import ServerArgs
 from serving.engine.batch import Work
 from serving.engine.loader import LoadedModel, load_model
 from serving.engine.model_runner import ModelRunner
+from serving.engine.spec_propose import Proposer
 from serving.model_errors import ModelLoadError
+from serving.ratelog import RateLimitedLog
 
 if TYPE_CHECKING:
     from serving.engine.request import Req
@@ -89,7 +89,7 @@ class DraftSeq:
     tokens: list[int] = field(default_factory=list)
 
 
-class DraftProposer:
+class DraftProposer(Proposer):
     """Proposals from a draft model (see the module docstring); `Proposer`'s interface."""
 
     method = "draft"
@@ -104,35 +104,59 @@ class DraftProposer:
         self.pool = self.runner.pool
         self.vocab = target.hf_model.config.vocab_size  # a draft's padded embedding rows are never proposed
         self.seqs: dict[str, DraftSeq] = {}
+        self.fail_log = RateLimitedLog(log)
         log.info("speculative draft model %s (%s, %s)", draft.name, draft.architecture, self.runner.precision.dtype)
 
     def propose(self, req: Req, k: int) -> list[int]:
-        seq = req.seq
-        k = min(k, self.runner.context_len - len(seq))
+        return self.propose_all([(req, k)])[0]
+
+    def propose_all(self, asks: list[tuple[Req, int]]) -> list[list[int]]:
+        """Every request's draft, one batch a draft position: first each request's unseen tokens (a decode row
+        for one, a chunk for more), then a decode row per request still short of its k.  A draft forward that
+        fails proposes nothing this step (the target's step goes on without drafts)."""
+        drafts: list[list[int]] = [[] for _ in asks]
+        todo: list[tuple[int, DraftSeq, int]] = []  # (index in asks, its row, its k)
+        room = self.pool.free_slots
+        for i, (req, k) in enumerate(asks):
+            st = self._caught_up(req)
+            k = min(k, self.runner.context_len - len(req.seq))
+            need = len(req.seq) - len(st.tokens) + k - 1 if st is not None else 0
+            if st is not None and k >= 1 and need <= room:
+                room -= need
+                todo.append((i, st, k))
+        fed = [(i, st, asks[i][0].seq[len(st.tokens) :]) for i, st, _ in todo]
+        try:
+            while fed:
+                self._forward(fed, drafts)
+                fed = [(i, st, [drafts[i][-1]]) for i, st, k in todo if len(drafts[i]) < k]
+        except Exception as exc:  # noqa: BLE001 - a draft is an optimisation: the requests decode without one
+            self.fail_log.report("draft model forward failed; no drafts this step", exc)
+            return [[] for _ in asks]
+        return drafts
+
+    def _caught_up(self, req: Req) -> DraftSeq | None:
+        """`req`'s row (None: the pool has no row free), holding no position that is not `req`'s and at least its
+        last token to feed, whose logits guess the next."""
         st = self.seqs.get(req.rid)
         if st is None:
             if not self.pool.free_rows:
-                return []
+                return None
             st = self.seqs[req.rid] = DraftSeq(self.pool.admit())
+        seq = req.seq
         same = len(st.tokens) if seq[: len(st.tokens)] == st.tokens else _common(seq, st.tokens)
-        self._roll_back(st, min(same, len(seq) - 1))  # at least the last token is fed: its logits guess the next
-        if k < 1 or self.pool.free_slots < len(seq) - len(st.tokens) + k - 1:
-            return []
-        start, fed = len(st.tokens), seq[len(st.tokens) :]
-        if len(fed) == 1:
-            logits = self.runner.forward([Work(st.row, start, fed, True)], [])
-        else:
-            logits = self.runner.forward([], [Work(st.row, start, fed, True)])
-        st.tokens += fed
-        draft = [self._guess(logits)]
-        while len(draft) < k:
-            logits = self.runner.forward([Work(st.row, len(st.tokens), [draft[-1]], True)], [])
-            st.tokens.append(draft[-1])
-            draft.append(self._guess(logits))
-        return draft
+        self._roll_back(st, min(same, len(seq) - 1))
+        return st
 
-    def _guess(self, logits: torch.Tensor) -> int:
-        return int(logits[-1, : self.vocab].argmax())
+    def _forward(self, fed: list[tuple[int, DraftSeq, list[int]]], drafts: list[list[int]]) -> None:
+        """One draft forward over each (request's index, its row, the tokens to feed it); once it succeeded, those
+        tokens count in the row and the argmax of each one's last row is appended to its draft."""
+        order = [f for f in fed if len(f[2]) == 1] + [f for f in fed if len(f[2]) > 1]  # logits: decodes first
+        work = [Work(st.row, len(st.tokens), tokens, True) for _, st, tokens in order]
+        decodes = sum(len(tokens) == 1 for _, _, tokens in order)
+        logits = self.runner.forward(work[:decodes], work[decodes:])
+        for (i, st, tokens), guess in zip(order, logits[:, : self.vocab].argmax(-1).tolist()):
+            st.tokens += tokens
+            drafts[i].append(guess)
 
     def verified(self, req: Req, proposed: int, accepted: int) -> None:
         """Before the target's tokens are appended: the draft keeps the positions of the tokens it kept."""

@@ -100,7 +100,7 @@ class Speculator:
     def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
         """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
         feeds `step_tokens` without them); returns the draft tokens proposed."""
-        total, budget = 0, min(room, self.max_step_tokens - step_tokens)
+        asks, total, budget = [], 0, min(room, self.max_step_tokens - step_tokens)
         cost = batch_row_cost(len(decoding))
         for req in decoding:
             st = req.spec
@@ -112,9 +112,11 @@ class Speculator:
                 continue
             k = min(best_k(st.alpha, st.k, cost), req.max_new_tokens - len(req.output_ids) - 1, budget - total)
             if k >= 1:
-                st.draft = self.proposer.propose(req, k)
-                total += len(st.draft)
-        return total
+                asks.append((req, k))
+                total += k  # at most k: the budget is never passed, whatever the drafts' lengths
+        for (req, _), draft in zip(asks, self.proposer.propose_all(asks)):
+            req.spec.draft = draft
+        return sum(len(req.spec.draft) for req, _ in asks)
 
     def verify(self, logits: torch.Tensor, req: Req, eos: frozenset[int]) -> list[int]:
         """The tokens `req` emits from its verified rows (`serving.engine.spec_accept.accept`)."""

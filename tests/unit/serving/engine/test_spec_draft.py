@@ -96,11 +96,11 @@ def test_sampled_tokens_keep_the_targets_distribution():
     assert_distributed_as(seconds, probabilities(adjust(logits, rows, frozenset()), rows)[0], least=400)
 
 
-def test_the_drafts_kv_follows_the_kept_tokens(pair):
+def test_the_drafts_kv_follows_the_kept_tokens(pair, monkeypatch):
     """After each verify (some draft tokens kept, the rest refused, a token of the target's own appended) the
     draft proposes what a draft that never saw the request proposes for its tokens now: the refused positions'
     K/V is gone, the kept ones' reused.  A step that failed and ran again (tokens the draft saw are not the
-    request's) is caught up the same way."""
+    request's) is caught up the same way, and a draft forward that fails proposes nothing."""
     target, draft = pair
     args = ServerArgs(
         model=target.name,
@@ -122,6 +122,12 @@ def test_the_drafts_kv_follows_the_kept_tokens(pair):
         req.output_ids += guess[:kept] + [(guess[kept] + 1) % 1000 if kept < 4 else 5]
     req.output_ids[-1] += 1  # the last token changed under the draft: it recomputes that position
     alone = Req("g", req.input_ids, req.params, req.generator, output_ids=list(req.output_ids))
+    held = proposer.pool.free_slots
+    with monkeypatch.context() as m:  # a draft forward that fails: no draft, nothing held, nothing counted
+        m.setattr(proposer.runner.model, "forward", lambda fb, kv: 1 / 0)
+        assert proposer.propose_all([(req, 3), (alone, 2)]) == [[], []]
+    assert proposer.pool.free_slots == held and "g" in proposer.seqs  # a row for the new one, no slots
+    proposer.forget(alone)
     assert proposer.propose(req, 3) == fresh.propose(alone, 3)
     proposer.forget(req)
     fresh.forget(alone)

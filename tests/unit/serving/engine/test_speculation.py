@@ -15,7 +15,7 @@ from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.spec_accept import accept
-from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer
+from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer, Proposer
 from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
 from serving.model_errors import ModelLoadError
 from tests import encoder_models
@@ -141,7 +141,7 @@ def test_sampled_acceptance_keeps_the_targets_distribution():
 
 
 # -- the engine: greedy identity, the KV bookkeeping ---------------------------------------------------
-class Oracle:
+class Oracle(Proposer):
     """Proposes each request's known greedy continuation, every third draft with its last token wrong: drafts
     that land wholly and partly, through the same interface as prompt lookup."""
 
