@@ -348,7 +348,7 @@ class GrammarErrorCount(msgspec.Struct, array_like=True):
     count: int
 
 
-SPECULATIVE_METHODS = ("ngram",)  # speculative decoding's methods (--speculative, besides off)
+SPECULATIVE_METHODS = ("ngram", "draft")  # speculative decoding's methods (--speculative, besides off)
 
 
 class MethodCount(msgspec.Struct, array_like=True):

@@ -164,9 +164,15 @@ class ServerArgs:
     )
     speculative: str = _opt(
         "off",
-        "Speculative decoding: 'off', or 'ngram' (prompt lookup: the tokens that followed the latest earlier "
-        "occurrence of a request's last n tokens in its own prompt and output are proposed, and verified in one "
-        "forward; the output is the one without it: greedy token for token, sampled in distribution).",
+        "Speculative decoding: 'off', 'ngram' (prompt lookup: the tokens that followed the latest earlier "
+        "occurrence of a request's last n tokens in its own prompt and output are proposed) or 'draft' (a smaller "
+        "model of the same tokenizer, --speculative-model, proposes them greedily); drafts are verified in one "
+        "forward, and the output is the one without it: greedy token for token, sampled in distribution.",
+    )
+    speculative_model: str | None = _opt(
+        None,
+        "With --speculative draft: the draft model (a name, directory or .gguf file as --model takes), with the "
+        "target's tokenizer and fewer parameters; run in the engine process beside the target, its own KV pool.",
     )
     speculative_num_tokens: int = _opt(
         5, "With --speculative: the most draft tokens proposed per request and step (1 to 16; adapted per request)."
@@ -673,6 +679,8 @@ class ServerArgs:
             raise ValueError(
                 f"--speculative-num-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}], got {self.speculative_num_tokens}"
             )
+        if (self.speculative == "draft") != bool(self.speculative_model):
+            raise ValueError("--speculative draft and --speculative-model go together: give both or neither")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(
                 "--speculative-ngram-min and --speculative-ngram-max must satisfy "

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from protocol.io_struct import StartupPhase, StartupProgress
 from telemetry.clock import now_ns
@@ -95,9 +96,26 @@ def clock() -> PhaseClock | None:
 
 
 def begin(phase: str) -> None:
-    """Mark the start of `phase` in this process's start (nothing without a clock, or once it is over)."""
-    if _clock is not None and (_clock.current or not _clock.marks):
+    """Mark the start of `phase` in this process's start (nothing without a clock, once it is over, or inside
+    `counted_as`)."""
+    if _clock is not None and (_clock.current or not _clock.marks) and not _holding:
         _clock.begin(phase)
+
+
+_holding = False  # inside `counted_as`: the phases code there begins are part of its phase
+
+
+@contextmanager
+def counted_as(phase: str) -> Iterator[None]:
+    """Begin `phase`, and count in it the phases the code inside would begin: a second model's load (a draft's
+    native_kernels, weight_load, kv_pool) is one phase of its own, not a second copy of the target's."""
+    global _holding
+    begin(phase)
+    _holding = True
+    try:
+        yield
+    finally:
+        _holding = False
 
 
 def report_phases(role: str, send: Callable[[StartupProgress], None]) -> PhaseClock:

@@ -418,7 +418,8 @@ SPECS: tuple[Spec, ...] = (
         "model_resolve (model directory, "
         "conversion cache, config), native_kernels (the C++ kernels built or loaded, the thread team started), "
         "weight_load (the weights read and packed for the kernels), kv_pool (the KV cache allocated), peak_probe "
-        "(the machine's peak measured, unless --no-peak-probe); "
+        "(the machine's peak measured, unless --no-peak-probe), draft_model (with --speculative draft: the draft "
+        "model resolved, checked and built, its kernels, weights and KV pool); "
         "detokenizer: tokenizer_load. A restarted child's phases replace its "
         "previous start's. The phases are also spans: a `startup` root with a `startup.<phase>` child each.",
         source="all",
@@ -948,9 +949,9 @@ SPECS: tuple[Spec, ...] = (
         "counter",
         "Draft tokens speculative decoding proposed, by method.",
         R + ("method",),
-        definition="Only with --speculative (method ngram: prompt lookup). Counted when the step that verified "
-        "them ran; each is accepted or rejected in that step (sightline_speculative_accepted_tokens_total; "
-        "rejected = proposed − accepted).",
+        definition="Only with --speculative (method ngram: prompt lookup; draft: a draft model). Counted when the "
+        "step that verified them ran; each is accepted or rejected in that step "
+        "(sightline_speculative_accepted_tokens_total; rejected = proposed − accepted).",
         source="scheduler",
         read="scheduler.speculative_proposed",
     ),

@@ -15,6 +15,7 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -92,23 +93,40 @@ def cut_vocab(tokenizer_json: dict, n: int) -> dict:
     }
 
 
-def _cut_model(src: Path, out: Path, n: int) -> None:
-    """`src` with the embedding (and an untied lm_head) cut to its first `n` rows, and the tokenizer to match."""
+def _derive(
+    src: Path,
+    out: Path,
+    config: dict,
+    edit: Callable[[dict[str, torch.Tensor]], None],
+    tokenizer: Callable[[dict], dict] | None = None,
+) -> None:
+    """`src` copied to `out` with `config` merged into its config.json, its weights edited in place by `edit` and
+    its tokenizer.json by `tokenizer` (written once: a concurrent builder's copy wins)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     shutil.copytree(src, tmp, dirs_exist_ok=True)
     cfg = json.loads((tmp / "config.json").read_text())
-    (tmp / "config.json").write_text(json.dumps({**cfg, "vocab_size": n}, indent=2))
+    (tmp / "config.json").write_text(json.dumps({**cfg, **config}, indent=2))
     weights = load_file(tmp / "model.safetensors")
-    for name in ("model.embed_tokens.weight", "lm_head.weight"):
-        if name in weights:
-            weights[name] = weights[name][:n].contiguous()
+    edit(weights)
     save_file(weights, tmp / "model.safetensors", metadata={"format": "pt"})
-    tok = tmp / "tokenizer.json"
-    tok.write_text(json.dumps(cut_vocab(json.loads(tok.read_text()), n), ensure_ascii=False))
+    if tokenizer is not None:
+        tok = tmp / "tokenizer.json"
+        tok.write_text(json.dumps(tokenizer(json.loads(tok.read_text())), ensure_ascii=False))
     try:
         tmp.rename(out)
-    except OSError:  # another process cut it first
+    except OSError:  # another process made it first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cut_model(src: Path, out: Path, n: int) -> None:
+    """`src` with the embedding (and an untied lm_head) cut to its first `n` rows, and the tokenizer to match."""
+
+    def cut(weights: dict[str, torch.Tensor]) -> None:
+        for name in ("model.embed_tokens.weight", "lm_head.weight"):
+            if name in weights:
+                weights[name] = weights[name][:n].contiguous()
+
+    _derive(src, out, {"vocab_size": n}, cut, lambda tok: cut_vocab(tok, n))
 
 
 def build(family: str, cache_dir: Path | None = None, vocab: int | None = None) -> Path:
@@ -140,6 +158,35 @@ def build(family: str, cache_dir: Path | None = None, vocab: int | None = None) 
     tok.save_pretrained(tmp)
     tmp.rename(out)
     return out
+
+
+# `draft_pair`: the target's last layer writes this fraction of its attention and MLP outputs, so the draft (the
+# target without that layer) agrees with it often, as a real draft of the same family does
+DRAFT_LAYER_SCALE = 0.05
+
+
+def draft_pair(family: str = "llama", cache_dir: Path | None = None, vocab: int | None = None) -> tuple[Path, Path]:
+    """A target and its draft for speculative decoding, same tokenizer: the family's model (`vocab` as `build`'s)
+    with its last layer's outputs scaled by DRAFT_LAYER_SCALE, and that model without its last layer (fewer
+    parameters)."""
+    src = build(family, cache_dir, vocab)
+    last = SHRINK["num_hidden_layers"] - 1
+    target, draft = src.with_name(f"{src.name}-target"), src.with_name(f"{src.name}-draft")
+    outputs = (f"model.layers.{last}.self_attn.o_proj.weight", f"model.layers.{last}.mlp.down_proj.weight")
+
+    def scale(weights: dict[str, torch.Tensor]) -> None:
+        for name in outputs:
+            weights[name] = weights[name] * DRAFT_LAYER_SCALE
+
+    def drop(weights: dict[str, torch.Tensor]) -> None:
+        for name in [n for n in weights if n.startswith(f"model.layers.{last}.")]:
+            del weights[name]
+
+    if not (target / "config.json").is_file():
+        _derive(src, target, {}, scale)
+    if not (draft / "config.json").is_file():
+        _derive(src, draft, {"num_hidden_layers": last}, drop)
+    return target, draft
 
 
 def gguf(family: str, cache_dir: Path | None = None, vocab: int | None = None) -> Path:

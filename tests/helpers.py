@@ -63,6 +63,21 @@ def collect(core: SchedulerCore, max_steps: int = 100_000) -> dict[str, list[int
     return out
 
 
+def run_requests(core: SchedulerCore, requests, check: bool = True) -> dict[str, list[int]]:
+    """Queue `requests` ((rid, input ids, params)), step to idle checking the KV bookkeeping after every step
+    (`check`); each rid's output token ids.  The pool is idle after."""
+    for rid, ids, params in requests:
+        core.add_request(rid, ids, params)
+    outs: dict[str, list[int]] = {}
+    while core.has_work:
+        for ev in core.step():
+            outs.setdefault(ev.rid, []).extend(ev.new_token_ids)
+        if check:
+            core.check_kv_invariants()
+    assert core.pool.is_idle()
+    return outs
+
+
 @contextmanager
 def one_thread() -> Iterator[None]:
     """torch on one thread while it lasts, for transformers' reference runs: beside the other test lane
@@ -107,3 +122,22 @@ def boards() -> dict[str, dict]:
 def exprs(board: dict) -> list[str]:
     """Every PromQL expression of a dashboard's panels."""
     return [t["expr"] for p in lint.panels(board) for t in p["targets"]]
+
+
+def chi2_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    """p-value of Pearson's chi-square test (df = bins - 1)."""
+    stat = ((observed - expected) ** 2 / expected).sum()
+    return float(torch.special.gammaincc(torch.tensor((len(observed) - 1) / 2.0), stat / 2))
+
+
+def assert_distributed_as(observed: torch.Tensor, p: torch.Tensor, alpha: float = 0.001, least: int = 500) -> None:
+    """Token counts `observed` [V] (at least `least` of them) pass a chi-square test against the distribution
+    `p` [V]: a bin per token expected at least 5 times, the rest pooled into one."""
+    total = observed.sum()
+    keep = torch.nonzero(p * total >= 5.0).flatten()
+    exp = torch.cat([p[keep] * total, (1 - p[keep].sum()).clamp(min=0).reshape(1) * total])
+    obs = torch.cat([observed[keep], (total - observed[keep].sum()).reshape(1)])
+    if exp[-1] < 5:  # nothing worth a bin outside the kept tokens
+        exp, obs = exp[:-1], obs[:-1]
+    assert len(obs) >= 3 and total >= least, (len(keep), float(total), float(p.max()))
+    assert chi2_p(obs, exp) > alpha, (obs, exp)

@@ -125,11 +125,11 @@ class SchedulerCore:
         self.policy = AdmissionPolicy.from_args(args)
         stage = {**DEFAULT_BUCKETS, **parse_bucket_overrides(args.histogram_buckets)}["stage"]
         self.grammar = Grammars(loaded.path, self.eos_ids, self.vocab_size, stage)  # no thread until a grammar
-        self.spec = Speculator.from_args(args)  # None: --speculative off
-        if self.spec is not None and self.encoder:
+        if args.speculative != "off" and self.encoder:
             raise ModelLoadError(
                 f"--speculative {args.speculative} needs a generative model; {loaded.name} is an encoder"
             )
+        self.spec = Speculator.from_args(args, loaded)  # None: --speculative off
         self.forward = ForwardPass(self.runner, self.grammar, args, self.eos_ids, self.spec)
         self.retraction = Retractions(args, self.cache, self.policy)
         self.batches = BatchBuilder(args, self.cache, self.policy, self.encoder)

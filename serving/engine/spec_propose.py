@@ -25,6 +25,11 @@ class Proposer(Protocol):
         """At most `k` tokens `req` is guessed to generate next (none: no guess this step)."""
         ...
 
+    def propose_all(self, asks: list[tuple[Req, int]]) -> list[list[int]]:
+        """`propose` for each (request, k) of a step at once (a draft model runs them as one batch); one by one
+        unless the proposer does better."""
+        return [self.propose(req, k) for req, k in asks]
+
     def verified(self, req: Req, proposed: int, accepted: int) -> None:
         """The target kept `accepted` of the `proposed` tokens (a draft model rolls its K/V back to them)."""
         ...
@@ -46,7 +51,7 @@ class NgramIndex:
     upto: int = 0
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     """Prompt lookup: the longest suffix of length n_max down to n_min that occurred before in the request's
     prompt + output proposes the (up to k) tokens that followed its latest earlier occurrence.  Each lookup
     indexes at most `INDEX_PER_STEP` new positions, oldest first, so a long prompt costs no step more than a

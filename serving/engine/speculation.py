@@ -1,8 +1,9 @@
-"""Speculative decoding in the engine (`--speculative ngram`): which requests are speculated, how long their
-drafts are, and what a verify step leaves behind.
+"""Speculative decoding in the engine (`--speculative ngram` or `draft`): which requests are speculated, how long
+their drafts are, and what a verify step leaves behind.
 
 Each step, after admission (`SchedulerCore._schedule`), every decoding request that speculates gets a draft
-from the proposer (`serving.engine.spec_propose`), within what the step has left: KV slots available after
+from the proposer (prompt lookup, `serving.engine.spec_propose`, or a draft model, `serving.engine.spec_draft`),
+within what the step has left: KV slots available after
 its decodes and prefill chunks, and --max-step-tokens.  The forward feeds such a request [its last token] +
 the draft as one extend segment with logits for every row (`serving.engine.forward_pass`); the acceptance
 rule (`serving.engine.spec_accept`) says which tokens it emits.  `settle` then frees the K/V slots of the
@@ -33,6 +34,7 @@ import torch
 from protocol.io_struct import SPECULATIVE_METHODS, MethodCount, MethodHistogram
 from serving.args import ServerArgs
 from serving.engine.kv_pool import KVPool
+from serving.engine.loader import LoadedModel
 from serving.engine.request import Req, SpecState
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer, Proposer
@@ -76,10 +78,16 @@ class Speculator:
         )
 
     @classmethod
-    def from_args(cls, args: ServerArgs) -> Speculator | None:
+    def from_args(cls, args: ServerArgs, target: LoadedModel) -> Speculator | None:
+        """The flags' speculator (None: off); a draft model is loaded and checked against `target` here."""
         if args.speculative == "off":
             return None
-        proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
+        if args.speculative == "draft":
+            from serving.engine.spec_draft import DraftProposer  # imports the model runner: only when asked
+
+            proposer: Proposer = DraftProposer(target, args)
+        else:
+            proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
         return cls(proposer, args.speculative_num_tokens, args.max_step_tokens)
 
     # -- per request ------------------------------------------------------------------
@@ -92,7 +100,7 @@ class Speculator:
     def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
         """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
         feeds `step_tokens` without them); returns the draft tokens proposed."""
-        total, budget = 0, min(room, self.max_step_tokens - step_tokens)
+        asks, total, budget = [], 0, min(room, self.max_step_tokens - step_tokens)
         cost = batch_row_cost(len(decoding))
         for req in decoding:
             st = req.spec
@@ -104,9 +112,11 @@ class Speculator:
                 continue
             k = min(best_k(st.alpha, st.k, cost), req.max_new_tokens - len(req.output_ids) - 1, budget - total)
             if k >= 1:
-                st.draft = self.proposer.propose(req, k)
-                total += len(st.draft)
-        return total
+                asks.append((req, k))
+                total += k  # at most k: the budget is never passed, whatever the drafts' lengths
+        for (req, _), draft in zip(asks, self.proposer.propose_all(asks)):
+            req.spec.draft = draft
+        return sum(len(req.spec.draft) for req, _ in asks)
 
     def verify(self, logits: torch.Tensor, req: Req, eos: frozenset[int]) -> list[int]:
         """The tokens `req` emits from its verified rows (`serving.engine.spec_accept.accept`)."""

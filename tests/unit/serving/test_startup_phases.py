@@ -41,6 +41,19 @@ def test_process_clock_starts_at_the_process_creation():
     assert process_started_ns() <= now_ns()
 
 
+def test_a_phase_counts_the_phases_begun_inside_it():
+    c = startup_phases.start("scheduler")
+    try:
+        startup_phases.begin("kv_pool")
+        with startup_phases.counted_as("draft_model"):
+            startup_phases.begin("weight_load")  # a second model's load: part of draft_model
+            startup_phases.begin("kv_pool")
+        startup_phases.begin("peak_probe")
+        assert [p.phase for p in c.finish()] == ["imports", "kv_pool", "draft_model", "peak_probe"]
+    finally:
+        startup_phases._clock = None
+
+
 def test_report_phases_sends_the_phase_under_way_then_each_new_one():
     sent = []
     try:

@@ -15,13 +15,13 @@ from serving.args import ServerArgs
 from serving.engine.loader import load_model
 from serving.engine.request import Req
 from serving.engine.spec_accept import accept
-from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer
+from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer, Proposer
 from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
 from serving.model_errors import ModelLoadError
 from tests import encoder_models
 from tests.family_models import CUT_VOCAB, FAMILIES, build
 from tests.gguf_writer import write_gguf
-from tests.helpers import encode, greedy, make_core, one_thread
+from tests.helpers import assert_distributed_as, encode, greedy, make_core, one_thread, run_requests
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy dog. The quick"
 
@@ -102,17 +102,6 @@ def test_penalties_see_the_draft_before_each_row():
     assert accept(logits, req, [2], frozenset()) == [2, 3]  # row 1 penalises the drafted 2
 
 
-def _chi2_p(observed: torch.Tensor, expected: torch.Tensor) -> float:
-    """p-value of Pearson's chi-square test (df = bins - 1)."""
-    stat = ((observed - expected) ** 2 / expected).sum()
-    return float(torch.special.gammaincc(torch.tensor((len(observed) - 1) / 2.0), stat / 2))
-
-
-def _bins(p: torch.Tensor, min_expected: float, n: int) -> torch.Tensor:
-    """The token ids whose expected count is at least `min_expected` (the rest pooled into one bin)."""
-    return torch.nonzero(p * n >= min_expected).flatten()
-
-
 def test_sampled_acceptance_keeps_the_targets_distribution():
     """The real logits of a small-vocabulary model for a prompt and a 2-token draft: the first emitted token
     is distributed as row 0's distribution, and after a kept draft token the next as row 1's."""
@@ -148,18 +137,11 @@ def test_sampled_acceptance_keeps_the_targets_distribution():
             if out[0] == draft[0]:
                 seconds[out[1]] += 1
     for observed, p in ((firsts, probs[0]), (seconds, probs[1])):
-        total = observed.sum()
-        keep = _bins(p, 5.0, total)
-        exp = torch.cat([p[keep] * total, (1 - p[keep].sum()).clamp(min=0).reshape(1) * total])
-        obs = torch.cat([observed[keep], (total - observed[keep].sum()).reshape(1)])
-        if exp[-1] < 5:  # nothing worth a bin outside the kept tokens
-            exp, obs = exp[:-1], obs[:-1]
-        assert len(obs) >= 3 and total > 500, (len(keep), total, float(p.max()), float(probs[0, draft[0]]))
-        assert _chi2_p(obs, exp) > 0.001, (obs, exp)
+        assert_distributed_as(observed, p)
 
 
 # -- the engine: greedy identity, the KV bookkeeping ---------------------------------------------------
-class Oracle:
+class Oracle(Proposer):
     """Proposes each request's known greedy continuation, every third draft with its last token wrong: drafts
     that land wholly and partly, through the same interface as prompt lookup."""
 
@@ -182,26 +164,13 @@ class Oracle:
         pass
 
 
-def _run(core, requests, check=True) -> dict[str, list[int]]:
-    for rid, ids, params in requests:
-        core.add_request(rid, ids, params)
-    outs: dict[str, list[int]] = {}
-    while core.has_work:
-        for ev in core.step():
-            outs.setdefault(ev.rid, []).extend(ev.new_token_ids)
-        if check:
-            core.check_kv_invariants()
-    assert core.pool.is_idle()
-    return outs
-
-
 def _identity(model, **kw) -> Speculator:
     ids = encode(model, PROMPT)
     requests = [(f"r{i}", ids[: len(ids) - 3 * i], greedy(24 - 5 * i)) for i in range(3)]
-    reference = _run(make_core(model, max_total_tokens=1024, **kw), requests, check=False)
+    reference = run_requests(make_core(model, max_total_tokens=1024, **kw), requests, check=False)
     core = make_core(model, max_total_tokens=1024, speculative="ngram", speculative_num_tokens=5, **kw)
     core.spec.proposer = Oracle(reference)
-    assert _run(core, requests) == reference
+    assert run_requests(core, requests) == reference
     assert core.spec.accepted > core.spec.proposed / 2 > 0
     return core.spec
 
@@ -223,20 +192,20 @@ def test_prompt_lookup_on_a_copying_output_stays_exact(tiny):
     and its K/V past it is freed (the invariants, and an idle pool after)."""
     ids = encode(tiny, PROMPT)
     requests = [("a", ids, greedy(30)), ("b", ids[:-2], greedy(12, min_tokens=3))]
-    reference = _run(make_core(tiny, max_total_tokens=1024), requests, check=False)
+    reference = run_requests(make_core(tiny, max_total_tokens=1024), requests, check=False)
     stop = reference["a"][5]
     requests.append(("c", ids, greedy(30, stop_token_ids=[stop])))
     reference["c"] = reference["a"][: reference["a"].index(stop) + 1]
     core = make_core(tiny, max_total_tokens=1024, speculative="ngram", speculative_ngram_min=1)
     core.spec.proposer = Oracle(reference)
-    assert _run(core, requests) == reference
+    assert run_requests(core, requests) == reference
 
 
 def test_sampled_runs_keep_the_books_and_reproduce_with_a_seed(tiny):
     """Sampled requests with penalties and cuts, drafts landing and not: every step's KV bookkeeping holds, each
     request's tokens are accepted + steps, and a seeded run gives the same tokens again."""
     ids = encode(tiny, PROMPT)
-    reference = _run(make_core(tiny, max_total_tokens=1024), [("g", ids, greedy(24))], check=False)["g"]
+    reference = run_requests(make_core(tiny, max_total_tokens=1024), [("g", ids, greedy(24))], check=False)["g"]
 
     def run() -> tuple[dict[str, list[int]], dict[str, object]]:
         core = make_core(tiny, max_total_tokens=1024, speculative="ngram")
@@ -247,7 +216,7 @@ def test_sampled_runs_keep_the_books_and_reproduce_with_a_seed(tiny):
             SamplingParams(max_new_tokens=24, temperature=0.3, repetition_penalty=1.2, min_tokens=4, seed=3),
         ]
         reqs = {f"s{i}": core.add_request(f"s{i}", ids, p) for i, p in enumerate(params)}
-        return _run(core, []), {rid: r.spec.counts for rid, r in reqs.items()}
+        return run_requests(core, []), {rid: r.spec.counts for rid, r in reqs.items()}
 
     (outs, counts), (again, _) = run(), run()
     assert outs == again
