@@ -170,8 +170,8 @@ def summary(r: dict) -> dict:
     return {
         "ttft_p50_ms": statistics.median(r["ttft"]),
         "ttft_max_ms": max(r["ttft"]),
-        "itl_p50_ms": _pct(r.get("itl", []), 0.5),
-        "itl_p99_ms": _pct(r.get("itl", []), 0.99),
+        "itl_p50_ms": pct(r.get("itl", []), 0.5),
+        "itl_p99_ms": pct(r.get("itl", []), 0.99),
         "tok_s": r["tok_s"],
         "wall_s": r["wall"],
     }
@@ -204,7 +204,7 @@ def cpu_seconds(url: str) -> dict[str, float]:
     }
 
 
-def _pct(xs: list[float], q: float) -> float:
+def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
