@@ -191,17 +191,17 @@ def table_row(n: int, path: str, r: dict) -> str:
     )
 
 
-def cpu_seconds(url: str) -> dict[str, float]:
-    """CPU seconds so far of each server process (main, scheduler, detokenizer), from /metrics."""
+def metric_samples(url: str, name: str) -> list:
+    """The samples named `name` the server at `url` exports on /metrics now."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=10).text
-    return {
-        s.labels["role"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "sightline_process_cpu_seconds_total"
-    }
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+
+
+def cpu_seconds(url: str) -> dict[str, float]:
+    """CPU seconds so far of each server process (main, scheduler, detokenizer), from /metrics."""
+    return {s.labels["role"]: s.value for s in metric_samples(url, "sightline_process_cpu_seconds_total")}
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import http_run, level_prompts, pct, start_server, write_json
+from bench.common import http_run, level_prompts, metric_samples, pct, start_server, write_json
 from loadtest.server import free_port
 from serving.engine.loader import load_model
 
@@ -67,15 +67,7 @@ def step_shape(trace: dict) -> StepShape:
 
 
 def gap_counts(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return {
-        s.labels["cause"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "sightline_decode_gaps_total"
-    }
+    return {s.labels["cause"]: s.value for s in metric_samples(url, "sightline_decode_gaps_total")}
 
 
 def run_level(url: str, prompts: list[list[int]], gen_len: int) -> dict:

@@ -92,7 +92,7 @@ class ServerArgs:
         "requests decode, so prefill keeps progressing.",
     )
     step_time_factor: float = _opt(
-        2.5,
+        3.0,
         "While requests decode, a step's prefill is sized so that the step takes at most this many times a "
         "pure-decode step of the same decodes, from step costs learned online (seconds per decode row and per "
         "prompt token); within --max-step-tokens and at least --min-prefill-chunk. 0 turns the time budget off "

@@ -8,12 +8,17 @@ which is the inter-token tail.  So the prefill is sized against time:
 
 - the cost model (`StepCost`): step seconds ≈ fixed + per_decode × decode tokens + per_prefill × prefill
   tokens, fitted by exponentially weighted least squares of the relative error over the steps run (EWMAs of
-  the normal equations, half-life `HALF_LIFE` steps), so it follows the machine, the model, its precision and the context lengths;
+  the normal equations, half-life `HALF_LIFE` steps), so it follows the machine, the model, its precision and
+  the context lengths; a step over `OUTLIER` × its prediction counts as that (preempted, not dearer);
 - the anchor (`StepBudget.probe`): a step's decodes alone tell the fit what the prefill costs on top of; when
   none ran for about a half-life (a long admission burst), one step runs its decodes without prefill;
-- the budget (`StepBudget.prefill_tokens`): --step-time-factor × the predicted pure-decode step of this
-  step's decodes, capped at --max-step-ms when set; the prefill tokens are what fits in it after the
-  decodes.  `BatchBuilder.prefill_budget` keeps them within the token caps and at least --min-prefill-chunk,
+- the budget (`StepBudget.prefill_tokens`): --step-time-factor × the typical step, capped at --max-step-ms
+  when set; the prefill tokens are what fits in it after the decodes.  The typical step is the predicted
+  pure-decode step of this step's decodes, or the median of the last `TYPICAL_WINDOW` steps with decodes
+  when that is longer: a tail is a gap far above what a stream usually waits, and where most steps carry
+  prefill (a long admission burst at high concurrency) the usual wait is a mixed step, so the budget then
+  grows up to the token caps instead of spreading the burst's prefill over many more steps.
+  `BatchBuilder.prefill_budget` keeps them within the token caps and at least --min-prefill-chunk,
   so prompts always progress and time to first token cannot collapse.
 
 The fit keeps every term ≥ 0 (a mixed step's decodes and prefill are collinear while the token cap alone sizes
@@ -23,13 +28,17 @@ it: a plain fit could give a negative fixed cost).  Before it has seen `MIN_STEP
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
+from statistics import median_low
 
 from serving.engine.events import StepStats
 
 HALF_LIFE = 32.0  # steps after which a step's weight in the fit has halved
 RIDGE = 1e-6  # relative damping of the normal equations: a term the steps never varied stays near 0
 MIN_STEPS = 3  # steps seen before the fit is used
+OUTLIER = 3.0  # a step longer than this × its prediction counts as this × (a preempted step, a GC pause)
+TYPICAL_WINDOW = 64  # recent steps with decodes whose median is the typical step (as decode gaps count it)
 PROBE_BELOW = 0.5  # a step runs its decodes alone when the pure-decode steps' EW count falls below this
 
 
@@ -56,6 +65,9 @@ def nonnegative_fit(xx: list[list[float]], xt: list[float]) -> tuple[float, ...]
     """The least-squares coefficients ≥ 0 from the normal equations (xx, xt): every subset of the terms solved
     alone, the feasible one with the least squared error kept (3 terms: 7 small solves)."""
     k = len(xt)
+    whole = _solve(xx, xt)
+    if whole is not None and min(whole) >= 0:  # the usual case: the unconstrained fit is feasible
+        return tuple(whole)
     best, best_err = None, math.inf
     for mask in range(1, 1 << k):
         idx = [i for i in range(k) if mask >> i & 1]
@@ -84,12 +96,26 @@ class StepCost:
     xt: list[float] = field(default_factory=lambda: [0.0] * 3)
     steps: int = 0
     decode_weight: float = 0.0  # EW count of pure-decode steps: the anchor of the pure-decode prediction
-    coef: tuple[float, float, float] | None = None  # (fixed, per_decode, per_prefill) seconds; None until fitted
+    _coef: tuple[float, ...] | None = None
+    _stale: bool = False  # steps observed since `_coef` was fitted (the fit runs when a budget is asked for)
+
+    @property
+    def coef(self) -> tuple[float, ...] | None:
+        """(fixed, per_decode, per_prefill) seconds; None before `MIN_STEPS` steps."""
+        if self._stale:
+            self._stale = False
+            damped = [
+                [v + (RIDGE * v + 1e-12 if i == j else 0.0) for j, v in enumerate(row)] for i, row in enumerate(self.xx)
+            ]
+            self._coef = nonnegative_fit(damped, self.xt) if self.steps >= MIN_STEPS else None
+        return self._coef
 
     def observe(self, decode_tokens: int, prefill_tokens: int, seconds: float) -> None:
         """One step ran `decode_tokens` decode rows and `prefill_tokens` prompt tokens in `seconds`."""
         if decode_tokens + prefill_tokens <= 0 or not math.isfinite(seconds) or seconds <= 0:
             return
+        if (c := self._coef) is not None:  # a step another process preempted must not teach that tokens got dearer
+            seconds = min(seconds, OUTLIER * max(c[0] + c[1] * decode_tokens + c[2] * prefill_tokens, 1e-6))
         keep = 0.5 ** (1.0 / self.half_life)
         # each step weighted by 1 / seconds²: relative errors, so a long prefill step does not drown the decodes
         x = (1.0 / seconds, decode_tokens / seconds, prefill_tokens / seconds)
@@ -99,16 +125,17 @@ class StepCost:
                 self.xx[i][j] = keep * self.xx[i][j] + x[i] * x[j]
         self.decode_weight = keep * self.decode_weight + (prefill_tokens == 0)
         self.steps += 1
-        damped = [
-            [v + (RIDGE * v + 1e-12 if i == j else 0.0) for j, v in enumerate(row)] for i, row in enumerate(self.xx)
-        ]
-        self.coef = nonnegative_fit(damped, self.xt) if self.steps >= MIN_STEPS else None
+        self._stale = True
+
+    def predict(self, decode_tokens: int, prefill_tokens: int) -> float:
+        """The fitted step seconds (0 before the fit)."""
+        if self.coef is None:
+            return 0.0
+        return self.coef[0] + self.coef[1] * decode_tokens + self.coef[2] * prefill_tokens
 
     def decode_seconds(self, decode_tokens: int) -> float | None:
         """The predicted pure-decode step of `decode_tokens` rows; None until the fit says something sensible."""
-        if self.coef is None:
-            return None
-        t = self.coef[0] + self.coef[1] * decode_tokens
+        t = self.predict(decode_tokens, 0)
         return t if t > 0 else None
 
     @property
@@ -121,9 +148,10 @@ class StepCost:
 class StepBudget:
     """The prefill tokens a step with decodes may carry (`prefill_tokens`), and the latest budget (telemetry)."""
 
-    factor: float  # × the pure-decode step; 0: no time budget
+    factor: float  # × the typical step; 0: no time budget
     max_seconds: float  # absolute cap on the budget; 0: none
     cost: StepCost = field(default_factory=StepCost)
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=TYPICAL_WINDOW))  # steps with decodes, s
     last_seconds: float = 0.0  # the latest step's time budget (0: none applied)
     last_tokens: int = 0  # the latest step's prefill budget in tokens, caps and floor applied (BatchBuilder)
 
@@ -134,7 +162,10 @@ class StepBudget:
     def observe(self, st: StepStats) -> None:
         """A step ran: its decode tokens, prefill tokens and duration join the fit."""
         if self.on and st.batch_size:
-            self.cost.observe(sum(st.tokens) - st.num_prefill_tokens, st.num_prefill_tokens, st.step_seconds)
+            decode_tokens = sum(st.tokens) - st.num_prefill_tokens
+            self.cost.observe(decode_tokens, st.num_prefill_tokens, st.step_seconds)
+            if decode_tokens:
+                self.recent.append(st.step_seconds)
 
     @property
     def probe(self) -> bool:
@@ -154,7 +185,8 @@ class StepBudget:
         decode_s, per_prefill = self.cost.decode_seconds(decode_tokens), self.cost.per_prefill
         if decode_s is None or per_prefill is None:
             return None
-        budget = self.factor * decode_s if self.factor > 0 else math.inf
+        typical = max(decode_s, median_low(self.recent)) if self.recent else decode_s
+        budget = self.factor * typical if self.factor > 0 else math.inf
         if self.max_seconds > 0:
             budget = min(budget, self.max_seconds)
         self.last_seconds = budget

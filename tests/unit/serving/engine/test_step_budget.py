@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from serving.engine.events import StepStats
-from serving.engine.step_budget import HALF_LIFE, MIN_STEPS, StepBudget, StepCost, nonnegative_fit
+from serving.engine.step_budget import (
+    HALF_LIFE,
+    MIN_STEPS,
+    OUTLIER,
+    TYPICAL_WINDOW,
+    StepBudget,
+    StepCost,
+    nonnegative_fit,
+)
 from tests.helpers import make_core
 
 FIXED, PER_DECODE, PER_PREFILL = 0.010, 0.0005, 0.002  # the made-up machine: 10 ms + 0.5 ms a row + 2 ms a token
@@ -28,7 +36,10 @@ def record(d: int, p: int, seconds: float | None = None) -> StepStats:
     )
 
 
-def taught(budget: StepBudget, steps=((8, 0), (8, 32), (16, 0), (16, 64), (4, 100), (0, 512))) -> StepBudget:
+TEACH = ((8, 0), (8, 32), (16, 0), (16, 64), (4, 100), (0, 512)) + ((16, 0),) * 8  # mostly pure decodes of 16
+
+
+def taught(budget: StepBudget, steps=TEACH) -> StepBudget:
     for d, p in steps:
         budget.observe(record(d, p))
     return budget
@@ -61,11 +72,28 @@ def test_old_steps_fade():
     assert c.per_prefill == pytest.approx(PER_PREFILL, rel=0.01)
 
 
+def test_a_preempted_step_counts_as_at_most_outlier_times_its_prediction():
+    b = taught(StepBudget(factor=3.0, max_seconds=0.0))
+    clipped = taught(StepBudget(factor=3.0, max_seconds=0.0))
+    assert b.prefill_tokens(16) == clipped.prefill_tokens(16) == 18  # as the engine asks, every step: fitted
+    b.observe(record(16, 64, seconds=100 * cost(16, 64)))  # another process had the CPU for a while
+    clipped.observe(record(16, 64, seconds=OUTLIER * cost(16, 64)))
+    assert b.cost.coef == clipped.cost.coef
+
+
 def test_the_prefill_fills_the_budget_left_by_the_decodes():
     b = taught(StepBudget(factor=3.0, max_seconds=0.0))
     decode = FIXED + 16 * PER_DECODE  # 18 ms: the budget is 54 ms, the decodes leave 36 ms, 18 tokens
     assert b.prefill_tokens(16) == 18 and b.last_seconds == pytest.approx(3 * decode, rel=1e-3)
     assert b.prefill_tokens(64) == 42  # more decodes: a longer pure-decode step (42 ms), a larger budget
+
+
+def test_where_most_steps_carry_prefill_the_budget_follows_the_typical_step():
+    b = taught(StepBudget(factor=3.0, max_seconds=0.0))
+    for _ in range(TYPICAL_WINDOW):  # a long admission burst: the usual wait is a 64 + 64-token step (170 ms)
+        b.observe(record(64, 64))
+    assert b.last_seconds == 0 and b.prefill_tokens(64) == int((3 * cost(64, 64) - cost(64, 0)) / PER_PREFILL)
+    assert b.last_seconds == pytest.approx(3 * cost(64, 64), rel=1e-3)
 
 
 def test_max_step_ms_caps_the_budget():
