@@ -2,7 +2,7 @@
 side by side on the same prompts, with where the tail comes from.
 
     .venv/bin/python -m bench.decode_tail [--concurrency 16,64] [--rounds 3] [--gen-len 64]
-        [--before-arg=--step-time-factor=0] [--after-arg=FLAG ...] [--json results/bench/decode_tail.json]
+        [--before-arg=--step-time-factor=0] [--after-arg=--step-time-factor=3] [--json results/bench/decode_tail.json]
 
 Both servers run at once (idle while the other is driven); each round sends every level's prompts (bench.http's
 workload: N distinct `--prompt-len`-token prompts, all at once, streaming, exactly `--gen-len` greedy tokens) to
@@ -146,11 +146,14 @@ def main() -> None:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--before-arg", action="append", default=None, metavar="FLAG", help="the before server's flags")
-    ap.add_argument("--after-arg", action="append", default=[], metavar="FLAG", help="the after server's flags")
+    ap.add_argument("--after-arg", action="append", default=None, metavar="FLAG", help="the after server's flags")
     ap.add_argument("--only", choices=("before", "after"), help="start and drive one of the two servers only")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
-    configs = {"before": a.before_arg if a.before_arg is not None else ["--step-time-factor=0"], "after": a.after_arg}
+    configs = {
+        "before": a.before_arg if a.before_arg is not None else ["--step-time-factor=0"],
+        "after": a.after_arg if a.after_arg is not None else ["--step-time-factor=3"],
+    }
     if a.only:
         configs = {a.only: configs[a.only]}
     levels = [int(x) for x in a.concurrency.split(",")]

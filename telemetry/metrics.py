@@ -784,9 +784,10 @@ SPECS: tuple[Spec, ...] = (
         "gauge",
         "The time budget the latest engine step's prefill was sized against; 0 when none applied.",
         R,
-        definition="While requests decode: --step-time-factor × the pure-decode step of its decodes, as predicted "
-        "from the step costs learned online (serving/engine/step_budget.py), at most --max-step-ms; 0 when nothing "
-        "decoded, with the time budget off, or before the costs are learned.",
+        definition="While requests decode: --step-time-factor × the typical step (the pure-decode step of the batch "
+        "the queue is heading to, running plus waiting requests, as predicted from the step costs learned online; "
+        "serving/engine/step_budget.py), at most --max-step-ms; 0 when nothing decoded, with the time "
+        "budget off, or before the costs are learned.",
         source="scheduler",
         read="scheduler.step_budget_seconds",
     ),

@@ -31,14 +31,15 @@ class BatchBuilder:
         self.recomputed_tokens = 0  # retracted positions computed again when they resumed (the cache lost them)
         self.admissions = 0  # requests admitted into the batch, resumptions after a retraction included
 
-    def prefill_budget(self, num_decoding: int) -> int:
+    def prefill_budget(self, num_decoding: int, heading: int = 0) -> int:
         """Prompt tokens this step may prefill.
 
         Idle decoders: all of --max-prefill-tokens (time to first token is all that counts).
         With requests decoding, the step's tokens are capped at --max-step-tokens, decodes
         first, and its prefill at what fits in its time budget (`serving.engine.step_budget`),
         so a step's time — every decoding request's inter-token gap — stays bounded
-        whatever prompts arrive; at least --min-prefill-chunk so waiting prompts progress,
+        whatever prompts arrive (`heading`: the batch the queue is heading to, the step the
+        budget is a multiple of); at least --min-prefill-chunk so waiting prompts progress,
         except in the rare step that runs its decodes alone to anchor the time budget.
         """
         a = self.args
@@ -48,7 +49,7 @@ class BatchBuilder:
             n = 0
         else:
             n = a.max_step_tokens - num_decoding
-            timed = self.timing.prefill_tokens(num_decoding)
+            timed = self.timing.prefill_tokens(num_decoding, heading)
             if timed is not None:
                 n = min(n, timed)
             n = min(a.max_prefill_tokens, max(a.min_prefill_chunk, n))
@@ -60,7 +61,8 @@ class BatchBuilder:
     ) -> list[tuple[Req, int]]:
         """This step's prefill chunks: the one in progress first, then waiting requests in arrival order (moved
         to `running` as they are admitted) while the budget, the running limit and the KV allow."""
-        budget = self.prefill_budget(num_decoding)
+        heading = min(len(running) + len(waiting), self.args.max_running_requests)
+        budget = self.prefill_budget(num_decoding, heading)
         chunks: list[tuple[Req, int]] = []
         room = self.cache.available - num_decoding  # slots this step's prefill may still allocate
         for req in running:  # a chunked prefill in progress goes first

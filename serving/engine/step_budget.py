@@ -13,24 +13,25 @@ which is the inter-token tail.  So the prefill is sized against time:
 - the anchor (`StepBudget.probe`): a step's decodes alone tell the fit what the prefill costs on top of; when
   none ran for about a half-life (a long admission burst), one step runs its decodes without prefill;
 - the budget (`StepBudget.prefill_tokens`): --step-time-factor × the typical step, capped at --max-step-ms
-  when set; the prefill tokens are what fits in it after the decodes.  The typical step is the predicted
-  pure-decode step of this step's decodes, or the median of the last `TYPICAL_WINDOW` steps with decodes
-  when that is longer: a tail is a gap far above what a stream usually waits, and where most steps carry
-  prefill (a long admission burst at high concurrency) the usual wait is a mixed step, so the budget then
-  grows up to the token caps instead of spreading the burst's prefill over many more steps.
+  when set; the prefill tokens are what fits in it after this step's decodes.  The typical step is the
+  predicted pure-decode step of the batch the queue is heading to (running and waiting requests, at most
+  --max-running-requests): what a stream waits between two tokens once the prompts that wait have joined, the
+  p50 a tail is measured against.  Early in a burst, while few requests decode, the steps carry more prefill
+  than a budget of their own few decodes would allow, so the burst's time to first token does not grow with
+  its size.
   `BatchBuilder.prefill_budget` keeps them within the token caps and at least --min-prefill-chunk,
   so prompts always progress and time to first token cannot collapse.
 
-The fit keeps every term ≥ 0 (a mixed step's decodes and prefill are collinear while the token cap alone sizes
-it: a plain fit could give a negative fixed cost).  Before it has seen `MIN_STEPS` steps, the floor runs.
+The fit keeps every term ≥ 0 and a prompt token at least as dear as a decode row (a mixed step's decodes and
+prefill are collinear while the token cap sizes it: a plain fit could give a negative fixed cost, or decode
+rows dearer than prompt tokens, and a budget from it far too large).  Before it has seen `MIN_STEPS` steps,
+the floor runs.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass, field
-from statistics import median_low
 
 from serving.engine.events import StepStats
 
@@ -38,7 +39,6 @@ HALF_LIFE = 32.0  # steps after which a step's weight in the fit has halved
 RIDGE = 1e-6  # relative damping of the normal equations: a term the steps never varied stays near 0
 MIN_STEPS = 3  # steps seen before the fit is used
 OUTLIER = 3.0  # a step longer than this × its prediction counts as this × (a preempted step, a GC pause)
-TYPICAL_WINDOW = 64  # recent steps with decodes whose median is the typical step (as decode gaps count it)
 PROBE_BELOW = 0.5  # a step runs its decodes alone when the pure-decode steps' EW count falls below this
 
 
@@ -91,7 +91,7 @@ class StepCost:
     """Step seconds as fixed + per_decode × decode tokens + per_prefill × prefill tokens, learned online."""
 
     half_life: float = HALF_LIFE
-    # the normal equations, each step's row x = (1, d, p) / seconds against 1: EW Σ x xᵀ and EW Σ x
+    # the normal equations, each step's row x = (1, d + p, p) / seconds against 1: EW Σ x xᵀ and EW Σ x
     xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     xt: list[float] = field(default_factory=lambda: [0.0] * 3)
     steps: int = 0
@@ -107,7 +107,8 @@ class StepCost:
             damped = [
                 [v + (RIDGE * v + 1e-12 if i == j else 0.0) for j, v in enumerate(row)] for i, row in enumerate(self.xx)
             ]
-            self._coef = nonnegative_fit(damped, self.xt) if self.steps >= MIN_STEPS else None
+            fit = nonnegative_fit(damped, self.xt) if self.steps >= MIN_STEPS else None
+            self._coef = None if fit is None else (fit[0], fit[1], fit[1] + fit[2])
         return self._coef
 
     def observe(self, decode_tokens: int, prefill_tokens: int, seconds: float) -> None:
@@ -118,7 +119,9 @@ class StepCost:
             seconds = min(seconds, OUTLIER * max(c[0] + c[1] * decode_tokens + c[2] * prefill_tokens, 1e-6))
         keep = 0.5 ** (1.0 / self.half_life)
         # each step weighted by 1 / seconds²: relative errors, so a long prefill step does not drown the decodes
-        x = (1.0 / seconds, decode_tokens / seconds, prefill_tokens / seconds)
+        # fitted as fixed + per_row × (d + p) + extra × p, every term ≥ 0: a prompt token costs at least a decode
+        # row (both are a row through every GEMM; the token also attends over its chunk)
+        x = (1.0 / seconds, (decode_tokens + prefill_tokens) / seconds, prefill_tokens / seconds)
         for i in range(3):
             self.xt[i] = keep * self.xt[i] + x[i]
             for j in range(3):
@@ -148,10 +151,9 @@ class StepCost:
 class StepBudget:
     """The prefill tokens a step with decodes may carry (`prefill_tokens`), and the latest budget (telemetry)."""
 
-    factor: float  # × the typical step; 0: no time budget
+    factor: float  # × the typical step (pure-decode, of the batch the queue heads to); 0: no time budget
     max_seconds: float  # absolute cap on the budget; 0: none
     cost: StepCost = field(default_factory=StepCost)
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=TYPICAL_WINDOW))  # steps with decodes, s
     last_seconds: float = 0.0  # the latest step's time budget (0: none applied)
     last_tokens: int = 0  # the latest step's prefill budget in tokens, caps and floor applied (BatchBuilder)
 
@@ -162,10 +164,7 @@ class StepBudget:
     def observe(self, st: StepStats) -> None:
         """A step ran: its decode tokens, prefill tokens and duration join the fit."""
         if self.on and st.batch_size:
-            decode_tokens = sum(st.tokens) - st.num_prefill_tokens
-            self.cost.observe(decode_tokens, st.num_prefill_tokens, st.step_seconds)
-            if decode_tokens:
-                self.recent.append(st.step_seconds)
+            self.cost.observe(sum(st.tokens) - st.num_prefill_tokens, st.num_prefill_tokens, st.step_seconds)
 
     @property
     def probe(self) -> bool:
@@ -173,8 +172,9 @@ class StepBudget:
         burst runs none), so the fit's pure-decode prediction would rest on mixed steps only."""
         return self.on and self.cost.decode_weight < PROBE_BELOW
 
-    def prefill_tokens(self, decode_tokens: int) -> int | None:
-        """Prompt tokens that fit beside `decode_tokens` decodes in the time budget (0 or more): 0 before the
+    def prefill_tokens(self, decode_tokens: int, heading: int = 0) -> int | None:
+        """Prompt tokens that fit beside `decode_tokens` decodes in the time budget (0 or more), the typical step
+        being the pure-decode step of `heading` rows when more (the batch the queue is heading to).  0 before the
         first `MIN_STEPS` steps (the floor runs, and its steps teach the fit); None when there is no time budget,
         or when the fit finds a pure-decode step or a prompt token free (the token caps alone)."""
         self.last_seconds = 0.0
@@ -183,9 +183,9 @@ class StepBudget:
         if self.cost.coef is None:
             return 0
         decode_s, per_prefill = self.cost.decode_seconds(decode_tokens), self.cost.per_prefill
-        if decode_s is None or per_prefill is None:
+        typical = self.cost.decode_seconds(max(decode_tokens, heading))
+        if decode_s is None or per_prefill is None or typical is None:
             return None
-        typical = max(decode_s, median_low(self.recent)) if self.recent else decode_s
         budget = self.factor * typical if self.factor > 0 else math.inf
         if self.max_seconds > 0:
             budget = min(budget, self.max_seconds)

@@ -10,7 +10,6 @@ from serving.engine.step_budget import (
     HALF_LIFE,
     MIN_STEPS,
     OUTLIER,
-    TYPICAL_WINDOW,
     StepBudget,
     StepCost,
     nonnegative_fit,
@@ -59,6 +58,10 @@ def test_no_term_goes_negative_when_decodes_and_prefill_are_collinear():
     for d in range(4, 16):  # the token cap alone: d + p = 128 every step; the truth has a negative intercept
         c.observe(d, 128 - d, -0.040 + 0.003 * (128 - d) + 0.001 * d)
     assert c.coef is not None and min(c.coef) >= 0
+    dear = StepCost()
+    for d in range(4, 16):  # the same cap, steps that a plain fit would read as decode rows dearer than tokens
+        dear.observe(d, 128 - d, 0.0065 * d + 0.002 * (128 - d))
+    assert dear.coef is not None and dear.coef[1] <= dear.coef[2]  # a prompt token is at least a decode row
     xx = [[1.0, 0.0], [0.0, 1.0]]
     assert nonnegative_fit(xx, [2.0, -3.0]) == (2.0, 0.0)  # the unconstrained -3 is clamped to 0
 
@@ -88,12 +91,12 @@ def test_the_prefill_fills_the_budget_left_by_the_decodes():
     assert b.prefill_tokens(64) == 42  # more decodes: a longer pure-decode step (42 ms), a larger budget
 
 
-def test_where_most_steps_carry_prefill_the_budget_follows_the_typical_step():
+def test_early_in_a_burst_the_budget_is_that_of_the_batch_the_queue_heads_to():
     b = taught(StepBudget(factor=3.0, max_seconds=0.0))
-    for _ in range(TYPICAL_WINDOW):  # a long admission burst: the usual wait is a 64 + 64-token step (170 ms)
-        b.observe(record(64, 64))
-    assert b.last_seconds == 0 and b.prefill_tokens(64) == int((3 * cost(64, 64) - cost(64, 0)) / PER_PREFILL)
-    assert b.last_seconds == pytest.approx(3 * cost(64, 64), rel=1e-3)
+    # 4 decode, 12 wait: the typical step is a 16-row decode (18 ms, budget 54 ms); 4 rows take 12 ms: 21 tokens
+    assert b.prefill_tokens(4, heading=16) == 21 and b.last_seconds == pytest.approx(0.054, rel=1e-3)
+    assert b.prefill_tokens(4) in (11, 12)  # its own 4 decodes as the typical step: (36 - 12) ms ÷ 2 ms, floored
+    assert b.prefill_tokens(16, heading=4) == 18  # never below the step's own decodes
 
 
 def test_max_step_ms_caps_the_budget():
@@ -127,6 +130,7 @@ def test_the_batch_builder_applies_caps_floor_and_probe(tiny):
     taught(bb.timing)
     assert bb.prefill_budget(0) == 512  # nothing decodes: no gap to protect
     assert bb.prefill_budget(16) == 18 and core.stats()["prefill_budget_tokens"] == 18
+    assert bb.prefill_budget(4, heading=16) == 21  # the batch the queue heads to sets the typical step
     assert core.stats()["step_budget_seconds"] == pytest.approx(0.054, rel=1e-3)
     bb.timing.factor = 1.2  # a budget the decodes nearly fill: the floor keeps prompts moving
     assert bb.prefill_budget(16) == 8
