@@ -97,7 +97,7 @@ lint: $(STAMP)
 	$(PY) scripts/layout_doc.py --check
 
 # Engine (every precision mode), HTTP pipeline (float32; each GGUF file llama-server serves, on that file), admission (clients with and without max_tokens,
-# per --admission policy), the peer servers (transformers serve in
+# per --admission policy), the decode tail under prefill (the step time budget off vs on, c=16 and 64), the peer servers (transformers serve in
 # results/bench/peers/transformers/venv; llama.cpp's llama-server on F32/Q8_0/Q4_K_M/Q4_1 GGUF, built once from
 # source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
 # accuracy, resident memory on the bundled GGUF, the cost of logprobs (decode and prompt, in-process) and of KV-cache
@@ -124,6 +124,7 @@ bench: setup
 	$(PY) -m bench.peers --json results/bench/peers.json $(PEERS_RUN)
 	$(PY) -m bench.frontend --json results/bench/frontend.json $(FRONTEND_RUN)
 	$(PY) -m bench.admission --json results/bench/admission.json $(if $(BENCH_QUICK),--quick,)
+	$(PY) -m bench.decode_tail --json results/bench/decode_tail.json $(if $(BENCH_QUICK),--rounds 1 --concurrency 16,)
 	$(if $(BENCH_QUICK),,$(PY) -m bench.accuracy)
 	$(PY) -m bench.memory --json results/bench/memory.json
 	$(PY) -m bench.logprobs --json results/bench/logprobs.json $(if $(BENCH_QUICK),--rounds 1,)

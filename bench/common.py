@@ -170,8 +170,8 @@ def summary(r: dict) -> dict:
     return {
         "ttft_p50_ms": statistics.median(r["ttft"]),
         "ttft_max_ms": max(r["ttft"]),
-        "itl_p50_ms": _pct(r.get("itl", []), 0.5),
-        "itl_p99_ms": _pct(r.get("itl", []), 0.99),
+        "itl_p50_ms": pct(r.get("itl", []), 0.5),
+        "itl_p99_ms": pct(r.get("itl", []), 0.99),
         "tok_s": r["tok_s"],
         "wall_s": r["wall"],
     }
@@ -191,20 +191,20 @@ def table_row(n: int, path: str, r: dict) -> str:
     )
 
 
-def cpu_seconds(url: str) -> dict[str, float]:
-    """CPU seconds so far of each server process (main, scheduler, detokenizer), from /metrics."""
+def metric_samples(url: str, name: str) -> list:
+    """The samples named `name` the server at `url` exports on /metrics now."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(url + "/metrics", timeout=10).text
-    return {
-        s.labels["role"]: s.value
-        for fam in text_string_to_metric_families(text)
-        for s in fam.samples
-        if s.name == "sightline_process_cpu_seconds_total"
-    }
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
 
 
-def _pct(xs: list[float], q: float) -> float:
+def cpu_seconds(url: str) -> dict[str, float]:
+    """CPU seconds so far of each server process (main, scheduler, detokenizer), from /metrics."""
+    return {s.labels["role"]: s.value for s in metric_samples(url, "sightline_process_cpu_seconds_total")}
+
+
+def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 

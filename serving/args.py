@@ -95,6 +95,19 @@ class ServerArgs:
         "Prompt tokens a step prefills at least (when prompts wait), however many "
         "requests decode, so prefill keeps progressing.",
     )
+    step_time_factor: float = _opt(
+        0.0,
+        "While requests decode, a step's prefill is sized so that the step takes at most this many times the "
+        "typical step (a pure-decode step of the batch the queue is heading to: running plus waiting requests), "
+        "from step costs learned online (seconds per decode row and per prompt token); within "
+        "--max-step-tokens and at least --min-prefill-chunk. 0 (the default): no time budget, the token caps alone; "
+        "3 bounds a mixed step at 3x the typical one (docs/engine.md: what it costs in time to first token).",
+    )
+    max_step_ms: float = _opt(
+        0.0,
+        "While requests decode, a step's prefill is also sized to keep the step within this many "
+        "milliseconds (at least --min-prefill-chunk still runs); 0: no absolute limit.",
+    )
     disable_prefix_cache: bool = _opt(
         False,
         "Turn off the prefix (radix) cache, which keeps finished requests' K/V in "
@@ -625,6 +638,10 @@ class ServerArgs:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if not (self.step_time_factor == 0 or 1 <= self.step_time_factor <= 1000):
+            raise ValueError("--step-time-factor must be 0 (off) or between 1 and 1000 (x a pure-decode step)")
+        if not 0 <= self.max_step_ms <= 3_600_000:
+            raise ValueError("--max-step-ms must be between 0 (no limit) and 3600000")
         if self.pooling is not None and self.pooling not in ("last", "mean", "cls"):
             raise ValueError("--pooling must be last, mean or cls")
         if self.max_embedding_inputs < 1:

@@ -782,6 +782,28 @@ SPECS: tuple[Spec, ...] = (
         read="scheduler.step_seconds",
     ),
     Spec(
+        "sightline_step_time_budget_seconds",
+        "gauge",
+        "The time budget the latest engine step's prefill was sized against; 0 when none applied.",
+        R,
+        definition="While requests decode: --step-time-factor × the typical step (the pure-decode step of the batch "
+        "the queue is heading to, running plus waiting requests, as predicted from the step costs learned online; "
+        "serving/engine/step_budget.py), at most --max-step-ms; 0 when nothing decoded, with the time "
+        "budget off, or before the costs are learned.",
+        source="scheduler",
+        read="scheduler.step_budget_seconds",
+    ),
+    Spec(
+        "sightline_step_prefill_budget_tokens",
+        "gauge",
+        "Prompt tokens the latest engine step could prefill.",
+        R,
+        definition="--max-prefill-tokens when nothing decoded; else what --max-step-tokens and the time budget "
+        "leave beside the decodes, at least --min-prefill-chunk. A step prefills less when fewer prompt tokens wait.",
+        source="scheduler",
+        read="scheduler.prefill_budget_tokens",
+    ),
+    Spec(
         "sightline_engine_flops_total",
         "counter",
         "Floating-point operations the engine's steps asked for, by "

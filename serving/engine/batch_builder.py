@@ -1,6 +1,7 @@
 """Which prompts join this step's batch, and how much of each (step 3 of `SchedulerCore.step`).
 
-Prompts are prefilled under a per-step budget (`prefill_budget`): first the chunk in progress, then
+Prompts are prefilled under a per-step budget (`prefill_budget`: tokens, and time while requests decode,
+`serving.engine.step_budget`): first the chunk in progress, then
 waiting requests in arrival order, chunking the one that does not fit.  A request is admitted when the
 admission policy (`serving.engine.admission`) finds its expected KV need and the running requests' fit,
 and fewer than `max_running_requests` run; a step that retracted admits no one.  A request whose grammar
@@ -14,6 +15,7 @@ from serving.args import ServerArgs
 from serving.engine.admission import AdmissionPolicy
 from serving.engine.cache_manager import CacheManager
 from serving.engine.request import Req, ReqStatus
+from serving.engine.step_budget import StepBudget
 from serving.engine.wait_queue import WaitQueue
 from serving.engine.wait_reasons import KV_CAPACITY, RETRACTED, RUNNING_LIMIT, STEP_BUDGET, assign
 from telemetry.clock import now_ns
@@ -22,31 +24,45 @@ from telemetry.clock import now_ns
 class BatchBuilder:
     def __init__(self, args: ServerArgs, cache: CacheManager, policy: AdmissionPolicy, encoder: bool) -> None:
         self.args, self.cache, self.policy, self.encoder = args, cache, policy, encoder
+        self.timing = StepBudget(args.step_time_factor, args.max_step_ms / 1e3)
         # cumulative counters (telemetry)
         self.prefix_queries_tokens = 0  # prompt tokens of admitted requests
         self.prefix_hits_tokens = 0  # of those, reused from the cache
         self.recomputed_tokens = 0  # retracted positions computed again when they resumed (the cache lost them)
         self.admissions = 0  # requests admitted into the batch, resumptions after a retraction included
 
-    def prefill_budget(self, num_decoding: int) -> int:
+    def prefill_budget(self, num_decoding: int, heading: int = 0) -> int:
         """Prompt tokens this step may prefill.
 
         Idle decoders: all of --max-prefill-tokens (time to first token is all that counts).
         With requests decoding, the step's tokens are capped at --max-step-tokens, decodes
-        first, so a step's time — every decoding request's inter-token gap — stays bounded
-        whatever prompts arrive; at least --min-prefill-chunk so waiting prompts progress.
+        first, and its prefill at what fits in its time budget (`serving.engine.step_budget`),
+        so a step's time — every decoding request's inter-token gap — stays bounded
+        whatever prompts arrive (`heading`: the batch the queue is heading to, the step the
+        budget is a multiple of); at least --min-prefill-chunk so waiting prompts progress,
+        except in the rare step that runs its decodes alone to anchor the time budget.
         """
         a = self.args
         if not num_decoding:
-            return a.max_prefill_tokens
-        return min(a.max_prefill_tokens, max(a.min_prefill_chunk, a.max_step_tokens - num_decoding))
+            n = a.max_prefill_tokens
+        elif self.timing.probe:  # the decodes alone, once in a while: the time budget's anchor
+            n = 0
+        else:
+            n = a.max_step_tokens - num_decoding
+            timed = self.timing.prefill_tokens(num_decoding, heading)
+            if timed is not None:
+                n = min(n, timed)
+            n = min(a.max_prefill_tokens, max(a.min_prefill_chunk, n))
+        self.timing.last_tokens = n
+        return n
 
     def admit(
         self, running: list[Req], waiting: WaitQueue, num_decoding: int, admit_new: bool
     ) -> list[tuple[Req, int]]:
         """This step's prefill chunks: the one in progress first, then waiting requests in arrival order (moved
         to `running` as they are admitted) while the budget, the running limit and the KV allow."""
-        budget = self.prefill_budget(num_decoding)
+        heading = min(len(running) + len(waiting), self.args.max_running_requests)
+        budget = self.prefill_budget(num_decoding, heading)
         chunks: list[tuple[Req, int]] = []
         room = self.cache.available - num_decoding  # slots this step's prefill may still allocate
         for req in running:  # a chunked prefill in progress goes first

@@ -8,8 +8,9 @@ Each step:
      only): they leave the batch, their K/V stays in the prefix cache, pinned, and they go
      back to the head of the queue, to resume after the tokens they already have;
   3. prompts are prefilled under a per-step budget (`serving.engine.batch_builder`: all of
-     `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` leaves after
-     the decodes, at least `min_prefill_chunk`): first the chunk in progress, then
+     `max_prefill_tokens` when nothing decodes, else what `max_step_tokens` and the step's
+     time budget (`serving.engine.step_budget`) leave after the decodes, at least
+     `min_prefill_chunk`): first the chunk in progress, then
      waiting requests in arrival order, chunking the one that does not fit; a request
      is admitted when the admission policy (`serving.engine.admission`) finds its
      expected KV need and the running requests' fit, and fewer than
@@ -263,6 +264,7 @@ class SchedulerCore:
             "kv_reserved": self.kv_committed,
             "new_token_ratio": self.policy.ratio,
             **self.last_step.stats(),
+            **self.batches.timing.stats(),
             **self.grammar.stats(),
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "prefix_queries_tokens_total": self.batches.prefix_queries_tokens,
@@ -308,6 +310,7 @@ class SchedulerCore:
 
     def _schedule(self) -> StepPlan:
         """Steps 1–3: grammars compiled (or failed), room made by retraction, prompts admitted and chunked."""
+        self.batches.timing.observe(self.last_step)  # the previous step's cost, for this one's time budget
         ended = self._grammars_compiled() if self.grammar.live else []
         retracted = self.retraction.make_room(self.running, self.waiting)
         decoding = [r for r in self.running if r.prefill_done and not r.held]

@@ -21,7 +21,7 @@ def step(core: SchedulerCore, gaps: DecodeGaps) -> None:
 
 def test_a_long_prefill_beside_streams_is_their_gap_and_names_the_culprit(tiny, monkeypatch):
     monkeypatch.setattr(decode_gaps, "MAX_GAPS", 10_000)  # a loaded CPU's noise gaps must not crowd it out
-    core = make_core(tiny, max_prefill_tokens=4096, max_step_tokens=4096)  # the long prompt in one chunk
+    core = make_core(tiny, max_prefill_tokens=4096, max_step_tokens=4096, step_time_factor=0)  # the prompt in one chunk
     n = min(1000, core.context_len - 64)
     gaps = DecodeGaps(GapRules(factor=3.0, floor_s=0.0))
     streams = [core.add_request(f"s{i}", [5 + i, 6, 7, 8], params(80)) for i in range(3)]

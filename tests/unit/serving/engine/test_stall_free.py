@@ -9,7 +9,14 @@ LONG = "word " * 400
 
 
 def test_a_long_prompt_is_chunked_under_the_step_budget_while_others_decode(tiny):
-    core = make_core(tiny, max_prefill_tokens=512, max_step_tokens=64, min_prefill_chunk=16, max_total_tokens=8192)
+    core = make_core(  # the token cap alone (the time budget: test_step_budget)
+        tiny,
+        max_prefill_tokens=512,
+        max_step_tokens=64,
+        min_prefill_chunk=16,
+        max_total_tokens=8192,
+        step_time_factor=0,
+    )
     for i in range(20):
         core.add_request(f"d{i}", encode(tiny, f"Short prompt number {i}"), greedy(40, ignore_eos=True))
     core.step()  # nothing decodes yet: all short prompts prefill in one step, up to --max-prefill-tokens
@@ -26,7 +33,7 @@ def test_a_long_prompt_is_chunked_under_the_step_budget_while_others_decode(tiny
 
 
 def test_prefill_always_progresses_under_a_full_batch(tiny):
-    core = make_core(tiny, max_step_tokens=8, min_prefill_chunk=16)
+    core = make_core(tiny, max_step_tokens=8, min_prefill_chunk=16, step_time_factor=0)
     assert core.batches.prefill_budget(0) == core.args.max_prefill_tokens
     assert core.batches.prefill_budget(4) == 16  # 8 - 4 would starve prompts: the floor wins
     assert make_core(tiny, max_prefill_tokens=10).batches.prefill_budget(3) == 10  # never above --max-prefill-tokens
