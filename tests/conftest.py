@@ -47,6 +47,8 @@ BALANCE_MODULES = frozenset(
         "test_process_titles",
         "test_messages_api",
         "test_request_slo",
+        "test_speculative_server",
+        "test_spec_draft_server",
     }
 )
 
