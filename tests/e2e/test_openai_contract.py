@@ -92,6 +92,7 @@ COVERAGE = {
     "add_generation_prompt": "effect",
     "continue_final_message": "effect",
     "documents": "effect",
+    "speculative": "accepted",  # its effect (never speculated when false): tests/e2e/test_speculative_server.py
 }
 REFUSED = [  # (route, field, a value it refuses)
     (COMP, "best_of", 2),
