@@ -31,8 +31,7 @@ from pathlib import Path
 
 from bench.common import summary
 from bench.embeddings import embedding_lines
-from bench.speculative import speculative_lines
-from bench.speculative_peers import speculative_peers_lines
+from bench.speculative import speculative_lines, speculative_peers_lines
 
 HEAD = (
     "| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
