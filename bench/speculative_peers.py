@@ -122,7 +122,7 @@ class Run:
     """What every arm's round shares."""
 
     prompts: dict[str, list[int]]  # workload → chat-templated token ids
-    warmup: list[int]
+    warmup: list[int]  # a prompt none of the workloads shares (llama-server's ngram-mod learns across requests)
     gen_len: int
     threads: int
     bindir: Path | None  # llama-server's binaries; None: no llama arms
@@ -161,7 +161,7 @@ def run_arm(arm: Arm, run: Run) -> None:
     """One round of one arm: its server started, warmed up, every workload once, stopped."""
     server = start(arm, run)
     try:
-        asyncio.run(http_run(server.url, [run.warmup], 4, extra={}))
+        asyncio.run(http_run(server.url, [run.warmup], 16, extra={}))
         for name, ids in run.prompts.items():
             before = draft_counters(server.url, arm.server)
             r = asyncio.run(http_run(server.url, [ids], run.gen_len, extra={}))
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     arms = make_arms(threads, bindir is not None)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        run = Run(prompts, chat_ids(tok, "Hi"), a.gen_len, threads, bindir, Path(tmp))
+        run = Run(prompts, chat_ids(tok, "Name three colours."), a.gen_len, threads, bindir, Path(tmp))
         for r in range(a.rounds):
             for arm in arms if r % 2 == 0 else arms[::-1]:
                 run_arm(arm, run)
