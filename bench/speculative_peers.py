@@ -9,7 +9,8 @@ reverses every round, over `--rounds` rounds:
 * llama-server (bench.peers builds it) on the F32 GGUF of the same weights, one slot, `--metrics`, without
   speculation and with each n-gram type its `--spec-type` offers (ngram-simple, ngram-map-k, ngram-map-k4v,
   ngram-mod, ngram-cache) at its defaults, plus the three that take n-gram sizes with sizes near ours (a
-  4-token key, 8-token drafts): their defaults are sized for long outputs (a 12-token key, 48-token drafts).
+  4-token key, 8-token drafts): their defaults are sized for long outputs (12- to 24-token keys, 48 to 64
+  drafted).
 
 Both servers get the same compute threads (`--num-threads` / `-t -tb`): the cores this process may run on
 (taskset), not the machine's.  The client runs there too.  Each workload (bench.speculative.WORKLOADS: two
@@ -48,7 +49,7 @@ from bench.peers import (
 )
 from bench.speculative import WORKLOADS, chat_ids, speculative_peers_lines
 
-SHORT = ("4", "8")  # n-gram key and draft lengths near ours (--speculative-ngram-max 4, up to 8 drafted)
+SHORT = ("4", "8")  # key and draft lengths near ours (--speculative-ngram-max 4, --speculative-num-tokens 5)
 LLAMA_SPEC: dict[str, list[str]] = {  # arm name → llama-server's flags
     "none": [],
     "ngram-simple": ["--spec-type", "ngram-simple"],
@@ -79,7 +80,7 @@ SEQ_TOKENS = 2048  # llama-server's context for its one slot: every workload's p
 
 @dataclass
 class Arm:
-    """One server setting; `start` returns a started server (`.url`, `.stop()`)."""
+    """One server setting, and what its rounds measured."""
 
     server: str  # "sightline" or "llama-server"
     setting: str  # "off", "ngram", or a LLAMA_SPEC key
