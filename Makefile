@@ -102,7 +102,8 @@ lint: $(STAMP)
 # source under results/bench/peers/llama-server/, ~15 min on 2 cores), tokenizer workers and engine ranks, and
 # accuracy, resident memory on the bundled GGUF, the cost of logprobs (decode and prompt, in-process) and of KV-cache
 # events (on vs off at c=16, in-process), the bundled MiniLM's embeddings/s at batch 1 and 32 beside transformers
-# in-process, prompt-lookup speculation on vs off at one stream (copy-heavy and free text, in-process), perplexity
+# in-process, prompt-lookup speculation on vs off at one stream (copy-heavy and free text, in-process; then over
+# HTTP beside llama-server's F32 without and with each of its n-gram speculation types), perplexity
 # beside llama-perplexity on each GGUF file; JSON under
 # results/bench/, then one table of it all, each peer beside our run of its precision.
 # make bench ARGS=--quick: fewer levels and tokens, no accuracy report (a few minutes once the peers are built);
@@ -131,6 +132,7 @@ bench: setup
 	$(PY) -m bench.structured --json results/bench/structured.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.embeddings --json results/bench/embeddings.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.speculative --json results/bench/speculative.json $(if $(BENCH_QUICK),--rounds 1,)
+	$(PY) -m bench.speculative_peers --json results/bench/speculative_peers.json $(if $(BENCH_QUICK),--rounds 1 --gen-len 64,) $(findstring --skip-peers,$(ARGS))
 	$(PY) -m bench.kv_events --json results/bench/kv_events.json $(if $(BENCH_QUICK),--rounds 1 --steps 100,)
 	$(if $(BENCH_QUICK)$(findstring --skip-peers,$(ARGS)),,$(PY) -m bench.perplexity)
 	$(PY) -m bench.table --dir results/bench

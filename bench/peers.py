@@ -373,12 +373,14 @@ def prepare_llama_server(gguf_type: str) -> tuple[Path, float | None]:
     return bindir, None if built is None and made is None else round((built or 0) + (made or 0), 1)
 
 
-def llama_server_command(bindir: Path, port: int, seq_tokens: int, gguf_type: str) -> list[str]:
+def llama_server_command(
+    bindir: Path, port: int, seq_tokens: int, gguf_type: str, threads: int | None = None, slots: int = SLOTS
+) -> list[str]:
     """llama-server on 127.0.0.1 only (its default host too; an explicit flag so nothing can
-    change that), SLOTS sequences continuously batched, one thread per core for decode and
-    prompt batches, a context of SLOTS × `seq_tokens` (every slot fits a whole request),
-    no web UI."""
-    cores = str(os.cpu_count() or 1)
+    change that), `slots` sequences continuously batched, `threads` (default: one per core) for
+    decode and prompt batches, a context of `slots` × `seq_tokens` (every slot fits a whole
+    request), no web UI."""
+    cores = str(threads or os.cpu_count() or 1)
     return [
         str(bindir / "llama-server"),
         "-m",
@@ -388,14 +390,14 @@ def llama_server_command(bindir: Path, port: int, seq_tokens: int, gguf_type: st
         "--port",
         str(port),
         "-np",
-        str(SLOTS),
+        str(slots),
         "--cont-batching",
         "-t",
         cores,
         "-tb",
         cores,
         "-c",
-        str(SLOTS * seq_tokens),
+        str(slots * seq_tokens),
         "--no-webui",
         "--alias",
         f"{BUNDLED_MODEL}-{gguf_type}",

@@ -175,5 +175,35 @@ def workload_line(what: str, row: dict, rates: dict[str, list[float]], how: str)
     )
 
 
+def speculative_peers_lines(doc: dict) -> list[str]:
+    """bench.speculative_peers' table of a run's JSON (also `bench.table`'s): one row per workload and arm,
+    then per workload sightline with speculation over llama.cpp's best arm."""
+    lines = [
+        f"speculation beside llama-server, one stream, streaming, greedy, {doc['threads']} thread(s) each, "
+        f"up to {doc['gen_len']} tokens, medians of {doc['rounds']} round(s) [min-max]; decode tok/s excludes TTFT",
+        "| workload | server | setting | decode tok/s | × own off | acceptance | output tokens | TTFT p50 ms |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    tail = []
+    for wl, w in doc["workloads"].items():
+        for r in w["arms"].values():
+            acc = f"{100 * r['acceptance']:.0f} %" if r["acceptance"] is not None else "–"
+            speedup = f"{r['speedup']:.2f}×" if r["speedup"] else "–"
+            tokens = "/".join(str(t) for t in sorted(set(r["output_tokens"])))
+            lines.append(
+                f"| {wl} ({w['kind']}) | {r['server']} | {r['setting']} | {r['tok_s']:.1f} "
+                f"[{r['spread'][0]:.1f}-{r['spread'][1]:.1f}] | {speedup} | {acc} | {tokens} | {r['ttft_ms']:.0f} |"
+            )
+        if w["sightline_over_llama_best"] is not None:
+            tail.append(
+                f"{wl}: sightline ngram ÷ llama-server's best ({w['llama_best']}): "
+                f"{w['sightline_over_llama_best']:.2f}×"
+            )
+    notes = [f"llama-server: skipped: {doc['llama_skipped']}"] if doc.get("llama_skipped") else []
+    if doc.get("llama_command"):
+        notes.append(f"llama-server command (F32, no speculation; each arm adds its flags): {doc['llama_command']}")
+    return lines + tail + notes
+
+
 if __name__ == "__main__":
     main()

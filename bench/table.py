@@ -19,7 +19,8 @@ together, with each server's output tok/s also as a multiple of our HTTP server'
 ITL are measured by the same client code for our server and the peers.  Missing files and
 skipped peers are one line each under the table, with the reason.  Then embeddings.json
 (bench.embeddings: the bundled MiniLM's embeddings/s at each batch size beside transformers in-process) and
-speculative.json (bench.speculative: one stream's tok/s with prompt-lookup speculation on and off).
+speculative.json (bench.speculative: one stream's tok/s with prompt-lookup speculation on and off) and
+speculative_peers.json (bench.speculative_peers: the same prompts over HTTP beside llama-server's speculation).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from bench.common import summary
 from bench.embeddings import embedding_lines
-from bench.speculative import speculative_lines
+from bench.speculative import speculative_lines, speculative_peers_lines
 
 HEAD = (
     "| pair | concurrency | server | precision | output tok/s | × sightline HTTP | TTFT p50 ms | ITL p50 ms "
@@ -246,7 +247,11 @@ def main(argv: list[str] | None = None) -> None:
     table = render(load(a.dir / "engine.json"), https, load(a.peers or a.dir / "peers.json"))
     print(table)
     print("\n".join(roofline(load(a.dir / "kernels.json"), table)))
-    for name, lines in (("embeddings", embedding_lines), ("speculative", speculative_lines)):
+    for name, lines in (
+        ("embeddings", embedding_lines),
+        ("speculative", speculative_lines),
+        ("speculative_peers", speculative_peers_lines),
+    ):
         doc = load(a.dir / f"{name}.json")
         print("\n".join(lines(doc) if doc else [f"{name}: no {name}.json (run `python -m bench.{name} --json ...`)"]))
 
