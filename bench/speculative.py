@@ -109,7 +109,7 @@ def main() -> None:
 
     loaded = load_model(a.model)
     threads = len(os.sched_getaffinity(0))  # the cores it may run on (taskset), not the machine's
-    base = {"model": a.model, "dtype": "float32", "num_threads": threads}
+    base = {"model": a.model, "dtype": "float32", "quantization": "none", "num_threads": threads}
     extra = {} if a.num_tokens is None else {"speculative_num_tokens": a.num_tokens}
     cores = {
         "off": SchedulerCore(loaded, ServerArgs(**base)),

@@ -117,7 +117,7 @@ class ServerArgs:
     num_threads: int | None = _opt(
         None,
         "torch intra-op threads for the forward pass, per Scheduler rank (default: "
-        "the CPU cores divided by --dp-size).",
+        "the CPUs this process may run on (its affinity: taskset, a cpuset) divided by --dp-size).",
     )
     thread_wait_policy: str = _opt(
         "passive",
@@ -807,7 +807,7 @@ class ServerArgs:
 
     @property
     def threads(self) -> int:
-        return self.num_threads or max(1, (os.cpu_count() or 1) // self.dp_size)
+        return self.num_threads or max(1, len(os.sched_getaffinity(0)) // self.dp_size)
 
     # -- CLI ------------------------------------------------------------------
     @classmethod
