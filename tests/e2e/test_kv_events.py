@@ -207,6 +207,9 @@ def test_a_prompt_s_blocks_are_stored_with_the_hashes_a_router_computes_from_its
     replayed = replay(replay_ep, 0)  # from the start: the clear every Scheduler begins with, then the stores
     assert isinstance(DECODE.decode(replayed[0][1]).events[0], AllBlocksCleared) and replayed[0][0] == 0
     assert replayed[-len(sub.got) :] == sub.got  # what the subscriber got: the very batches, in order
+    # The publisher thread counted every batch before it served the replay; the barrier brings the Scheduler's
+    # stats (read after that) to the front end, which otherwise holds those of the last step.
+    srv.barrier()
     text = scrape(srv)
     assert value(text, "sightline_kv_events_published_total") == sum(len(DECODE.decode(p).events) for _, p in replayed)
     assert value(text, "sightline_kv_events_dropped_total") == 0
@@ -229,6 +232,7 @@ def test_a_gap_in_the_sequence_numbers_is_filled_from_the_replay_socket(srv, sub
     sequence number, and the replay socket gives back the missed batch, byte for byte as published."""
 
     def published() -> float:
+        srv.barrier()  # the Scheduler's current count, not the one its last step reported
         return value(scrape(srv), "sightline_kv_events_published_total")
 
     sub.resubscribe(False)
