@@ -48,7 +48,7 @@ def wait_healthy(url: str, timeout: float, proc: subprocess.Popen | None = None)
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.25)
+        time.sleep(0.1)
     raise TimeoutError(f"{url}/health was not 200 within {timeout:g} s")
 
 

@@ -96,7 +96,7 @@ def tiny_server(tmp_path_factory):
     """One real server (three processes, ZMQ, HTTP) on tiny-random, shared by the API tests."""
     from tests.server_util import ServerProc
 
-    srv = ServerProc(tmpdir=tmp_path_factory.mktemp("tiny-server"))
+    srv = ServerProc("--peak-probe", tmpdir=tmp_path_factory.mktemp("tiny-server"))
     yield srv
     srv.stop()
 

@@ -339,7 +339,14 @@ def test_live_stack_every_query_has_data_and_stalls_and_failures_page(tmp_path):
     t0 = time.monotonic()
     # the watchdog must not restart the stopped engine; the burst must overflow the queue
     server = ServerProc(
-        "--watchdog-timeout", "120", "--max-queued-requests", str(QUEUE), "--pooling", "last", tmpdir=tmp_path
+        "--peak-probe",
+        "--watchdog-timeout",
+        "120",
+        "--max-queued-requests",
+        str(QUEUE),
+        "--pooling",
+        "last",
+        tmpdir=tmp_path,
     )
     got: list[dict] = []
     pool = ThreadPoolExecutor(BURST)
