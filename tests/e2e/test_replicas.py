@@ -144,7 +144,7 @@ def test_replicas_behind_haproxy_reconcile_and_alert_per_scope(tmp_path):
     pool = ThreadPoolExecutor(REPLICAS * 4)
     try:
         # in parallel: the model loads dominate
-        starting = [pool.submit(ServerProc, "--pooling", "last", tmpdir=d) for d in dirs]
+        starting = [pool.submit(ServerProc, "--peak-probe", "--pooling", "last", tmpdir=d) for d in dirs]
         failed = [f.exception(180) for f in starting]
         servers = [f.result() for f, e in zip(starting, failed) if e is None]
         if any(failed):
