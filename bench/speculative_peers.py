@@ -20,7 +20,7 @@ token's): TTFT is left out (prefill is not what speculation changes).  Acceptanc
 draft tokens from each server's /metrics around the arm's requests.  The table gives each arm's median decode
 tok/s with its spread (min–max over rounds), the speedup over its own server's non-speculative arm, and per
 workload sightline-with-speculation ÷ llama.cpp's best arm (whichever of its settings was fastest on that
-workload).  The goal (issue): copy-heavy ≥ 1.5× its own off and ahead of llama.cpp's best; free text within
+workload).  The goal: copy-heavy ≥ 1.5× its own off and ahead of llama.cpp's best; free text within
 3 % of off.  A benchmark prints numbers; it asserts nothing.
 """
 

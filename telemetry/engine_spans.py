@@ -8,7 +8,8 @@ where it ends in an admission; with a structured output, the first says what its
 `sightline.grammar.*`, serving.engine.grammar), one `prefill` per chunk (the first says why the prefix cache
 matched no more: `sightline.prefix_cache.*`, serving.engine.prefix_misses; with prompt logprobs
 asked, `sightline.prompt_tokens_scored` and `sightline.prompt_tokens_cached`), `decode` (a `decode_gap` event per
-long inter-token gap, serving.engine.decode_gaps, and a `finished` event),
+long inter-token gap, serving.engine.decode_gaps, a `speculative_verify` event per verify step of a speculated
+request with its proposed and accepted draft tokens, and a `finished` event),
 `send detokenizer` (PRODUCER, first output) — all in the rid's trace — and one
 `forward` span per engine step in its own trace, linked to every sampled rid in the
 batch.  Detokenizer: `receive detokenizer` (CONSUMER) and `send tokenizer_manager`
@@ -62,6 +63,10 @@ class GrammarInfo(Protocol):
     def attributes(self) -> dict[str, str | float | bool]: ...
 
 
+class SpecRuns(Protocol):
+    runs: list[tuple[int, int, int]]  # (first output token index, proposed, accepted) per verify step
+
+
 class EngineRequest(Protocol):
     """What the stage spans read from an engine request (`serving.engine.request.Req`)."""
 
@@ -73,6 +78,7 @@ class EngineRequest(Protocol):
     prompt_logprobs: Logprobs | None  # prompt logprobs asked: the entries scored
     prompt_cache_held: int  # prompt positions the prefix cache held at admission
     grammar: GrammarInfo | None  # its structured output's grammar (serving.engine.grammar)
+    spec: SpecRuns | None  # speculated: its verify steps (serving.engine.speculation)
 
     @property
     def prompt_len(self) -> int: ...
@@ -209,6 +215,7 @@ class SchedulerSpans:
                 error=err,
                 error_message=message,
                 events=[gap_event(g) for g in t.gaps]
+                + spec_events(req)
                 + [("finished", t.finished, {"gen_ai.response.finish_reasons": [reason]})],
             )
 
@@ -226,6 +233,26 @@ def retraction_event(r: EngineRetraction) -> tuple[str, int, dict]:
             "sightline.retraction.output_tokens": r.output_tokens,
         },
     )
+
+
+def spec_events(req: EngineRequest) -> list[tuple[str, int, dict]]:
+    """A `speculative_verify` event per recorded verify step, at its first token's time: where its accepted run
+    of draft tokens landed on the token timeline."""
+    if req.spec is None:
+        return []
+    times, end = req.times.token_times, req.times.finished or 0
+    return [
+        (
+            "speculative_verify",
+            times[i] if i < len(times) else end,  # none of its tokens kept: the request ended first
+            {
+                "sightline.speculative.token_index": i,
+                "sightline.speculative.proposed": proposed,
+                "sightline.speculative.accepted": accepted,
+            },
+        )
+        for i, proposed, accepted in req.spec.runs
+    ]
 
 
 def gap_event(g) -> tuple[str, int, dict]:

@@ -69,6 +69,9 @@ class ReqTimes:
         return sum(b - a for a, b in self.waits) + max(0, open_ns)
 
 
+MAX_SPEC_RUNS = 96  # verify steps kept per request for its span (its counts cover every step)
+
+
 @dataclass
 class SpecState:
     """One speculated request's draft length, this step's draft and its counts (`serving.engine.speculation`)."""
@@ -79,6 +82,9 @@ class SpecState:
     alpha: float = 0.0  # its estimate of the chance a draft token is kept (serving.engine.speculation)
     pauses: int = 0  # times it was paused
     paused: int = 0  # decode steps left before it is proposed again
+    # its first MAX_SPEC_RUNS verify steps, (index of the step's first output token, proposed, accepted): the
+    # `speculative_verify` events of its decode span, the inspector's accepted runs
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass

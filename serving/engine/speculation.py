@@ -35,7 +35,7 @@ from protocol.io_struct import SPECULATIVE_METHODS, MethodCount, MethodHistogram
 from serving.args import ServerArgs
 from serving.engine.kv_pool import KVPool
 from serving.engine.loader import LoadedModel
-from serving.engine.request import Req, SpecState
+from serving.engine.request import MAX_SPEC_RUNS, Req, SpecState
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import NgramProposer, Proposer
 from telemetry.stats import PhaseTimes
@@ -133,6 +133,8 @@ class Speculator:
         self.proposer.verified(req, proposed, kept)
         st.counts.proposed += proposed
         st.counts.accepted += kept
+        if len(st.runs) < MAX_SPEC_RUNS:  # its tokens are appended after the step: the run starts at this index
+            st.runs.append((len(req.output_ids), proposed, kept))
         self.proposed += proposed
         self.accepted += kept
         self.step_tokens.observe(self.method, len(tokens))

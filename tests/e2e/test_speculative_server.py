@@ -10,6 +10,7 @@ import sys
 import httpx
 import pytest
 
+from tests.e2e.test_debug_ui import Rows, chromium, headless
 from tests.server_util import ServerProc, scrape, sse_events, value
 
 CHAT = "/v1/chat/completions"
@@ -24,9 +25,9 @@ def srv(tmp_path_factory):
     s.stop()
 
 
-def _chat(srv: ServerProc, **extra) -> tuple[str, dict]:
-    """A streamed greedy chat completion of exactly 40 tokens: its text, and its last chunk's usage with the
-    server's breakdown (`sightline`) in it."""
+def _chat(srv: ServerProc, **extra) -> tuple[str, dict, str]:
+    """A streamed greedy chat completion of exactly 40 tokens: its text, its last chunk's usage with the
+    server's breakdown (`sightline`) in it, and its rid."""
     body = {
         "messages": MESSAGES,
         "max_tokens": 40,
@@ -39,9 +40,10 @@ def _chat(srv: ServerProc, **extra) -> tuple[str, dict]:
     with httpx.stream("POST", srv.url + CHAT, json=body, timeout=120) as r:
         assert r.status_code == 200
         events = sse_events(r.iter_lines())
+        rid = r.headers["x-request-id"]
     text = "".join(c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"])
     (last,) = [e for e in events[:-1] if e.get("usage")]
-    return text, {**last["usage"], "sightline": last["sightline"]}
+    return text, {**last["usage"], "sightline": last["sightline"]}, rid
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +53,7 @@ def runs(srv):
 
 
 def test_a_copying_answer_is_the_same_with_speculation_and_its_drafts_land(runs):
-    (text_on, usage_on), (text_off, usage_off) = runs["on"], runs["off"]
+    (text_on, usage_on, _), (text_off, usage_off, _) = runs["on"], runs["off"]
     assert TEXT.split()[2] in text_on and text_on == text_off
     assert usage_on["completion_tokens"] == usage_off["completion_tokens"] == 40
     spec = usage_on["sightline"]["speculative"]
@@ -95,6 +97,32 @@ def test_debug_requests_and_metrics_agree_with_the_requests(srv, runs):
     steps = value(text, "sightline_speculative_step_tokens_count", method="ngram")
     assert 0 < steps <= sum(s["steps"] for s in speculated)
     assert value(text, "sightline_engine_step_phase_seconds_count", phase="verify") > 0
+
+
+def test_the_decode_span_and_the_inspector_show_each_verify_step_on_the_token_timeline(srv, runs, tmp_path):
+    _, usage, rid = runs["on"]
+    spec = usage["sightline"]["speculative"]
+    srv.barrier()  # the Scheduler's spans (they come with its stats) are in
+    spans = httpx.get(f"{srv.url}/debug/requests/{rid}", timeout=10).json()["spans"]
+    (decode,) = [s for s in spans if s["name"] == "decode"]
+    verifies = [e for e in decode["events"] if e["name"] == "speculative_verify"]
+    runs_seen = [
+        tuple(e["attributes"][f"sightline.speculative.{k}"] for k in ("token_index", "accepted", "proposed"))
+        for e in verifies
+    ]
+    # every verify step, in token order, its counts adding up to the request's; each at its first token's time
+    assert sum(k for _, k, _ in runs_seen) == spec["accepted"] and sum(p for *_, p in runs_seen) == spec["proposed"]
+    assert [i for i, *_ in runs_seen] == sorted({i for i, *_ in runs_seen}) and runs_seen[0][0] >= 1
+    assert all(decode["start_ns"] <= e["time_ns"] <= decode["end_ns"] for e in verifies)
+    assert any(k for _, k, _ in runs_seen) and all(0 <= k <= p for _, k, p in runs_seen)
+
+    dom = headless(chromium(), tmp_path, f"{srv.url}/debug/ui#rid={rid}", "--dump-dom")
+    parsed = Rows()
+    parsed.feed(dom)
+    (row,) = [r for r in parsed.rows if r.get("data-source") == "spec"]
+    assert row["data-lane"] == "scheduler" and int(row["data-steps"]) == len(verifies)
+    assert (int(row["data-accepted"]), int(row["data-proposed"])) == (spec["accepted"], spec["proposed"])
+    assert row["data-runs"].split() == [f"{i}:{k}/{p}" for i, k, p in runs_seen]
 
 
 def test_flags_out_of_range_fail_at_startup_with_a_clear_message():

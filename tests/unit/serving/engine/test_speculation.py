@@ -13,7 +13,7 @@ import torch
 from protocol.sampling_params import SamplingParams, StructuredOutput
 from serving.args import ServerArgs
 from serving.engine.loader import load_model
-from serving.engine.request import Req
+from serving.engine.request import MAX_SPEC_RUNS, Req
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer, Proposer
 from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
@@ -282,6 +282,17 @@ def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots
     spec.propose([req], room=100, step_tokens=1)
     assert req.spec.draft == []  # paused: no lookup this step
     assert req.spec.counts.accepted == proposed and req.spec.alpha == ALPHA_PROBE and req.spec.k == 1
+    # each verify step recorded for the span's timeline (its tokens not yet appended: the run starts at index 0
+    # here), adding up to the counts, and at most MAX_SPEC_RUNS of them while the counts go on
+    runs = req.spec.runs
+    assert [i for i, *_ in runs] == [0] * len(runs) and len(runs) >= 5
+    assert sum(p for _, p, _ in runs) == req.spec.counts.proposed and sum(k for *_, k in runs) == proposed
+    req.spec.paused = 0
+    while req.spec.counts.steps < MAX_SPEC_RUNS + 3:
+        req.spec.k = 1
+        verify(1)
+        req.spec.counts.steps += 1
+    assert len(req.spec.runs) == MAX_SPEC_RUNS and req.spec.counts.proposed > sum(p for _, p, _ in req.spec.runs)
 
 
 def test_an_encoder_cannot_speculate():
