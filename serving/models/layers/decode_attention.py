@@ -47,6 +47,7 @@ class NativeDecode:
     """The C++ kernel behind the DecodeAttention signature."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
+        self.lib = lib  # the extend kernel's too (extend_attention.extend_for)
         self._fns = {}
         for dtype, sym in ((torch.float32, "decode_attention_f32"), (torch.bfloat16, "decode_attention_bf16")):
             fn = getattr(lib, sym)
