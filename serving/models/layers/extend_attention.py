@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from serving.models.layers.decode_attention import DecodeAttention, NativeDecode, gather
+from serving.models.layers.decode_attention import DecodeAttention, NativeDecode, bind_by_dtype, gather
 from serving.models.layers.forward_batch import ExtendSeg
 
 # (q [n, H, d] of the chunk, k_pool, v_pool, its segment) -> [n, H, d]
@@ -34,19 +34,11 @@ def sdpa_extend(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, seg
     return o[0].transpose(0, 1)
 
 
-_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
-
-
 class NativeExtend:
     """The C++ kernel behind the ExtendAttention signature."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fns = {}
-        for dtype, sym in ((torch.float32, "extend_attention_f32"), (torch.bfloat16, "extend_attention_bf16")):
-            fn = getattr(lib, sym)
-            fn.argtypes = [_PTR] * 5 + [_I64] * 6 + [ctypes.c_float]
-            fn.restype = None
-            self._fns[dtype] = fn
+        self._fns = bind_by_dtype(lib, "extend_attention", 5, 6)
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, seg: ExtendSeg) -> torch.Tensor:
         n, h, d = q.shape
