@@ -11,7 +11,7 @@ from serving.engine.batch import Work, build_batch
 from serving.engine.kv_pool import KVPool
 from serving.models.layers import decode_attention, native
 from serving.models.layers.decode_attention import NativeDecode, sdpa_decode, select
-from serving.models.layers.extend_attention import NativeExtend, sdpa_extend
+from serving.models.layers.extend_attention import NativeExtend, extend_for, sdpa_extend
 from serving.models.layers.forward_batch import ExtendSeg, ForwardBatch
 from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 
@@ -138,6 +138,7 @@ def test_select_falls_back_to_sdpa_when_the_kernel_cannot_build(monkeypatch):
     monkeypatch.setattr(decode_attention.native, "load", lambda cache_dir=None: None)
     fn, why = select("auto")
     assert fn is sdpa_decode and "did not build" in why
+    assert extend_for(fn) is sdpa_extend  # the extend kernel lives in the same library
     with pytest.raises(RuntimeError, match="could not be built"):
         select("native")
     assert select("sdpa")[0] is sdpa_decode
