@@ -2,7 +2,7 @@
 side by side on the same prompts, with where the tail comes from.
 
     .venv/bin/python -m bench.decode_tail [--concurrency 16,64] [--rounds 3] [--gen-len 64]
-        [--before-arg=--step-time-factor=0] [--after-arg=--step-time-factor=3] [--json results/bench/decode_tail.json]
+        [--before-arg=--step-time-factor=0] [--after-arg=--step-time-factor=2.5] [--json results/bench/decode_tail.json]
 
 Both servers run at once (idle while the other is driven); each round sends every level's prompts (bench.http's
 workload: N distinct `--prompt-len`-token prompts, all at once, streaming, exactly `--gen-len` greedy tokens) to
@@ -152,7 +152,7 @@ def main() -> None:
     a = ap.parse_args()
     configs = {
         "before": a.before_arg if a.before_arg is not None else ["--step-time-factor=0"],
-        "after": a.after_arg if a.after_arg is not None else ["--step-time-factor=3"],
+        "after": a.after_arg if a.after_arg is not None else [],  # the defaults: the time budget on
     }
     if a.only:
         configs = {a.only: configs[a.only]}

@@ -102,7 +102,13 @@ def _build(
         total = w.start + n
         first = 0 if window is None else max(0, w.start - window + 1)  # the oldest position any query sees
         segs.append(
-            ExtendSeg(offset, n, pool.slots_of(w.row, total)[first:].clone(), _extend_mask(w.start, n, first, window))
+            ExtendSeg(
+                offset,
+                n,
+                pool.slots_of(w.row, total)[first:].clone(),
+                _extend_mask(w.start, n, first, window),
+                window or 0,
+            )
         )
         if w.needs_logits:
             logits_rows.append(offset + n - 1)

@@ -27,6 +27,7 @@ from serving.models.base import CausalLM, ModelDims
 from serving.models.gguf_weights import GGUFWeights
 from serving.models.layers import native
 from serving.models.layers.decode_attention import select as select_decode_attention
+from serving.models.layers.extend_attention import extend_for
 from serving.models.registry import family as family_of
 from serving.models.safetensors_weights import SafetensorsWeights, weight_files
 
@@ -70,6 +71,7 @@ class ModelRunner:
             else "layer by layer (not every layer is on the native float32 or quantized kernels)",
         )
         self.decode_attention, why = select_decode_attention(args.attention_backend, args.cache_dir_path)
+        self.extend_attention = extend_for(self.decode_attention)  # native beside the native decode kernel
         log.info("decode attention: %s", why)
         dims = self.model.dims
         self.window = dims.sliding_window
@@ -128,7 +130,7 @@ class ModelRunner:
         position counts only once the caller marks it computed.
         """
         fb = build_batch(decodes, extends, self.pool, self.window)
-        fb.decode_attention = self.decode_attention
+        fb.decode_attention, fb.extend_attention = self.decode_attention, self.extend_attention
         if hidden_rows:  # embedding requests' pooled rows: their hidden states are left in `self.hidden`
             fb.hidden_rows = torch.tensor(hidden_rows, dtype=torch.int64)
         self.hidden = self.scored = None

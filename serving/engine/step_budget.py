@@ -22,10 +22,14 @@ which is the inter-token tail.  So the prefill is sized against time:
   `BatchBuilder.prefill_budget` keeps them within the token caps and at least --min-prefill-chunk,
   so prompts always progress and time to first token cannot collapse.
 
-The fit keeps every term ≥ 0 and a prompt token at least as dear as a decode row (a mixed step's decodes and
-prefill are collinear while the token cap sizes it: a plain fit could give a negative fixed cost, or decode
-rows dearer than prompt tokens, and a budget from it far too large).  Before it has seen `MIN_STEPS` steps,
-the floor runs.
+The fit keeps every term ≥ 0 and a prompt token at least `TOKEN_FLOOR` of a decode row (a mixed step's
+decodes and prefill are collinear while the token cap sizes it: a plain fit could give a negative fixed cost,
+or prompt tokens nearly free, and a budget from it far too large).  A decode row may cost more than a prompt
+token, and usually does: besides the layers' linears that both go through, it carries a row of the lm_head
+and attends over its whole context from the pool (SmolLM2 Q4_1 on one core, ~150 positions: ~2 ms a decode
+row, ~1 ms a prompt token).  Held to at least a decode row, the fit priced both at ~1 ms and predicted a
+16-stream decode step of 21 ms that took 31, so the budget, a multiple of it, was a third short.  Before it
+has seen `MIN_STEPS` steps, the floor runs.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ RIDGE = 1e-6  # relative damping of the normal equations: a term the steps never
 MIN_STEPS = 3  # steps seen before the fit is used
 OUTLIER = 3.0  # a step longer than this × its prediction counts as this × (a preempted step, a GC pause)
 PROBE_BELOW = 0.5  # a step runs its decodes alone when the pure-decode steps' EW count falls below this
+TOKEN_FLOOR = 0.5  # a prompt token costs at least this share of a decode row
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -91,7 +96,7 @@ class StepCost:
     """Step seconds as fixed + per_decode × decode tokens + per_prefill × prefill tokens, learned online."""
 
     half_life: float = HALF_LIFE
-    # the normal equations, each step's row x = (1, d + p, p) / seconds against 1: EW Σ x xᵀ and EW Σ x
+    # the normal equations, each step's row x = (1, d + TOKEN_FLOOR·p, p) / seconds against 1: EW Σ x xᵀ and EW Σ x
     xx: list[list[float]] = field(default_factory=lambda: [[0.0] * 3 for _ in range(3)])
     xt: list[float] = field(default_factory=lambda: [0.0] * 3)
     steps: int = 0
@@ -108,7 +113,7 @@ class StepCost:
                 [v + (RIDGE * v + 1e-12 if i == j else 0.0) for j, v in enumerate(row)] for i, row in enumerate(self.xx)
             ]
             fit = nonnegative_fit(damped, self.xt) if self.steps >= MIN_STEPS else None
-            self._coef = None if fit is None else (fit[0], fit[1], fit[1] + fit[2])
+            self._coef = None if fit is None else (fit[0], fit[1], TOKEN_FLOOR * fit[1] + fit[2])
         return self._coef
 
     def observe(self, decode_tokens: int, prefill_tokens: int, seconds: float) -> None:
@@ -119,9 +124,9 @@ class StepCost:
             seconds = min(seconds, OUTLIER * max(c[0] + c[1] * decode_tokens + c[2] * prefill_tokens, 1e-6))
         keep = 0.5 ** (1.0 / self.half_life)
         # each step weighted by 1 / seconds²: relative errors, so a long prefill step does not drown the decodes
-        # fitted as fixed + per_row × (d + p) + extra × p, every term ≥ 0: a prompt token costs at least a decode
-        # row (both are a row through every GEMM; the token also attends over its chunk)
-        x = (1.0 / seconds, (decode_tokens + prefill_tokens) / seconds, prefill_tokens / seconds)
+        # fitted as fixed + per_row × (d + TOKEN_FLOOR · p) + extra × p, every term ≥ 0: a prompt token costs at
+        # least TOKEN_FLOOR of a decode row (both are a row through every linear layer)
+        x = (1.0 / seconds, (decode_tokens + TOKEN_FLOOR * prefill_tokens) / seconds, prefill_tokens / seconds)
         for i in range(3):
             self.xt[i] = keep * self.xt[i] + x[i]
             for j in range(3):

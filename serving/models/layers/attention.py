@@ -2,7 +2,8 @@
 
 Each fed token's K/V is written into its slot first; then decode tokens attend as one
 batch (`decode_attention`: the native kernel or padded SDPA, as the ForwardBatch says) and
-each extend chunk attends on its own, causally, over its prefix's slots plus its own.  Heads
+each extend chunk attends on its own, causally, over its prefix's slots plus its own
+(`extend_attention`: the native kernel reading the slots in place, or SDPA over a gathered copy).  Heads
 are grouped (`enable_gqa=True` / in the kernel), so K/V heads are never repeated in memory.
 A sliding window (Mistral) lives in the ForwardBatch: each token's slots and mask reach back
 only as far as the window, so nothing here depends on it.
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from serving.models.layers.decode_attention import gather, sdpa_decode
+from serving.models.layers.decode_attention import sdpa_decode
+from serving.models.layers.extend_attention import sdpa_extend
 from serving.models.layers.forward_batch import ForwardBatch
 from serving.models.layers.kv_cache import KVCache
 from serving.models.layers.linear import FusedLinear
@@ -41,11 +43,7 @@ def paged_attention(
         out[:nd] = (fb.decode_attention or sdpa_decode)(q[:nd], k_pool, v_pool, fb)
     for seg in fb.extends:
         sl = slice(seg.start, seg.start + seg.length)
-        qs = q[sl].transpose(0, 1).unsqueeze(0)  # [1, H, n, d]
-        ks = gather(k_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
-        vs = gather(v_pool, seg.kv_idx).transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=seg.mask, is_causal=seg.mask is None, enable_gqa=True)
-        out[sl] = o[0].transpose(0, 1)
+        out[sl] = (fb.extend_attention or sdpa_extend)(q[sl], k_pool, v_pool, seg)
     return out
 
 

@@ -43,16 +43,24 @@ def sdpa_decode(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fb:
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
 
 
+def bind_by_dtype(lib: ctypes.CDLL, name: str, pointers: int, ints: int) -> dict[torch.dtype, Callable[..., None]]:
+    """The attention kernel `name` of the library, keyed by the pool dtype its variant reads (`name`_f32,
+    `name`_bf16): `pointers` pointer arguments, then `ints` int64 ones, then the float scale."""
+    fns = {}
+    for dtype, suffix in ((torch.float32, "f32"), (torch.bfloat16, "bf16")):
+        fn = getattr(lib, f"{name}_{suffix}")
+        fn.argtypes = [_PTR] * pointers + [_I64] * ints + [ctypes.c_float]
+        fn.restype = None
+        fns[dtype] = fn
+    return fns
+
+
 class NativeDecode:
     """The C++ kernel behind the DecodeAttention signature."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._fns = {}
-        for dtype, sym in ((torch.float32, "decode_attention_f32"), (torch.bfloat16, "decode_attention_bf16")):
-            fn = getattr(lib, sym)
-            fn.argtypes = [_PTR] * 6 + [_I64] * 6 + [ctypes.c_float]
-            fn.restype = None
-            self._fns[dtype] = fn
+        self.lib = lib  # the extend kernel's too (extend_attention.extend_for)
+        self._fns = bind_by_dtype(lib, "decode_attention", 6, 6)
 
     def __call__(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         b, h, d = q.shape

@@ -19,6 +19,7 @@ class ExtendSeg:
     length: int  # tokens in the chunk
     kv_idx: torch.Tensor  # slots of positions [first, prefix + length); first > 0 only under a sliding window
     mask: torch.Tensor | None  # [length, len(kv_idx)] bool; None for plain causal attention from position 0
+    window: int = 0  # the sliding window the mask encodes (0: none), for kernels that take no mask
 
 
 @dataclass
@@ -42,6 +43,8 @@ class ForwardBatch:
     scored: torch.Tensor | None = None
     # how decode tokens attend: (q [B, H, d], k_pool, v_pool, this batch) -> [B, H, d]
     decode_attention: Callable[..., torch.Tensor] | None = None
+    # how each extend chunk attends: (q [n, H, d], k_pool, v_pool, its ExtendSeg) -> [n, H, d]
+    extend_attention: Callable[..., torch.Tensor] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ from serving.engine.step_budget import (
     HALF_LIFE,
     MIN_STEPS,
     OUTLIER,
+    TOKEN_FLOOR,
     StepBudget,
     StepCost,
     nonnegative_fit,
@@ -58,12 +59,23 @@ def test_no_term_goes_negative_when_decodes_and_prefill_are_collinear():
     for d in range(4, 16):  # the token cap alone: d + p = 128 every step; the truth has a negative intercept
         c.observe(d, 128 - d, -0.040 + 0.003 * (128 - d) + 0.001 * d)
     assert c.coef is not None and min(c.coef) >= 0
-    dear = StepCost()
-    for d in range(4, 16):  # the same cap, steps that a plain fit would read as decode rows dearer than tokens
-        dear.observe(d, 128 - d, 0.0065 * d + 0.002 * (128 - d))
-    assert dear.coef is not None and dear.coef[1] <= dear.coef[2]  # a prompt token is at least a decode row
+    cheap = StepCost()
+    for d in range(4, 16):  # the same cap, steps that a plain fit would read as prompt tokens free
+        cheap.observe(d, 128 - d, 0.0065 * d)
+    assert cheap.coef is not None and cheap.coef[2] >= TOKEN_FLOOR * cheap.coef[1] > 0
     xx = [[1.0, 0.0], [0.0, 1.0]]
     assert nonnegative_fit(xx, [2.0, -3.0]) == (2.0, 0.0)  # the unconstrained -3 is clamped to 0
+
+
+def test_decode_rows_may_cost_more_than_prompt_tokens():
+    """A decode row carries an lm_head row and attends over its whole context: the fit finds it dearer than a
+    prompt token when the steps say so, and the pure-decode step it predicts is the one the steps took."""
+    c = StepCost()
+    truth = (0.004, 0.002, 0.001)  # 4 ms + 2 ms a decode row + 1 ms a prompt token
+    for d, p in [(4, 0), (4, 90), (8, 80), (16, 0), (12, 60), (0, 512), (16, 40), (10, 0)]:
+        c.observe(d, p, truth[0] + truth[1] * d + truth[2] * p)
+    assert c.coef == pytest.approx(truth, rel=1e-3)
+    assert c.decode_seconds(16) == pytest.approx(0.036, rel=1e-3)
 
 
 def test_old_steps_fade():

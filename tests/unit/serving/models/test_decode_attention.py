@@ -1,4 +1,4 @@
-"""Decode attention: the native kernel agrees with torch's SDPA, in isolation and inside the engine."""
+"""Decode and extend attention: the native kernels agree with torch's SDPA, in isolation and inside the engine."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ import os
 import pytest
 import torch
 
+from serving.engine.batch import Work, build_batch
+from serving.engine.kv_pool import KVPool
 from serving.models.layers import decode_attention, native
 from serving.models.layers.decode_attention import NativeDecode, sdpa_decode, select
-from serving.models.layers.forward_batch import ForwardBatch
+from serving.models.layers.extend_attention import NativeExtend, extend_for, sdpa_extend
+from serving.models.layers.forward_batch import ExtendSeg, ForwardBatch
 from tests.helpers import PROMPTS, collect, encode, greedy, make_core
 
 
@@ -73,12 +76,57 @@ def test_padding_slots_are_never_read(kernel):
     torch.testing.assert_close(kernel(q, k, v, fb), before)
 
 
+def _extend_case(
+    heads: int, kv_heads: int, d: int, prefix: int, n: int, window: int | None, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, ExtendSeg]:
+    """q [n, heads, d] of a chunk at `prefix` of a request whose slots the engine's allocator scattered over a
+    pool of random K/V, and the chunk's segment as the engine builds it (its mask and window)."""
+    gen = torch.Generator().manual_seed(seed)
+    pool = KVPool(1, kv_heads, d, num_slots=600, max_requests=4, max_context=512, dtype=dtype)
+    pool.extend(pool.admit(), 0, 37)  # another request's slots first: this one's are not 1, 2, 3...
+    row = pool.admit()
+    pool.extend(row, 0, prefix)
+    fb = build_batch([], [Work(row, prefix, [0] * n, True)], pool, window)
+    k, v = (torch.randn(601, kv_heads, d, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(n, heads, d, generator=gen).to(dtype)
+    return q, k, v, fb.extends[0]
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+# blocks of 6 // G query tokens over the vector paths (1 to 8 query heads per K/V head) and the scalar one
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 32), (8, 1, 16), (4, 2, 24), (12, 1, 24)])
+# a first chunk, chunks after a prefix (a short last block, one token), and sliding windows shorter than
+# the prefix and than the chunk
+@pytest.mark.parametrize(
+    "prefix,n,window", [(0, 17, None), (64, 30, None), (5, 1, None), (200, 61, None), (100, 20, 16), (0, 40, 8)]
+)
+def test_native_extend_matches_sdpa(kernel, dtype, tol, heads, kv_heads, head_dim, prefix, n, window):
+    q, k, v, seg = _extend_case(heads, kv_heads, head_dim, prefix, n, window, dtype, seed=prefix * 7 + n)
+    want = sdpa_extend(q, k, v, seg).float()
+    got = NativeExtend(kernel.lib)(q, k, v, seg)
+    assert got.dtype == dtype and got.shape == q.shape
+    torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
+
+
+def test_native_extend_is_causal(kernel):
+    """A token's output does not move when a later token of its chunk (in the same block or the next) changes."""
+    q, k, v, seg = _extend_case(9, 3, 64, 10, 9, None, torch.float32, seed=1)
+    ext = NativeExtend(kernel.lib)
+    before = ext(q, k, v, seg)
+    k[seg.kv_idx[-2:]] += 5.0
+    v[seg.kv_idx[-2:]] -= 3.0
+    after = ext(q, k, v, seg)
+    torch.testing.assert_close(after[:-2], before[:-2], atol=0, rtol=0)
+    assert not torch.allclose(after[-2:], before[-2:])
+
+
 def test_engine_tokens_identical_with_either_backend(tiny, kernel):
     prompts = [encode(tiny, p) for p in PROMPTS] + [encode(tiny, " ".join(PROMPTS))]
     outs = {}
     for backend in ("sdpa", "native"):
         core = make_core(tiny, attention_backend=backend, max_prefill_tokens=16)
         assert isinstance(core.runner.decode_attention, NativeDecode) == (backend == "native")
+        assert isinstance(core.runner.extend_attention, NativeExtend) == (backend == "native")
         for i, ids in enumerate(prompts):
             core.add_request(f"r{i}", ids, greedy(24, ignore_eos=True))
         outs[backend] = collect(core)
@@ -90,6 +138,7 @@ def test_select_falls_back_to_sdpa_when_the_kernel_cannot_build(monkeypatch):
     monkeypatch.setattr(decode_attention.native, "load", lambda cache_dir=None: None)
     fn, why = select("auto")
     assert fn is sdpa_decode and "did not build" in why
+    assert extend_for(fn) is sdpa_extend  # the extend kernel lives in the same library
     with pytest.raises(RuntimeError, match="could not be built"):
         select("native")
     assert select("sdpa")[0] is sdpa_decode
