@@ -52,20 +52,6 @@ def attended(lengths: torch.Tensor, lmax: int) -> torch.Tensor:
     return torch.arange(lmax)[None, :] < lengths[:, None]
 
 
-def _extend_mask(start: int, n: int, first: int, window: int | None) -> torch.Tensor | None:
-    """[n, start + n - first] bool: query i (position start+i) sees key j (position first+j) if causal and in
-    the window; None when that is plain causal attention from position 0."""
-    total = start + n
-    if first == 0 and start == 0 and (window is None or window >= n):
-        return None
-    q = torch.arange(start, total)[:, None]
-    k = torch.arange(first, total)[None, :]
-    visible = k <= q
-    if window is not None:
-        visible &= k > q - window
-    return visible
-
-
 def _build(
     decodes: list[Work], extends: list[Work], pool: KVPool, slots: list[torch.Tensor], window: int | None
 ) -> ForwardBatch:
@@ -101,15 +87,7 @@ def _build(
         slots.append(pool.extend(w.row, w.start, n))
         total = w.start + n
         first = 0 if window is None else max(0, w.start - window + 1)  # the oldest position any query sees
-        segs.append(
-            ExtendSeg(
-                offset,
-                n,
-                pool.slots_of(w.row, total)[first:].clone(),
-                _extend_mask(w.start, n, first, window),
-                window or 0,
-            )
-        )
+        segs.append(ExtendSeg(offset, n, pool.slots_of(w.row, total)[first:].clone(), w.start, first, window or 0))
         if w.needs_logits:
             logits_rows.append(offset + n - 1)
         if w.score is not None:

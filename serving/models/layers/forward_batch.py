@@ -7,6 +7,7 @@ one token per decoding request, then each extend (prefill) chunk contiguously.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -18,8 +19,24 @@ class ExtendSeg:
     start: int  # first flat token index of the chunk
     length: int  # tokens in the chunk
     kv_idx: torch.Tensor  # slots of positions [first, prefix + length); first > 0 only under a sliding window
-    mask: torch.Tensor | None  # [length, len(kv_idx)] bool; None for plain causal attention from position 0
-    window: int = 0  # the sliding window the mask encodes (0: none), for kernels that take no mask
+    prefix: int = 0  # the chunk's first position (its request's positions already computed)
+    first: int = 0  # the position of kv_idx[0]: the oldest any query of the chunk sees
+    window: int = 0  # the sliding window (0: none)
+
+    @functools.cached_property
+    def mask(self) -> torch.Tensor | None:
+        """[length, len(kv_idx)] bool: query i (position prefix+i) sees key j (position first+j) if causal and in
+        the window; None when that is plain causal attention from position 0.  Built on first use, once for
+        every layer, and only by attention that takes a mask (SDPA; the native kernel reads `window`)."""
+        total = self.prefix + self.length
+        if self.first == 0 and self.prefix == 0 and (not self.window or self.window >= self.length):
+            return None
+        q = torch.arange(self.prefix, total)[:, None]
+        k = torch.arange(self.first, total)[None, :]
+        visible = k <= q
+        if self.window:
+            visible &= k > q - self.window
+        return visible
 
 
 @dataclass
