@@ -21,6 +21,7 @@ from typing import Any
 from serving.model_files import (
     BUNDLED_MODEL,
     ModelLoadError,
+    default_cache_dir,
     model_name,
     one_line,
     prepare_model_dir,
@@ -84,19 +85,13 @@ def special_token_id(path: Path, key: str) -> int | None:
 class LazyHFModel:
     """A GGUF file's converted transformers model, loaded on first use of anything but its configs.
 
-    `config` and `generation_config` (what the engine reads of every model) come without the
-    weights; any other attribute, or a call, loads the model once and is forwarded to it.
+    `config` and `generation_config` (what the engine reads of every model, `serving.models.resolved_config`)
+    come without the weights; any other attribute, or a call, loads the model once and is forwarded to it.
     """
 
-    def __init__(self, path: Path, config: Any, encoder: bool = False) -> None:
-        from transformers import GenerationConfig
-
+    def __init__(self, path: Path, config: Any, generation_config: Any, encoder: bool = False) -> None:
         self._path, self._model, self._encoder = path, None, encoder
-        self.config = config
-        try:
-            self.generation_config = GenerationConfig.from_pretrained(path)
-        except OSError:  # none saved: what transformers derives from the config when it loads the model
-            self.generation_config = GenerationConfig.from_model_config(config)
+        self.config, self.generation_config = config, generation_config
 
     @property
     def loaded(self) -> bool:
@@ -131,6 +126,7 @@ def _load_weights(path: Path, encoder: bool = False) -> Any:
     from serving.models.bert import UNUSED  # the pooler, an MLM head: neither missing nor unexpected matters
 
     auto = AutoModel if encoder else AutoModelForCausalLM
+    quiet_transformers()
     try:
         model, report = auto.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
     except Exception as exc:
@@ -141,16 +137,15 @@ def _load_weights(path: Path, encoder: bool = False) -> Any:
 
 def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_name: str | None = None) -> LoadedModel:
     """Load a model for serving; raises ModelLoadError with a one-line message on failure."""
-    from transformers import AutoConfig
-
     from serving.models.registry import architecture, family  # lazily, like torch: importing this stays light
+    from serving.models.resolved_config import load_configs
     from serving.models.safetensors_weights import weight_files
 
     t0 = time.perf_counter()
+    cache_dir = cache_dir or default_cache_dir()
     path, converted = prepare_model_dir(spec, cache_dir)
-    quiet_transformers()
     try:
-        config = AutoConfig.from_pretrained(path)
+        config, generation = load_configs(path, cache_dir)
         encoder = family(config).encoder  # before the weights: an unsupported model or config fails fast
     except ModelLoadError:
         raise
@@ -160,7 +155,9 @@ def load_model(spec: str = BUNDLED_MODEL, cache_dir: Path | None = None, served_
     # the engine builds from the GGUF file or the safetensors themselves (serving.models.*_weights): the
     # transformers model is loaded only if something asks for it (a reference in the tests, --linear torch paths)
     model = (
-        LazyHFModel(path, config, encoder) if gguf is not None or weight_files(path) else _load_weights(path, encoder)
+        LazyHFModel(path, config, generation, encoder)
+        if gguf is not None or weight_files(path)
+        else _load_weights(path, encoder)
     )
     return LoadedModel(
         model_name(spec, path, served_name),

@@ -65,7 +65,7 @@ class ReqState:
     The HTTP layer creates it (`route`, `arrival`), telemetry opens its span (in `trace`, which only
     telemetry reads and writes),
     `TokenizerManager.submit` gives it its rid and puts it in `rid_to_state`, outputs
-    accumulate in `out_list`, and the TM's `_finish` sets the outcome exactly once.
+    accumulate in `out_list`, and the TM's `forget` sets the outcome exactly once.
     """
 
     route: str

@@ -27,6 +27,8 @@ def rope_frequencies(config: Any) -> tuple[torch.Tensor, float]:
         return 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    if hasattr(config, "to_transformers"):  # a cached `ResolvedConfig`: the init functions call its methods
+        config = config.to_transformers()
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
     return inv_freq, float(scaling)
 
