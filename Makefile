@@ -67,14 +67,15 @@ $(CLIENTS_STAMP): tests/clients/requirements.txt
 serve: setup
 	$(PY) -m serving serve --host 127.0.0.1 --port 8000 $(ARGS)
 
-# Every test (the lint first), in two lanes side by side (scripts/run_tests.py): the unit tests then part of
-# the e2e modules, beside the stack modules (soak, chaos, replicas behind HAProxy, live alerting, Locust, the
-# larger models) and the rest of the e2e modules; a per-test timeout (120 s an e2e test, 300 s a unit test); the 25 slowest tests at the end.
+# Every test (the lint first), in three lanes side by side (scripts/run_tests.py): the unit tests, part of
+# the e2e modules, and the stack modules (soak, chaos, replicas behind HAProxy, live alerting, Locust, the
+# larger models) with the rest of the e2e modules; a per-test timeout (120 s an e2e test, 300 s a unit test);
+# the 25 slowest tests at the end.
 test: setup lint bytecode
 	$(PY) scripts/run_tests.py $(ARGS)
 
-# The same with both lanes on one core (taskset), the slowest machine: run once after touching a
-# timing-sensitive test.
+# Two lanes on one core (taskset: the unit tests then the first lane, beside the second), the slowest
+# machine: run once after touching a timing-sensitive test.
 test-hostile: setup lint bytecode
 	$(PY) scripts/run_tests.py --hostile $(ARGS)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""`make test`: every test, in two lanes side by side.
+"""`make test`: every test, in three lanes side by side.
 
-- the first lane: the unit tests first (a unit failure shows in minutes, printed as soon as they
-  end), then the end-to-end modules not marked `lane2`;
+- the unit lane: `tests/unit` (pure computation: it fills the cores while the end-to-end lanes wait on
+  timeouts, step floors and other processes; printed as soon as it ends, so a unit failure shows in minutes);
+- the first lane: the end-to-end modules not marked `lane2`;
 - the second lane: the modules marked `lane2` (tests/conftest.py): soak, chaos, replicas behind
   HAProxy, live alerting, Locust, the model-family and SmolLM2 servers, which mostly wait on fixed
   durations, Prometheus and other processes, and enough other e2e modules to end with the first.
@@ -12,8 +13,9 @@ goes to a log printed when the lane ends; then the 25 slowest tests of the whole
 closing line with the totals.  Exit status: non-zero when any lane failed.
 
 Usage: python scripts/run_tests.py [--hostile] [pytest args...]
-  --hostile  both lanes on one core (taskset -c 0; `make test-hostile`): how a timing-sensitive test
-             behaves on the slowest machine, its engine steps slow and preempted by the other lane.
+  --hostile  two lanes on one core (taskset -c 0; `make test-hostile`): the unit tests then the first lane,
+             beside the second: how a timing-sensitive test behaves on the slowest machine, its engine steps
+             slow and preempted by the other lane.
 """
 
 from __future__ import annotations
@@ -118,12 +120,15 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, STARTS_LOG_ENV: str(starts), CPU_LOG_ENV: str(cpu)}
     prefix = ["taskset", "-c", "0"] if hostile else []
     common = ["-p", "no:cacheprovider", *extra]
-    lanes = {
-        # the unit tests compute (SmolLM2 beside transformers, 200-request engine runs: up to ~70 s alone, more
-        # beside the other lane): 300 s each; an e2e test that passes 120 s has hung
-        "first": [["tests/unit", "--timeout=300", *common], ["tests/e2e", "-m", "not lane2", *common]],
-        "second": [["tests/e2e", "-m", "lane2", *common]],
-    }
+    # the unit tests compute (SmolLM2 beside transformers, 200-request engine runs: up to ~70 s alone, more
+    # beside the other lanes): 300 s each; an e2e test that passes 120 s has hung
+    unit = ["tests/unit", "--timeout=300", *common]
+    first, second = ["tests/e2e", "-m", "not lane2", *common], ["tests/e2e", "-m", "lane2", *common]
+    lanes = (
+        {"first": [unit, first], "second": [second]}
+        if hostile
+        else {"unit": [unit], "first": [first], "second": [second]}
+    )
     results: dict = {}
     lock = threading.Lock()
     t0 = time.monotonic()

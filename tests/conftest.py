@@ -18,7 +18,7 @@ from tests.otlp_receiver import OTLPReceiver
 # ~3x the time of SmolLM2's forward passes there, and twice the CPU seconds alone.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# The second lane of `make test` (scripts/run_tests.py), run beside the unit tests and the other e2e modules:
+# The second lane of `make test` (scripts/run_tests.py), run beside the unit lane and the other e2e modules:
 # the modules that mostly wait on fixed durations, Prometheus, HAProxy, Locust or larger models, and enough
 # of the rest to end both lanes together (per-module times of a 2-core run are in docs/testing.md).
 STACK_MODULES = frozenset(
@@ -37,17 +37,12 @@ STACK_MODULES = frozenset(
 )
 BALANCE_MODULES = frozenset(
     {
-        "test_fuzz",
         "test_faults",
         "test_transport_limits",
-        "test_front_hardening",
         "test_restart_budget",
         "test_workers_dp",
         "test_shutdown_workers",
         "test_process_titles",
-        "test_messages_api",
-        "test_request_slo",
-        "test_speculative_server",
         "test_spec_draft_server",
     }
 )
