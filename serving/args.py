@@ -195,7 +195,7 @@ class ServerArgs:
         4, "With --speculative ngram: the longest suffix matched (tried first), in tokens (1 to 16)."
     )
     speculative_ngram_min: int = _opt(
-        2, "With --speculative ngram: the shortest suffix matched, in tokens (1 to --speculative-ngram-max)."
+        1, "With --speculative ngram: the shortest suffix matched, in tokens (1 to --speculative-ngram-max)."
     )
     enforce_eager: bool = _opt(
         False,

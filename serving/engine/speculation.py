@@ -20,11 +20,12 @@ had been sampled.
 Draft length adapts per request (`best_k`): every verify updates its estimate α of the chance that a draft
 token is kept (an exponential average, from `ALPHA_PRIOR`), and its next draft is the length k ≤
 --speculative-num-tokens with the most expected tokens per step, (1 − α^(k+1)) / (1 − α), for what the step
-costs, 1 + c · k, where c is a verified row's cost: `DRAFT_ROW_COST` at one stream, more beside other decoding
-requests, whose tokens the step's time also buys (`batch_row_cost`; a draft that does not pay there is not
-proposed that step).  Where even one draft token does not pay at one stream (α below the row's cost), proposals
-pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`), then a
-one-token probe (`ALPHA_PROBE`) tries again: text that does not copy pays one verified row per pause.
+costs, 1 + c · k, where c is a verified row's cost: `DRAFT_ROW_COST` at one stream, where the rows ride on the
+decode's own pass over the weights, and `WIDE_ROW_COST` beside other decoding requests, whose tokens the
+step's time also buys (`batch_row_cost`; a draft that does not pay there is not proposed that step).  Where
+even one draft token does not pay at one stream (α below the row's cost), proposals pause for `PAUSE_STEPS`
+decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`), then a one-token probe
+(`ALPHA_PROBE`) tries again: text that does not copy pays one verified row per pause.
 """
 
 from __future__ import annotations
@@ -41,11 +42,15 @@ from serving.engine.spec_propose import NgramProposer, Proposer
 from telemetry.stats import PhaseTimes
 
 ALPHA_PRIOR = 0.6  # a new request's estimate that a draft token is kept
-ALPHA_PROBE = 0.3  # its estimate after a pause: one one-token draft, and a miss pauses it again
+ALPHA_PROBE = 0.2  # its estimate after a pause: a one-token draft, and misses pause it again
 ALPHA_WEIGHT = 0.3  # how much one verify moves the estimate
-# What one verified row costs beside a decode step's own: SmolLM2-135M float32 on one core (bench.speculative),
-# a decode step ~6 ms and each row more ~1.3 ms, most of it the lm_head over its 49k-token vocabulary
-DRAFT_ROW_COST = 0.22
+# What one verified row costs beside a one-stream decode step's own, measured with bench.spec_row_cost
+# (SmolLM2-135M float32, one thread): a decode step reads every weight once, and up to ~6 rows share that read
+# (k = 1..5 draft rows added 0.2-3 % each); past that width each row costs ~0.1 of a decode step
+DRAFT_ROW_COST = 0.05
+# batch_row_cost's row cost beside other decoding requests: with it a row at 8 streams costs ~0.7 of a token,
+# as measured there (12 decoding requests' step against 8's: ~2.6 ms a row, where 8 give a token per ~3.8 ms)
+WIDE_ROW_COST = 0.22
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 128
 ACCEPTANCE_BOUNDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -61,10 +66,12 @@ def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST) -> int:
 
 def batch_row_cost(decoding: int) -> float:
     """What a verified row costs for a request decoding beside `decoding - 1` others, in that request's tokens:
-    the row's cost against what the step's time buys now, `decoding` tokens for 1 + DRAFT_ROW_COST · (decoding
+    the row's cost against what the step's time buys now, `decoding` tokens for 1 + WIDE_ROW_COST · (decoding
     − 1).  One stream: DRAFT_ROW_COST; the larger the batch, the more a row's time is worth in tokens, so only
     drafts that are kept more often pay (at 8 streams, α above ~0.7)."""
-    return DRAFT_ROW_COST * decoding / (1 + DRAFT_ROW_COST * (decoding - 1))
+    if decoding <= 1:
+        return DRAFT_ROW_COST
+    return WIDE_ROW_COST * decoding / (1 + WIDE_ROW_COST * (decoding - 1))
 
 
 class Speculator:
@@ -142,10 +149,10 @@ class Speculator:
         trials = kept + (kept < proposed)  # the draft tokens judged: those kept, and the first refused
         st.alpha += ALPHA_WEIGHT * (kept / trials - st.alpha)
         st.k = best_k(st.alpha, self.max_tokens)
-        if not st.k:  # drafts do not pay for this request now: try again later, from the prior
+        if not st.k:  # drafts do not pay for this request now: try again later, with a one-token probe
             st.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << st.pauses)
             st.pauses, st.alpha = st.pauses + 1, ALPHA_PROBE
-            st.k = best_k(ALPHA_PROBE, self.max_tokens)
+            st.k = 1
 
     def finished(self, req: Req) -> None:
         """`req` ended: its acceptance rate observed (if it was ever verified), the proposer's state dropped."""

@@ -16,7 +16,14 @@ from serving.engine.loader import load_model
 from serving.engine.request import MAX_SPEC_RUNS, Req
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer, Proposer
-from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
+from serving.engine.speculation import (
+    ALPHA_PRIOR,
+    ALPHA_PROBE,
+    DRAFT_ROW_COST,
+    Speculator,
+    batch_row_cost,
+    best_k,
+)
 from serving.model_errors import ModelLoadError
 from tests import encoder_models
 from tests.family_models import CUT_VOCAB, FAMILIES, build
@@ -252,7 +259,9 @@ class _Pool:
 
 
 def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots():
-    assert [best_k(a, 5) for a in (0.1, 0.5, 0.7, 0.9, 1.0)] == [0, 1, 3, 5, 5]
+    assert [best_k(a, 5, cost=0.22) for a in (0.1, 0.5, 0.7, 0.9, 1.0)] == [0, 1, 3, 5, 5]
+    assert [best_k(a, 5) for a in (0.04, 0.1, 0.3, 0.5, 0.7)] == [0, 1, 2, 3, 5]  # cheap rows: longer drafts
+    assert batch_row_cost(1) == DRAFT_ROW_COST < batch_row_cost(2) < batch_row_cost(8) < 1.0
     assert best_k(0.9, 16) > best_k(0.9, 5) and best_k(0.9, 16, cost=1.0) == 0  # costly rows never pay
     spec = Speculator(NgramProposer(1, 2), 5, 128)
     req = _req([1, 2, 1, 2, 1, 2], temperature=0.0)
