@@ -1,7 +1,8 @@
 """What a verified draft row costs against a plain decode step, in-process, one stream: the measurement behind
-`serving.engine.speculation.DRAFT_ROW_COST`.
+`serving.engine.speculation.DRAFT_ROW_COST` (float weights) and `QUANT_ROW_COST` (a GGUF file in its types).
 
-    .venv/bin/python -m bench.spec_row_cost [--model smollm2-135m] [--ks 1 2 3 4 5 6 8] [--rounds 3]
+    .venv/bin/python -m bench.spec_row_cost [--model smollm2-135m] [--dtype float32] [--quantization none]
+        [--ks 1 2 3 4 5 6 8] [--rounds 3]
 
 A prompt (bench.speculative's json_extract) is decoded greedily without speculation to learn its output; then
 the same request runs with a proposer that drafts exactly that output (every draft token kept), its draft
@@ -21,15 +22,19 @@ if __name__ == "__main__":  # as the server's Scheduler runs (--thread-wait-poli
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench.speculative import WORKLOADS, chat_ids
+from serving.engine.spec_propose import Proposer
 
 
-class Replay:
+class Replay(Proposer):
     """A proposer that drafts the request's known greedy continuation: every draft token is kept."""
 
     method = "ngram"
 
     def __init__(self, truth: list[int]) -> None:
         self.truth = truth
+
+    def propose(self, req, k: int) -> list[int]:
+        return self.truth[len(req.seq) : len(req.seq) + k]
 
     def propose_all(self, asks: list) -> list[list[int]]:
         return [self.truth[len(req.seq) : len(req.seq) + k] for req, k in asks]
@@ -66,7 +71,9 @@ def main() -> None:
     import argparse
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="a name, directory or .gguf file, as --model takes")
+    ap.add_argument("--dtype", default="float32", help="as the server's flag")
+    ap.add_argument("--quantization", default="none", help="as the server's flag (gguf: a GGUF file in its types)")
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6, 8])
     ap.add_argument("--gen-len", type=int, default=64, help="decode steps of the plain arm (drafts: fewer steps)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -78,7 +85,7 @@ def main() -> None:
 
     loaded = load_model(a.model)
     threads = len(os.sched_getaffinity(0))  # the cores it may run on (taskset), not the machine's
-    base = {"model": a.model, "dtype": "float32", "quantization": "none", "num_threads": threads}
+    base = {"model": a.model, "dtype": a.dtype, "quantization": a.quantization, "num_threads": threads}
     off = SchedulerCore(loaded, ServerArgs(**base))
     on = SchedulerCore(loaded, ServerArgs(**base, speculative="ngram", speculative_num_tokens=max(a.ks)))
     ids = chat_ids(loaded.tokenizer, WORKLOADS["json_extract"][1])
@@ -96,7 +103,7 @@ def main() -> None:
             assert out == truth[: len(out)], "a replayed draft must give the same tokens"
             ratios[k].append(statistics.median(times[1:-1]) / decode)
     print(
-        f"{a.model} float32, one stream, {threads} thread(s): plain decode step "
+        f"{a.model} {a.dtype} ({a.quantization} quantization), one stream, {threads} thread(s): plain decode step "
         f"{statistics.median(decode_ms):.1f} ms [{min(decode_ms):.1f}-{max(decode_ms):.1f}], medians of {a.rounds}"
     )
     for k in a.ks:

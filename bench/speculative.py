@@ -4,9 +4,10 @@ speculation on and off, on shipped prompts whose answers copy their input and on
     .venv/bin/python -m bench.speculative [--model smollm2-135m] [--gen-len 128] [--rounds 3] [--held-out]
 
 Each prompt (chat-templated) is run greedy to EOS or `--gen-len` tokens, alone, on an engine with speculation
-and on one without (the same weights, float32); only the steps after the first token are timed (prefill is
-the same in both).  The arms alternate over `--rounds` rounds; the medians are compared, with the spread
-(min-max over the rounds) of each.  Greedy outputs must be the same tokens: the bench says so per prompt.
+and on one without (the same weights, float32 or `--quantization gguf`); only the steps after the first token
+are timed (prefill is the same in both).  The arms alternate over `--rounds` rounds; the medians are compared,
+with the spread (min-max over the rounds) of each.  Greedy outputs must be the same tokens: the bench says so
+per prompt.
 Acceptance is the accepted ÷ proposed draft tokens, and tokens per step the output tokens ÷ decode steps.
 Tokens per CPU second (the process's CPU time over the same steps) are compared too: steadier than wall time
 on a machine something else also runs on.  The goal: copy-heavy ≥ 1.5× at one stream, free text within 3 %
@@ -114,10 +115,12 @@ def main() -> None:
     from pathlib import Path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="a name, directory or .gguf file, as --model takes")
+    ap.add_argument("--quantization", default="none", help="as the server's flag (gguf: a GGUF file in its types)")
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-tokens", type=int, default=None, help="--speculative-num-tokens (default: the server's)")
+    ap.add_argument("--ngram-min", type=int, default=None, help="--speculative-ngram-min (default: the server's)")
     ap.add_argument("--held-out", action="store_true", help="also run the HELD_OUT prompts")
     ap.add_argument("--only", nargs="+", help="run only these workloads (names of WORKLOADS or HELD_OUT)")
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -129,8 +132,9 @@ def main() -> None:
 
     loaded = load_model(a.model)
     threads = len(os.sched_getaffinity(0))  # the cores it may run on (taskset), not the machine's
-    base = {"model": a.model, "dtype": "float32", "quantization": "none", "num_threads": threads}
-    extra = {} if a.num_tokens is None else {"speculative_num_tokens": a.num_tokens}
+    base = {"model": a.model, "dtype": "float32", "quantization": a.quantization, "num_threads": threads}
+    flags = {"speculative_num_tokens": a.num_tokens, "speculative_ngram_min": a.ngram_min}
+    extra = {name: value for name, value in flags.items() if value is not None}
     cores = {
         "off": SchedulerCore(loaded, ServerArgs(**base)),
         "on": SchedulerCore(loaded, ServerArgs(**base, speculative="ngram", **extra)),
