@@ -132,7 +132,7 @@ bench: setup
 	$(PY) -m bench.logprobs --json results/bench/logprobs.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.structured --json results/bench/structured.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.embeddings --json results/bench/embeddings.json $(if $(BENCH_QUICK),--rounds 1,)
-	$(PY) -m bench.speculative --json results/bench/speculative.json $(if $(BENCH_QUICK),--rounds 1,)
+	$(PY) -m bench.speculative --held-out --json results/bench/speculative.json $(if $(BENCH_QUICK),--rounds 1,)
 	$(PY) -m bench.speculative_peers --json results/bench/speculative_peers.json $(if $(BENCH_QUICK),--rounds 1 --gen-len 64,) $(findstring --skip-peers,$(ARGS))
 	$(PY) -m bench.kv_events --json results/bench/kv_events.json $(if $(BENCH_QUICK),--rounds 1 --steps 100,)
 	$(if $(BENCH_QUICK)$(findstring --skip-peers,$(ARGS)),,$(PY) -m bench.perplexity)

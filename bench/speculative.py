@@ -1,17 +1,18 @@
 """What prompt-lookup speculation (`--speculative ngram`) gains, in-process: one stream's decode tokens/s with
 speculation on and off, on shipped prompts whose answers copy their input and on free text.
 
-    .venv/bin/python -m bench.speculative [--model smollm2-135m] [--gen-len 128] [--rounds 3]
+    .venv/bin/python -m bench.speculative [--model smollm2-135m] [--gen-len 128] [--rounds 3] [--held-out]
 
 Each prompt (chat-templated) is run greedy to EOS or `--gen-len` tokens, alone, on an engine with speculation
-and on one without (the same weights, float32); only the steps after the first token are timed (prefill is
-the same in both).  The arms alternate over `--rounds` rounds; the medians are compared, with the spread
-(min-max over the rounds) of each.  Greedy outputs must be the same tokens: the bench says so per prompt.
+and on one without (the same weights, float32 or `--quantization gguf`); only the steps after the first token
+are timed (prefill is the same in both).  The arms alternate over `--rounds` rounds; the medians are compared,
+with the spread (min-max over the rounds) of each.  Greedy outputs must be the same tokens: the bench says so
+per prompt.
 Acceptance is the accepted ÷ proposed draft tokens, and tokens per step the output tokens ÷ decode steps.
 Tokens per CPU second (the process's CPU time over the same steps) are compared too: steadier than wall time
 on a machine something else also runs on.  The goal: copy-heavy ≥ 1.5× at one stream, free text within 3 %
-of off.  A benchmark prints numbers; it
-asserts nothing.
+of off.  `--held-out` adds prompts of the same kinds that the speculation's settings were not chosen on
+(`HELD_OUT`); `--only NAME...` runs just those named.  A benchmark prints numbers; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -61,6 +62,24 @@ WORKLOADS: dict[str, tuple[str, str]] = {  # name → (kind, the user's message)
     ),
     "free_text": ("free", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
 }
+# Prompts the proposer and draft-length policy were not tuned on: in-process only (bench.speculative_peers
+# runs WORKLOADS), so a change that helps the shipped prompts is seen to help others of their kind too
+HELD_OUT: dict[str, tuple[str, str]] = {
+    "json_invoice": (
+        "copy",
+        "Extract these fields as JSON, copying the values exactly as written: invoice_number, issue_date, "
+        "due_date, vendor, customer, vat_id, total, currency, bank.\n\nInvoice INV-2291 from Nordlicht Tools "
+        "GmbH (VAT DE811907980) was issued on 3 May 2025 to Harbour Lane Bakery, 14 Quay Street, Cork. It is due "
+        "on 2 June 2025. The total is 1,284.50 EUR, to be paid to IBAN DE44 5001 0517 5407 3249 31.",
+    ),
+    "json_people": (
+        "copy",
+        "Return a JSON list with one object per person (keys: name, role, city) from this text:\n\nDr. Aisha "
+        "Rahman is the lead engineer in Toronto. Tomasz Nowak works as a data analyst in Warsaw. Lucia Ferreira, "
+        "a product designer, is based in Lisbon. Kenji Watanabe manages support from Osaka.",
+    ),
+    "free_recipe": ("free", "Explain how to bake sourdough bread at home for a beginner."),
+}
 
 
 def chat_ids(tokenizer, message: str) -> list[int]:
@@ -96,10 +115,14 @@ def main() -> None:
     from pathlib import Path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default="smollm2-135m", help="a name, directory or .gguf file, as --model takes")
+    ap.add_argument("--quantization", default="none", help="as the server's flag (gguf: a GGUF file in its types)")
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--num-tokens", type=int, default=None, help="--speculative-num-tokens (default: the server's)")
+    ap.add_argument("--ngram-min", type=int, default=None, help="--speculative-ngram-min (default: the server's)")
+    ap.add_argument("--held-out", action="store_true", help="also run the HELD_OUT prompts")
+    ap.add_argument("--only", nargs="+", help="run only these workloads (names of WORKLOADS or HELD_OUT)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
 
@@ -109,8 +132,9 @@ def main() -> None:
 
     loaded = load_model(a.model)
     threads = len(os.sched_getaffinity(0))  # the cores it may run on (taskset), not the machine's
-    base = {"model": a.model, "dtype": "float32", "quantization": "none", "num_threads": threads}
-    extra = {} if a.num_tokens is None else {"speculative_num_tokens": a.num_tokens}
+    base = {"model": a.model, "dtype": "float32", "quantization": a.quantization, "num_threads": threads}
+    flags = {"speculative_num_tokens": a.num_tokens, "speculative_ngram_min": a.ngram_min}
+    extra = {name: value for name, value in flags.items() if value is not None}
     cores = {
         "off": SchedulerCore(loaded, ServerArgs(**base)),
         "on": SchedulerCore(loaded, ServerArgs(**base, speculative="ngram", **extra)),
@@ -119,7 +143,10 @@ def main() -> None:
         run_one(core, chat_ids(loaded.tokenizer, "Hi"), 4, "warmup")
     doc: dict[str, object] = {"model": a.model, "threads": threads, "gen_len": a.gen_len, "rounds": a.rounds}
     doc["workloads"] = {}
-    for name, (kind, message) in WORKLOADS.items():
+    workloads = {**WORKLOADS, **HELD_OUT} if a.held_out or a.only else WORKLOADS
+    for name, (kind, message) in workloads.items():
+        if a.only and name not in a.only:
+            continue
         ids = chat_ids(loaded.tokenizer, message)
         rates: dict[str, list[float]] = {"off": [], "on": []}
         cpu_rates: dict[str, list[float]] = {"off": [], "on": []}

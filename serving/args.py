@@ -195,7 +195,10 @@ class ServerArgs:
         4, "With --speculative ngram: the longest suffix matched (tried first), in tokens (1 to 16)."
     )
     speculative_ngram_min: int = _opt(
-        2, "With --speculative ngram: the shortest suffix matched, in tokens (1 to --speculative-ngram-max)."
+        0,
+        "With --speculative ngram: the shortest suffix matched, in tokens (1 to --speculative-ngram-max); 0: 1 "
+        "with float weights, 2 with quantized ones (a verified row costs them more than one-token keys' guesses "
+        "win back).",
     )
     enforce_eager: bool = _opt(
         False,
@@ -699,11 +702,12 @@ class ServerArgs:
             )
         if (self.speculative == "draft") != bool(self.speculative_model):
             raise ValueError("--speculative draft and --speculative-model go together: give both or neither")
-        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max <= MAX_SPECULATIVE_TOKENS:
+        n_min = self.speculative_ngram_min or 1  # 0: chosen from the weights' precision, 1 or 2
+        if not 1 <= n_min <= self.speculative_ngram_max <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(
                 "--speculative-ngram-min and --speculative-ngram-max must satisfy "
-                f"1 <= min <= max <= {MAX_SPECULATIVE_TOKENS}, got {self.speculative_ngram_min} and "
-                f"{self.speculative_ngram_max}"
+                f"1 <= min <= max <= {MAX_SPECULATIVE_TOKENS} (min 0: chosen from the precision), got "
+                f"{self.speculative_ngram_min} and {self.speculative_ngram_max}"
             )
         if self.logprobs_mode not in ("processed", "raw"):
             raise ValueError("--logprobs-mode must be processed or raw")

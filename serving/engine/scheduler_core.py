@@ -130,7 +130,7 @@ class SchedulerCore:
             raise ModelLoadError(
                 f"--speculative {args.speculative} needs a generative model; {loaded.name} is an encoder"
             )
-        self.spec = Speculator.from_args(args, loaded)  # None: --speculative off
+        self.spec = Speculator.from_args(args, loaded, self.runner.precision.quantization)  # None: off
         self.forward = ForwardPass(self.runner, self.grammar, args, self.eos_ids, self.spec)
         self.retraction = Retractions(args, self.cache, self.policy)
         self.batches = BatchBuilder(args, self.cache, self.policy, self.encoder)

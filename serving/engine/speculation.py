@@ -20,11 +20,13 @@ had been sampled.
 Draft length adapts per request (`best_k`): every verify updates its estimate α of the chance that a draft
 token is kept (an exponential average, from `ALPHA_PRIOR`), and its next draft is the length k ≤
 --speculative-num-tokens with the most expected tokens per step, (1 − α^(k+1)) / (1 − α), for what the step
-costs, 1 + c · k, where c is a verified row's cost: `DRAFT_ROW_COST` at one stream, more beside other decoding
-requests, whose tokens the step's time also buys (`batch_row_cost`; a draft that does not pay there is not
-proposed that step).  Where even one draft token does not pay at one stream (α below the row's cost), proposals
-pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most `MAX_PAUSE_STEPS`), then a
-one-token probe (`ALPHA_PROBE`) tries again: text that does not copy pays one verified row per pause.
+costs, 1 + c · k, where c is a verified row's cost: at one stream `DRAFT_ROW_COST` for float weights, where
+the rows ride on the decode's own pass over them, `QUANT_ROW_COST` for quantized ones, and `WIDE_ROW_COST`
+beside other decoding requests, whose tokens the step's time also buys (`batch_row_cost`; a draft that does
+not pay there is not proposed that step).  Where even one draft token does not pay at one stream (α below
+the row's cost), proposals pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most
+`MAX_PAUSE_STEPS`), then a one-token probe (α `ALPHA_PROBE` above the row's cost) tries again: text that
+does not copy pays a few verified rows per pause.
 """
 
 from __future__ import annotations
@@ -41,11 +43,19 @@ from serving.engine.spec_propose import NgramProposer, Proposer
 from telemetry.stats import PhaseTimes
 
 ALPHA_PRIOR = 0.6  # a new request's estimate that a draft token is kept
-ALPHA_PROBE = 0.3  # its estimate after a pause: one one-token draft, and a miss pauses it again
+# its estimate after a pause, above what a row costs at one stream: a one-token draft, and misses pause it again
+ALPHA_PROBE = 0.15
 ALPHA_WEIGHT = 0.3  # how much one verify moves the estimate
-# What one verified row costs beside a decode step's own: SmolLM2-135M float32 on one core (bench.speculative),
-# a decode step ~6 ms and each row more ~1.3 ms, most of it the lm_head over its 49k-token vocabulary
-DRAFT_ROW_COST = 0.22
+# What one verified row costs beside a one-stream decode step's own, measured with bench.spec_row_cost
+# (SmolLM2-135M float32, one thread): a decode step reads every weight once, and up to ~6 rows share that read
+# (k = 1..5 draft rows added 0.2-3 % each); past that width each row costs ~0.1 of a decode step
+DRAFT_ROW_COST = 0.05
+# the same with quantized weights (SmolLM2-135M Q4_1 GGUF on the int8 kernel, one thread): a decode step is
+# ~4x shorter and each draft row adds 0.09-0.23 of it
+QUANT_ROW_COST = 0.2
+# batch_row_cost's row cost beside other decoding requests: with it a row at 8 streams costs ~0.7 of a token,
+# as measured there (12 decoding requests' step against 8's: ~2.6 ms a row, where 8 give a token per ~3.8 ms)
+WIDE_ROW_COST = 0.22
 PAUSE_STEPS = 8
 MAX_PAUSE_STEPS = 128
 ACCEPTANCE_BOUNDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -59,17 +69,22 @@ def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST) -> int:
     return k if value[k] > 1.0 else 0
 
 
-def batch_row_cost(decoding: int) -> float:
+def batch_row_cost(decoding: int, one: float = DRAFT_ROW_COST) -> float:
     """What a verified row costs for a request decoding beside `decoding - 1` others, in that request's tokens:
-    the row's cost against what the step's time buys now, `decoding` tokens for 1 + DRAFT_ROW_COST · (decoding
-    − 1).  One stream: DRAFT_ROW_COST; the larger the batch, the more a row's time is worth in tokens, so only
-    drafts that are kept more often pay (at 8 streams, α above ~0.7)."""
-    return DRAFT_ROW_COST * decoding / (1 + DRAFT_ROW_COST * (decoding - 1))
+    the row's cost against what the step's time buys now, `decoding` tokens for 1 + WIDE_ROW_COST · (decoding
+    − 1).  One stream: `one`, the row cost of the weights' kernel; the larger the batch, the more a row's time
+    is worth in tokens, so only drafts that are kept more often pay (at 8 streams, α above ~0.7)."""
+    if decoding <= 1:
+        return one
+    return WIDE_ROW_COST * decoding / (1 + WIDE_ROW_COST * (decoding - 1))
 
 
 class Speculator:
-    def __init__(self, proposer: Proposer, max_tokens: int, max_step_tokens: int) -> None:
+    def __init__(
+        self, proposer: Proposer, max_tokens: int, max_step_tokens: int, row_cost: float = DRAFT_ROW_COST
+    ) -> None:
         self.proposer, self.max_tokens, self.max_step_tokens = proposer, max_tokens, max_step_tokens
+        self.row_cost = row_cost  # a verified row's cost at one stream, for these weights' kernel
         self.method = proposer.method
         self.proposed = self.accepted = 0  # cumulative, every request's
         self.acceptance = PhaseTimes((self.method,), ACCEPTANCE_BOUNDS, MethodHistogram)
@@ -78,8 +93,9 @@ class Speculator:
         )
 
     @classmethod
-    def from_args(cls, args: ServerArgs, target: LoadedModel) -> Speculator | None:
-        """The flags' speculator (None: off); a draft model is loaded and checked against `target` here."""
+    def from_args(cls, args: ServerArgs, target: LoadedModel, quantization: str = "none") -> Speculator | None:
+        """The flags' speculator (None: off); a draft model is loaded and checked against `target` here.
+        `quantization`: the target's weights as the engine runs them (`Precision.quantization`)."""
         if args.speculative == "off":
             return None
         if args.speculative == "draft":
@@ -87,21 +103,24 @@ class Speculator:
 
             proposer: Proposer = DraftProposer(target, args)
         else:
-            proposer = NgramProposer(args.speculative_ngram_min, args.speculative_ngram_max)
-        return cls(proposer, args.speculative_num_tokens, args.max_step_tokens)
+            # a one-token key's guesses pay where rows are cheap: float weights (docs/engine.md)
+            n_min = args.speculative_ngram_min or (1 if quantization == "none" else 2)
+            proposer = NgramProposer(min(n_min, args.speculative_ngram_max), args.speculative_ngram_max)
+        row_cost = DRAFT_ROW_COST if quantization == "none" else QUANT_ROW_COST
+        return cls(proposer, args.speculative_num_tokens, args.max_step_tokens, row_cost)
 
     # -- per request ------------------------------------------------------------------
     def attach(self, req: Req) -> None:
         """A new request: speculated unless it opted out or needs what a verify step does not give."""
         p = req.params
         if req.pooling is None and p.speculative and p.structured is None and p.logprobs is None and not req.hold:
-            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens), alpha=ALPHA_PRIOR)
+            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens, self.row_cost), alpha=ALPHA_PRIOR)
 
     def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
         """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
         feeds `step_tokens` without them); returns the draft tokens proposed."""
         asks, total, budget = [], 0, min(room, self.max_step_tokens - step_tokens)
-        cost = batch_row_cost(len(decoding))
+        cost = batch_row_cost(len(decoding), self.row_cost)
         for req in decoding:
             st = req.spec
             if st is None:
@@ -141,11 +160,11 @@ class Speculator:
         st.draft = []
         trials = kept + (kept < proposed)  # the draft tokens judged: those kept, and the first refused
         st.alpha += ALPHA_WEIGHT * (kept / trials - st.alpha)
-        st.k = best_k(st.alpha, self.max_tokens)
-        if not st.k:  # drafts do not pay for this request now: try again later, from the prior
+        st.k = best_k(st.alpha, self.max_tokens, self.row_cost)
+        if not st.k:  # drafts do not pay for this request now: try again later, with a one-token probe
             st.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << st.pauses)
-            st.pauses, st.alpha = st.pauses + 1, ALPHA_PROBE
-            st.k = best_k(ALPHA_PROBE, self.max_tokens)
+            st.pauses, st.alpha = st.pauses + 1, self.row_cost + ALPHA_PROBE
+            st.k = 1
 
     def finished(self, req: Req) -> None:
         """`req` ended: its acceptance rate observed (if it was ever verified), the proposer's state dropped."""

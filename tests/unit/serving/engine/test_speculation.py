@@ -16,7 +16,15 @@ from serving.engine.loader import load_model
 from serving.engine.request import MAX_SPEC_RUNS, Req
 from serving.engine.spec_accept import accept
 from serving.engine.spec_propose import INDEX_PER_STEP, NgramProposer, Proposer
-from serving.engine.speculation import ALPHA_PRIOR, ALPHA_PROBE, Speculator, best_k
+from serving.engine.speculation import (
+    ALPHA_PRIOR,
+    ALPHA_PROBE,
+    DRAFT_ROW_COST,
+    QUANT_ROW_COST,
+    Speculator,
+    batch_row_cost,
+    best_k,
+)
 from serving.model_errors import ModelLoadError
 from tests import encoder_models
 from tests.family_models import CUT_VOCAB, FAMILIES, build
@@ -164,27 +172,31 @@ class Oracle(Proposer):
         pass
 
 
-def _identity(model, **kw) -> Speculator:
+def _identity(model, **kw) -> tuple[Speculator, NgramProposer]:
+    """The speculator that gave the same greedy tokens, and the prompt lookup its flags made (the oracle's)."""
     ids = encode(model, PROMPT)
     requests = [(f"r{i}", ids[: len(ids) - 3 * i], greedy(24 - 5 * i)) for i in range(3)]
     reference = run_requests(make_core(model, max_total_tokens=1024, **kw), requests, check=False)
     core = make_core(model, max_total_tokens=1024, speculative="ngram", speculative_num_tokens=5, **kw)
-    core.spec.proposer = Oracle(reference)
+    lookup, core.spec.proposer = core.spec.proposer, Oracle(reference)
     assert run_requests(core, requests) == reference
     assert core.spec.accepted > core.spec.proposed / 2 > 0
-    return core.spec
+    return core.spec, lookup
 
 
 @pytest.mark.parametrize("family", ("tiny-random", *FAMILIES))
 def test_greedy_outputs_are_those_without_speculation(family):
-    _identity(load_model(family if family == "tiny-random" else str(build(family))))
+    spec, lookup = _identity(load_model(family if family == "tiny-random" else str(build(family))))
+    # float weights: draft rows share the decode's pass over them, and one-token keys' guesses pay
+    assert spec.row_cost == DRAFT_ROW_COST and lookup.n_min == 1
 
 
 def test_greedy_identity_on_a_gguf_file_served_in_its_own_type(tmp_path):
     path = write_gguf(
         build("qwen2", vocab=CUT_VOCAB), tmp_path / "q8.gguf", qtype=lambda name, shape: gguf.GGMLQuantizationType.Q8_0
     )
-    _identity(load_model(str(path), cache_dir=tmp_path / "cache"), quantization="gguf")
+    spec, lookup = _identity(load_model(str(path), cache_dir=tmp_path / "cache"), quantization="gguf")
+    assert spec.row_cost == QUANT_ROW_COST and lookup.n_min == 2  # the int8 kernel's rows cost more
 
 
 def test_prompt_lookup_on_a_copying_output_stays_exact(tiny):
@@ -252,7 +264,9 @@ class _Pool:
 
 
 def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots():
-    assert [best_k(a, 5) for a in (0.1, 0.5, 0.7, 0.9, 1.0)] == [0, 1, 3, 5, 5]
+    assert [best_k(a, 5, cost=0.22) for a in (0.1, 0.5, 0.7, 0.9, 1.0)] == [0, 1, 3, 5, 5]
+    assert [best_k(a, 5) for a in (0.04, 0.1, 0.3, 0.5, 0.7)] == [0, 1, 2, 3, 5]  # cheap rows: longer drafts
+    assert batch_row_cost(1) == DRAFT_ROW_COST < batch_row_cost(2) < batch_row_cost(8) < 1.0
     assert best_k(0.9, 16) > best_k(0.9, 5) and best_k(0.9, 16, cost=1.0) == 0  # costly rows never pay
     spec = Speculator(NgramProposer(1, 2), 5, 128)
     req = _req([1, 2, 1, 2, 1, 2], temperature=0.0)
@@ -281,7 +295,7 @@ def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots
         verify(0)
     spec.propose([req], room=100, step_tokens=1)
     assert req.spec.draft == []  # paused: no lookup this step
-    assert req.spec.counts.accepted == proposed and req.spec.alpha == ALPHA_PROBE and req.spec.k == 1
+    assert req.spec.counts.accepted == proposed and req.spec.alpha == DRAFT_ROW_COST + ALPHA_PROBE and req.spec.k == 1
     # each verify step recorded for the span's timeline (its tokens not yet appended: the run starts at index 0
     # here), adding up to the counts, and at most MAX_SPEC_RUNS of them while the counts go on
     runs = req.spec.runs
@@ -305,5 +319,7 @@ def test_bad_flags_fail_with_a_clear_message():
         ServerArgs(speculative="eagle")
     with pytest.raises(ValueError, match=r"--speculative-num-tokens must be in \[1, 16\]"):
         ServerArgs(speculative="ngram", speculative_num_tokens=0)
-    with pytest.raises(ValueError, match="min <= max"):
-        ServerArgs(speculative="ngram", speculative_ngram_min=5, speculative_ngram_max=3)
+    for n_min in (5, -1):
+        with pytest.raises(ValueError, match="min <= max"):
+            ServerArgs(speculative="ngram", speculative_ngram_min=n_min, speculative_ngram_max=3)
+    ServerArgs(speculative="ngram", speculative_ngram_min=0, speculative_ngram_max=1)  # 0: from the precision
