@@ -50,6 +50,11 @@ ALPHA_WEIGHT = 0.3  # how much one verify moves the estimate
 # (SmolLM2-135M float32, one thread): a decode step reads every weight once, and up to ~6 rows share that read
 # (k = 1..5 draft rows added 0.2-3 % each); past that width each row costs ~0.1 of a decode step
 DRAFT_ROW_COST = 0.05
+# what a verify step costs beyond a plain one-stream decode step before its rows, with float weights: the plain
+# step is one native call over every layer, a verify step runs the layers one by one with extend attention.
+# bench.spec_row_cost: ~0 on one thread (k = 1: 0.99x), ~0.09 on two (k = 1: 1.135x, 2-core Zen 4), where
+# free text's rare one-token guesses (7 % kept) then cost 6 % of its speed; the quantized rows' cost includes it
+VERIFY_STEP_COST = 0.1
 # the same with quantized weights (SmolLM2-135M Q4_1 GGUF on the int8 kernel, one thread): a decode step is
 # ~4x shorter and each draft row adds 0.09-0.23 of it
 QUANT_ROW_COST = 0.2
@@ -61,10 +66,10 @@ MAX_PAUSE_STEPS = 128
 ACCEPTANCE_BOUNDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST) -> int:
-    """The draft length in [1, most] with the most expected tokens per step for its cost; 0 when no draft pays
-    (a step of one decode row gives one token for a cost of 1)."""
-    value = {k: sum(alpha**i for i in range(k + 1)) / (1 + cost * k) for k in range(1, most + 1)}
+def best_k(alpha: float, most: int, cost: float = DRAFT_ROW_COST, fixed: float = 0.0) -> int:
+    """The draft length in [1, most] with the most expected tokens per step for its cost, 1 + fixed + cost · k;
+    0 when no draft pays (a step of one decode row gives one token for a cost of 1)."""
+    value = {k: sum(alpha**i for i in range(k + 1)) / (1 + fixed + cost * k) for k in range(1, most + 1)}
     k = max(value, key=value.__getitem__)
     return k if value[k] > 1.0 else 0
 
@@ -81,10 +86,16 @@ def batch_row_cost(decoding: int, one: float = DRAFT_ROW_COST) -> float:
 
 class Speculator:
     def __init__(
-        self, proposer: Proposer, max_tokens: int, max_step_tokens: int, row_cost: float = DRAFT_ROW_COST
+        self,
+        proposer: Proposer,
+        max_tokens: int,
+        max_step_tokens: int,
+        row_cost: float = DRAFT_ROW_COST,
+        step_cost: float = 0.0,
     ) -> None:
         self.proposer, self.max_tokens, self.max_step_tokens = proposer, max_tokens, max_step_tokens
         self.row_cost = row_cost  # a verified row's cost at one stream, for these weights' kernel
+        self.step_cost = step_cost  # a one-stream verify step's cost beyond a decode step's, before its rows
         self.method = proposer.method
         self.proposed = self.accepted = 0  # cumulative, every request's
         self.acceptance = PhaseTimes((self.method,), ACCEPTANCE_BOUNDS, MethodHistogram)
@@ -106,21 +117,23 @@ class Speculator:
             # a one-token key's guesses pay where rows are cheap: float weights (docs/engine.md)
             n_min = args.speculative_ngram_min or (1 if quantization == "none" else 2)
             proposer = NgramProposer(min(n_min, args.speculative_ngram_max), args.speculative_ngram_max)
-        row_cost = DRAFT_ROW_COST if quantization == "none" else QUANT_ROW_COST
-        return cls(proposer, args.speculative_num_tokens, args.max_step_tokens, row_cost)
+        float_weights = quantization == "none"
+        row_cost, step_cost = (DRAFT_ROW_COST, VERIFY_STEP_COST) if float_weights else (QUANT_ROW_COST, 0.0)
+        return cls(proposer, args.speculative_num_tokens, args.max_step_tokens, row_cost, step_cost)
 
     # -- per request ------------------------------------------------------------------
     def attach(self, req: Req) -> None:
         """A new request: speculated unless it opted out or needs what a verify step does not give."""
         p = req.params
         if req.pooling is None and p.speculative and p.structured is None and p.logprobs is None and not req.hold:
-            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens, self.row_cost), alpha=ALPHA_PRIOR)
+            req.spec = SpecState(best_k(ALPHA_PRIOR, self.max_tokens, self.row_cost, self.step_cost), alpha=ALPHA_PRIOR)
 
     def propose(self, decoding: list[Req], room: int, step_tokens: int) -> int:
         """Drafts for this step's decoding requests, within `room` KV slots and the step's token budget (it
         feeds `step_tokens` without them); returns the draft tokens proposed."""
         asks, total, budget = [], 0, min(room, self.max_step_tokens - step_tokens)
         cost = batch_row_cost(len(decoding), self.row_cost)
+        fixed = self.step_cost if len(decoding) == 1 else 0.0  # beside others the rows' cost says it all
         for req in decoding:
             st = req.spec
             if st is None:
@@ -129,7 +142,7 @@ class Speculator:
             if st.paused:
                 st.paused -= 1
                 continue
-            k = min(best_k(st.alpha, st.k, cost), req.max_new_tokens - len(req.output_ids) - 1, budget - total)
+            k = min(best_k(st.alpha, st.k, cost, fixed), req.max_new_tokens - len(req.output_ids) - 1, budget - total)
             if k >= 1:
                 asks.append((req, k))
                 total += k  # at most k: the budget is never passed, whatever the drafts' lengths
@@ -160,10 +173,10 @@ class Speculator:
         st.draft = []
         trials = kept + (kept < proposed)  # the draft tokens judged: those kept, and the first refused
         st.alpha += ALPHA_WEIGHT * (kept / trials - st.alpha)
-        st.k = best_k(st.alpha, self.max_tokens, self.row_cost)
+        st.k = best_k(st.alpha, self.max_tokens, self.row_cost, self.step_cost)
         if not st.k:  # drafts do not pay for this request now: try again later, with a one-token probe
             st.paused = min(MAX_PAUSE_STEPS, PAUSE_STEPS << st.pauses)
-            st.pauses, st.alpha = st.pauses + 1, self.row_cost + ALPHA_PROBE
+            st.pauses, st.alpha = st.pauses + 1, self.row_cost + self.step_cost + ALPHA_PROBE
             st.k = 1
 
     def finished(self, req: Req) -> None:

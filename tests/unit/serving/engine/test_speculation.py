@@ -21,6 +21,7 @@ from serving.engine.speculation import (
     ALPHA_PROBE,
     DRAFT_ROW_COST,
     QUANT_ROW_COST,
+    VERIFY_STEP_COST,
     Speculator,
     batch_row_cost,
     best_k,
@@ -188,7 +189,7 @@ def _identity(model, **kw) -> tuple[Speculator, NgramProposer]:
 def test_greedy_outputs_are_those_without_speculation(family):
     spec, lookup = _identity(load_model(family if family == "tiny-random" else str(build(family))))
     # float weights: draft rows share the decode's pass over them, and one-token keys' guesses pay
-    assert spec.row_cost == DRAFT_ROW_COST and lookup.n_min == 1
+    assert spec.row_cost == DRAFT_ROW_COST and spec.step_cost == VERIFY_STEP_COST and lookup.n_min == 1
 
 
 def test_greedy_identity_on_a_gguf_file_served_in_its_own_type(tmp_path):
@@ -196,7 +197,7 @@ def test_greedy_identity_on_a_gguf_file_served_in_its_own_type(tmp_path):
         build("qwen2", vocab=CUT_VOCAB), tmp_path / "q8.gguf", qtype=lambda name, shape: gguf.GGMLQuantizationType.Q8_0
     )
     spec, lookup = _identity(load_model(str(path), cache_dir=tmp_path / "cache"), quantization="gguf")
-    assert spec.row_cost == QUANT_ROW_COST and lookup.n_min == 2  # the int8 kernel's rows cost more
+    assert spec.row_cost == QUANT_ROW_COST and spec.step_cost == 0.0 and lookup.n_min == 2  # its rows cost more
 
 
 def test_prompt_lookup_on_a_copying_output_stays_exact(tiny):
@@ -268,6 +269,9 @@ def test_draft_length_follows_the_acceptance_pauses_and_frees_the_rejected_slots
     assert [best_k(a, 5) for a in (0.04, 0.1, 0.3, 0.5, 0.7)] == [0, 1, 2, 3, 5]  # cheap rows: longer drafts
     assert batch_row_cost(1) == DRAFT_ROW_COST < batch_row_cost(2) < batch_row_cost(8) < 1.0
     assert best_k(0.9, 16) > best_k(0.9, 5) and best_k(0.9, 16, cost=1.0) == 0  # costly rows never pay
+    # a verify step's own cost: free text's rare guesses (a few % kept) stop paying, copying still does
+    assert best_k(0.07, 5) == 1 and best_k(0.07, 5, fixed=VERIFY_STEP_COST) == 0
+    assert best_k(0.4, 5, fixed=VERIFY_STEP_COST) >= 2
     spec = Speculator(NgramProposer(1, 2), 5, 128)
     req = _req([1, 2, 1, 2, 1, 2], temperature=0.0)
     req.row, req.max_new_tokens = 0, 100
