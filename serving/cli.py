@@ -1,7 +1,7 @@
 """`sightline` command line: every ServerArgs field is a flag of each engine subcommand.
 
     sightline serve [FLAGS]               serve the model over HTTP (OpenAI-compatible API)
-    sightline prepare-model [MODEL ...]   convert and cache models (what `make setup` runs)
+    sightline prepare-model [MODEL ...]   convert and cache models, build the native kernels (`make setup`)
     sightline generate --prompt TEXT      run the engine in-process on one prompt and print the text
     sightline models [--json]             list the registered model families and the bundled models
 
@@ -61,9 +61,22 @@ def _serve(ns: argparse.Namespace) -> int:
 
 
 def _prepare(ns: argparse.Namespace) -> int:
+    """The models converted and cached, then the native kernels built for this machine: a first start (a
+    container's, a test run's) then finds both, instead of converting and compiling (~12 s of g++) itself."""
+    import time
+
     from serving.model_files import main as loader_main
 
-    return loader_main(ns.models)
+    rc = loader_main(ns.models)
+    if rc == 0:
+        from serving.models.layers import native
+
+        t0 = time.perf_counter()
+        try:
+            print(f"native kernels: {native.build()} ({time.perf_counter() - t0:.1f} s)")
+        except (OSError, RuntimeError) as exc:  # no g++: the server uses its torch implementations
+            print(f"native kernels not built: {exc}", file=sys.stderr)
+    return rc
 
 
 def _models(ns: argparse.Namespace) -> int:
@@ -115,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serve the model over HTTP: OpenAI-compatible API, SSE streaming")
     ServerArgs.add_cli_args(srv)
     srv.set_defaults(func=_serve)
-    prep = sub.add_parser("prepare-model", help="convert and cache models ahead of time")
+    prep = sub.add_parser("prepare-model", help="convert and cache models and build the native kernels ahead of time")
     prep.add_argument("models", nargs="*", help="model specs (default: smollm2-135m tiny-random)")
     prep.set_defaults(func=_prepare)
     gen = sub.add_parser("generate", help="generate from one prompt with the in-process engine")
