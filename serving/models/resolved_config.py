@@ -8,7 +8,8 @@ config.json (and generation_config.json for the generation config) and the trans
 `to_dict()` has every default filled in.  So the first load writes both dicts to the cache directory under a
 hash of those inputs, and later loads read them back as `ResolvedConfig`s: plain attribute views that the
 engine reads exactly as it reads a transformers config (attributes only).  What needs transformers' own object
-(a scaled rope type's init function, the reference transformers model) asks `to_transformers()`.
+(a scaled rope type's init function) asks `to_transformers()`; the transformers model the tests compare with
+loads its own from the directory.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _key(path: Path) -> str:
 
 
 def _resolve(path: Path) -> tuple[Any, Any]:
-    """transformers' own (config, generation config), and the architectures a config saved without them serves."""
+    """transformers' own (config, generation config) of the directory."""
     from transformers import AutoConfig, GenerationConfig
 
     from serving.model_files import quiet_transformers
