@@ -20,13 +20,15 @@ had been sampled.
 Draft length adapts per request (`best_k`): every verify updates its estimate α of the chance that a draft
 token is kept (an exponential average, from `ALPHA_PRIOR`), and its next draft is the length k ≤
 --speculative-num-tokens with the most expected tokens per step, (1 − α^(k+1)) / (1 − α), for what the step
-costs, 1 + c · k, where c is a verified row's cost: at one stream `DRAFT_ROW_COST` for float weights, where
+costs, 1 + f + c · k.  f is what a one-stream verify step costs beyond a plain decode step before its rows
+(`VERIFY_STEP_COST` with float weights; none beside other decoding requests, or with quantized weights, whose
+row cost includes it); c is a verified row's cost: at one stream `DRAFT_ROW_COST` for float weights, where
 the rows ride on the decode's own pass over them, `QUANT_ROW_COST` for quantized ones, and `WIDE_ROW_COST`
 beside other decoding requests, whose tokens the step's time also buys (`batch_row_cost`; a draft that does
 not pay there is not proposed that step).  Where even one draft token does not pay at one stream (α below
-the row's cost), proposals pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most
-`MAX_PAUSE_STEPS`), then a one-token probe (α `ALPHA_PROBE` above the row's cost) tries again: text that
-does not copy pays a few verified rows per pause.
+f + c), proposals pause for `PAUSE_STEPS` decode steps (doubling each time it pauses again, at most
+`MAX_PAUSE_STEPS`), then a one-token probe (α `ALPHA_PROBE` above f + c) tries again: text that does not
+copy pays a few verified rows per pause.
 """
 
 from __future__ import annotations
